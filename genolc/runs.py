@@ -1,0 +1,145 @@
+"""Run records: every command leaves a small JSON beside its output saying how it ran.
+
+A record holds the command, its resolved arguments, genolc's version (and git SHA when run from a checkout),
+md5s of its inputs, host and GPU, start and end times, exit status and the error if it failed. Records live in
+``<output>/runs/<start>_<command>.json``; :func:`run_record` writes one whether the command succeeds or fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import genolc
+from genolc.errors import GenolcError
+from genolc.fsutil import atomic_write_json, file_md5
+
+RECORD_VERSION = 1
+RUNS_DIRNAME = "runs"
+
+
+def git_sha() -> str | None:
+    """The commit genolc runs from, when it runs from a git checkout (with '-dirty' for local changes)."""
+    root = Path(genolc.__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10,
+        )
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def host_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        pass
+    return info
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class RunRecord:
+    command: str
+    args: dict[str, Any]
+    out_dir: Path
+    inputs: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    started: str = field(default_factory=_now)
+
+    def add_input(self, path: str | os.PathLike) -> None:
+        """Record an input file with its md5 (cached, so hashing twice costs nothing)."""
+        p = Path(path)
+        if p.is_file():
+            self.inputs[str(p.resolve())] = file_md5(p)
+
+    def to_dict(self, status: str, error: str | None, seconds: float) -> dict[str, Any]:
+        return {
+            "record_version": RECORD_VERSION,
+            "command": self.command,
+            "args": self.args,
+            "genolc_version": genolc.__version__,
+            "git_sha": git_sha(),
+            "argv": sys.argv,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "host": host_info(),
+            "started": self.started,
+            "ended": _now(),
+            "seconds": round(seconds, 3),
+            "status": status,
+            "error": error,
+        }
+
+
+@contextlib.contextmanager
+def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any]) -> Iterator[RunRecord]:
+    """Write ``<out_dir>/runs/<start>_<command>.json`` when the block ends, with its status and any error.
+
+    The record is written after the block, so a command that builds ``out_dir`` atomically has it in place.
+    A failed command whose output directory was never created leaves no directory behind (its error goes to
+    stderr); one that fails after creating it gets a record with status "failed" and the error. A failure to write
+    the record never hides the command's own error.
+    """
+    rec = RunRecord(command=command, args={k: _jsonable(v) for k, v in args.items()}, out_dir=Path(out_dir))
+    t0 = time.monotonic()
+    status, error = "ok", None
+    try:
+        yield rec
+    except GenolcError as exc:
+        status, error = "failed", exc.message
+        raise
+    except KeyboardInterrupt:
+        status, error = "interrupted", "interrupted by the user"
+        raise
+    except BaseException as exc:
+        status, error = "crashed", "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        raise
+    finally:
+        stamp = rec.started.replace(":", "").replace("+0000", "Z")
+        path = rec.out_dir / RUNS_DIRNAME / f"{stamp}_{command}.json"
+        if status == "ok" or rec.out_dir.is_dir():
+            with contextlib.suppress(OSError):
+                atomic_write_json(path, rec.to_dict(status, error, time.monotonic() - t0))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, os.PathLike):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return repr(value)

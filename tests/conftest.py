@@ -1,0 +1,45 @@
+"""Shared fixtures: the real DNA in ../shared/data (read-only), and GPU/slow markers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("GENOLC_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+def shared_file(relative: str) -> Path:
+    """A file under ../shared/data; skips the test with a clear reason when the data folder is absent."""
+    path = SHARED_DATA / relative
+    if not path.exists():
+        # CI always has ../shared beside the clone: a missing file there is a failure, not a skip.
+        if os.environ.get("CI"):
+            pytest.fail(f"real DNA not found at {path}")
+        pytest.skip(f"real DNA not found at {path} (set GENOLC_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"real DNA folder not found at {SHARED_DATA}")
+        pytest.skip(f"real DNA folder not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip_gpu)
