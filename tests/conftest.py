@@ -22,6 +22,12 @@ def shared_file(relative: str) -> Path:
     return path
 
 
+@pytest.fixture(name="shared_file")
+def shared_file_fixture():
+    """``shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz")`` -> Path, skipping/failing if absent."""
+    return shared_file
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

@@ -1,0 +1,1 @@
+"""Genome input, prepared datasets and samplers."""

@@ -1,0 +1,234 @@
+"""Low-level FASTA streaming: raw byte blocks from plain, gzip and bgzip files, and a record parser over them.
+
+Memory stays bounded by the block sizes below, never by a record's length: compressed input is read
+``_READ_SIZE`` bytes at a time and inflated at most ``_BLOCK_MAX`` bytes at a time, so even a 100 Mbp run of N that
+compresses a thousandfold never lands in memory whole. Multi-member gzip (which is what bgzip writes) is handled by
+starting a new decompressor at each member boundary, so a .fai/.gzi index is never needed.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from genolc.errors import InputError
+
+_READ_SIZE = 1 << 20
+_BLOCK_MAX = 1 << 22
+_HEADER_MAX = 1 << 20
+GZIP_MAGIC = b"\x1f\x8b"
+# Deleted from sequence lines: line ends (LF, CRLF) and stray blanks; Biopython's FASTA parser drops them too.
+LINE_JUNK = b" \t\r\n\v\f"
+_NON_SPACE = re.compile(rb"\S")
+
+
+def is_bgzf(head: bytes) -> bool:
+    """True for a gzip member with the BGZF 'BC' extra subfield (what bgzip and samtools write)."""
+    return len(head) >= 18 and head[:2] == GZIP_MAGIC and bool(head[3] & 4) and head[12:14] == b"BC"
+
+
+def plain_blocks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK_MAX):
+            yield block
+
+
+def gzip_blocks(path: Path) -> Iterator[bytes]:
+    """Inflate every gzip member of ``path`` in turn, yielding pieces of at most ``_BLOCK_MAX`` bytes."""
+    with open(path, "rb") as fh:
+        yield from _inflate_members(fh, path)
+
+
+def _corrupt(path: Path, detail: str) -> InputError:
+    return InputError(
+        f"corrupt gzip data: {detail}",
+        where=str(path),
+        fix="download or compress the file again (gzip -t FILE checks it)",
+    )
+
+
+def _inflate_members(fh: BinaryIO, path: Path) -> Iterator[bytes]:
+    decomp = None
+    saw_padding = False
+    while data := fh.read(_READ_SIZE):
+        while True:
+            if decomp is None:
+                if not data:
+                    break
+                if len(data) < 2:
+                    data += fh.read(1)
+                if not data.startswith(GZIP_MAGIC):
+                    # Some tools pad a gzip file with zero bytes; anything else after the last member is damage.
+                    if data.strip(b"\x00"):
+                        raise _corrupt(path, "unexpected bytes after the end of the compressed data")
+                    saw_padding = True
+                    break
+                if saw_padding:
+                    raise _corrupt(path, "a gzip member follows zero padding")
+                decomp = zlib.decompressobj(31)
+            try:
+                out = decomp.decompress(data, _BLOCK_MAX)
+            except zlib.error as exc:
+                raise _corrupt(path, str(exc)) from None
+            if out:
+                yield out
+            if decomp.eof:
+                data = decomp.unused_data
+                decomp = None
+                continue
+            data = decomp.unconsumed_tail
+            # A full output block may leave inflated bytes pending inside zlib even with no input left.
+            if not data and len(out) < _BLOCK_MAX:
+                break
+    if decomp is not None:
+        raise InputError(
+            "the gzip file is truncated: it ends in the middle of compressed data",
+            where=str(path),
+            fix="the download or copy was probably cut short; fetch the file again (gzip -t FILE checks it)",
+        )
+
+
+def read_head(path: Path, compressed: bool, size: int = 1 << 16) -> bytes:
+    """Up to ``size`` bytes of the (decompressed) start of the file, for sniffing its format."""
+    blocks = gzip_blocks(path) if compressed else plain_blocks(path)
+    head = bytearray()
+    try:
+        for block in blocks:
+            head += block
+            if len(head) >= size:
+                break
+    except InputError:
+        # A damaged file still gets sniffed from what could be read; the damage is reported when streaming.
+        if not head:
+            raise
+    finally:
+        blocks.close()
+    return bytes(head[:size])
+
+
+class FastaParser:
+    """Splits a stream of raw FASTA bytes into header lines and cleaned sequence pieces.
+
+    A header is a '>' at the start of a line. Sequence pieces are the bytes between headers with line ends and
+    blanks removed, as writable ``bytearray``s of at most one input block each.
+    """
+
+    def __init__(self, blocks: Iterator[bytes], path: Path):
+        self._blocks = blocks
+        self._path = path
+        self._buf = b""
+        self._pos = 0
+        self._line_start = True
+
+    def close(self) -> None:
+        self._blocks.close()
+
+    def _fill(self) -> bool:
+        while self._pos >= len(self._buf):
+            block = next(self._blocks, None)
+            if block is None:
+                return False
+            self._buf, self._pos = block, 0
+        return True
+
+    def first_header(self) -> str:
+        """The first header line; InputError for an empty file or sequence before any header."""
+        while self._fill():
+            found = _NON_SPACE.search(self._buf, self._pos)
+            if found is None:
+                self._pos = len(self._buf)
+                continue
+            self._pos = found.start()
+            if self._buf[self._pos] != 0x3E:
+                line = self._buf[self._pos : self._pos + 60].split(b"\n")[0].decode("latin-1").strip()
+                raise InputError(
+                    f"sequence before the first '>' header line (the file starts with '{line}')",
+                    where=str(self._path),
+                    fix="add a header line such as '>chr1' before the sequence",
+                )
+            return self._read_header()
+        raise InputError("the file is empty (no FASTA records)", where=str(self._path), fix="check the path and the download")
+
+    def next_header(self) -> str | None:
+        """Skip what is left of the current record's sequence; the next header, or None at the end."""
+        for _ in self.sequence_pieces():
+            pass
+        return self._read_header() if self._fill() else None
+
+    def _read_header(self) -> str:
+        self._pos += 1
+        parts = []
+        size = 0
+        while self._fill():
+            end = self._buf.find(b"\n", self._pos)
+            stop = len(self._buf) if end < 0 else end
+            parts.append(self._buf[self._pos : stop])
+            size += stop - self._pos
+            self._pos = stop if end < 0 else end + 1
+            if end >= 0:
+                break
+            if size > _HEADER_MAX:
+                raise InputError(
+                    f"a header line longer than {_HEADER_MAX:,} bytes", where=str(self._path), fix="is this really FASTA?"
+                )
+        self._line_start = True
+        return b"".join(parts).decode("utf-8", errors="replace").strip()
+
+    def sequence_pieces(self) -> Iterator[bytearray]:
+        """Cleaned sequence of the current record, piece by piece, stopping before the next header."""
+        while self._fill():
+            buf, pos = self._buf, self._pos
+            if self._line_start and buf[pos] == 0x3E:
+                return
+            boundary = buf.find(b"\n>", pos)
+            if boundary < 0:
+                end = len(buf)
+                self._line_start = buf[-1] == 0x0A
+            else:
+                end = boundary + 1
+                self._line_start = True
+            self._pos = end
+            piece = bytearray(memoryview(buf)[pos:end]).translate(None, LINE_JUNK)
+            if piece:
+                yield piece
+
+
+def check_twobit_complete(path: Path) -> None:
+    """InputError when a .2bit file ends before its last record's packed bases (py2bit reads past it silently)."""
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+
+        def read(fmt: str, at: int | None = None) -> tuple:
+            if at is not None:
+                fh.seek(at)
+            raw = fh.read(struct.calcsize(fmt))
+            if len(raw) < struct.calcsize(fmt):
+                raise EOFError
+            return struct.unpack(fmt, raw)
+
+        try:
+            endian = "<" if fh.read(4) == b"\x43\x27\x41\x1a" else ">"
+            version, count, _ = read(endian + "3I", 4)
+            offset_fmt = endian + ("Q" if version == 1 else "I")
+            offsets = []
+            for _ in range(count):
+                (name_size,) = read("B")
+                fh.seek(name_size, 1)
+                offsets.append(read(offset_fmt)[0])
+            end = fh.tell()
+            for offset in offsets:
+                dna_size, n_blocks = read(endian + "2I", offset)
+                (mask_blocks,) = read(endian + "I", offset + 8 + 8 * n_blocks)
+                end = max(end, offset + 8 + 8 * n_blocks + 4 + 8 * mask_blocks + 4 + (dna_size + 3) // 4)
+        except EOFError:
+            end = size + 1
+    if end > size:
+        raise InputError(
+            "the 2bit file is truncated: it ends before the data its index points to",
+            where=str(path),
+            fix="the download or copy was probably cut short; fetch or convert the file again",
+        )

@@ -1,0 +1,71 @@
+"""BED intervals (include regions, blacklists, gap tracks): 0-based half-open, chromosome aliases resolved.
+
+``read_bed(path)`` returns ``{chrom: int64[k, 2]}`` with each chromosome's intervals sorted and merged (overlapping
+or touching intervals joined), keyed by the canonical name (``22``, ``chr22`` and ``NC_000022.11`` land together).
+'track' and 'browser' lines, '#' comments and blank lines are skipped; columns after the third are ignored.
+Plain or gzip-compressed files are read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from pathlib import Path
+
+import numpy as np
+
+from genolc.errors import InputError
+
+_FIX = "BED lines are 'chrom<TAB>start<TAB>end' with 0-based start < end; comment other lines out with '#'"
+
+
+def read_bed(path: str | Path) -> dict[str, np.ndarray]:
+    """Intervals per canonical chromosome name, sorted and merged; InputError naming ``file:line`` for a bad line."""
+    from genolc.data.genome import canonical_chrom, merge_intervals
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError("BED file not found", where=str(p), fix="check the path")
+    if p.is_dir():
+        raise InputError("expected a BED file but got a directory", where=str(p), fix="give the .bed file inside it")
+    starts: dict[str, list[int]] = {}
+    ends: dict[str, list[int]] = {}
+    for lineno, line in _lines(p):
+        text = line.strip()
+        if not text or text.startswith("#") or text.split(None, 1)[0] in ("track", "browser"):
+            continue
+        fields = text.split("\t") if "\t" in text else text.split()
+        where = f"{p}:{lineno}"
+        if len(fields) < 3:
+            raise InputError(f"BED line has {len(fields)} column(s), needs at least 3: {text[:80]!r}", where=where, fix=_FIX)
+        try:
+            start, end = int(fields[1]), int(fields[2])
+        except ValueError:
+            raise InputError(
+                f"BED start/end are not whole numbers: {fields[1][:20]!r}, {fields[2][:20]!r}", where=where, fix=_FIX
+            ) from None
+        if start < 0 or end < start:
+            raise InputError(f"BED interval {start}-{end} is invalid (needs 0 <= start <= end)", where=where, fix=_FIX)
+        chrom = canonical_chrom(fields[0].strip())
+        if not chrom:
+            raise InputError("BED line has an empty chromosome name", where=where, fix=_FIX)
+        starts.setdefault(chrom, []).append(start)
+        ends.setdefault(chrom, []).append(end)
+    return {
+        chrom: merge_intervals(np.stack([np.asarray(starts[chrom], np.int64), np.asarray(ends[chrom], np.int64)], axis=1))
+        for chrom in starts
+    }
+
+
+def _lines(path: Path):
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+    try:
+        raw = gzip.open(path, "rb") if gzipped else open(path, "rb")
+        with io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if "\x00" in line:
+                    raise InputError("not a BED file: it holds binary data", where=f"{path}:{lineno}", fix=_FIX)
+                yield lineno, line
+    except (OSError, EOFError) as exc:
+        raise InputError(f"cannot read the BED file ({exc})", where=str(path), fix="check or re-create the file") from None
