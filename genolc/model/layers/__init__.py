@@ -1,0 +1,1 @@
+"""Plain torch modules of the GLM-5.3-Flash decoder; no optimisation flags inside."""

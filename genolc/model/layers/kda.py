@@ -1,0 +1,94 @@
+"""Kimi Delta Attention (KDA), the linear-attention mixer of GLM-5.3-Flash's "linear_attention" layers.
+
+Per token: q, k, v projections pass a short causal depthwise convolution and SiLU; q and k are L2-normalised
+(inside the op); a per-channel forget gate with a lower bound gives the log decay ``g``; ``beta = sigmoid(b_proj x)``
+is the delta-rule step; the op's output goes through a sigmoid-gated RMSNorm per head and the output projection.
+
+Parameter names match transformers' ``Glm5NextTextLinearAttention`` so checkpoints load as they are. The op is the
+module attribute ``kda_op`` (default: the pure-torch ``chunk_kda``); faster kernels with the same signature are
+swapped in from outside (genolc/train/apply.py), never chosen by a flag here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from genolc.model.config import ModelConfig
+from genolc.model.layers.norm import GatedRMSNorm
+from genolc.model.ops.kda.reference import chunk_kda
+
+
+class ForgetGate(nn.Module):
+    """Per-channel log decay ``g [B, T, H, Dk]`` (<= 0) from a low-rank projection of the input.
+
+    With a lower bound ``lb`` (GLM-5.3-Flash: -5): ``g = lb * sigmoid(exp(A_log) * (f + dt_bias))``, so each step
+    decays by at most ``exp(lb)``. Without one: ``g = -exp(A_log) * softplus(f + dt_bias)`` (Mamba-style).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.linear_num_heads
+        self.head_dim = config.linear_head_dim
+        width = self.num_heads * self.head_dim
+        self.f_a_proj = nn.Linear(config.hidden_size, self.head_dim, bias=False)
+        self.f_b_proj = nn.Linear(self.head_dim, width, bias=False)
+        self.dt_bias = nn.Parameter(torch.zeros(width, dtype=torch.float32))
+        self.A_log = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32))
+        self.lower_bound = config.linear_lower_bound
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length = x.shape[:2]
+        pre = (self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float())
+        pre = pre.view(batch, length, self.num_heads, self.head_dim)
+        rate = self.A_log.float().exp().view(1, 1, self.num_heads, 1)
+        if self.lower_bound is not None:
+            return self.lower_bound * torch.sigmoid(rate * pre)
+        return -rate * F.softplus(pre)
+
+
+class KimiDeltaAttention(nn.Module):
+    """``forward(x [B, T, D]) -> [B, T, D]``: one KDA token mixer (training / prefill, no cache)."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.linear_num_heads
+        self.head_dim = config.linear_head_dim
+        width = self.num_heads * self.head_dim
+        self.width = width
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, width, bias=False)
+        self.k_proj = nn.Linear(hidden, width, bias=False)
+        self.v_proj = nn.Linear(hidden, width, bias=False)
+        # Depthwise causal conv over the concatenated q, k, v channels; its weight stays fp32 like transformers'.
+        self.conv1d = nn.Conv1d(3 * width, 3 * width, kernel_size=config.linear_conv_kernel_dim, groups=3 * width,
+                                bias=False, padding=config.linear_conv_kernel_dim - 1, dtype=torch.float32)
+        self.forget_gate = ForgetGate(config)
+        self.b_proj = nn.Linear(hidden, self.num_heads, bias=False)
+        self.g_a_proj = nn.Linear(hidden, self.head_dim, bias=False)
+        self.g_b_proj = nn.Linear(self.head_dim, width, bias=False)
+        self.o_norm = GatedRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.o_proj = nn.Linear(width, hidden, bias=False)
+        self.kda_op = chunk_kda
+
+    def short_conv(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Causal depthwise conv + SiLU over ``[B, T, C]``: output t sees inputs t-K+1 .. t."""
+        kernel = self.conv1d.weight.shape[-1]
+        channels_first = F.pad(qkv.transpose(1, 2).to(self.conv1d.weight.dtype), (kernel - 1, 0))
+        mixed = F.conv1d(channels_first, self.conv1d.weight, groups=qkv.shape[-1])
+        return F.silu(mixed).transpose(1, 2).to(qkv.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3:
+            raise ValueError(f"KDA input must be [B, T, D]; got {tuple(x.shape)}")
+        batch, length, _ = x.shape
+        heads_shape = (batch, length, self.num_heads, self.head_dim)
+        qkv = self.short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1))
+        q, k, v = (t.reshape(heads_shape) for t in qkv.split(self.width, dim=-1))
+        g = self.forget_gate(x)
+        beta = torch.sigmoid(self.b_proj(x))
+        core, _ = self.kda_op(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+        gate = self.g_b_proj(self.g_a_proj(x)).view(heads_shape)
+        return self.o_proj(self.o_norm(core, gate).reshape(batch, length, self.width))

@@ -1,0 +1,84 @@
+"""Manifold-constrained hyper-connections (mHC): ``hc_mult`` residual streams instead of one.
+
+The decoder carries ``streams [B, T, N, D]``. Around each block (attention or MLP) a :class:`HyperConnection`
+computes, per token and from all N streams, three sets of weights with a one-layer perceptron:
+
+- ``pre [B, T, N]`` (sigmoid + eps): collapses the streams into the block's input ``sum_n pre_n * stream_n``;
+- ``post [B, T, N]`` (2 * sigmoid): spreads the block's output back over the streams;
+- ``comb [B, T, N, N]``: mixes the incoming streams into the outgoing ones. It is pushed towards a doubly
+  stochastic matrix with Sinkhorn iterations (alternately normalising columns and rows), so mixing neither grows
+  nor shrinks the residual.
+
+Then ``new_streams = post ⊗ block_out + comb^T @ streams`` (:func:`merge_streams`). After the last layer the
+streams are averaged (:func:`collapse_streams`). Parameter names (``fn``, ``base``, ``scale``) match transformers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from genolc.model.config import ModelConfig
+from genolc.model.layers.norm import unweighted_rms_norm
+
+
+def sinkhorn(matrix: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
+    """Normalise the positive ``[..., N, N]`` matrix's columns, then ``iterations - 1`` times rows and columns."""
+    matrix = matrix / (matrix.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iterations - 1):
+        matrix = matrix / (matrix.sum(dim=-1, keepdim=True) + eps)
+        matrix = matrix / (matrix.sum(dim=-2, keepdim=True) + eps)
+    return matrix
+
+
+class HyperConnection(nn.Module):
+    """``forward(streams [B, T, N, D]) -> (post [B, T, N], comb [B, T, N, N], block_input [B, T, D])``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_streams = config.hc_mult
+        self.sinkhorn_iters = config.hc_sinkhorn_iters
+        self.eps = config.hc_eps
+        self.norm_eps = config.rms_norm_eps
+        n = self.n_streams
+        width = (2 + n) * n
+        self.fn = nn.Parameter(torch.empty(width, n * config.hidden_size))
+        self.base = nn.Parameter(torch.zeros(width, dtype=torch.float32))
+        self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
+        nn.init.normal_(self.fn, std=0.02)
+
+    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if streams.dim() != 4 or streams.shape[2] != self.n_streams:
+            raise ValueError(f"streams must be [B, T, {self.n_streams}, D]; got {tuple(streams.shape)}")
+        n = self.n_streams
+        batch, length = streams.shape[:2]
+        mixed = F.linear(unweighted_rms_norm(streams.reshape(batch, length, -1).float(), self.norm_eps),
+                         self.fn.float())
+        pre_logit, post_logit, comb_logit = mixed.split([n, n, n * n], dim=-1)
+        pre_bias, post_bias, comb_bias = self.base.split([n, n, n * n])
+        pre_scale, post_scale, comb_scale = self.scale.unbind(0)
+
+        pre = torch.sigmoid(pre_logit * pre_scale + pre_bias) + self.eps
+        post = 2 * torch.sigmoid(post_logit * post_scale + post_bias)
+        comb_logit = comb_logit.view(batch, length, n, n) * comb_scale + comb_bias.view(n, n)
+        comb = sinkhorn(torch.softmax(comb_logit, dim=-1) + self.eps, self.sinkhorn_iters, self.eps)
+        block_input = (pre.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype)
+        return post, comb, block_input
+
+
+def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                  streams: torch.Tensor) -> torch.Tensor:
+    """``post ⊗ block_out + comb^T @ streams``: ``[B, T, D]``, ``[B, T, N]``, ``[B, T, N, N]``, ``[B, T, N, D]``."""
+    dtype = streams.dtype
+    return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + comb.to(dtype).transpose(-1, -2) @ streams
+
+
+def expand_streams(hidden: torch.Tensor, n_streams: int) -> torch.Tensor:
+    """``[B, T, D] -> [B, T, N, D]``: every stream starts as the embedding."""
+    return hidden.unsqueeze(2).expand(-1, -1, n_streams, -1).contiguous()
+
+
+def collapse_streams(streams: torch.Tensor) -> torch.Tensor:
+    """``[B, T, N, D] -> [B, T, D]``: GLM-5.3-Flash ends with an unweighted mean over streams."""
+    return streams.mean(dim=2)

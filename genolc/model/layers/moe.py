@@ -1,0 +1,161 @@
+"""Feed-forward blocks: the SwiGLU MLP (dense layers, shared expert) and the dropless mixture of experts.
+
+Routing (DeepSeek-V3 / GLM style): sigmoid scores per expert; the choice adds a correction bias (a buffer the
+trainer adjusts for auxiliary-loss-free balancing) and may be limited to the best ``topk_group`` of ``n_group``
+expert groups; the weights are the *uncorrected* scores of the chosen experts, optionally normalised to sum to 1,
+times ``routed_scaling_factor``. Every token reaches its top-k experts (dropless); the reference path groups token
+slots by expert and runs one matmul pair per expert. A shared expert sees every token.
+
+Parameter names match transformers' ``Glm5NextTextMoE`` (``gate.weight``, ``gate.e_score_correction_bias``,
+``experts.gate_up_proj [E, 2I, D]``, ``experts.down_proj [E, D, I]``, ``shared_experts.*``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from genolc.model.config import ModelConfig
+
+
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """``silu(min(gate, limit)) * clamp(up, -limit, limit)``: GLM-5.3-Flash's bounded SwiGLU."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+
+class SwiGLUMLP(nn.Module):
+    """``[..., D] -> [..., D]`` SwiGLU MLP (dense layers and the shared expert)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, swiglu_limit: float) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.swiglu_limit = swiglu_limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_limit))
+
+
+@dataclass
+class Routing:
+    """One MoE layer's routing of N tokens."""
+
+    expert_ids: torch.Tensor       # [N, K] long: chosen experts per token
+    weights: torch.Tensor          # [N, K] fp32: their combine weights (already scaled)
+    scores: torch.Tensor           # [N, E] fp32: sigmoid scores (for the balance loss)
+
+
+class TopKRouter(nn.Module):
+    """Sigmoid router with correction bias and group-limited top-k."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_experts = config.n_routed_experts
+        self.top_k = config.num_experts_per_tok
+        self.n_group = config.n_group
+        self.topk_group = config.topk_group
+        self.norm_topk_prob = config.norm_topk_prob
+        self.routed_scaling_factor = config.routed_scaling_factor
+        self.weight = nn.Parameter(torch.zeros(self.num_experts, config.hidden_size, dtype=torch.float32))
+        self.register_buffer("e_score_correction_bias", torch.zeros(self.num_experts, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        """``x [N, D]`` -> :class:`Routing`; routing math in fp32."""
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        choice = scores + self.e_score_correction_bias.float()
+        if self.n_group > 1:
+            # Rank groups by the sum of their two best corrected scores; experts outside the kept groups drop out.
+            grouped = choice.view(-1, self.n_group, self.num_experts // self.n_group)
+            group_rank = grouped.topk(2, dim=-1).values.sum(-1)
+            kept_groups = group_rank.topk(self.topk_group, dim=-1).indices
+            keep = torch.zeros_like(group_rank, dtype=torch.bool).scatter_(1, kept_groups, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(self.num_experts // self.n_group, dim=1),
+                                        float("-inf"))
+        expert_ids = choice.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, expert_ids)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return Routing(expert_ids=expert_ids, weights=weights * self.routed_scaling_factor, scores=scores)
+
+
+class Experts(nn.Module):
+    """E routed SwiGLU experts stored as stacked weights; dropless, grouped by expert."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_experts = config.n_routed_experts
+        hidden, inter = config.hidden_size, config.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(self.num_experts, hidden, inter))
+        self.swiglu_limit = config.swiglu_limit
+        nn.init.normal_(self.gate_up_proj, std=config.initializer_range)
+        nn.init.normal_(self.down_proj, std=config.initializer_range)
+
+    def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [N, D]``, ``expert_ids``/``weights [N, K]`` -> (``out [N, D]``, ``tokens_per_expert [E]`` long)."""
+        n_tokens, top_k = expert_ids.shape
+        flat_experts = expert_ids.reshape(-1)
+        order = flat_experts.argsort(stable=True)          # token slots grouped by expert
+        tokens_per_expert = torch.bincount(flat_experts, minlength=self.num_experts)
+        slot_token = order // top_k
+        grouped_in = x[slot_token]
+        grouped_weight = weights.reshape(-1)[order].unsqueeze(-1)
+        pieces = []
+        # One host sync to size the groups; the fast path (grouped GEMM) lives outside this reference module.
+        for expert, rows in enumerate(grouped_in.split(tokens_per_expert.tolist())):
+            if rows.shape[0] == 0:
+                continue
+            gate, up = F.linear(rows, self.gate_up_proj[expert]).chunk(2, dim=-1)
+            pieces.append(F.linear(clamped_swiglu(gate, up, self.swiglu_limit), self.down_proj[expert]))
+        grouped_out = torch.cat(pieces) * grouped_weight
+        out = torch.zeros_like(x).index_add_(0, slot_token, grouped_out.to(x.dtype))
+        return out, tokens_per_expert
+
+
+def balance_loss(routing: Routing, num_experts: int) -> torch.Tensor:
+    """Load-balance loss over the batch: ``E * sum_i f_i * P_i`` (1.0 when perfectly balanced).
+
+    ``f_i``: fraction of token slots sent to expert i (no gradient); ``P_i``: mean over tokens of expert i's
+    sigmoid score normalised over experts (DeepSeek-V3's complementary balance loss, computed over all tokens).
+    """
+    counts = torch.bincount(routing.expert_ids.reshape(-1), minlength=num_experts).float()
+    fraction = counts / counts.sum()
+    probs = routing.scores / (routing.scores.sum(-1, keepdim=True) + 1e-20)
+    return num_experts * (fraction * probs.mean(0)).sum()
+
+
+@dataclass
+class MoEOutput:
+    hidden: torch.Tensor               # [B, T, D]
+    tokens_per_expert: torch.Tensor    # [E] long
+    balance_loss: torch.Tensor         # scalar
+
+
+class MoE(nn.Module):
+    """Routed experts + shared expert: ``forward(x [B, T, D]) -> MoEOutput``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_experts = config.n_routed_experts
+        self.gate = TopKRouter(config)
+        self.experts = Experts(config)
+        self.shared_experts = (
+            SwiGLUMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.swiglu_limit)
+            if config.n_shared_experts > 0 else None)
+
+    def forward(self, x: torch.Tensor) -> MoEOutput:
+        if x.dim() != 3:
+            raise ValueError(f"MoE input must be [B, T, D]; got {tuple(x.shape)}")
+        flat = x.reshape(-1, x.shape[-1])
+        routing = self.gate(flat)
+        routed, tokens_per_expert = self.experts(flat, routing.expert_ids, routing.weights)
+        out = routed.view_as(x)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return MoEOutput(hidden=out, tokens_per_expert=tokens_per_expert,
+                         balance_loss=balance_loss(routing, self.num_experts))

@@ -1,0 +1,1 @@
+"""Ops: a pure-torch reference per op (``ops/<op>/reference.py``), fast kernels beside it (``fast.py``)."""

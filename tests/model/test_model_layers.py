@@ -1,0 +1,119 @@
+"""MoE routing and grouping, mHC Sinkhorn, the forward contract (aux losses, tokens per expert), resize_vocab."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from genolc.model import build_model, preset, resize_vocab
+from genolc.model.layers.mhc import HyperConnection, sinkhorn
+from genolc.model.layers.moe import MoE, balance_loss, clamped_swiglu
+
+from glm5_reference import small_config
+
+
+def _random_moe(config, seed=0):
+    torch.manual_seed(seed)
+    moe = MoE(config)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0, 0.3)
+        moe.gate.e_score_correction_bias.normal_(0, 0.1)
+    return moe
+
+
+@pytest.mark.parametrize("overrides", [{}, {"n_routed_experts": 8, "n_group": 4, "topk_group": 2,
+                                            "norm_topk_prob": False}])
+def test_moe_equals_a_per_token_loop(overrides):
+    config = small_config(**overrides)
+    moe = _random_moe(config)
+    x = torch.randn(2, 13, config.hidden_size)
+    out = moe(x)
+    flat = x.reshape(-1, config.hidden_size)
+    scores = torch.sigmoid(flat @ moe.gate.weight.T)
+    expected = moe.shared_experts(flat)
+    per_group = config.n_routed_experts // config.n_group
+    for n in range(flat.shape[0]):
+        choice = scores[n] + moe.gate.e_score_correction_bias
+        groups = choice.view(config.n_group, per_group).topk(min(2, per_group)).values.sum(-1)
+        allowed = torch.zeros(config.n_routed_experts, dtype=torch.bool)
+        for g in groups.topk(config.topk_group).indices.tolist():
+            allowed[g * per_group:(g + 1) * per_group] = True
+        chosen = choice.masked_fill(~allowed, -1e9).topk(config.num_experts_per_tok).indices
+        weights = scores[n, chosen]
+        if config.norm_topk_prob:
+            weights = weights / weights.sum()
+        for e, w in zip(chosen.tolist(), weights * config.routed_scaling_factor):
+            gate, up = (moe.experts.gate_up_proj[e] @ flat[n]).chunk(2)
+            expected[n] += w * (moe.experts.down_proj[e] @ clamped_swiglu(gate, up, config.swiglu_limit))
+    assert torch.allclose(out.hidden.reshape(-1, config.hidden_size), expected, atol=1e-5)
+    assert out.tokens_per_expert.sum().item() == flat.shape[0] * config.num_experts_per_tok
+    assert out.tokens_per_expert.shape == (config.n_routed_experts,)
+
+
+def test_swiglu_clamps_gate_and_up():
+    gate, up = torch.tensor([20.0, -3.0]), torch.tensor([30.0, -30.0])
+    assert torch.allclose(clamped_swiglu(gate, up, 10.0), F.silu(torch.tensor([10.0, -3.0])) * torch.tensor([10.0, -10.0]))
+
+
+def test_balance_loss_is_one_when_balanced_and_larger_when_not():
+    from genolc.model.layers.moe import Routing
+
+    even = Routing(expert_ids=torch.tensor([[0, 1], [2, 3]]), weights=torch.ones(2, 2), scores=torch.full((2, 4), 0.5))
+    assert balance_loss(even, 4).item() == pytest.approx(1.0)
+    skewed = Routing(expert_ids=torch.tensor([[0, 1], [0, 1]]), weights=torch.ones(2, 2),
+                     scores=torch.tensor([[0.9, 0.9, 0.1, 0.1]] * 2))
+    assert balance_loss(skewed, 4).item() > 1.5
+
+
+def test_sinkhorn_makes_mixing_doubly_stochastic():
+    matrix = torch.rand(5, 4, 4) + 0.01
+    mixed = sinkhorn(matrix, iterations=20, eps=1e-6)
+    assert torch.allclose(mixed.sum(-1), torch.ones(5, 4), atol=1e-3)
+    assert torch.allclose(mixed.sum(-2), torch.ones(5, 4), atol=1e-3)
+    hc = HyperConnection(small_config())
+    post, comb, block_in = hc(torch.randn(2, 3, 4, 32))
+    assert post.shape == (2, 3, 4) and comb.shape == (2, 3, 4, 4) and block_in.shape == (2, 3, 32)
+    with pytest.raises(ValueError, match="streams must be"):
+        hc(torch.randn(2, 3, 32))
+
+
+def test_forward_contract_and_indexer_losses():
+    torch.manual_seed(0)
+    config = preset("tiny")
+    model = build_model(config)
+    ids = torch.randint(0, config.vocab_size, (2, 72))
+    out = model(ids)
+    assert out.logits.shape == (2, 72, config.vocab_size)
+    assert set(out.aux_losses) == {"moe_balance"} and set(out.tokens_per_expert) == {1, 2, 3}
+    for counts in out.tokens_per_expert.values():
+        assert counts.sum().item() == 2 * 72 * config.num_experts_per_tok
+    for mode in ("dense", "sparse"):
+        out = model(ids, indexer_loss=mode)
+        kl = out.aux_losses["indexer_kl"]
+        assert kl.ndim == 0 and torch.isfinite(kl)
+        indexer = model.layers[3].self_attn.indexer
+        grads = torch.autograd.grad(kl, [indexer.wk.weight, model.embed_tokens.weight], allow_unused=True)
+        assert grads[0] is not None and grads[0].abs().sum() > 0
+        assert grads[1] is None, "the indexer KL must not reach the LM's weights"
+    with pytest.raises(ValueError, match="indexer_loss"):
+        model(ids, indexer_loss="warmup")
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        model(ids[0])
+
+
+def test_resize_vocab_keeps_the_body_and_shared_rows():
+    torch.manual_seed(0)
+    config = small_config(vocab_size=300, pad_token_id=299)
+    model = build_model(config)
+    body = {k: v.clone() for k, v in model.state_dict().items() if k not in ("embed_tokens.weight", "lm_head.weight")}
+    old_embed = model.embed_tokens.weight.detach().clone()
+    resize_vocab(model, 16)
+    assert model.config.vocab_size == 16 and model.config.pad_token_id is None
+    assert model.embed_tokens.weight.shape == (16, 32) and model.lm_head.weight.shape == (16, 32)
+    assert torch.equal(model.embed_tokens.weight[:16], old_embed[:16])
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in body.items())
+    assert model(torch.randint(0, 16, (1, 9))).logits.shape == (1, 9, 16)
+    resize_vocab(model, 40, pad_token_id=39)
+    assert model.embed_tokens.padding_idx == 39 and model.embed_tokens.weight[39].abs().sum() == 0
