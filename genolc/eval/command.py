@@ -1,0 +1,90 @@
+"""``genolc eval``: the click command. Parses options, builds a config, calls one function."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import click
+
+from genolc.errors import ConfigError
+from genolc.runs import run_record
+from genolc.units import parse_length
+
+_PATH = click.Path(path_type=Path)
+
+
+@click.command("eval")
+@click.option("--by-position", "by_position", metavar="CHROM[,CHROM…]|heldout",
+              help="Held-out loss by preceding-context position on these records (or every held-out record).")
+@click.option("--needle", is_flag=False, flag_value="heldout", default=None, metavar="[CHROM[,CHROM…]|heldout]",
+              help="Needle test: a random segment planted twice at distance D in held-out windows.")
+@click.option("--data", required=True, type=_PATH, help="Prepared dataset directory (genolc prepare).")
+@click.option("--checkpoint", required=True, type=_PATH, help="Model checkpoint (save_pretrained or genolc finetune).")
+@click.option("--seq", default="512k", show_default=True, help="Window length in tokens (windows hold seq + 1).")
+@click.option("--baseline", type=_PATH, help="Second checkpoint scored on the same targets; paired deltas.")
+@click.option("--context", "contexts", multiple=True, metavar="K",
+              help="Context-truncation control: also score with only the last K tokens visible (repeatable).")
+@click.option("--context-block", default=None, metavar="M",
+              help="Targets per truncated-context forward (default K/4: visible context K..1.25K, 5x cost).")
+@click.option("--first-bucket", default="1k", show_default=True,
+              help="Upper edge of the first position bucket; later edges double ([0,1k), [1k,2k), …).")
+@click.option("--rc-average", is_flag=True, help="Score both strands and average per target.")
+@click.option("--max-windows", type=int, default=None, help="Score at most N windows (evenly spaced).")
+@click.option("--max-tokens", default=None, metavar="N", help="Score at most N window tokens (whole windows).")
+@click.option("--max-n-fraction", type=float, default=0.5, show_default=True,
+              help="Skip windows with a larger share of ambiguous (N) tokens.")
+@click.option("--bootstrap", "n_boot", type=int, default=1000, show_default=True, help="Bootstrap replicates.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the bootstrap and the needle.")
+@click.option("--per-target", is_flag=True, help="Also write targets.csv.gz (one row per scored target).")
+@click.option("--needle-bases", type=int, default=256, show_default=True, help="Needle segment length in bases.")
+@click.option("--needle-trials", type=int, default=8, show_default=True, help="Needle trials (window + segment).")
+@click.option("--needle-distance", "needle_distances", multiple=True, metavar="D",
+              help="Needle distance in tokens (repeatable; default 1k, 2k, … up to the window).")
+@click.option("--force", is_flag=True, help="Score records the checkpoint was trained on anyway.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="auto: bfloat16 on CUDA, float32 on CPU.")
+@click.option("--batch-tokens", default="64k", show_default=True, help="Tokens per forward call (rows x length).")
+@click.option("--out", type=_PATH, default=None, help="Output directory (replaced atomically).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts, context_block, first_bucket,
+                 rc_average,
+                 max_windows, max_tokens, max_n_fraction, n_boot, seed, per_target, needle_bases, needle_trials,
+                 needle_distances, force, device, dtype, batch_tokens, out, quiet) -> None:
+    """Evaluate a checkpoint on held-out records: loss by context position (--by-position) or copying (--needle)."""
+    if (by_position is None) == (needle is None):
+        raise ConfigError("choose exactly one of --by-position CHROM[,CHROM…]|heldout and --needle",
+                          fix="e.g. genolc eval --by-position chr22 --data DIR --checkpoint CKPT")
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    common = dict(data=data, checkpoint=checkpoint, seq_len=parse_length(seq, "--seq"), seed=seed, n_boot=n_boot,
+                  force=force, device=device, dtype=dtype, max_n_fraction=max_n_fraction,
+                  batch_tokens=parse_length(batch_tokens, "--batch-tokens"), progress=not quiet)
+    if by_position is not None:
+        from genolc.eval.by_position import ByPositionConfig, run_by_position
+
+        config = ByPositionConfig(
+            records=by_position, out=out or Path(f"genolc-eval-{stamp}"), baseline=baseline,
+            contexts=tuple(parse_length(k, "--context") for k in contexts),
+            context_block=parse_length(context_block, "--context-block") if context_block else None,
+            first_bucket=parse_length(first_bucket, "--first-bucket"), rc_average=rc_average, max_windows=max_windows,
+            max_tokens=parse_length(max_tokens, "--max-tokens") if max_tokens else None,
+            per_target=per_target, **common)
+        with run_record("eval", config.out, config.to_dict()) as record:
+            summary = run_by_position(config, record)
+        for name, value in summary["overall"].items():
+            if value is not None and name.endswith("/all"):
+                click.echo(f"{name.split('/')[0]}: {value:.4f} bits/base")
+        click.echo(f"wrote {config.out}")
+        return
+    from genolc.eval.needle import NeedleConfig, run_needle
+
+    config = NeedleConfig(records=needle, out=out or Path(f"genolc-needle-{stamp}"), segment_bases=needle_bases,
+                          trials=needle_trials,
+                          distances=tuple(parse_length(d, "--needle-distance") for d in needle_distances), **common)
+    with run_record("eval-needle", config.out, config.to_dict()) as record:
+        summary = run_needle(config, record)
+    for row in summary["per_distance"]:
+        click.echo(f"D={row['distance']}: first copy {row['first_bits_per_base']:.3f}, "
+                   f"second copy {row['second_bits_per_base']:.3f} bits/base")
+    click.echo(f"wrote {config.out}")
