@@ -2,7 +2,7 @@
 
 A record holds the command, its resolved arguments, genolc's version (and git SHA when run from a checkout),
 md5s of its inputs, host and GPU, start and end times, exit status and the error if it failed. Records live in
-``<output>/runs/<start>_<command>.json``; :func:`run_record` writes one whether the command succeeds or fails.
+``<output>/runs/<start>_<pid>_<command>.json``; :func:`run_record` writes one whether the command succeeds or fails.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class RunRecord:
 
 @contextlib.contextmanager
 def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any]) -> Iterator[RunRecord]:
-    """Write ``<out_dir>/runs/<start>_<command>.json`` when the block ends, with its status and any error.
+    """Write ``<out_dir>/runs/<start>_<pid>_<command>.json`` when the block ends, with its status and any error.
 
     The record is written after the block, so a command that builds ``out_dir`` atomically has it in place.
     A failed command whose output directory was never created leaves no directory behind (its error goes to
@@ -127,10 +127,18 @@ def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any]) -
         raise
     finally:
         stamp = rec.started.replace(":", "").replace("+0000", "Z")
-        path = rec.out_dir / RUNS_DIRNAME / f"{stamp}_{command}.json"
+        # Two runs can start within one second: pid and a counter keep their records apart.
+        path = _unique_path(rec.out_dir / RUNS_DIRNAME, f"{stamp}_{os.getpid()}", command)
         if status == "ok" or rec.out_dir.is_dir():
             with contextlib.suppress(OSError):
                 atomic_write_json(path, rec.to_dict(status, error, time.monotonic() - t0))
+
+
+def _unique_path(folder: Path, stem: str, command: str) -> Path:
+    path, n = folder / f"{stem}_{command}.json", 1
+    while path.exists():
+        path, n = folder / f"{stem}-{n}_{command}.json", n + 1
+    return path
 
 
 def _jsonable(value: Any) -> Any:

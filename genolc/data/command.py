@@ -1,0 +1,61 @@
+"""`genolc prepare`: the click command (parse options, build a PrepareConfig, call prepare)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from genolc.data.prepare import PrepareConfig, parse_split, prepare
+
+
+@click.command("prepare")
+@click.argument("genomes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
+              help="Dataset directory to write (default: ./prepared/<first genome's name>).")
+@click.option("--train", default=None,
+              help="Training records: comma-separated names or aliases, or 'all' (every record not held out). "
+                   "Default: chr1,chr2.")
+@click.option("--heldout", default=None,
+              help="Held-out records (comma-separated), or 'none'. Default: chr22.")
+@click.option("--tokenizer", default="char", show_default=True,
+              help="char | kmer:K | bpe:VOCAB | byte | path/to/tokenizer.json")
+@click.option("--include-bed", type=click.Path(path_type=Path), default=None,
+              help="Keep only these intervals (0-based half-open); other bases are tokenized as N.")
+@click.option("--exclude-bed", type=click.Path(path_type=Path), default=None,
+              help="Mask these intervals (blacklist, gaps): tokenized as N, never a training target.")
+@click.option("--all-records", is_flag=True,
+              help="Also use non-primary records (_alt, _random, chrUn, ...) with --train all.")
+@click.option("--duplication-threshold", type=float, default=0.05, show_default=True,
+              help="Refuse when more than this share of held-out 1 kb blocks is found verbatim in training.")
+@click.option("--force", is_flag=True, help="Keep a held-out split that duplicates training sequence.")
+@click.option("--bpe-sample", "bpe_sample_bases", type=int, default=16_000_000, show_default=True,
+              help="Bases of training sequence to learn a BPE vocabulary from.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+def prepare_command(genomes: tuple[Path, ...], out: Path | None, train: str | None, heldout: str | None,
+                    tokenizer: str, include_bed: Path | None, exclude_bed: Path | None, all_records: bool,
+                    duplication_threshold: float, force: bool, bpe_sample_bases: int, no_progress: bool) -> None:
+    """Turn genome files (FASTA plain/gzip/bgzip, GenBank, 2bit) into a token dataset for training."""
+    config = PrepareConfig(
+        genomes=tuple(genomes),
+        out=out if out is not None else Path("prepared") / _stem(genomes[0]),
+        train=parse_split(train, "--train"),
+        heldout=parse_split(heldout, "--heldout"),
+        tokenizer=tokenizer,
+        include_bed=include_bed,
+        exclude_bed=exclude_bed,
+        all_records=all_records,
+        force=force,
+        duplication_threshold=duplication_threshold,
+        bpe_sample_bases=bpe_sample_bases,
+        progress=not no_progress,
+    )
+    prepare(config)
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".gz", ".bgz", ".fa", ".fasta", ".fna", ".gb", ".gbk", ".2bit"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or "dataset"

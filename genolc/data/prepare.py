@@ -1,0 +1,499 @@
+"""`genolc prepare`: genome files -> a memory-mappable token dataset (see docs/internals.md, "Prepared dataset").
+
+One streaming pass over the inputs, record by record and chunk by chunk, so memory does not grow with chromosome
+size: each selected record's tokens go straight to ``tokens/<key>.bin``, its soft-mask bits to
+``softmask/<key>.bits`` and its N runs to ``nruns/<key>.npy``. Records named by neither split are still read
+(their length, md5 and N counts go into the manifest, marked ``unused``) but nothing is tokenized for them.
+
+Because the pass is single, splits are decided per record as it arrives (a query matches a record by its name,
+its canonical chromosome or an alias of it); queries that matched nothing are reported at the end, with close
+matches, and nothing is written. Bases excluded by BED files are tokenized as N, so no token over them is ever a
+training target or an evaluation position; they are listed in ``nruns`` beside the N runs and counted per record
+as ``excluded_bases``, while ``md5_upper``/``n_bases`` describe the sequence as read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+import genolc
+from genolc.data import genome
+from genolc.data.duplication import BLOCK_BASES, TrainBlockIndex, heldout_coverage
+from genolc.data.prepare_record import OFFSET_STRIDE, RecordWriter, RegionMask
+from genolc.errors import ConfigError, InputError
+from genolc.fsutil import atomic_dir, atomic_write_json, file_md5
+from genolc.runs import RUNS_DIRNAME, run_record
+from genolc.tokenize import make_tokenizer, save_tokenizer
+
+FORMAT_VERSION = 1
+ALL = "all"
+DEFAULT_TRAIN = ("chr1", "chr2")
+DEFAULT_HELDOUT = ("chr22",)
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """Everything `genolc prepare` does is decided by these fields (and the input files' contents).
+
+    ``train``: queries (names or aliases), ``"all"`` for every record not held out, or None for chr1,chr2.
+    ``heldout``: queries, ``()`` for no held-out split, or None for chr22.
+    """
+
+    genomes: tuple[Path, ...]
+    out: Path
+    train: tuple[str, ...] | str | None = None
+    heldout: tuple[str, ...] | None = None
+    tokenizer: str = "char"
+    include_bed: Path | None = None
+    exclude_bed: Path | None = None
+    all_records: bool = False
+    force: bool = False
+    duplication_threshold: float = 0.05
+    bpe_sample_bases: int = 16_000_000
+    chunk_bases: int = 1 << 24
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.genomes:
+            raise ConfigError("no genome file given", fix="pass one or more FASTA/GenBank/2bit files")
+        if not 0.0 <= self.duplication_threshold <= 1.0:
+            raise ConfigError(f"duplication threshold must be between 0 and 1, got {self.duplication_threshold}")
+        if self.chunk_bases < 1 << 16 or self.chunk_bases % 8:
+            raise ConfigError(f"chunk size must be a multiple of 8 and at least 65536, got {self.chunk_bases}")
+        if self.bpe_sample_bases < 1:
+            raise ConfigError(f"the BPE training sample must be positive, got {self.bpe_sample_bases}")
+
+
+def parse_split(text: str | None, option: str) -> tuple[str, ...] | str | None:
+    """CLI text -> split queries: None stays None (default), 'all' -> 'all', 'none' -> (), 'a,b' -> ('a', 'b')."""
+    if text is None:
+        return None
+    value = text.strip()
+    if value.lower() == ALL:
+        if option == "--heldout":
+            raise ConfigError("--heldout all would leave nothing to train on", fix="name the held-out records")
+        return ALL
+    if value.lower() == "none":
+        if option == "--train":
+            raise ConfigError("--train none leaves nothing to train on", fix="name the training records or use all")
+        return ()
+    queries = tuple(q.strip() for q in value.split(",") if q.strip())
+    if not queries:
+        raise ConfigError(f"{option} is empty", fix=f"name records, e.g. {option} chr22")
+    return queries
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+# --------------------------------------------------------------------------------------------------- selection
+
+
+def _query_matches(query: str, info: genome.RecordInfo, key: str) -> bool:
+    if query in (info.name, info.chrom, key):
+        return True
+    alias = genome.canonical_chrom(query)
+    return alias in (info.chrom, genome.canonical_chrom(info.name))
+
+
+@dataclass
+class _Selector:
+    """Per-record split decisions for one pass, remembering which queries matched something."""
+
+    train: tuple[str, ...] | str
+    heldout: tuple[str, ...]
+    all_records: bool
+    matched: dict[str, set[str]] = field(default_factory=dict)
+
+    def split_of(self, info: genome.RecordInfo, key: str) -> str:
+        held = [q for q in self.heldout if _query_matches(q, info, key)]
+        named_train = [] if self.train == ALL else [q for q in self.train if _query_matches(q, info, key)]
+        for q in held + named_train:
+            self.matched.setdefault(q, set()).add(key)
+        if held and named_train:
+            raise ConfigError(
+                f"record {info.name!r} ({info.chrom}) is selected both for training (by {named_train[0]!r}) "
+                f"and as held out (by {held[0]!r})",
+                where=info.source,
+                fix="a held-out chromosome must not be in train; change --train or --heldout",
+            )
+        if held:
+            return "heldout"
+        if named_train:
+            return "train"
+        if self.train == ALL and (self.all_records or genome.is_primary(info.chrom)):
+            return "train"
+        return "unused"
+
+    def unmatched(self, queries: tuple[str, ...] | str) -> list[str]:
+        return [] if queries == ALL else [q for q in queries if q not in self.matched]
+
+
+def _check_queries_disjoint(train: tuple[str, ...] | str | None, heldout: tuple[str, ...] | None) -> None:
+    if not train or not heldout or train == ALL:
+        return
+    both = {genome.canonical_chrom(q) for q in train} & {genome.canonical_chrom(q) for q in heldout}
+    if both:
+        raise ConfigError(
+            f"{', '.join(sorted(both))} is both in --train and --heldout",
+            fix="a held-out chromosome must not be in train; remove it from one of them",
+        )
+
+
+def _split_queries(config: PrepareConfig) -> tuple[tuple[str, ...] | str, tuple[str, ...]]:
+    """The queries for each split, defaults filled in; a default never takes what the other option names."""
+    canon = genome.canonical_chrom
+    if config.train is None:
+        held = {canon(q) for q in config.heldout or ()}
+        train: tuple[str, ...] | str = tuple(q for q in DEFAULT_TRAIN if canon(q) not in held)
+        if not train:
+            raise ConfigError(f"--heldout takes both default training chromosomes ({', '.join(DEFAULT_TRAIN)})",
+                              fix="name the training records with --train")
+    else:
+        train = config.train
+    if config.heldout is None:
+        named = set() if train == ALL else {canon(q) for q in train}
+        heldout = tuple(q for q in DEFAULT_HELDOUT if canon(q) not in named)
+        if not heldout:
+            raise ConfigError(f"--train takes the default held-out chromosome ({', '.join(DEFAULT_HELDOUT)})",
+                              fix="name another record with --heldout, or pass --heldout none")
+    else:
+        heldout = config.heldout
+    return train, heldout
+
+
+def _records_listing(found: list[dict]) -> str:
+    shown = [f"{r['name']} ({r['chrom']})" if r["name"] != r["chrom"] else r["name"] for r in found[:30]]
+    more = f" and {len(found) - 30} more" if len(found) > 30 else ""
+    return ", ".join(shown) + more
+
+
+# --------------------------------------------------------------------------------------------------- inputs
+
+
+def _check_inputs(config: PrepareConfig) -> list[Path]:
+    paths = []
+    for raw in config.genomes:
+        path = Path(raw).expanduser().absolute()
+        if not path.exists():
+            raise InputError("genome file not found", where=str(path), fix="check the path")
+        if not path.is_file():
+            raise InputError("genome path is not a file", where=str(path), fix="pass a FASTA/GenBank/2bit file")
+        paths.append(path)
+    if len({str(p.resolve()) for p in paths}) != len(paths):
+        raise InputError("the same genome file is given twice", fix="pass each file once")
+    for bed in (config.include_bed, config.exclude_bed):
+        if bed is not None and not Path(bed).is_file():
+            raise InputError("BED file not found", where=str(bed), fix="check the path")
+    return paths
+
+
+def _fingerprint(config: PrepareConfig, paths: list[Path]) -> str:
+    """What decides the output: inputs by content, and every option that changes a byte of it."""
+    tok_spec: Any = config.tokenizer
+    if Path(config.tokenizer).is_file():
+        tok_spec = {"file_md5": file_md5(config.tokenizer)}
+    beds = [None if b is None else file_md5(b) for b in (config.include_bed, config.exclude_bed)]
+    payload = {
+        "format_version": FORMAT_VERSION,
+        "genolc_version": genolc.__version__,
+        "inputs": [file_md5(p) for p in paths],
+        "train": config.train,
+        "heldout": config.heldout,
+        "tokenizer": tok_spec,
+        "beds": beds,
+        "all_records": config.all_records,
+        "force": config.force,
+        "threshold": config.duplication_threshold,
+        "bpe_sample_bases": config.bpe_sample_bases,
+        "chunk_bases": config.chunk_bases,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _existing_is_current(out: Path, fingerprint: str) -> bool:
+    manifest_path = out / "manifest.json"
+    if not out.exists():
+        return False
+    if not manifest_path.is_file():
+        if out.is_dir() and not any(out.iterdir()):
+            return False
+        raise InputError(
+            "the output directory exists and is not a genolc dataset; refusing to replace it",
+            where=str(out),
+            fix="choose a new --out directory or remove this one",
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return False
+    if manifest.get("fingerprint") != fingerprint:
+        return False
+    for rec in manifest.get("records", []):
+        for part in ("tokens", "softmask", "nruns"):
+            if rec.get(part) and not (out / rec[part]).is_file():
+                return False
+    return (out / "tokenizer.json").is_file()
+
+
+def _open_all(paths: list[Path]) -> list[genome.GenomeReader]:
+    return [genome.open_genome(p) for p in paths]
+
+
+def _bpe_sample(config: PrepareConfig, paths: list[Path], selector: _Selector) -> list[np.ndarray]:
+    """A bounded sample of training sequence (from the start of each train record, N-poor chunks only)."""
+    budget = config.bpe_sample_bases
+    per_record = max(1 << 20, budget // 4)
+    sample: list[np.ndarray] = []
+    probe = _Selector(selector.train, selector.heldout, selector.all_records)
+    for reader in _open_all(paths):
+        for stream in reader.records():
+            if budget <= 0:
+                return sample
+            if probe.split_of(stream.info, stream.info.chrom) != "train":
+                continue
+            taken = 0
+            for chunk in stream.chunks(1 << 20):
+                bases = np.array(chunk, dtype=np.uint8)
+                if np.count_nonzero((bases | np.uint8(0x20)) == ord("n")) > len(bases) // 2:
+                    continue
+                piece = bases[: min(len(bases), budget, per_record - taken)]
+                sample.append(piece)
+                taken += len(piece)
+                budget -= len(piece)
+                if taken >= per_record or budget <= 0:
+                    break
+    return sample
+
+
+def _make_tokenizer(config: PrepareConfig, paths: list[Path], selector: _Selector):
+    kind = config.tokenizer.split(":", 1)[0].lower()
+    sample = _bpe_sample(config, paths, selector) if kind == "bpe" else None
+    if sample is not None and not sample:
+        raise InputError(
+            "no training sequence to learn the BPE vocabulary from (every train record is mostly N or none matched)",
+            fix="check --train, or use --tokenizer char / kmer:K",
+        )
+    return make_tokenizer(config.tokenizer, sample)
+
+
+def _unique_key(chrom: str, used: set[str]) -> str:
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in chrom) or "record"
+    key, n = safe, 1
+    while key in used:
+        n += 1
+        key = f"{safe}_{n}"
+    used.add(key)
+    return key
+
+
+# --------------------------------------------------------------------------------------------------- the pass
+
+
+def prepare(config: PrepareConfig) -> Path:
+    """Build the dataset described by ``config`` at ``config.out`` (atomically) and return its path.
+
+    A rerun with the same inputs and options finds the existing dataset current and does nothing.
+    """
+    paths = _check_inputs(config)
+    _check_queries_disjoint(config.train, config.heldout)
+    out = Path(config.out).expanduser().absolute()
+    fingerprint = _fingerprint(config, paths)
+    args = asdict(config)
+    if _existing_is_current(out, fingerprint):
+        with run_record("prepare", out, args | {"no_op": True}) as rec:
+            for p in paths:
+                rec.add_input(p)
+        _say(f"genolc prepare: {out} is up to date with these inputs and options; nothing to do.")
+        return out
+    with run_record("prepare", out, args) as rec:
+        for p in paths:
+            rec.add_input(p)
+        previous_runs = out / RUNS_DIRNAME
+        with atomic_dir(out, "output directory") as tmp:
+            manifest = _build(config, paths, tmp, fingerprint)
+            if previous_runs.is_dir():
+                shutil.copytree(previous_runs, tmp / RUNS_DIRNAME, dirs_exist_ok=True)
+        rec.outputs = {
+            "dataset": str(out),
+            "train": manifest["splits"]["train"],
+            "heldout": manifest["splits"]["heldout"],
+            "duplication_fraction": (manifest["duplication"] or {}).get("fraction"),
+        }
+    _summarise(out, manifest)
+    return out
+
+
+def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str) -> dict:
+    train_q, heldout_q = _split_queries(config)
+    selector = _Selector(train_q, heldout_q, config.all_records)
+    readers = _open_all(paths)
+    include = genome.read_bed(config.include_bed) if config.include_bed else None
+    exclude = genome.read_bed(config.exclude_bed) if config.exclude_bed else None
+
+    tokenizer = _make_tokenizer(config, paths, selector)
+    save_tokenizer(tokenizer, tmp / "tokenizer.json")
+    dtype = np.dtype("<u2") if tokenizer.vocab_size <= 1 << 16 else np.dtype("<i4")
+    train_index = TrainBlockIndex() if heldout_q else None
+    scratch = tmp / ".scratch"
+    scratch.mkdir()
+
+    records: list[dict] = []
+    used_keys: set[str] = set()
+    bar = _progress(config)
+    try:
+        for source_index, reader in enumerate(readers):
+            names_in_file: dict[str, int] = {}
+            for stream in reader.records():
+                info = stream.info
+                if info.name in names_in_file:
+                    raise InputError(
+                        f"duplicate record name {info.name!r} (records {names_in_file[info.name] + 1} and "
+                        f"{info.index + 1} of the file)",
+                        where=str(reader.path),
+                        fix="give every record a unique name",
+                    )
+                names_in_file[info.name] = info.index
+                key = _unique_key(info.chrom, used_keys)
+                split = selector.split_of(info, key)
+                writer = RecordWriter(
+                    tmp, key, info, tokenizer, dtype,
+                    write=split != "unused",
+                    mask=RegionMask(include, exclude, info.chrom, info.start),
+                    train_index=train_index if split == "train" else None,
+                    heldout_copy=scratch / f"{key}.u8" if split == "heldout" else None,
+                )
+                try:
+                    bar.set_description(f"{key} ({split})")
+                    for chunk in stream.chunks(config.chunk_bases):
+                        writer.add(chunk)
+                        bar.update(len(chunk))
+                    fields = writer.finish()
+                finally:
+                    writer.close()
+                records.append({
+                    "key": key, "name": info.name, "description": info.description, "chrom": info.chrom,
+                    "start": info.start, "source": source_index, "split": split, **fields,
+                })
+    finally:
+        bar.close()
+
+    _check_selection(config, selector, records, train_q, heldout_q)
+    duplication = None
+    if heldout_q:
+        duplication = _duplication(config, records, train_index, scratch)
+    shutil.rmtree(scratch)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "genolc_version": genolc.__version__,
+        "fingerprint": fingerprint,
+        "sources": [
+            {"path": str(p), "size": p.stat().st_size, "md5": file_md5(p), "format": r.format}
+            for p, r in zip(paths, readers)
+        ],
+        "tokenizer": tokenizer.to_dict(),
+        "token_dtype": "uint16" if dtype == np.dtype("<u2") else "int32",
+        "records": records,
+        "splits": {
+            "train": [r["key"] for r in records if r["split"] == "train"],
+            "heldout": [r["key"] for r in records if r["split"] == "heldout"],
+        },
+        "duplication": duplication,
+        "masks": {
+            "include_bed": None if config.include_bed is None else str(Path(config.include_bed).absolute()),
+            "exclude_bed": None if config.exclude_bed is None else str(Path(config.exclude_bed).absolute()),
+        },
+    }
+    if tokenizer.fixed_bases_per_token is None:
+        manifest["offset_stride"] = OFFSET_STRIDE
+    atomic_write_json(tmp / "manifest.json", manifest)
+    return manifest
+
+
+def _check_selection(config: PrepareConfig, selector: _Selector, records: list[dict],
+                     train_q: tuple[str, ...] | str, heldout_q: tuple[str, ...]) -> None:
+    found = [{"name": r["name"], "chrom": r["chrom"]} for r in records]
+    available = list(dict.fromkeys([r["chrom"] for r in records] + [r["name"] for r in records]))
+    for option, given, queries in (("--train", config.train, train_q), ("--heldout", config.heldout, heldout_q)):
+        missing = selector.unmatched(queries)
+        if not missing:
+            continue
+        if given is None:
+            matched_any = any(q in selector.matched for q in queries)
+            if not matched_any:
+                raise InputError(
+                    f"the default {option} {','.join(queries)} is not among the records found: "
+                    f"{_records_listing(found)}",
+                    fix=f"name the records with {option} (e.g. {option} {found[0]['chrom'] if found else 'chr1'})"
+                    + (", or --heldout none" if option == "--heldout" else ", or --train all"),
+                )
+            continue
+        # The genome module owns alias resolution; its error lists the closest names.
+        genome.resolve_chroms(missing, available)
+        raise InputError(
+            f"{option} {', '.join(missing)} matches no record", fix=f"records found: {_records_listing(found)}"
+        )
+    if not any(r["split"] == "train" for r in records):
+        raise InputError(
+            "no record is selected for training",
+            fix=f"records found: {_records_listing(found)}; use --train (or --all-records for non-primary ones)",
+        )
+
+
+def _duplication(config: PrepareConfig, records: list[dict], index: TrainBlockIndex | None, scratch: Path) -> dict:
+    assert index is not None
+    eligible = found = 0
+    for rec in records:
+        if rec["split"] != "heldout":
+            continue
+        bases = np.memmap(scratch / f"{rec['key']}.u8", dtype=np.uint8, mode="r", shape=(rec["length_bases"],))
+        e, f = heldout_coverage(lambda lo, hi: bases[lo:hi], rec["length_bases"], index)
+        rec["duplicated_blocks"] = f
+        eligible, found = eligible + e, found + f
+        del bases
+    fraction = found / eligible if eligible else 0.0
+    result = {
+        "block_bases": BLOCK_BASES, "heldout_blocks": eligible, "found_in_train": found,
+        "fraction": round(fraction, 6), "threshold": config.duplication_threshold, "forced": config.force,
+    }
+    if fraction > config.duplication_threshold and not config.force:
+        raise InputError(
+            f"{fraction:.1%} of held-out 1 kb blocks ({found} of {eligible}) appear verbatim in the training "
+            f"sequence, above the {config.duplication_threshold:.1%} threshold (e.g. the same chromosome from two "
+            "builds)",
+            where="held out: " + ", ".join(r["key"] for r in records if r["split"] == "heldout"),
+            fix="hold out sequence that is not in training, or pass --force to keep this split anyway",
+        )
+    return result
+
+
+def _progress(config: PrepareConfig):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=None, unit="bp", unit_scale=True, file=sys.stderr,
+        disable=not (config.progress and sys.stderr.isatty()),
+        desc="prepare", leave=False,
+    )
+
+
+def _summarise(out: Path, manifest: dict) -> None:
+    used = [r for r in manifest["records"] if r["split"] != "unused"]
+    bases = sum(r["length_bases"] for r in used)
+    tokens = sum(r["length_tokens"] for r in used)
+    dup = manifest["duplication"]
+    dup_text = "" if dup is None else f"; held-out blocks found in train: {dup['fraction']:.2%}"
+    _say(
+        f"genolc prepare: wrote {out}: {len(manifest['splits']['train'])} train / "
+        f"{len(manifest['splits']['heldout'])} held-out records, {bases:,} bases, {tokens:,} tokens{dup_text}."
+    )

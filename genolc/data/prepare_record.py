@@ -1,0 +1,304 @@
+"""One record's trip through `genolc prepare`: chunks in, token/soft-mask/N-run files and statistics out.
+
+Everything here is per chunk and vectorised; the only state carried between chunks is small (a k-mer remainder,
+fewer than 8 soft-mask bits, interval lists), so memory is bounded by the chunk size, not the record length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from genolc.data import genome
+from genolc.data.duplication import TrainBlockIndex
+from genolc.data.genome import merge_intervals
+from genolc.errors import InputError
+from genolc.tokenize import Tokenizer
+
+# For tokenizers without a fixed number of bases per token (BPE), the base offset of every OFFSET_STRIDE-th token
+# is stored so a token's base position is found without summing the whole record.
+OFFSET_STRIDE = 4096
+_N = ord("N")
+_PLAIN_BASES = b"ACGTNacgtn"
+_LUT_BLOCK = 1 << 16
+_EMPTY = np.empty((0, 2), dtype=np.int64)
+
+
+def _clip(iv: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    if not len(iv):
+        return _EMPTY
+    clipped = np.clip(iv, lo, hi)
+    return clipped[clipped[:, 1] > clipped[:, 0]]
+
+
+class RegionMask:
+    """BED include/exclude intervals for one record, in record coordinates (0-based from its first base).
+
+    BED files use chromosome coordinates; a record whose header carries a region starts at chromosome base
+    ``start`` (1-based), so a BED interval [a, b) lands at [a - start + 1, b - start + 1) in the record. With an
+    include BED, a record whose chromosome has no include interval is masked entirely.
+    """
+
+    def __init__(self, include: dict[str, np.ndarray] | None, exclude: dict[str, np.ndarray] | None,
+                 chrom: str, start: int):
+        shift = start - 1
+        self._include = None if include is None else merge_intervals(include.get(chrom, _EMPTY)) - shift
+        self._exclude = _EMPTY if exclude is None else merge_intervals(exclude.get(chrom, _EMPTY)) - shift
+
+    @property
+    def active(self) -> bool:
+        return self._include is not None or len(self._exclude) > 0
+
+    def masked(self, lo: int, hi: int) -> np.ndarray:
+        """Masked intervals inside [lo, hi), record coordinates, merged."""
+        parts = [_clip(self._exclude, lo, hi)]
+        if self._include is not None:
+            inc = _clip(self._include, lo, hi)
+            edges = np.r_[lo, inc.ravel(), hi].reshape(-1, 2)
+            parts.append(edges)
+        return merge_intervals(parts)
+
+
+def _byte_table(tokenizer: Tokenizer, dtype: np.dtype) -> np.ndarray | None:
+    """For one-token-per-base tokenizers that encode base by base (char, byte): id of every byte value, in ``dtype``.
+
+    Encoding is then one table lookup straight into the output dtype, without the int32 intermediate.
+    """
+    if tokenizer.fixed_bases_per_token != 1 or getattr(tokenizer, "stream_granularity", None) != 1:
+        return None
+    every_byte = np.arange(256, dtype=np.uint8)
+    table = np.asarray(tokenizer.encode(every_byte))
+    if table.shape != (256,):
+        return None
+    probe = np.frombuffer(b"ACGTNacgtnRYKMSWBDHV", dtype=np.uint8)
+    if not np.array_equal(tokenizer.encode(probe), table[probe]):
+        return None
+    return table.astype(dtype)
+
+
+def _only_acgt_escape_n(table: np.ndarray, n_id: int) -> bool:
+    """True when every byte except A/C/G/T (either case) is encoded as ``n_id`` (and those four are not)."""
+    sinks = table == n_id
+    acgt = np.frombuffer(b"ACGTacgt", dtype=np.uint8)
+    others = np.ones(256, dtype=bool)
+    others[acgt] = False
+    return bool(sinks[others].all()) and not sinks[acgt].any()
+
+
+def _runs_of(flags: np.ndarray) -> np.ndarray:
+    """int64[k, 2] [start, stop) runs of True in a bool array."""
+    edges = np.flatnonzero(flags[1:] != flags[:-1]) + 1
+    bounds = np.concatenate(([0], edges, [len(flags)]))
+    first = 0 if flags[0] else 1
+    return np.stack([bounds[first:-1:2], bounds[first + 1::2]], axis=1).astype(np.int64)
+
+
+class _BitPacker:
+    """np.packbits(bitorder='little') over a stream of bool chunks of any length."""
+
+    def __init__(self, fh: BinaryIO):
+        self._fh = fh
+        self._carry = np.empty(0, dtype=bool)
+
+    def add(self, flags: np.ndarray) -> None:
+        if len(self._carry):
+            fill = min(8 - len(self._carry), len(flags))
+            self._carry = np.concatenate([self._carry, flags[:fill]])
+            flags = flags[fill:]
+            if len(self._carry) < 8:
+                return
+            self._fh.write(np.packbits(self._carry, bitorder="little").tobytes())
+        full = len(flags) // 8 * 8
+        self._fh.write(np.packbits(flags[:full], bitorder="little").tobytes())
+        self._carry = flags[full:].copy()
+
+    def finish(self) -> None:
+        if len(self._carry):
+            self._fh.write(np.packbits(self._carry, bitorder="little").tobytes())
+        self._carry = np.empty(0, dtype=bool)
+
+
+class RecordWriter:
+    """Consumes one record's chunks; writes its files under ``out_dir`` when ``write`` is set.
+
+    Statistics (length, md5 of the upper-cased sequence, N / IUPAC / soft-mask counts) are always gathered, so an
+    unused record is still described in the manifest. ``train_index`` collects 1 kb block hashes of a training
+    record; ``heldout_copy`` receives the upper-cased (BED-masked) bases of a held-out record for the duplication
+    check, which reads them back after training blocks are all known.
+    """
+
+    def __init__(self, out_dir: Path, key: str, info: genome.RecordInfo, tokenizer: Tokenizer, dtype: np.dtype,
+                 *, write: bool, mask: RegionMask, train_index: TrainBlockIndex | None = None,
+                 heldout_copy: Path | None = None):
+        self.key, self.info, self.tokenizer, self.dtype = key, info, tokenizer, dtype
+        self.out_dir, self.write, self.mask = out_dir, write, mask
+        self.train_index, self.heldout_copy = train_index, heldout_copy
+        self.length = 0
+        self.n_tokens = 0
+        self.n_bases = 0
+        self.softmask_bases = 0
+        self.excluded_bases = 0
+        self.iupac: dict[str, int] = {code: 0 for code in genome.IUPAC_CODES}
+        self._md5 = hashlib.md5()
+        self._runs: list[np.ndarray] = []
+        self._k = tokenizer.fixed_bases_per_token
+        self._granularity = int(getattr(tokenizer, "stream_granularity", 1))
+        self._carry = np.empty(0, dtype=np.uint8)
+        self._checkpoints: list[np.ndarray] = []
+        self._byte_table = _byte_table(tokenizer, dtype)
+        self._n_sink = self._byte_table is not None and _only_acgt_escape_n(self._byte_table, tokenizer.n_id)
+        self._bases_tokenized = 0
+        self._files: dict[str, BinaryIO] = {}
+        if write:
+            for part, suffix in (("tokens", ".bin"), ("softmask", ".bits")):
+                (out_dir / part).mkdir(exist_ok=True)
+                self._files[part] = open(out_dir / part / f"{key}{suffix}", "wb")
+            self._bits = _BitPacker(self._files["softmask"])
+            if train_index is not None:
+                train_index.start_record()
+            if heldout_copy is not None:
+                self._files["heldout"] = open(heldout_copy, "wb")
+
+    def add(self, chunk: np.ndarray) -> None:
+        lo = self.length
+        n = len(chunk)
+        if n == 0:
+            return
+        flags = genome.softmask_flags(chunk)
+        soft = int(np.count_nonzero(flags))
+        # Lowercase letters are 32 above their capitals, so subtracting 32 where flagged upper-cases in one pass.
+        upper = chunk if soft == 0 else chunk - (flags.view(np.uint8) << np.uint8(5))
+        is_n = upper == _N
+        n_here = int(np.count_nonzero(is_n))
+        masked = self.mask.masked(lo, lo + n) if self.write and self.mask.active else _EMPTY
+        ids = None
+        if self.write and self._n_sink and not len(masked):
+            # Every byte other than ACGT/acgt encodes as n_id, so more n_id tokens than N bases means the chunk holds
+            # something else (IUPAC or invalid): the token count doubles as the character check.
+            ids = self._lookup(upper)
+            unusual = int(np.count_nonzero(ids == self.tokenizer.n_id)) != n_here
+        else:
+            unusual = bool(chunk.tobytes().translate(None, _PLAIN_BASES))
+        if unusual:
+            genome.check_characters(chunk, self.info, lo)
+            for letter, count in genome.iupac_counts(chunk).items():
+                self.iupac[letter] = self.iupac.get(letter, 0) + int(count)
+        self._md5.update(np.ascontiguousarray(upper).data)
+        self.n_bases += n_here
+        self.softmask_bases += soft
+        self.length += n
+        if not self.write:
+            return
+        if unusual:
+            n_runs = genome.n_intervals(chunk, lo, include_iupac=True)
+        elif n_here:
+            n_runs = _runs_of(is_n) + lo
+        else:
+            n_runs = _EMPTY
+        if len(n_runs):
+            self._runs.append(n_runs)
+        seq = upper
+        if len(masked):
+            self._runs.append(masked)
+            self.excluded_bases += int((masked[:, 1] - masked[:, 0]).sum())
+            seq = upper.copy()
+            for a, b in masked - lo:
+                seq[a:b] = _N
+        if ids is not None:
+            self._files["tokens"].write(ids.data)
+            self.n_tokens += len(ids)
+        else:
+            self._write_tokens(seq)
+        self._bits.add(flags)
+        if self.train_index is not None:
+            bad = merge_intervals([n_runs, masked]) - lo
+            self.train_index.add(seq, bad)
+        if "heldout" in self._files:
+            self._files["heldout"].write(np.ascontiguousarray(seq).data)
+
+    def _lookup(self, seq: np.ndarray) -> np.ndarray:
+        assert self._byte_table is not None
+        ids = np.empty(len(seq), dtype=self.dtype)
+        for start in range(0, len(seq), _LUT_BLOCK):
+            np.take(self._byte_table, seq[start:start + _LUT_BLOCK], out=ids[start:start + _LUT_BLOCK])
+        return ids
+
+    def _write_tokens(self, seq: np.ndarray, final: bool = False) -> None:
+        if self._granularity > 1:
+            # k-mers (and BPE pieces) must not restart at chunk edges: encode only whole multiples of the
+            # tokenizer's granularity and carry the rest, so the ids equal encode() of the whole record.
+            buf = np.concatenate([self._carry, seq]) if len(self._carry) else seq
+            full = len(buf) if final else len(buf) // self._granularity * self._granularity
+            self._carry = buf[full:].copy()
+            seq = buf[:full]
+        if not len(seq):
+            return
+        if self._byte_table is not None:
+            ids = self._lookup(seq)
+        else:
+            ids = np.asarray(self.tokenizer.encode(seq))
+        if self._k is None:
+            lengths = np.asarray(self.tokenizer.token_lengths(ids), dtype=np.int64)
+            base_at = np.empty(len(ids) + 1, dtype=np.int64)
+            base_at[0] = self._bases_tokenized
+            np.cumsum(lengths, out=base_at[1:])
+            base_at[1:] += self._bases_tokenized
+            first = -(-self.n_tokens // OFFSET_STRIDE) * OFFSET_STRIDE
+            picks = np.arange(first, self.n_tokens + len(ids), OFFSET_STRIDE) - self.n_tokens
+            self._checkpoints.append(base_at[picks])
+            self._bases_tokenized = int(base_at[-1])
+        self._files["tokens"].write(ids.astype(self.dtype, copy=False).data)
+        self.n_tokens += len(ids)
+
+    def finish(self) -> dict:
+        """Close the files and return the record's manifest fields (paths relative to the dataset)."""
+        try:
+            if self.length == 0:
+                raise InputError(
+                    f"record {self.info.name!r} is empty (a header with no sequence)",
+                    where=self.info.source,
+                    fix="remove the empty record from the file",
+                )
+            fields: dict = {
+                "length_bases": self.length,
+                "length_tokens": None,
+                "md5_upper": self._md5.hexdigest(),
+                "n_bases": self.n_bases,
+                "softmask_bases": self.softmask_bases,
+                "iupac": self.iupac,
+                "excluded_bases": self.excluded_bases,
+                "tokens": None,
+                "softmask": None,
+                "nruns": None,
+            }
+            if self.write:
+                self._write_tokens(np.empty(0, dtype=np.uint8), final=True)
+                self._bits.finish()
+                (self.out_dir / "nruns").mkdir(exist_ok=True)
+                np.save(self.out_dir / "nruns" / f"{self.key}.npy", merge_intervals(self._runs))
+                fields.update(
+                    length_tokens=self.n_tokens,
+                    tokens=f"tokens/{self.key}.bin",
+                    softmask=f"softmask/{self.key}.bits",
+                    nruns=f"nruns/{self.key}.npy",
+                )
+                if self._k is None:
+                    if self._bases_tokenized != self.length:
+                        raise RuntimeError(
+                            f"tokenizer covered {self._bases_tokenized} of {self.length} bases of {self.key}"
+                        )
+                    (self.out_dir / "offsets").mkdir(exist_ok=True)
+                    checkpoints = np.concatenate(self._checkpoints) if self._checkpoints else np.zeros(1, np.int64)
+                    np.save(self.out_dir / "offsets" / f"{self.key}.npy", checkpoints)
+                    fields["token_offsets"] = f"offsets/{self.key}.npy"
+            return fields
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files = {}
