@@ -1,0 +1,104 @@
+"""Run records, atomic outputs and length parsing: the small pieces every command stands on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from genolc.errors import ConfigError, InputError
+from genolc.fsutil import atomic_dir, atomic_write_json, file_md5
+from genolc.runs import run_record
+from genolc.units import format_length, parse_length
+
+
+@pytest.mark.parametrize(
+    "text,tokens",
+    [("512k", 524288), ("1M", 1048576), ("1m", 1048576), ("524288", 524288), (" 64K ", 65536), ("0.5k", 512), (7, 7)],
+)
+def test_parse_length_accepts_the_documented_forms(text, tokens):
+    assert parse_length(text) == tokens
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1.5", "-4k", "0", "12 kb", "1e6"])
+def test_parse_length_rejects_with_a_config_error(text):
+    with pytest.raises(ConfigError):
+        parse_length(text)
+
+
+def test_format_length_inverts_parse_length():
+    for tokens in (1024, 524288, 1048576, 1000, 3 * 1024 * 1024):
+        assert parse_length(format_length(tokens)) == tokens
+
+
+def test_run_record_written_on_success_with_inputs_and_status(tmp_path):
+    src = tmp_path / "input.txt"
+    src.write_text("ACGT\n")
+    out = tmp_path / "out"
+    with run_record("prepare", out, {"seq": 512, "path": src}) as rec:
+        rec.add_input(src)
+        out.mkdir()
+    records = list((out / "runs").glob("*_prepare.json"))
+    assert len(records) == 1
+    data = json.loads(records[0].read_text())
+    assert data["status"] == "ok" and data["error"] is None
+    assert data["args"] == {"seq": 512, "path": str(src)}
+    assert data["inputs"] == {str(src.resolve()): file_md5(src)}
+    assert data["command"] == "prepare" and data["genolc_version"]
+    assert data["started"] <= data["ended"]
+
+
+def test_run_record_keeps_the_error_of_a_failed_command(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(InputError):
+        with run_record("eval", out, {}):
+            raise InputError("bad checkpoint", where="x.safetensors", fix="pass a genolc checkpoint")
+    (record,) = (out / "runs").glob("*_eval.json")
+    data = json.loads(record.read_text())
+    assert data["status"] == "failed"
+    assert data["error"] == "bad checkpoint (x.safetensors). pass a genolc checkpoint."
+
+
+def test_failed_command_without_output_leaves_nothing_behind(tmp_path):
+    out = tmp_path / "never-made"
+    with pytest.raises(InputError):
+        with run_record("prepare", out, {}):
+            raise InputError("missing genome")
+    assert not out.exists()
+
+
+def test_two_records_in_the_same_second_do_not_overwrite(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for _ in range(3):
+        with run_record("prepare", out, {}):
+            pass
+    assert len(list((out / "runs").glob("*_prepare.json"))) == 3
+
+
+def test_atomic_dir_leaves_no_trace_on_failure_and_replaces_on_success(tmp_path):
+    final = tmp_path / "dataset"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(final) as tmp:
+            (tmp / "half.bin").write_bytes(b"x")
+            raise RuntimeError("killed")
+    assert not final.exists() and list(tmp_path.iterdir()) == []
+    with atomic_dir(final) as tmp:
+        (tmp / "a").write_text("1")
+    with atomic_dir(final) as tmp:
+        (tmp / "b").write_text("2")
+    assert sorted(p.name for p in final.iterdir()) == ["b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset"]
+
+
+def test_atomic_write_json_round_trips(tmp_path):
+    target = tmp_path / "sub" / "m.json"
+    atomic_write_json(target, {"a": [1, 2]})
+    assert json.loads(target.read_text()) == {"a": [1, 2]}
+    assert [p.name for p in target.parent.iterdir()] == ["m.json"]
+
+
+def test_error_message_has_what_where_fix():
+    err = InputError("file not found", where="/x/y.fa", fix="check the path")
+    assert err.message == "file not found (/x/y.fa). check the path."
