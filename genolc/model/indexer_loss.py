@@ -1,0 +1,166 @@
+"""The DSA indexer's training signal: KL from the main attention's mass per pool to the indexer's pool distribution.
+
+The indexer's top-k selection has no gradient, so nothing in the language-model loss teaches it which keys matter.
+Following DeepSeek-V3.2 (section 2.1) and Megatron-core's ``compute_dsa_indexer_loss``, generalised to k-pools:
+
+For batch row ``b`` and query ``t`` let ``C(t)`` be the candidate pools and ``K(t)`` the keys the main attention
+uses:
+
+- ``"dense"`` (warm-up; the layer's main attention is dense causal): ``K(t) = [0, t]`` and ``C(t)`` = every complete
+  causal pool, ``{p : (p + 1) * kpool <= t + 1}``.
+- ``"sparse"`` (sparse training): ``K(t)`` = the tokens in the query's index row (selected pools and tail) and
+  ``C(t)`` = the pools selected in that row.
+
+With ``a_h(t, j) = softmax_{j in K(t)}(scale * q_h(t) . k_h(j))`` the main attention of head ``h`` (fp32):
+
+    m(t, p)   = sum_h sum_{j in pool p} a_h(t, j)                       main attention mass of pool p, all heads
+    pi(t, p)  = m(t, p) / sum_{p' in C(t)} m(t, p')                      target, L1-normalised over candidates
+    rho(t, p) = softmax_{p in C(t)}(s(t, p))                             indexer distribution over the same pools
+    KL(t)     = sum_{p in C(t)} pi(t, p) * (log(pi(t, p) + 1e-10) - log(rho(t, p) + 1e-10))
+    loss      = mean of KL(t) over all rows (b, t) with a non-empty C(t)
+
+where ``s(t, p)`` is the indexer score (``genolc.model.ops.indexer.reference.pool_scores``). Main-attention mass on
+the query's tail tokens (not a candidate: always selected anyway) counts in each head's softmax but not in ``pi``.
+The target carries no gradient (``main_q``/``main_k`` are detached here); gradients reach only the indexer's
+queries, head weights and pool keys. No loss coefficient is applied.
+
+At ``kpool = 1`` (every token its own pool, no tail) this is exactly Megatron-core 0.16.1's
+``compute_dsa_indexer_loss(index_scores + causal_mask, topk_indices, q, k, scale, loss_coeff=1,
+sparse_loss=(mode == "sparse"))``, whose mean runs over all ``B * T`` rows (all have a candidate at ``kpool = 1``).
+
+Memory: queries are processed in chunks (``[B, H, chunk, T]`` dense, ``[B, chunk, W, H, D]`` sparse), each chunk
+recomputed in the backward pass, so no ``[T, T]`` tensor exists for the whole sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from genolc.model.ops.indexer.reference import complete_pools_visible, pool_scores, selected_pools
+
+INDEXER_LOSS_MODES = ("dense", "sparse")
+CHUNK_BUDGET_ELEMENTS = 1 << 25
+LOG_EPS = 1e-10
+
+
+def _kl_rows(pool_mass: torch.Tensor, index_scores: torch.Tensor,
+             candidate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of KL(t) over rows and the number of rows with a candidate. All inputs ``[B, C, P]``."""
+    has_candidate = candidate.any(dim=-1)
+    target = pool_mass.masked_fill(~candidate, 0.0)
+    target = target / target.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(target.dtype).tiny)
+    logits = index_scores.masked_fill(~candidate, float("-inf"))
+    # A row without candidates would softmax to NaN; give it finite logits, its target is all zero anyway.
+    logits = logits.masked_fill(~has_candidate[..., None], 0.0)
+    index_probs = logits.softmax(dim=-1)
+    kl = target * (torch.log(target + LOG_EPS) - torch.log(index_probs + LOG_EPS))
+    return kl.masked_fill(~candidate, 0.0).sum(), has_candidate.sum()
+
+
+def _dense_chunk(query_start: int, main_q: torch.Tensor, main_k: torch.Tensor, index_q: torch.Tensor,
+                 head_weights: torch.Tensor, pooled: torch.Tensor, softmax_scale: float, index_softmax_scale: float,
+                 kpool: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries ``query_start ..`` of one chunk against their causal prefix ``main_k [B, q_end, H, D]``."""
+    batch, chunk = main_q.shape[:2]
+    q_end = query_start + chunk
+    positions = torch.arange(query_start, q_end, device=main_q.device)
+    logits = torch.einsum("bchd,bshd->bhcs", main_q.float(), main_k.float()) * softmax_scale
+    future = torch.arange(q_end, device=main_q.device)[None, :] > positions[:, None]
+    probs = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
+    mass = probs.sum(dim=1)  # [B, C, q_end]
+    n_pools = q_end // kpool
+    pool_mass = mass[..., : n_pools * kpool].reshape(batch, chunk, n_pools, kpool).sum(dim=-1)
+    candidate = torch.arange(n_pools, device=main_q.device)[None, :] < complete_pools_visible(positions, kpool)[:, None]
+    scores = pool_scores(index_q, head_weights, pooled[:, :n_pools], index_softmax_scale)
+    return _kl_rows(pool_mass, scores, candidate.expand(batch, -1, -1))
+
+
+def _sparse_chunk(main_q: torch.Tensor, main_k: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor,
+                  pooled: torch.Tensor, indices: torch.Tensor, softmax_scale: float, index_softmax_scale: float,
+                  kpool: int, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of queries restricted to their index rows ``indices [B, C, W]``."""
+    batch, chunk = main_q.shape[:2]
+    batch_ids = torch.arange(batch, device=main_q.device)[:, None, None]
+    valid = indices >= 0
+    keys = main_k[batch_ids, indices.clamp_min(0)]  # [B, C, W, H, D]
+    logits = torch.einsum("bchd,bcwhd->bchw", main_q.float(), keys.float()) * softmax_scale
+    logits = logits.masked_fill(~valid[:, :, None, :], torch.finfo(logits.dtype).min)
+    probs = logits.softmax(dim=-1) * valid[:, :, None, :]
+    mass = probs.sum(dim=2)  # [B, C, W]
+    pools_per_row = topk // kpool
+    pool_mass = mass[..., :topk].reshape(batch, chunk, pools_per_row, kpool).sum(dim=-1)
+    pools = selected_pools(indices, topk, kpool)  # [B, C, K]
+    candidate = pools >= 0
+    pool_batch_ids = torch.arange(batch, device=main_q.device)[:, None, None]
+    chosen_keys = pooled[pool_batch_ids, pools.clamp_min(0)]  # [B, C, K, D]
+    scores = pool_scores(index_q, head_weights, chosen_keys, index_softmax_scale)
+    return _kl_rows(pool_mass, scores, candidate)
+
+
+def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, softmax_scale: float,
+                    index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
+                    index_softmax_scale: float, kpool: int, topk: int, indices: torch.Tensor | None = None,
+                    query_chunk: int | None = None) -> torch.Tensor:
+    """The indexer KL loss (see the module docstring for the formula), a scalar fp32 tensor.
+
+    Args:
+        mode: ``"dense"`` or ``"sparse"``.
+        main_q: ``[B, T, H, Dk]`` main-attention queries (NoPE); detached here.
+        main_k: ``[B, T, H, Dk]`` main-attention keys; detached here.
+        softmax_scale: the main attention's scale.
+        index_q: ``[B, T, Hi, Di]`` indexer queries.
+        head_weights: ``[B, T, Hi]`` indexer head weights (times ``Hi ** -0.5``).
+        pooled: ``[B, T // kpool, Di]`` indexer pool keys.
+        index_softmax_scale: the indexer's scale inside the ReLU.
+        kpool, topk: the indexer's pool size and token budget.
+        indices: ``[B, T, W]`` the layer's index rows (layout of ``genolc.model.ops.indexer.reference``); required
+            for ``"sparse"``.
+        query_chunk: queries per chunk (default: a size that keeps one chunk near 32M elements).
+    """
+    if mode not in INDEXER_LOSS_MODES:
+        raise ValueError(f"indexer loss mode must be one of {INDEXER_LOSS_MODES}, got {mode!r}")
+    if main_q.dim() != 4 or main_k.shape != main_q.shape:
+        raise ValueError(f"main_q and main_k must both be [B, T, H, D], got {tuple(main_q.shape)} and "
+                         f"{tuple(main_k.shape)}")
+    batch, seq_len, heads, qk_dim = main_q.shape
+    if index_q.dim() != 4 or index_q.shape[:2] != (batch, seq_len) or head_weights.shape != index_q.shape[:3]:
+        raise ValueError(f"index_q must be [B={batch}, T={seq_len}, Hi, Di] and head_weights [B, T, Hi], got "
+                         f"{tuple(index_q.shape)} and {tuple(head_weights.shape)}")
+    if kpool < 1 or topk < kpool or topk % kpool:
+        raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool})")
+    if pooled.shape != (batch, seq_len // kpool, index_q.shape[-1]):
+        raise ValueError(f"pooled must be [B={batch}, T // kpool={seq_len // kpool}, Di={index_q.shape[-1]}], got "
+                         f"{tuple(pooled.shape)}")
+    if mode == "sparse":
+        if indices is None or indices.dim() != 3 or indices.shape[:2] != (batch, seq_len) or indices.shape[-1] < topk:
+            got = None if indices is None else tuple(indices.shape)
+            raise ValueError(f"sparse indexer loss needs indices [B={batch}, T={seq_len}, W >= {topk}], got {got}")
+        indices = indices.long()
+    main_q, main_k = main_q.detach(), main_k.detach()
+
+    if query_chunk is None:
+        per_query = batch * heads * (seq_len if mode == "dense" else indices.shape[-1] * qk_dim)
+        query_chunk = max(1, CHUNK_BUDGET_ELEMENTS // max(per_query, 1))
+    if query_chunk < 1:
+        raise ValueError(f"query_chunk must be positive, got {query_chunk}")
+    recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (index_q, head_weights, pooled))
+
+    total = torch.zeros((), dtype=torch.float32, device=main_q.device)
+    rows = torch.zeros((), dtype=torch.long, device=main_q.device)
+    if seq_len // kpool == 0:
+        return total  # no complete pool anywhere: no row has a candidate
+    for q0 in range(0, seq_len, query_chunk):
+        q1 = min(seq_len, q0 + query_chunk)
+        if mode == "dense":
+            args = (q0, main_q[:, q0:q1], main_k[:, :q1], index_q[:, q0:q1], head_weights[:, q0:q1], pooled,
+                    softmax_scale, index_softmax_scale, kpool)
+            fn = _dense_chunk
+        else:
+            args = (main_q[:, q0:q1], main_k, index_q[:, q0:q1], head_weights[:, q0:q1], pooled,
+                    indices[:, q0:q1], softmax_scale, index_softmax_scale, kpool, topk)
+            fn = _sparse_chunk
+        kl_sum, n_rows = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
+        total = total + kl_sum
+        rows = rows + n_rows
+    return total / rows.clamp_min(1).to(total.dtype)

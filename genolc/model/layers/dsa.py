@@ -1,0 +1,187 @@
+"""DeepSeek Sparse Attention (DSA): NoPE MLA attention over the keys a k-pool indexer selects.
+
+GLM-5.3-Flash's "indexed_attention" layers. Parameter and submodule names match transformers'
+``Glm5NextTextAttention`` / ``Glm5NextTextIndexer`` so state dicts map one to one:
+
+    q_a_proj, q_a_layernorm, q_b_proj               query: hidden -> q_lora_rank (RMSNorm) -> H * qk_head_dim
+    kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj   keys/values: hidden -> kv_lora_rank (RMSNorm) -> H * (Dk + Dv)
+    o_proj                                          H * Dv -> hidden
+    indexer.{wq_b, wk, k_norm, weights_proj,        the indexer ("full" layers only); its queries reuse the MLA
+             index_kpool_compress_ape,              query latent ``q_resid``
+             index_kpool_compress_gate}
+
+``indexer_types[layer_idx]`` is ``"full"`` (run the indexer) or ``"shared"`` (no indexer; reuse the index rows of
+the previous full layer, passed in as ``shared_indices``).
+
+The ops are module attributes (``select_op``, ``sparse_attention_op``, ``dense_attention_op``) defaulting to the
+pure-torch references; faster kernels with the same signatures are swapped in from outside (genolc/train/apply.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from genolc.model.config import ModelConfig, ModelConfigError
+from genolc.model.indexer_loss import INDEXER_LOSS_MODES, indexer_kl_loss
+from genolc.model.layers.norm import RMSNorm
+from genolc.model.ops.dsa.reference import dense_causal_attention, sparse_attention
+from genolc.model.ops.indexer.reference import index_width, pool_keys, select_indices, selects_all_causal
+
+
+@dataclass
+class DSAOutput:
+    """What a DSA layer returns.
+
+    hidden: ``[B, T, D]`` the attention block's output (after ``o_proj``).
+    indices: ``[B, T, W]`` int64 index rows the layer attended with (-1 = empty); pass them to the next "shared"
+        layer. Under ``indexer_loss="dense"`` the attention was dense, but these are still the indexer's choice.
+    indexer_kl: scalar indexer KL loss when ``indexer_loss`` was given and the layer has an indexer, else None.
+    """
+
+    hidden: torch.Tensor
+    indices: torch.Tensor
+    indexer_kl: torch.Tensor | None
+
+
+@dataclass
+class IndexerFeatures:
+    """The indexer's differentiable intermediates for one sequence batch.
+
+    queries: ``[B, T, Hi, Di]``; head_weights: ``[B, T, Hi]`` (times ``Hi ** -0.5``); pooled: ``[B, T // kpool, Di]``.
+    """
+
+    queries: torch.Tensor
+    head_weights: torch.Tensor
+    pooled: torch.Tensor
+
+
+class DSAIndexer(nn.Module):
+    """The k-pool lightning indexer (``Glm5NextTextIndexer``'s parameters); see genolc/model/ops/indexer."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = config.index_n_heads
+        self.head_dim = config.index_head_dim
+        self.kpool = config.index_kpool
+        self.topk = config.index_topk
+        self.select_tail = config.index_kpool_always_select_tail
+        self.softmax_scale = self.head_dim ** -0.5
+        self.wq_b = nn.Linear(config.q_lora_rank, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(config.hidden_size, self.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
+        self.weights_proj = nn.Linear(config.hidden_size, self.n_heads, bias=False)
+        # transformers' initial values: no position bias; a gate weighing a pool's tokens by softmax(sum(hidden)).
+        self.index_kpool_compress_ape = nn.Parameter(torch.zeros(self.kpool, self.head_dim))
+        self.index_kpool_compress_gate = nn.Parameter(torch.ones(self.head_dim, config.hidden_size))
+
+    def features(self, hidden: torch.Tensor, q_resid: torch.Tensor) -> IndexerFeatures:
+        """hidden ``[B, T, D]`` and the MLA query latent q_resid ``[B, T, q_lora_rank]`` -> :class:`IndexerFeatures`."""
+        batch, seq_len = hidden.shape[:2]
+        queries = self.wq_b(q_resid).view(batch, seq_len, self.n_heads, self.head_dim)
+        keys = self.k_norm(self.wk(hidden))
+        gate_logits = nn.functional.linear(hidden, self.index_kpool_compress_gate)
+        pooled = pool_keys(keys, gate_logits, self.index_kpool_compress_ape, self.kpool)
+        head_weights = self.weights_proj(hidden).float() * self.n_heads ** -0.5
+        return IndexerFeatures(queries, head_weights, pooled)
+
+
+class DSAAttention(nn.Module):
+    """``forward(hidden [B, T, D], shared_indices=None, indexer_loss=None) -> DSAOutput`` (training / prefill).
+
+    No padding mask and no KV cache: every sequence is a full window starting at position 0.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        if config.layer_types[layer_idx] != "indexed_attention":
+            raise ModelConfigError(f"layer {layer_idx} is {config.layer_types[layer_idx]!r}, not 'indexed_attention'",
+                                   where="DSAAttention")
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
+        self.v_head_dim = config.v_head_dim
+        self.kv_lora_rank = config.kv_lora_rank
+        self.softmax_scale = self.qk_head_dim ** -0.5
+        self.topk = config.index_topk
+        self.kpool = config.index_kpool
+        self.select_tail = config.index_kpool_always_select_tail
+        self.width = index_width(self.topk, self.kpool, self.select_tail)
+        hidden, bias = config.hidden_size, config.attention_bias
+
+        self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=bias)
+        self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps=config.rms_norm_eps)
+        self.q_b_proj = nn.Linear(config.q_lora_rank, self.num_heads * self.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, config.kv_lora_rank + config.qk_rope_head_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, eps=config.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(config.kv_lora_rank,
+                                   self.num_heads * (config.qk_nope_head_dim + self.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.v_head_dim, hidden, bias=bias)
+        self.indexer = DSAIndexer(config) if config.indexer_types[layer_idx] == "full" else None
+
+        self.select_op = select_indices
+        self.sparse_attention_op = sparse_attention
+        self.dense_attention_op = dense_causal_attention
+
+    def _select(self, features: IndexerFeatures) -> torch.Tensor:
+        with torch.no_grad():
+            return self.select_op(features.queries.detach(), features.head_weights.detach(),
+                                  features.pooled.detach(), kpool=self.kpool, topk=self.topk,
+                                  select_tail=self.select_tail, softmax_scale=self.indexer.softmax_scale)
+
+    def forward(self, hidden: torch.Tensor, shared_indices: torch.Tensor | None = None,
+                indexer_loss: str | None = None) -> DSAOutput:
+        """Args:
+            hidden: ``[B, T, D]`` normed input of the attention block.
+            shared_indices: ``[B, T, W]`` index rows of the previous full layer; required by "shared" layers,
+                ignored by "full" ones.
+            indexer_loss: None (inference / LM-only training: the indexer runs without grad), ``"dense"`` (warm-up:
+                dense causal main attention, KL trains the indexer) or ``"sparse"`` (sparse main attention, KL over
+                the selected pools). With a mode the indexer sees detached inputs, so its KL trains only the
+                indexer and the LM loss never reaches it.
+        """
+        if hidden.dim() != 3:
+            raise ValueError(f"hidden must be [B, T, D], got {tuple(hidden.shape)}")
+        if indexer_loss is not None and indexer_loss not in INDEXER_LOSS_MODES:
+            raise ModelConfigError(f"unknown indexer_loss {indexer_loss!r}", where=f"DSA layer {self.layer_idx}",
+                                   fix=f"use None or one of {', '.join(INDEXER_LOSS_MODES)}")
+        batch, seq_len = hidden.shape[:2]
+
+        q_resid = self.q_a_layernorm(self.q_a_proj(hidden))
+        queries = self.q_b_proj(q_resid).view(batch, seq_len, self.num_heads, self.qk_head_dim)
+        latent = self.kv_a_proj_with_mqa(hidden)[..., : self.kv_lora_rank]
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(batch, seq_len, self.num_heads, -1)
+        keys, values = kv.split([self.qk_head_dim, self.v_head_dim], dim=-1)
+
+        features = None
+        if self.indexer is not None:
+            if indexer_loss is None:
+                with torch.no_grad():
+                    features = self.indexer.features(hidden, q_resid)
+            else:
+                features = self.indexer.features(hidden.detach(), q_resid.detach())
+            indices = self._select(features)
+        else:
+            if shared_indices is None:
+                raise ValueError(f"DSA layer {self.layer_idx} is 'shared' and needs shared_indices from the previous "
+                                 "full DSA layer")
+            if shared_indices.shape != (batch, seq_len, self.width):
+                raise ValueError(f"shared_indices must be [B={batch}, T={seq_len}, W={self.width}], got "
+                                 f"{tuple(shared_indices.shape)}")
+            indices = shared_indices.long()
+
+        if indexer_loss == "dense" or selects_all_causal(seq_len, self.topk, self.kpool, self.select_tail):
+            attended = self.dense_attention_op(queries, keys, values, self.softmax_scale)
+        else:
+            attended = self.sparse_attention_op(queries, keys, values, indices, self.softmax_scale)
+        output = self.o_proj(attended.reshape(batch, seq_len, self.num_heads * self.v_head_dim))
+
+        kl = None
+        if features is not None and indexer_loss is not None:
+            kl = indexer_kl_loss(indexer_loss, main_q=queries, main_k=keys, softmax_scale=self.softmax_scale,
+                                 index_q=features.queries, head_weights=features.head_weights,
+                                 pooled=features.pooled, index_softmax_scale=self.indexer.softmax_scale,
+                                 kpool=self.kpool, topk=self.topk, indices=indices)
+        return DSAOutput(hidden=output, indices=indices, indexer_kl=kl)

@@ -1,0 +1,1 @@
+"""Sparse attention over indexer-selected keys: ``reference.py`` (pure torch); a fast GPU kernel goes beside it."""

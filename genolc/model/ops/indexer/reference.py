@@ -1,0 +1,192 @@
+"""The DSA k-pool indexer in pure torch: which keys each query of a DSA layer attends to.
+
+GLM-5.3-Flash's indexer (DeepSeek Sparse Attention with k-pool compression) scores *pools* of ``kpool``
+consecutive keys, not single keys:
+
+1. Pool keys. Complete pools ``p`` cover tokens ``[p * kpool, (p + 1) * kpool)``. A pool's key is a per-channel
+   softmax-weighted mean of its tokens' indexer keys, the weights coming from a learned gate on the hidden state
+   plus a learned bias per position inside the pool (:func:`pool_keys`).
+2. Scores. ``score[t, p] = sum_h w[t, h] * relu(scale * <q[t, h], pool_key[p]>)`` (:func:`pool_scores`).
+3. Selection. Query ``t`` may pick pool ``p`` only when the pool is complete and causal: ``(p + 1) * kpool <= t + 1``.
+   It keeps the ``topk // kpool`` best-scoring such pools, expanded back to their tokens, and (when
+   ``select_tail``) the tokens of its own incomplete pool, ``[(t + 1) // kpool * kpool, t]``, which no pool
+   covers yet (:func:`select_indices`).
+
+Index rows are ``W = topk + (kpool - 1 if select_tail else 0)`` wide, laid out as ``topk // kpool`` slots of
+``kpool`` consecutive tokens (one selected pool per slot, best first) followed by ``kpool - 1`` tail slots. Empty
+slots hold -1. Every non-negative entry is ``<= t`` (causal) and no token appears twice in a row; the sparse
+attention (``genolc.model.ops.dsa``) and the indexer loss (``genolc.model.indexer_loss``) rely on this layout.
+
+Memory: queries are scored in chunks of ``query_chunk`` rows against blocks of ``pool_block`` pools, keeping a
+running top-k per query, so no ``[T, T / kpool]`` score matrix is ever built; the largest tensors are the inputs and
+the ``[B, T, W]`` output, O(T * W).
+
+A fast GPU kernel may replace :func:`select_indices`; it must return the same index sets (ties aside).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_QUERY_CHUNK = 256
+DEFAULT_POOL_BLOCK = 4096
+
+
+def index_width(topk: int, kpool: int, select_tail: bool) -> int:
+    """Width W of an index row: ``topk`` pool tokens plus ``kpool - 1`` tail slots when ``select_tail``."""
+    return topk + (kpool - 1 if select_tail else 0)
+
+
+def selects_all_causal(seq_len: int, topk: int, kpool: int, select_tail: bool) -> bool:
+    """True when every query of a length-``seq_len`` sequence selects all of its causal keys ``[0, t]``.
+
+    That holds when all complete pools fit into the ``topk // kpool`` budget and no token is left out of a pool
+    (the tail is selected, or pools are single tokens). Then sparse attention equals dense causal attention.
+    """
+    return seq_len // kpool <= topk // kpool and (select_tail or kpool == 1)
+
+
+def pool_keys(keys: torch.Tensor, gate_logits: torch.Tensor, position_bias: torch.Tensor, kpool: int) -> torch.Tensor:
+    """Compress indexer keys into one key per complete pool.
+
+    Args:
+        keys: ``[B, T, D]`` indexer keys (after the key LayerNorm).
+        gate_logits: ``[B, T, D]`` per-channel gate logits (``hidden @ compress_gate.T``).
+        position_bias: ``[kpool, D]`` learned logit bias per position inside a pool.
+        kpool: pool size.
+
+    Returns:
+        ``[B, T // kpool, D]``: ``sum_j softmax_j(gate[j] + bias[j]) * keys[j]`` over each pool's tokens ``j``, the
+        softmax taken per channel over the pool. The trailing incomplete pool is left out (it is never a candidate).
+    """
+    if keys.dim() != 3 or gate_logits.shape != keys.shape:
+        raise ValueError(f"keys and gate_logits must both be [B, T, D], got {tuple(keys.shape)} and "
+                         f"{tuple(gate_logits.shape)}")
+    if kpool < 1 or position_bias.shape != (kpool, keys.shape[-1]):
+        raise ValueError(f"position_bias must be [kpool={kpool}, D={keys.shape[-1]}], got {tuple(position_bias.shape)}")
+    batch, seq_len, dim = keys.shape
+    n_pools = seq_len // kpool
+    usable = n_pools * kpool
+    grouped_keys = keys[:, :usable].reshape(batch, n_pools, kpool, dim)
+    logits = gate_logits[:, :usable].reshape(batch, n_pools, kpool, dim).float() + position_bias.float()
+    # Softmax in fp32 as transformers does, then back to the keys' dtype before the weighted sum.
+    weights = logits.softmax(dim=2).to(keys.dtype)
+    return (weights * grouped_keys).sum(dim=2)
+
+
+def pool_scores(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
+                softmax_scale: float) -> torch.Tensor:
+    """Indexer scores of queries against pools (no masking).
+
+    Args:
+        index_q: ``[B, Tq, H, D]`` indexer queries.
+        head_weights: ``[B, Tq, H]`` per-query head weights (already multiplied by ``H ** -0.5``).
+        pooled: ``[B, P, D]`` pool keys, or ``[B, Tq, P, D]`` with a separate pool list per query.
+        softmax_scale: scale applied to the dot products before the ReLU.
+
+    Returns:
+        ``[B, Tq, P]`` float32: ``sum_h head_weights[h] * relu(softmax_scale * <index_q[h], pooled[p]>)``.
+    """
+    if index_q.dim() != 4 or head_weights.shape != index_q.shape[:3]:
+        raise ValueError(f"index_q must be [B, Tq, H, D] and head_weights [B, Tq, H], got {tuple(index_q.shape)} and "
+                         f"{tuple(head_weights.shape)}")
+    if pooled.dim() == 3:
+        if pooled.shape[0] != index_q.shape[0] or pooled.shape[-1] != index_q.shape[-1]:
+            raise ValueError(f"pooled must be [B, P, D] matching index_q {tuple(index_q.shape)}, "
+                             f"got {tuple(pooled.shape)}")
+        dots = torch.einsum("bqhd,bpd->bqhp", index_q.float(), pooled.float())
+    elif pooled.dim() == 4:
+        if pooled.shape[:2] != index_q.shape[:2] or pooled.shape[-1] != index_q.shape[-1]:
+            raise ValueError(f"pooled must be [B, Tq, P, D] matching index_q {tuple(index_q.shape)}, "
+                             f"got {tuple(pooled.shape)}")
+        dots = torch.einsum("bqhd,bqpd->bqhp", index_q.float(), pooled.float())
+    else:
+        raise ValueError(f"pooled must be [B, P, D] or [B, Tq, P, D], got {tuple(pooled.shape)}")
+    activated = F.relu(dots * softmax_scale)
+    return torch.einsum("bqh,bqhp->bqp", head_weights.float(), activated)
+
+
+def complete_pools_visible(query_positions: torch.Tensor, kpool: int) -> torch.Tensor:
+    """Number of complete pools query ``t`` may select: ``(t + 1) // kpool`` (pools ``0 .. n - 1``)."""
+    return torch.div(query_positions + 1, kpool, rounding_mode="floor")
+
+
+def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
+                   topk: int, select_tail: bool, softmax_scale: float, query_chunk: int = DEFAULT_QUERY_CHUNK,
+                   pool_block: int = DEFAULT_POOL_BLOCK) -> torch.Tensor:
+    """Causal top-k pool selection, expanded to token indices.
+
+    Args:
+        index_q: ``[B, T, H, D]`` indexer queries for positions ``0 .. T-1``.
+        head_weights: ``[B, T, H]`` head weights (already multiplied by ``H ** -0.5``).
+        pooled: ``[B, T // kpool, D]`` pool keys from :func:`pool_keys` over the same sequence.
+        kpool: pool size; ``topk`` must be a multiple of it.
+        topk: token budget; ``topk // kpool`` pools are kept per query.
+        select_tail: also select the query's own incomplete pool.
+        softmax_scale: see :func:`pool_scores`.
+        query_chunk, pool_block: working-set sizes (results do not depend on them, ties aside).
+
+    Returns:
+        ``[B, T, W]`` int64 token indices in the layout described in the module docstring, -1 for empty slots.
+        Among pools with equal scores the choice is unspecified (as in ``torch.topk``).
+    """
+    if index_q.dim() != 4 or head_weights.shape != index_q.shape[:3]:
+        raise ValueError(f"index_q must be [B, T, H, D] and head_weights [B, T, H], got {tuple(index_q.shape)} and "
+                         f"{tuple(head_weights.shape)}")
+    batch, seq_len, _, dim = index_q.shape
+    if kpool < 1 or topk < kpool or topk % kpool:
+        raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool})")
+    if pooled.shape != (batch, seq_len // kpool, dim):
+        raise ValueError(f"pooled must be [B={batch}, T // kpool={seq_len // kpool}, D={dim}], "
+                         f"got {tuple(pooled.shape)}")
+    if query_chunk < 1 or pool_block < 1:
+        raise ValueError(f"query_chunk and pool_block must be positive, got {query_chunk} and {pool_block}")
+
+    device = index_q.device
+    pools_per_row = topk // kpool
+    width = index_width(topk, kpool, select_tail)
+    within_pool = torch.arange(kpool, device=device)
+    tail_offsets = torch.arange(kpool - 1, device=device)
+    out = torch.full((batch, seq_len, width), -1, dtype=torch.long, device=device)
+
+    for q0 in range(0, seq_len, query_chunk):
+        q1 = min(seq_len, q0 + query_chunk)
+        positions = torch.arange(q0, q1, device=device)
+        n_visible = complete_pools_visible(positions, kpool)  # [Cq]
+        q_chunk, w_chunk = index_q[:, q0:q1], head_weights[:, q0:q1]
+
+        best_scores = torch.empty(batch, q1 - q0, 0, device=device)
+        best_pools = torch.empty(batch, q1 - q0, 0, dtype=torch.long, device=device)
+        # Pools beyond the last query's visible range are masked for every query in the chunk: skip them.
+        for p0 in range(0, int(n_visible[-1]), pool_block):
+            p1 = min(int(n_visible[-1]), p0 + pool_block)
+            block_ids = torch.arange(p0, p1, device=device)
+            scores = pool_scores(q_chunk, w_chunk, pooled[:, p0:p1], softmax_scale)
+            scores = scores.masked_fill(block_ids[None, None, :] >= n_visible[None, :, None], float("-inf"))
+            candidates = torch.cat([best_scores, scores], dim=-1)
+            candidate_ids = torch.cat([best_pools, block_ids.expand(batch, q1 - q0, -1)], dim=-1)
+            kept = candidates.topk(min(pools_per_row, candidates.shape[-1]), dim=-1)
+            best_scores = kept.values
+            best_pools = candidate_ids.gather(-1, kept.indices)
+
+        # A masked pool is only kept when fewer than pools_per_row are visible; drop it by position, not score.
+        valid = best_pools < n_visible[None, :, None]
+        tokens = best_pools[..., None] * kpool + within_pool
+        tokens = tokens.masked_fill(~valid[..., None], -1).flatten(-2)
+        out[:, q0:q1, : tokens.shape[-1]] = tokens
+
+        if select_tail and kpool > 1:
+            tail_start = n_visible * kpool  # [Cq]
+            tail = tail_start[:, None] + tail_offsets[None, :]
+            tail = tail.masked_fill(tail > positions[:, None], -1)
+            out[:, q0:q1, topk:] = tail[None].expand(batch, -1, -1)
+    return out
+
+
+def selected_pools(indices: torch.Tensor, topk: int, kpool: int) -> torch.Tensor:
+    """Pool ids held by an index row's pool slots: ``[B, T, W] -> [B, T, topk // kpool]``, -1 for empty slots."""
+    if indices.dim() != 3 or indices.shape[-1] < topk:
+        raise ValueError(f"indices must be [B, T, W >= topk={topk}], got {tuple(indices.shape)}")
+    firsts = indices[..., :topk:kpool]
+    return torch.where(firsts >= 0, torch.div(firsts, kpool, rounding_mode="floor"), torch.full_like(firsts, -1))

@@ -1,0 +1,139 @@
+"""The DSA indexer KL loss: Megatron-core parity at kpool = 1, a naive full-matrix check at kpool > 1, chunking."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from genolc.model.indexer_loss import indexer_kl_loss
+from genolc.model.ops.indexer.reference import pool_keys, pool_scores, select_indices
+
+INDEX_SCALE = 0.25
+MAIN_SCALE = 0.35
+
+
+def random_inputs(batch: int, seq_len: int, kpool: int, heads: int = 3, index_heads: int = 2, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    main_q = torch.randn(batch, seq_len, heads, 8, generator=generator)
+    main_k = torch.randn(batch, seq_len, heads, 8, generator=generator)
+    index_q = torch.randn(batch, seq_len, index_heads, 6, generator=generator, requires_grad=True)
+    head_weights = torch.randn(batch, seq_len, index_heads, generator=generator, requires_grad=True)
+    keys = torch.randn(batch, seq_len, 6, generator=generator)
+    gates = torch.randn(batch, seq_len, 6, generator=generator)
+    bias = torch.randn(kpool, 6, generator=generator)
+    pooled = pool_keys(keys, gates, bias, kpool).detach().requires_grad_(True)
+    return main_q, main_k, index_q, head_weights, pooled
+
+
+def run_loss(mode, inputs, kpool, topk, indices=None, query_chunk=None):
+    main_q, main_k, index_q, head_weights, pooled = inputs
+    return indexer_kl_loss(mode, main_q=main_q, main_k=main_k, softmax_scale=MAIN_SCALE, index_q=index_q,
+                           head_weights=head_weights, pooled=pooled, index_softmax_scale=INDEX_SCALE, kpool=kpool,
+                           topk=topk, indices=indices, query_chunk=query_chunk)
+
+
+def selection(inputs, kpool, topk):
+    _, _, index_q, head_weights, pooled = inputs
+    return select_indices(index_q.detach(), head_weights.detach(), pooled.detach(), kpool=kpool, topk=topk,
+                          select_tail=True, softmax_scale=INDEX_SCALE)
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+@pytest.mark.parametrize(("batch", "seq_len", "topk", "seed"), [(2, 13, 4, 0), (1, 37, 8, 1), (2, 50, 16, 2),
+                                                                 (1, 9, 16, 3)])
+def test_equals_megatron_at_single_token_pools(mode: str, batch: int, seq_len: int, topk: int, seed: int) -> None:
+    dsa = pytest.importorskip("megatron.core.transformer.experimental_attention_variant.dsa")
+    inputs = random_inputs(batch, seq_len, kpool=1, seed=seed)
+    main_q, main_k, index_q, head_weights, pooled = inputs
+    indices = selection(inputs, 1, topk)
+
+    with torch.no_grad():
+        scores = pool_scores(index_q, head_weights, pooled, INDEX_SCALE)  # [B, T, T]: every token is a pool
+    causal = torch.triu(torch.full((seq_len, seq_len), float("-inf")), diagonal=1)
+    # Megatron takes [T, B, H, D] and a full-width top-k; empty slots point at a future key, masked causally.
+    megatron_topk = indices[..., : min(topk, seq_len)].masked_fill(indices[..., : min(topk, seq_len)] < 0,
+                                                                   seq_len - 1)
+    single_rank = types.SimpleNamespace(tp=types.SimpleNamespace(size=lambda: 1))
+    expected = dsa.compute_dsa_indexer_loss(
+        (scores + causal).clone(), megatron_topk, main_q.transpose(0, 1), main_k.transpose(0, 1), MAIN_SCALE,
+        loss_coeff=1.0, sparse_loss=mode == "sparse", pg_collection=single_rank)
+    got = run_loss(mode, inputs, kpool=1, topk=topk, indices=indices, query_chunk=5)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def naive_loss(mode, inputs, kpool, topk, indices):
+    """The module docstring's formula, written out with full [B, H, T, T] matrices and Python loops."""
+    main_q, main_k, index_q, head_weights, pooled = inputs
+    batch, seq_len = main_q.shape[:2]
+    logits = torch.einsum("bqhd,bkhd->bhqk", main_q, main_k) * MAIN_SCALE
+    scores = pool_scores(index_q, head_weights, pooled, INDEX_SCALE)
+    total, rows = 0.0, 0
+    for b in range(batch):
+        for t in range(seq_len):
+            if mode == "dense":
+                keys = list(range(t + 1))
+                pools = list(range((t + 1) // kpool))
+            else:
+                keys = [i for i in indices[b, t].tolist() if i >= 0]
+                pools = sorted({i // kpool for i in indices[b, t, :topk].tolist() if i >= 0})
+            if not pools:
+                continue
+            attention = logits[b, :, t, keys].softmax(dim=-1)  # [H, |keys|]
+            per_key = attention.sum(dim=0)
+            key_pools = torch.tensor(keys) // kpool
+            mass = torch.stack([per_key[key_pools == p].sum() for p in pools])
+            target = mass / mass.sum()
+            index_probs = scores[b, t, pools].softmax(dim=-1)
+            total = total + (target * (torch.log(target + 1e-10) - torch.log(index_probs + 1e-10))).sum()
+            rows += 1
+    return total / rows
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+@pytest.mark.parametrize("kpool", [4, 16])
+def test_matches_the_documented_formula_with_pools(mode: str, kpool: int) -> None:
+    seq_len, topk = (45 if kpool == 4 else 71), 2 * kpool
+    inputs = random_inputs(2, seq_len, kpool, seed=kpool)
+    indices = selection(inputs, kpool, topk)
+    expected = naive_loss(mode, inputs, kpool, topk, indices)
+    expected_grads = torch.autograd.grad(expected, inputs[2:])
+    for query_chunk in (7, None):
+        got = run_loss(mode, inputs, kpool, topk, indices, query_chunk=query_chunk)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+        got_grads = torch.autograd.grad(got, inputs[2:])
+        for g, e in zip(got_grads, expected_grads):
+            torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-5)
+
+
+def test_sparse_equals_dense_when_everything_is_selected() -> None:
+    inputs = random_inputs(2, 35, kpool=4, seed=7)
+    indices = selection(inputs, 4, topk=64)
+    dense = run_loss("dense", inputs, 4, 64)
+    sparse = run_loss("sparse", inputs, 4, 64, indices)
+    torch.testing.assert_close(sparse, dense, atol=1e-6, rtol=1e-6)
+
+
+def test_gradient_reaches_only_the_indexer_and_zero_for_perfect_indexer() -> None:
+    inputs = random_inputs(1, 30, kpool=4, seed=8)
+    main_q, main_k = (t.detach().requires_grad_(True) for t in inputs[:2])
+    loss = run_loss("dense", (main_q, main_k, *inputs[2:]), 4, 8)
+    loss.backward()
+    assert main_q.grad is None and main_k.grad is None
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in inputs[2:])
+    # Three tokens: no complete pool of 4 anywhere, so no row has a candidate.
+    short = random_inputs(1, 3, kpool=4)
+    assert run_loss("dense", short, 4, 8).item() == 0.0
+
+
+def test_bad_arguments_raise_value_error() -> None:
+    inputs = random_inputs(1, 12, kpool=4)
+    with pytest.raises(ValueError, match="mode"):
+        run_loss("kl", inputs, 4, 8)
+    with pytest.raises(ValueError, match="indices"):
+        run_loss("sparse", inputs, 4, 8)
+    with pytest.raises(ValueError, match="pooled"):
+        run_loss("dense", inputs, 2, 8)
+    with pytest.raises(ValueError, match="main_q"):
+        run_loss("dense", (inputs[0][..., :-1], *inputs[1:]), 4, 8)
