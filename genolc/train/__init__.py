@@ -1,0 +1,1 @@
+"""Training: `genolc finetune` (loop), schedules, checkpoints with exact resume, memory plan, model transforms."""

@@ -1,0 +1,67 @@
+"""`genolc finetune`: parse options, build a TrainConfig, call genolc.train.loop.finetune."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from genolc.errors import ConfigError
+from genolc.units import parse_length
+
+
+def _lengths(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    return tuple(parse_length(part, what="--seq-warmup length") for part in text.split(",") if part.strip())
+
+
+@click.command("finetune")
+@click.option("--data", "data", required=True, type=click.Path(path_type=Path), help="Prepared dataset (genolc prepare).")
+@click.option("--seq", "seq", required=True, help="Input tokens per window, e.g. 512k (k = 1024).")
+@click.option("--model", "model", default=None, help="Preset to train from scratch: tiny | small | base | glm-5.3-flash.")
+@click.option("--init", "init", default=None, type=click.Path(path_type=Path),
+              help="Start from a checkpoint: genolc's or a transformers-layout GLM-5.3-Flash (vocabulary resized).")
+@click.option("--out", "out", default=Path("finetune-out"), type=click.Path(path_type=Path), show_default=True,
+              help="Run directory: checkpoints/, metrics.jsonl, summary.json, runs/.")
+@click.option("--steps", default=80, show_default=True, type=int, help="Optimizer steps.")
+@click.option("--lr", default=3e-4, show_default=True, type=float, help="Peak learning rate.")
+@click.option("--warmup", "warmup_steps", default=10, show_default=True, type=int, help="Linear LR warm-up steps.")
+@click.option("--min-lr-ratio", default=0.1, show_default=True, type=float, help="Cosine floor as a fraction of --lr.")
+@click.option("--weight-decay", default=0.1, show_default=True, type=float)
+@click.option("--grad-clip", default=1.0, show_default=True, type=float, help="Max gradient norm (0: off).")
+@click.option("--grad-accum", default=1, show_default=True, type=int, help="Micro-batches per optimizer step.")
+@click.option("--micro-batch", default=1, show_default=True, type=int, help="Windows per micro-batch.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seq-warmup", default=None, help="Shorter window lengths to train first, e.g. 128k,256k.")
+@click.option("--seq-warmup-steps", default=0, show_default=True, type=int, help="Steps per --seq-warmup stage.")
+@click.option("--softmask-weight", default=1.0, show_default=True, type=float,
+              help="Loss weight of soft-masked (repeat) targets; Evo 2 uses 0.1.")
+@click.option("--moe-balance", "moe_balance_coef", default=0.0, show_default=True, type=float,
+              help="Weight of the MoE balancing loss.")
+@click.option("--indexer", default="off", show_default=True,
+              type=click.Choice(["off", "dense", "sparse", "dense-then-sparse"]), help="DSA indexer KL training.")
+@click.option("--indexer-dense-steps", default=0, show_default=True, type=int,
+              help="With dense-then-sparse: dense warm-up steps.")
+@click.option("--max-n-fraction", default=0.1, show_default=True, type=float,
+              help="Skip windows with more ambiguous (N) tokens than this.")
+@click.option("--reverse-complement/--no-reverse-complement", default=False, show_default=True)
+@click.option("--recompute/--no-recompute", default=False, show_default=True, help="Per-layer activation checkpointing.")
+@click.option("--checkpoint-every", default=0, show_default=True, type=int, help="Save every N steps (0: end only).")
+@click.option("--keep", "keep_checkpoints", default=2, show_default=True, type=int, help="Checkpoints kept.")
+@click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in --out.")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16"]))
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def finetune_command(data: Path, seq: str, model: str | None, init: Path | None, seq_warmup: str | None,
+                     **options) -> None:
+    """Fine-tune (or train from scratch) a genome language model on a prepared dataset."""
+    from genolc.train.config import TrainConfig
+    from genolc.train.loop import finetune
+
+    if model is not None and init is not None:
+        raise ConfigError("--model and --init both given", fix="use --model for a fresh preset or --init CHECKPOINT")
+    config = TrainConfig(data=data, seq_len=parse_length(seq, what="--seq"), model=model or "tiny", init=init,
+                         seq_warmup=_lengths(seq_warmup), **options)
+    final = finetune(config)
+    click.echo(str(final))

@@ -1,0 +1,155 @@
+"""Training configuration: one frozen dataclass for `genolc finetune`, validated on construction.
+
+Lengths count tokens (``seq_len`` as parsed by :func:`genolc.units.parse_length`). One optimizer step consumes
+``micro_batch * grad_accum`` windows of ``seq_len`` input tokens (see :mod:`genolc.train.schedule` for how the
+sequence-length warm-up keeps that token budget while the windows are shorter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from genolc.errors import ConfigError
+
+INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides what a fine-tuning run computes (and so what ``--resume`` must match)."""
+
+    data: Path                                  # prepared dataset directory (genolc prepare)
+    out: Path                                   # run directory: checkpoints/, metrics.jsonl, summary.json, runs/
+    seq_len: int                                # input tokens per window at full length
+    model: str = "tiny"                         # preset name when starting from scratch
+    init: Path | None = None                    # genolc or transformers-layout checkpoint to start from
+    steps: int = 80                             # optimizer steps
+    lr: float = 3e-4                            # peak learning rate
+    warmup_steps: int = 10                      # linear LR warm-up from lr / warmup_steps to lr
+    min_lr_ratio: float = 0.1                   # cosine decays to lr * min_lr_ratio at the last step
+    weight_decay: float = 0.1                   # on matrices only; norms, biases, embeddings are not decayed
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 1.0                      # max global grad norm; 0 turns clipping off
+    grad_accum: int = 1                         # micro-batches per optimizer step
+    micro_batch: int = 1                        # windows per micro-batch at full length
+    seed: int = 0
+    seq_warmup: tuple[int, ...] = ()            # shorter stage lengths, increasing, each dividing seq_len
+    seq_warmup_steps: int = 0                   # optimizer steps spent in each warm-up stage
+    softmask_weight: float = 1.0                # loss weight of soft-masked (repeat) targets; Evo 2 uses 0.1
+    moe_balance_coef: float = 0.0               # weight of the model's 'moe_balance' aux loss (0: not added)
+    indexer: str = "off"                        # DSA indexer KL: off | dense | sparse | dense-then-sparse
+    indexer_dense_steps: int = 0                # with dense-then-sparse: steps of dense warm-up before sparse
+    indexer_kl_coef: float = 1.0                # weight of the model's 'indexer_kl' aux loss
+    max_n_fraction: float = 0.1                 # sampler: skip windows with more ambiguous tokens than this
+    reverse_complement: bool = False            # sampler: reverse-complement half of the windows
+    recompute: bool = False                     # per-layer activation checkpointing (genolc.train.apply)
+    checkpoint_every: int = 0                   # save every N steps (0: only at the end)
+    keep_checkpoints: int = 2                   # keep the newest N checkpoints
+    resume: bool = False                        # continue from the newest checkpoint in out/checkpoints
+    device: str = "auto"                        # auto | cpu | cuda
+    dtype: str = "auto"                         # auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16
+    progress: bool = True                       # tqdm progress bar on stderr
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", Path(self.data))
+        object.__setattr__(self, "out", Path(self.out))
+        if self.init is not None:
+            object.__setattr__(self, "init", Path(self.init))
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        object.__setattr__(self, "seq_warmup", tuple(int(s) for s in self.seq_warmup))
+        self._validate()
+
+    def _validate(self) -> None:
+        def positive(name: str) -> None:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+
+        for name in ("seq_len", "steps", "lr", "grad_accum", "micro_batch", "keep_checkpoints"):
+            positive(name)
+        for name in ("warmup_steps", "seq_warmup_steps", "checkpoint_every", "indexer_dense_steps", "seed",
+                     "weight_decay", "grad_clip", "moe_balance_coef", "indexer_kl_coef"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be zero or positive, got {getattr(self, name)}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"min_lr_ratio must be between 0 and 1, got {self.min_lr_ratio}")
+        if not 0.0 <= self.softmask_weight <= 1.0:
+            raise ConfigError(f"softmask weight must be between 0 and 1, got {self.softmask_weight}",
+                              fix="use 1.0 to train on repeats like other bases, or e.g. 0.1 (Evo 2)")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.indexer not in INDEXER_MODES:
+            raise ConfigError(f"unknown indexer mode {self.indexer!r}", fix=f"choose one of {', '.join(INDEXER_MODES)}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"unknown device {self.device!r}", fix=f"choose one of {', '.join(DEVICES)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"choose one of {', '.join(DTYPES)}")
+        stages = list(self.seq_warmup)
+        if stages:
+            if self.seq_warmup_steps <= 0:
+                raise ConfigError("a sequence-length warm-up needs --seq-warmup-steps > 0 (steps per stage)")
+            if stages != sorted(set(stages)) or stages[-1] >= self.seq_len:
+                raise ConfigError(f"warm-up lengths {stages} must increase and stay below --seq {self.seq_len}")
+            bad = [s for s in stages if s <= 0 or self.seq_len % s]
+            if bad:
+                raise ConfigError(
+                    f"warm-up length(s) {bad} do not divide --seq {self.seq_len}",
+                    fix="use lengths like seq/2, seq/4 (the token budget per step is held by packing "
+                        "seq/stage windows into each micro-batch)",
+                )
+            if len(stages) * self.seq_warmup_steps >= self.steps:
+                raise ConfigError(f"the warm-up ({len(stages)} stages x {self.seq_warmup_steps} steps) does not leave "
+                                  f"any of the {self.steps} steps at full length", fix="raise --steps or shorten it")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.micro_batch * self.grad_accum
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for key, value in d.items():
+            if isinstance(value, Path):
+                d[key] = str(value)
+            elif isinstance(value, tuple):
+                d[key] = list(value)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# Fields that may differ between the run that wrote a checkpoint and the one resuming it: where and how long it
+# runs, how often it saves and how it reports. Everything else changes what a step computes.
+RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
+                               "progress", "device"})
+
+
+def changed_for_resume(saved: dict[str, Any], current: TrainConfig) -> list[str]:
+    """Names of settings that differ from a checkpoint's and would make a resumed run compute different steps."""
+    now = current.to_dict()
+    return [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now
+            if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
+
+
+def preset_train_config(name: str, data: Path | str, out: Path | str, **overrides: Any) -> TrainConfig:
+    """Named starting points: 'smoke' (CPU tests, tiny model), 'small-512k' (single H200 fine-tune)."""
+    presets: dict[str, dict[str, Any]] = {
+        "smoke": dict(model="tiny", seq_len=128, steps=20, lr=3e-3, warmup_steps=2, checkpoint_every=10,
+                      progress=False),
+        "small-512k": dict(model="small", seq_len=512 * 1024, steps=80, lr=3e-4, warmup_steps=8,
+                           seq_warmup=(128 * 1024, 256 * 1024), seq_warmup_steps=8, recompute=True,
+                           checkpoint_every=20),
+    }
+    if name not in presets:
+        raise ConfigError(f"unknown training preset {name!r}", fix=f"choose one of {', '.join(presets)}")
+    return TrainConfig(data=Path(data), out=Path(out), **{**presets[name], **overrides})

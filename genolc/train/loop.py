@@ -1,0 +1,424 @@
+"""`finetune(config) -> Path`: the training loop behind `genolc finetune`.
+
+One optimizer step (see :mod:`genolc.train.schedule` for its shape):
+  1. For each of ``grad_accum`` micro-batches, the sampler's windows for ``(step, micro index)`` are read into
+     ``[B, T + 1]`` token ids; input = ``ids[:, :-1]``, targets = ``ids[:, 1:]``.
+  2. Each target gets a weight: 0 where the target token is ambiguous (N / IUPAC / unknown, by the tokenizer's
+     ``ambiguous_mask``), ``softmask_weight`` where its bases are soft-masked (lower case: repeats) and 1 otherwise.
+     The language-model loss of the step is ``sum(w * CE) / sum(w)`` over all targets of all its micro-batches,
+     so accumulation gives the same gradient as one large batch.
+  3. The model's auxiliary losses are added, averaged over micro-batches: ``moe_balance_coef * moe_balance`` and,
+     when the indexer is trained, ``indexer_kl_coef * indexer_kl`` (forward is called with
+     ``indexer_loss='dense'|'sparse'`` per :func:`genolc.train.schedule.indexer_mode_at`).
+  4. Backward per micro-batch; then the loss and gradient norm are checked (NaN/Inf stops the run with
+     :class:`~genolc.train.state.NonFiniteLossError`, keeping the last good checkpoint), gradients are clipped to
+     ``grad_clip`` and AdamW steps with the scheduled learning rate.
+Compute: bf16 autocast on CUDA (fp32 master weights and optimizer), fp32 on CPU.
+
+Outputs under ``config.out``: ``checkpoints/step-NNNNNN/`` (:mod:`genolc.train.state`), ``metrics.jsonl`` (one
+line per step: step, loss, tokens, lr, tokens_per_s, grad_norm, seq_len, aux losses, ...), ``summary.json`` and
+``runs/`` (the run record). The returned path is the final checkpoint, a model directory ``genolc eval`` reads.
+
+Starting points: a preset (``config.model``) sized to the dataset tokenizer's vocabulary; or ``config.init``, a
+genolc checkpoint (its tokenizer must equal the dataset's) or a transformers-layout GLM-5.3-Flash checkpoint with a
+text vocabulary, whose embedding and LM-head rows are resized to the genome tokenizer by
+:func:`genolc.model.model.resize_vocab` (every transformer-block weight is kept; see that function for the
+embedding rows).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from genolc.errors import ConfigError, GenolcError, InputError
+from genolc.fsutil import atomic_write_json
+from genolc.runs import run_record
+from genolc.train import state as ckpt
+from genolc.train.apply import apply_transforms
+from genolc.train.config import TrainConfig, changed_for_resume
+from genolc.train.plan import GIB, oom_error, required_seq_multiple
+from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
+from genolc.units import format_length
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+
+
+@dataclass
+class TrainHooks:
+    """Callbacks for tests and experiments; the loop runs the same without them.
+
+    ``on_loss(step, micro, loss) -> loss`` sees (and may replace) each micro-batch's loss before backward;
+    ``on_step_end(step, metrics)`` runs after a step is logged and checkpointed (``step`` = steps completed).
+    """
+
+    on_loss: Callable[[int, int, torch.Tensor], torch.Tensor] | None = None
+    on_step_end: Callable[[int, dict[str, Any]], None] | None = None
+
+
+def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
+    """Train per ``config`` and return the final checkpoint directory (see the module docstring)."""
+    with run_record("finetune", config.out, config.to_dict()) as record:
+        trainer = _Trainer(config, hooks or TrainHooks())
+        record.add_input(config.data / "manifest.json")
+        final = trainer.run()
+        record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
+                               "metrics": str(config.out / METRICS)})
+        return final
+
+
+def _say(message: str) -> None:
+    print(f"genolc finetune: {message}", file=sys.stderr, flush=True)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but no CUDA device is visible", fix="use --device cpu or auto")
+    return torch.device(name)
+
+
+def open_dataset(path: Path):
+    from genolc.data.dataset import PreparedDataset
+
+    if not Path(path).exists():
+        raise InputError("prepared dataset not found", where=str(path),
+                         fix="run `genolc prepare GENOME --out DIR` first and pass that DIR to --data")
+    return PreparedDataset(path)
+
+
+def _describe_tokenizer(tokenizer: Any) -> str:
+    d = tokenizer.to_dict()
+    extra = f", k={d['k']}" if "k" in d else ""
+    return f"{d.get('kind', type(tokenizer).__name__)}{extra}, {tokenizer.vocab_size} tokens"
+
+
+class _Trainer:
+    def __init__(self, config: TrainConfig, hooks: TrainHooks) -> None:
+        self.config = config
+        self.hooks = hooks
+        self.device = resolve_device(config.device)
+        self.bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and self.device.type == "cuda")
+        self.dataset = open_dataset(config.data)
+        self.tokenizer = self.dataset.tokenizer
+        self._check_lengths()
+        self.root = ckpt.checkpoint_root(config.out)
+        for stale in ckpt.sweep_temporaries(self.root):
+            _say(f"removed a half-written checkpoint left by an interrupted save: {stale.name}")
+        self.resume_from = self._find_resume_point()
+        self.model = self._build_model()
+        self.applied = apply_transforms(self.model, config)
+        self.optimizer = self._build_optimizer()
+        self.samplers: dict[int, Any] = {}
+        self.start_step, self.tokens_seen, self.targets_seen = 0, 0, 0
+        if self.resume_from is not None:
+            saved = ckpt.load_checkpoint(self.resume_from, model=self.model, optimizer=self.optimizer)
+            self.start_step = int(saved["step"])
+            self.tokens_seen = int(saved["tokens_seen"])
+            self.targets_seen = int(saved["targets_seen"])
+            for length, sampler_state in saved["samplers"].items():
+                self._sampler(int(length)).load_state_dict(sampler_state)
+            _say(f"resuming from {self.resume_from} (step {self.start_step})")
+        self.last_good: Path | None = self.resume_from
+
+    # ------------------------------------------------------------------------------------------------ checks
+    def _check_lengths(self) -> None:
+        cfg = self.config
+        keys = self.dataset.keys("train")
+        if not keys:
+            raise InputError("the dataset has no train records", where=str(cfg.data),
+                             fix="prepare it with --train naming at least one chromosome (or --train all)")
+        lengths = {k: int(self.dataset.record(k)["length_tokens"]) for k in keys}
+        longest = max(lengths, key=lengths.__getitem__)
+        if cfg.seq_len + 1 > lengths[longest]:
+            raise ConfigError(
+                f"--seq {format_length(cfg.seq_len)} ({cfg.seq_len} tokens, + 1 for the last target) is longer than "
+                f"every training chromosome; the longest, {longest}, has {lengths[longest]} tokens",
+                where=str(cfg.data), fix=f"use --seq {lengths[longest] - 1} or less, or prepare longer chromosomes")
+        multiple = required_seq_multiple(self.device.type)
+        bad = [n for n in stage_lengths(cfg) if n % multiple]
+        if bad:
+            n = bad[0]
+            lower, upper = n // multiple * multiple, -(-n // multiple) * multiple
+            raise ConfigError(
+                f"window length {n} is not a multiple of {multiple}, which the {self.device.type} kernels need "
+                "(KDA processes 64-token chunks; the CPU reference path takes any length)",
+                where="--seq / --seq-warmup",
+                fix=f"use {upper}" + (f" or {lower}" if lower else "") + " (genolc does not pad training windows: "
+                    "padding would train on positions that are not genome)")
+
+    def _find_resume_point(self) -> Path | None:
+        cfg = self.config
+        latest = ckpt.latest_checkpoint(self.root)
+        if latest is None:
+            if cfg.resume:
+                _say(f"--resume: no checkpoint under {self.root} yet, starting from step 0")
+            return None
+        if not cfg.resume:
+            raise ConfigError("the output directory already holds checkpoints", where=str(self.root),
+                              fix="pass --resume to continue that run, or choose another --out")
+        saved = ckpt.read_trainer_state(latest)
+        changed = changed_for_resume(saved["config"], cfg)
+        if changed:
+            raise ConfigError("cannot resume: settings differ from the checkpoint's (" + "; ".join(changed) + ")",
+                              where=str(latest), fix="resume with the same options, or start a new run in another --out")
+        self._check_checkpoint_tokenizer(latest)
+        return latest
+
+    def _check_checkpoint_tokenizer(self, path: Path) -> bool:
+        """True when ``path`` carries a genome tokenizer (then it must equal the dataset's); False when it has none."""
+        from genolc.tokenize import load_tokenizer
+
+        file = Path(path) / "tokenizer.json"
+        if not file.is_file():
+            return False
+        try:
+            theirs = load_tokenizer(file)
+        except GenolcError:
+            return False   # a transformers text tokenizer.json, not a genome tokenizer
+        if theirs.to_dict() != self.tokenizer.to_dict():
+            raise InputError(
+                f"the dataset was prepared with a different tokenizer ({_describe_tokenizer(self.tokenizer)}) than the "
+                f"checkpoint ({_describe_tokenizer(theirs)})", where=f"{self.config.data} vs {path}",
+                fix="prepare the dataset with the checkpoint's tokenizer (genolc prepare --tokenizer "
+                    f"{file}) or start from a preset with --model")
+        return True
+
+    # ------------------------------------------------------------------------------------------------ building
+    def _build_model(self) -> torch.nn.Module:
+        from genolc.model.checkpoint import load_pretrained
+        from genolc.model.config import ModelConfig
+        from genolc.model.model import build_model, resize_vocab
+        from genolc.model.presets import preset
+
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        vocab = self.tokenizer.vocab_size
+        if self.resume_from is not None:
+            # Built fresh and filled by copy (load_checkpoint), not assigned from the safetensors buffers: their
+            # alignment differs from freshly allocated tensors, and vectorised CPU kernels then round differently in
+            # the last bit, which would break bitwise-exact resume.
+            model = build_model(ModelConfig.from_hf(self.resume_from))
+        elif cfg.init is not None:
+            if not cfg.init.exists():
+                raise InputError("--init checkpoint not found", where=str(cfg.init),
+                                 fix="pass a genolc checkpoint directory or a transformers GLM-5.3-Flash checkpoint")
+            genome_tokenizer = self._check_checkpoint_tokenizer(cfg.init)
+            model = load_pretrained(cfg.init)
+            if model.config.vocab_size != vocab:
+                if genome_tokenizer:
+                    raise InputError(f"the checkpoint's vocabulary ({model.config.vocab_size}) does not match its "
+                                     f"tokenizer ({vocab})", where=str(cfg.init))
+                _say(f"--init: resizing the vocabulary from {model.config.vocab_size} text tokens to {vocab} genome "
+                     f"tokens: every transformer-block weight is kept, and the first {min(vocab, model.config.vocab_size)}"
+                     " rows of the embedding and LM head (text tokens, so they carry little); any new rows start "
+                     "fresh")
+                model = resize_vocab(model, vocab)
+        else:
+            model = build_model(preset(cfg.model, vocab_size=vocab))
+        return model.to(self.device)
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.config
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            if not param.requires_grad:
+                continue
+            # Matrices are decayed; vectors (norm scales, biases, gates) and embedding rows are not.
+            (decay if param.ndim >= 2 and "embed" not in name else no_decay).append(param)
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=cfg.betas, eps=cfg.eps, foreach=True)
+
+    def _sampler(self, length: int):
+        from genolc.data.sampler import TrainSampler
+
+        if length not in self.samplers:
+            self.samplers[length] = TrainSampler(self.dataset, length, seed=self.config.seed,
+                                                 max_n_fraction=self.config.max_n_fraction,
+                                                 reverse_complement=self.config.reverse_complement)
+        return self.samplers[length]
+
+    # ------------------------------------------------------------------------------------------------ data
+    def _micro_batch(self, step: int, shape: StepShape, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids [B, T+1] int64, target weights [B, T] float32)`` for micro-batch ``micro`` of ``step``."""
+        sampler = self._sampler(shape.seq_len)
+        ids = np.empty((shape.windows, shape.seq_len + 1), dtype=np.int64)
+        weights = np.empty((shape.windows, shape.seq_len), dtype=np.float32)
+        for b in range(shape.windows):
+            window = sampler.window(step, shape.sampler_micro(micro, b))
+            row = np.asarray(self.dataset.tokens(window.key)[window.start:window.stop])
+            soft = None
+            if self.config.softmask_weight != 1.0:
+                soft = np.asarray(self.dataset.token_softmask(window.key, window.start, window.stop), dtype=bool)
+            if window.reverse_complement:
+                row = self.tokenizer.reverse_complement(row)
+                soft = soft[::-1] if soft is not None else None
+            ids[b] = row
+            w = np.where(np.asarray(self.tokenizer.ambiguous_mask(row[1:]), dtype=bool), 0.0, 1.0)
+            if soft is not None:
+                w = np.where(soft[1:], w * self.config.softmask_weight, w)
+            weights[b] = w
+        return torch.from_numpy(ids), torch.from_numpy(weights)
+
+    # ------------------------------------------------------------------------------------------------ steps
+    def _step(self, step: int) -> dict[str, Any]:
+        cfg = self.config
+        shape = step_shape(step, cfg)
+        lr = lr_at(step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        mode = indexer_mode_at(step, cfg)
+        batches = [self._micro_batch(step, shape, m) for m in range(shape.grad_accum)]
+        total_weight = float(sum(float(w.sum()) for _, w in batches))
+        if total_weight <= 0:
+            raise InputError(f"every target of step {step + 1} is ambiguous (N)", where=str(cfg.data),
+                             fix="lower --max-n-fraction so windows full of N are skipped")
+        lm_loss = torch.zeros((), dtype=torch.float64)
+        aux_sums: dict[str, float] = {}
+        for micro, (ids, weights) in enumerate(batches):
+            ids, weights = ids.to(self.device), weights.to(self.device)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                out = self.model(ids[:, :-1], indexer_loss=mode)
+            logits = out.logits.float()
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+            main = (ce * weights.reshape(-1)).sum() / total_weight
+            loss = main
+            for name, coef in (("moe_balance", cfg.moe_balance_coef), ("indexer_kl", cfg.indexer_kl_coef)):
+                value = out.aux_losses.get(name) if out.aux_losses else None
+                if value is None:
+                    continue
+                aux_sums[name] = aux_sums.get(name, 0.0) + float(value.detach()) / shape.grad_accum
+                if coef > 0 and (name != "indexer_kl" or mode is not None):
+                    loss = loss + coef * value.float() / shape.grad_accum
+            if self.hooks.on_loss is not None:
+                loss = self.hooks.on_loss(step, micro, loss)
+            if not torch.isfinite(loss.detach()):
+                raise self._diverged(step, f"loss is {float(loss.detach())}")
+            loss.backward()
+            lm_loss += main.detach().double().cpu()
+        clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if not math.isfinite(grad_norm):
+            raise self._diverged(step, f"gradient norm is {grad_norm}")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.tokens_seen += shape.tokens
+        self.targets_seen += int(sum(int((w > 0).sum()) for _, w in batches))
+        metrics: dict[str, Any] = {"step": step + 1, "loss": float(lm_loss), "tokens": self.tokens_seen,
+                                   "lr": lr, "grad_norm": grad_norm, "seq_len": shape.seq_len,
+                                   "windows_per_micro": shape.windows}
+        metrics.update({f"aux_{k}": v for k, v in aux_sums.items()})
+        if mode is not None:
+            metrics["indexer_mode"] = mode
+        return metrics
+
+    def _diverged(self, step: int, what: str) -> ckpt.NonFiniteLossError:
+        kept = f"the last good checkpoint is {self.last_good}" if self.last_good else "no checkpoint was saved yet"
+        return ckpt.NonFiniteLossError(
+            f"training diverged at step {step + 1}: {what}; {kept}", where=str(self.config.out),
+            fix="resume from it with --resume and a lower --lr (or a stronger --grad-clip)")
+
+    def _save(self, step: int) -> Path:
+        trainer_state = {"tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
+                         "config": self.config.to_dict(),
+                         "samplers": {str(n): s.state_dict() for n, s in self.samplers.items()}}
+        path = ckpt.save_checkpoint(self.config.out, step, model=self.model, optimizer=self.optimizer,
+                                    tokenizer=self.tokenizer, trainer_state=trainer_state,
+                                    keep=self.config.keep_checkpoints)
+        self.last_good = path
+        return path
+
+    def _memory_gib(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / GIB
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB   # Linux reports KiB
+
+    def _device_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).total_memory
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    def _oom(self, step: int) -> Exception:
+        cfg = self.config
+        return oom_error(self.model.config, seq_len=step_shape(step, cfg).seq_len, micro_batch=cfg.micro_batch,
+                         grad_accum=cfg.grad_accum, recompute=cfg.recompute, bf16=self.bf16,
+                         budget_bytes=self._device_bytes(), where=f"step {step + 1}, {self.device}")
+
+    # ------------------------------------------------------------------------------------------------ run
+    def run(self) -> Path:
+        cfg = self.config
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        metrics_path = cfg.out / METRICS
+        self._truncate_metrics(metrics_path)
+        self.model.train()
+        losses: list[float] = []
+        started = time.monotonic()
+        step_tokens_total, step_seconds_total = 0, 0.0
+        final: Path | None = self.last_good if self.start_step >= cfg.steps else None
+        bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not cfg.progress, unit="step",
+                   desc="finetune", file=sys.stderr, dynamic_ncols=True)
+        with open(metrics_path, "a") as log, bar:
+            for step in range(self.start_step, cfg.steps):
+                t0 = time.monotonic()
+                try:
+                    metrics = self._step(step)
+                except torch.cuda.OutOfMemoryError:
+                    raise self._oom(step) from None
+                seconds = time.monotonic() - t0
+                step_tokens = step_shape(step, cfg).tokens
+                step_tokens_total += step_tokens
+                step_seconds_total += seconds
+                metrics["tokens_per_s"] = step_tokens / max(seconds, 1e-9)
+                metrics["step_seconds"] = seconds
+                metrics["memory_gib"] = self._memory_gib()
+                log.write(json.dumps(metrics) + "\n")
+                log.flush()
+                losses.append(metrics["loss"])
+                done = step + 1
+                if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps:
+                    final = self._save(done)
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}",
+                                mem=f"{metrics['memory_gib']:.2f}G", refresh=False)
+                bar.update(1)
+                if self.hooks.on_step_end is not None:
+                    self.hooks.on_step_end(done, metrics)
+        assert final is not None
+        summary = {
+            "status": "ok", "final_checkpoint": str(final), "steps": cfg.steps, "resumed_from_step": self.start_step,
+            "tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
+            "final_loss": losses[-1] if losses else None,
+            "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
+            "seconds": time.monotonic() - started,
+            "tokens_per_s": step_tokens_total / step_seconds_total if step_seconds_total else None,
+            "peak_memory_gib": self._memory_gib(), "device": str(self.device), "bf16": self.bf16,
+            "transforms": self.applied, "parameters": sum(p.numel() for p in self.model.parameters()),
+            "config": cfg.to_dict(),
+        }
+        atomic_write_json(cfg.out / SUMMARY, summary)
+        return final
+
+    def _truncate_metrics(self, path: Path) -> None:
+        """Keep only lines for steps already in the checkpoint we resume from (a fresh run starts an empty log)."""
+        kept = []
+        if self.start_step and path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line)["step"] <= self.start_step:
+                        kept.append(line)
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue
+        path.write_text("".join(line + "\n" for line in kept))

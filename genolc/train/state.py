@@ -1,0 +1,228 @@
+"""Checkpoints: atomic save, exact resume, keep-last-N, and the NaN/Inf guard's error.
+
+A checkpoint is one directory ``<out>/checkpoints/step-NNNNNN`` (``NNNNNN`` = optimizer steps completed)::
+
+    config.json, model.safetensors, tokenizer.json   the model's save_pretrained layout (genolc eval and
+                                                     transformers-layout tools read it as a model checkpoint)
+    optimizer.pt                                     AdamW state_dict (torch.save; loaded with weights_only=True)
+    trainer_state.json                               step, tokens seen, TrainConfig, sampler states, RNG states
+
+It is built under a temporary name beside its final place and renamed in one step (:func:`genolc.fsutil.atomic_dir`),
+so a crash or a kill during a save leaves either the new checkpoint whole or no trace of it, and the previous one
+untouched; stale temporaries are swept at the next start. Older checkpoints are removed only after the new one is in
+place. RNG states (python, numpy, torch CPU and CUDA) are stored so that anything random in the model or the loop
+continues as in an uninterrupted run; the sampler itself draws windows from ``(seed, step, micro)`` alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from genolc.errors import GenolcError, InputError
+from genolc.fsutil import atomic_dir, atomic_write_json
+
+STATE_VERSION = 1
+CHECKPOINTS_DIRNAME = "checkpoints"
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_STATE = "optimizer.pt"
+WEIGHTS = "model.safetensors"
+_NAME = re.compile(r"^step-(\d{6,})$")
+
+# Called with each file's name right after it is written inside the temporary checkpoint directory. Tests set it
+# to raise or to kill the process between writes; it is None otherwise.
+after_file_written: Callable[[str], None] | None = None
+
+
+class NonFiniteLossError(GenolcError):
+    """Training produced a NaN or infinite loss or gradient; the last good checkpoint is kept."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def checkpoint_root(out: Path) -> Path:
+    return Path(out) / CHECKPOINTS_DIRNAME
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``root`` as ``(step, path)``, oldest first. Temporaries (dot-names) are skipped."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _NAME.match(child.name)
+        if match and child.is_dir() and (child / TRAINER_STATE).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def sweep_temporaries(root: Path) -> list[Path]:
+    """Remove half-written checkpoint directories left by a process killed during a save."""
+    removed = []
+    if root.is_dir():
+        for child in root.iterdir():
+            if child.name.startswith(".step-") and child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(child)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------------- RNG states
+def capture_rng() -> dict[str, Any]:
+    """Python, numpy, torch CPU (and CUDA when present) generator states as JSON-able values."""
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+        "numpy": {"bit_generator": np_state["bit_generator"],
+                  "key": np.asarray(np_state["state"]["key"]).tolist(), "pos": int(np_state["state"]["pos"]),
+                  "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"])},
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
+    npst = state["numpy"]
+    np.random.set_state({"bit_generator": npst["bit_generator"],
+                         "state": {"key": np.asarray(npst["key"], dtype=np.uint32), "pos": npst["pos"]},
+                         "has_gauss": npst["has_gauss"], "gauss": npst["gauss"]})
+    torch.set_rng_state(_bytes_tensor(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        saved = [_bytes_tensor(s) for s in state["cuda"]]
+        if len(saved) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(saved)
+
+
+def _bytes_tensor(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+# ---------------------------------------------------------------------------------------------------- model weights
+def _is_genome_lm(model: torch.nn.Module) -> bool:
+    return hasattr(model, "save_pretrained") and hasattr(model, "config")
+
+
+def save_model(model: torch.nn.Module, directory: Path, tokenizer: Any | None) -> None:
+    """Write weights into the (existing, temporary) ``directory``.
+
+    A GenomeLM gets the model package's text-only transformers layout (config.json + model.safetensors, as
+    ``save_pretrained`` writes; weights in their training dtype) and genolc's tokenizer.json; any other module a
+    flat safetensors of its state_dict.
+    """
+    if _is_genome_lm(model):
+        from genolc.model.checkpoint import write_checkpoint
+
+        write_checkpoint(directory, model.config, model.state_dict(), layout="text", max_shard_bytes=5 << 30)
+    else:
+        tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        save_file(tensors, str(directory / WEIGHTS))
+    if tokenizer is not None:
+        from genolc.tokenize import save_tokenizer
+
+        save_tokenizer(tokenizer, directory / "tokenizer.json")
+
+
+def load_model_weights(model: torch.nn.Module, directory: Path) -> None:
+    """Load a checkpoint's weights into ``model`` in place, exactly (stored dtype, strict names and shapes)."""
+    if _is_genome_lm(model):
+        from genolc.model.checkpoint import read_checkpoint, to_genolc_names
+
+        _, tensors, _ = read_checkpoint(directory)
+        state = to_genolc_names(tensors, model.config, str(directory))
+    else:
+        state = load_file(str(directory / WEIGHTS))
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise InputError(f"checkpoint weights do not fit the model ({str(exc).splitlines()[0]})",
+                         where=str(directory), fix="resume with the model the checkpoint was trained with") from None
+
+
+# ---------------------------------------------------------------------------------------------------- save / load
+def save_checkpoint(
+    out: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokenizer: Any | None,
+    trainer_state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write ``<out>/checkpoints/step-NNNNNN`` atomically, then prune to the newest ``keep``. Returns its path.
+
+    ``trainer_state`` holds the loop's own resumable values (tokens seen, sampler states, config); the step and the
+    RNG states are added here.
+    """
+    root = checkpoint_root(out)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(step)
+    with atomic_dir(final, what="checkpoint directory") as tmp:
+        save_model(model, tmp, tokenizer)
+        _written(WEIGHTS)
+        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_STATE)
+        _written(OPTIMIZER_STATE)
+        state = {"version": STATE_VERSION, "step": step, "rng": capture_rng(), **trainer_state}
+        atomic_write_json(tmp / TRAINER_STATE, state)
+        _written(TRAINER_STATE)
+    for _, old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _written(name: str) -> None:
+    if after_file_written is not None:
+        after_file_written(name)
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    file = Path(path) / TRAINER_STATE
+    try:
+        state = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise InputError("not a genolc training checkpoint (no trainer_state.json)", where=str(path),
+                         fix="point at a directory under <out>/checkpoints") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"trainer_state.json is damaged ({exc.msg})", where=str(file),
+                         fix="remove this checkpoint to resume from the previous one") from None
+    if state.get("version") != STATE_VERSION:
+        raise InputError(f"checkpoint state version {state.get('version')!r} is not {STATE_VERSION}", where=str(file),
+                         fix="resume with the genolc version that wrote it")
+    return state
+
+
+def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    weights: bool = True) -> dict[str, Any]:
+    """Restore weights (unless ``weights=False``: the model was loaded from ``path`` already), optimizer and RNG
+    states from ``path``; return its trainer state (step, tokens seen, sampler states, config)."""
+    state = read_trainer_state(path)
+    if weights:
+        load_model_weights(model, path)
+    try:
+        optimizer.load_state_dict(torch.load(path / OPTIMIZER_STATE, map_location="cpu", weights_only=True))
+    except (FileNotFoundError, RuntimeError, ValueError) as exc:
+        raise InputError(f"cannot restore the optimizer state ({exc})", where=str(path / OPTIMIZER_STATE),
+                         fix="resume with the same model and parameter groups, or start a new run") from None
+    restore_rng(state["rng"])
+    return state

@@ -1,0 +1,108 @@
+"""`genolc finetune` on the command line: a short happy path, and one clear error (exit 2) per bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import shared_file
+
+from genolc.cli import main
+from genolc.data.prepare import PrepareConfig, prepare
+from genolc.train import loop
+from genolc.train.config import TrainConfig
+from genolc.train.loop import TrainHooks, finetune
+from genolc.train.plan import OutOfMemoryPlanError
+
+LAMBDA = "other/lambda_phage_NC_001416.1.fa.gz"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def char_data(tmp_path_factory) -> Path:
+    return prepare(PrepareConfig(genomes=(shared_file(LAMBDA),), out=tmp_path_factory.mktemp("char") / "ds",
+                                 train="all", heldout=(), progress=False))
+
+
+def _run(*args) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["finetune", "--no-progress", *map(str, args)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.output
+
+
+def _error(*args) -> str:
+    code, output = _run(*args)
+    assert code == 2, output
+    assert output.count("genolc: error:") == 1 and "Traceback" not in output
+    return output
+
+
+def test_cli_trains_and_prints_the_checkpoint(char_data, tmp_path):
+    code, output = _run("--data", char_data, "--seq", "64", "--steps", "2", "--out", tmp_path / "run",
+                        "--lr", "1e-3", "--warmup", "1")
+    assert code == 0, output
+    assert output.strip().endswith("step-000002")
+    assert (tmp_path / "run" / "summary.json").is_file()
+    # Running again into the same --out without --resume would mix two runs.
+    assert "pass --resume" in _error("--data", char_data, "--seq", "64", "--steps", "2", "--out", tmp_path / "run")
+    # Resuming with a setting that changes what steps compute is refused, naming it.
+    out = _error("--data", char_data, "--seq", "64", "--steps", "2", "--out", tmp_path / "run", "--lr", "5e-3",
+                 "--warmup", "1", "--resume")
+    assert "lr: saved 0.001, now 0.005" in out
+
+
+def test_dataset_missing(tmp_path):
+    out = _error("--data", tmp_path / "nope", "--seq", "64", "--out", tmp_path / "run")
+    assert "prepared dataset not found" in out and "genolc prepare" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_dataset_tokenizer_differs_from_checkpoint(char_data, tmp_path):
+    from genolc.model.model import build_model
+    from genolc.model.presets import preset
+    from genolc.tokenize import make_tokenizer
+
+    kmer_data = prepare(PrepareConfig(genomes=(shared_file(LAMBDA),), out=tmp_path / "kmer", train="all",
+                                      heldout=(), tokenizer="kmer:2", progress=False))
+    char = make_tokenizer("char")
+    build_model(preset("tiny", vocab_size=char.vocab_size)).save_pretrained(tmp_path / "ckpt", tokenizer=char)
+    out = _error("--data", kmer_data, "--seq", "64", "--init", tmp_path / "ckpt", "--out", tmp_path / "run")
+    assert "different tokenizer" in out and "kmer" in out
+
+
+def test_seq_longer_than_every_training_chromosome(char_data, tmp_path):
+    out = _error("--data", char_data, "--seq", "64k", "--out", tmp_path / "run")
+    assert "longer than every training chromosome" in out and "48502 tokens" in out and "--seq 48501" in out
+
+
+def test_seq_not_a_multiple_of_the_kernel_chunk(char_data, tmp_path, monkeypatch):
+    # On CUDA the KDA kernels need 64-token multiples; the CPU reference takes any length. Simulate the CUDA rule.
+    monkeypatch.setattr(loop, "required_seq_multiple", lambda device_type: 64)
+    out = _error("--data", char_data, "--seq", "100", "--out", tmp_path / "run")
+    assert "not a multiple of 64" in out and "use 128 or 64" in out
+
+
+def test_model_and_init_together(char_data, tmp_path):
+    assert "--model and --init" in _error("--data", char_data, "--seq", "64", "--model", "tiny", "--init",
+                                          tmp_path, "--out", tmp_path / "run")
+
+
+def test_out_of_memory_names_the_estimate_and_an_option(char_data, tmp_path):
+    def oom(step, micro, loss):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    cfg = TrainConfig(data=char_data, out=tmp_path / "run", seq_len=64, steps=3, progress=False)
+    with pytest.raises(OutOfMemoryPlanError) as info:
+        finetune(cfg, TrainHooks(on_loss=oom))
+    message = info.value.message
+    assert "out of device memory at --seq 64: estimated" in message and "GiB" in message
+    assert "try --recompute" in message and "step 1" in message

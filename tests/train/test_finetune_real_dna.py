@@ -1,0 +1,188 @@
+"""`finetune` end to end on real DNA (tiny preset, short windows): learning, outputs, exact resume, a kill during a
+checkpoint save, the NaN guard and --init from a transformers-layout text checkpoint."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import shared_file
+
+from genolc.data.prepare import PrepareConfig, prepare
+from genolc.model.checkpoint import load_pretrained
+from genolc.train import state as st
+from genolc.train.config import TrainConfig
+from genolc.train.loop import METRICS, SUMMARY, TrainHooks, finetune
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The CI box has 2 shared cores; tiny matmuls run several times faster single-threaded under contention.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def lambda_data(tmp_path_factory) -> Path:
+    src = shared_file("other/lambda_phage_NC_001416.1.fa.gz")
+    return prepare(PrepareConfig(genomes=(src,), out=tmp_path_factory.mktemp("lambda") / "ds", train="all",
+                                 heldout=(), progress=False))
+
+
+@pytest.fixture(scope="module")
+def masked_data(tmp_path_factory) -> Path:
+    # hg38 chr16 piece: 41 % soft-masked, so the soft-mask weight changes the loss.
+    src = shared_file("human/hg38_chr16_186964-397118.fa.gz")
+    return prepare(PrepareConfig(genomes=(src,), out=tmp_path_factory.mktemp("chr16") / "ds", train="all",
+                                 heldout=(), progress=False))
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / METRICS).read_text().splitlines()]
+
+
+def _resume_config(data: Path, out: Path) -> TrainConfig:
+    # Exercises everything a resume must restore: seq warm-up stages, accumulation, several windows per
+    # micro-batch, reverse complement, soft-mask weights, the cosine position and AdamW moments.
+    return TrainConfig(data=data, out=out, seq_len=64, steps=8, lr=3e-3, warmup_steps=2, seq_warmup=(32,),
+                       seq_warmup_steps=3, grad_accum=2, micro_batch=1, softmask_weight=0.1, reverse_complement=True,
+                       moe_balance_coef=0.01, checkpoint_every=2, keep_checkpoints=2, seed=3, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference_losses(masked_data, tmp_path_factory) -> list[float]:
+    out = tmp_path_factory.mktemp("reference") / "run"
+    finetune(_resume_config(masked_data, out))
+    return _losses(out)
+
+
+def test_finetune_learns_real_dna_and_writes_outputs(lambda_data, tmp_path):
+    out = tmp_path / "run"
+    cfg = TrainConfig(data=lambda_data, out=out, seq_len=128, steps=20, lr=3e-3, warmup_steps=2,
+                      checkpoint_every=10, keep_checkpoints=1, progress=False)
+    final = finetune(cfg)
+    assert final == out / "checkpoints" / "step-000020"
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000020"]      # keep=1 pruned step 10
+    lines = [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(1, 21))
+    for key in ("loss", "tokens", "lr", "tokens_per_s", "grad_norm", "aux_moe_balance", "memory_gib"):
+        assert all(key in m for m in lines), key
+    assert lines[-1]["tokens"] == 20 * 128
+    losses = [m["loss"] for m in lines]
+    # Starts near ln(16) (uniform over the char vocabulary) and must learn at least the base composition.
+    assert losses[0] > 2.3
+    assert sum(losses[-5:]) / 5 < sum(losses[:3]) / 3 - 0.6, losses
+    summary = json.loads((out / SUMMARY).read_text())
+    assert summary["status"] == "ok" and summary["final_checkpoint"] == str(final)
+    records = list((out / "runs").glob("*_finetune.json"))
+    assert len(records) == 1 and json.loads(records[0].read_text())["status"] == "ok"
+    # The checkpoint is a model directory the model package (and genolc eval) loads, with the genome tokenizer.
+    model = load_pretrained(final)
+    assert model.config.vocab_size == 16 and (final / "tokenizer.json").is_file()
+
+
+def test_resume_after_interruption_is_bitwise_identical(masked_data, reference_losses, tmp_path):
+    out = tmp_path / "run"
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_5(step, metrics):
+        if step == 5:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        finetune(_resume_config(masked_data, out), TrainHooks(on_step_end=stop_after_5))
+    assert st.latest_checkpoint(out / "checkpoints").name == "step-000004"
+    finetune(_resume_config(masked_data, out).replace(resume=True))
+    assert _losses(out) == reference_losses          # exact float equality, every step
+
+
+def test_kill_during_checkpoint_save_keeps_previous_and_resumes_exactly(masked_data, reference_losses, tmp_path):
+    out = tmp_path / "run"
+    cfg = _resume_config(masked_data, out)
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        torch.set_num_threads(1)
+        from pathlib import Path
+        from genolc.train import state
+        from genolc.train.config import TrainConfig
+        from genolc.train.loop import finetune
+
+        def kill_mid_save(name):
+            # Second save (step 4): the weights are written, the optimizer state is not.
+            if name == state.WEIGHTS and (Path({str(out)!r}) / "checkpoints" / "step-000002").is_dir():
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        state.after_file_written = kill_mid_save
+        finetune(TrainConfig.from_dict({cfg.to_dict()!r}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    root = out / "checkpoints"
+    assert [s for s, _ in st.list_checkpoints(root)] == [2]
+    assert any(p.name.startswith(".step-000004") for p in root.iterdir())         # the half-written save
+    load_pretrained(root / "step-000002")
+    finetune(cfg.replace(resume=True))
+    assert not any(p.name.startswith(".") for p in root.iterdir())                 # swept on start
+    assert _losses(out) == reference_losses
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_last_good(lambda_data, tmp_path):
+    out = tmp_path / "run"
+    cfg = TrainConfig(data=lambda_data, out=out, seq_len=64, steps=10, checkpoint_every=2, progress=False)
+
+    def poison(step, micro, loss):
+        return loss * float("nan") if step == 4 else loss
+
+    with pytest.raises(st.NonFiniteLossError, match="step 5") as info:
+        finetune(cfg, TrainHooks(on_loss=poison))
+    assert "step-000004" in info.value.message
+    assert [s for s, _ in st.list_checkpoints(out / "checkpoints")] == [2, 4]
+    load_pretrained(out / "checkpoints" / "step-000004")
+    assert len((out / METRICS).read_text().splitlines()) == 4
+    record = json.loads(next((out / "runs").glob("*_finetune.json")).read_text())
+    assert record["status"] == "failed" and "step 5" in record["error"]
+
+
+def test_init_from_text_vocab_transformers_checkpoint(lambda_data, tmp_path):
+    from genolc.model.model import build_model
+    from genolc.model.presets import preset
+
+    torch.manual_seed(7)
+    text_model = build_model(preset("tiny", vocab_size=300))
+    text_model.save_pretrained(tmp_path / "text-ckpt")               # no genome tokenizer: a text checkpoint
+    cfg = TrainConfig(data=lambda_data, out=tmp_path / "run", seq_len=64, steps=1, lr=1e-6, warmup_steps=0,
+                      init=tmp_path / "text-ckpt", progress=False)
+    trained = load_pretrained(finetune(cfg))
+    assert trained.config.vocab_size == 16
+    before, after = text_model.state_dict(), trained.state_dict()
+    for name in ("layers.0.self_attn.q_proj.weight", "layers.3.mlp.experts.down_proj", "norm.weight"):
+        assert (after[name] - before[name]).abs().max() < 1e-4, name      # blocks kept (one step at lr 1e-6)
+    assert (after["embed_tokens.weight"] - before["embed_tokens.weight"][:16]).abs().max() < 1e-4
+
+
+def test_indexer_kl_schedule_and_recompute_match_plain(lambda_data, tmp_path):
+    # 128-token windows exceed the tiny preset's index_topk (64), so the sparse phase really selects keys.
+    base = TrainConfig(data=lambda_data, out=tmp_path / "plain", seq_len=128, steps=4, lr=3e-3, warmup_steps=1,
+                       indexer="dense-then-sparse", indexer_dense_steps=2, indexer_kl_coef=0.5, progress=False)
+    finetune(base)
+    finetune(base.replace(out=tmp_path / "recompute", recompute=True))
+    plain = [json.loads(line) for line in (tmp_path / "plain" / METRICS).read_text().splitlines()]
+    recomputed = [json.loads(line) for line in (tmp_path / "recompute" / METRICS).read_text().splitlines()]
+    assert [m["indexer_mode"] for m in plain] == ["dense", "dense", "sparse", "sparse"]
+    assert all(m["aux_indexer_kl"] > 0 for m in plain)
+    assert [m["loss"] for m in recomputed] == pytest.approx([m["loss"] for m in plain], rel=1e-5, abs=1e-6)
+    summary = json.loads((tmp_path / "recompute" / SUMMARY).read_text())
+    assert summary["transforms"] == ["recompute(4 layers)"]
