@@ -2,6 +2,8 @@
 
 Outputs appear whole or not at all: a directory is built under a temporary name beside its destination and
 renamed into place; a file is written to a temporary name and renamed. A failure removes the temporary.
+Temporaries are created private (mode 0700/0600) and given the usual umask-derived mode just before the rename,
+so a finished output is as readable as one written with plain ``open``/``mkdir``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ from typing import Any, Iterator
 from genolc.errors import InputError
 
 _MD5_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def _umask() -> int:
+    # os.umask can only be read by setting it; restore it at once.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def file_md5(path: str | os.PathLike, block: int = 1 << 22) -> str:
@@ -51,9 +60,15 @@ def ensure_writable_parent(path: str | os.PathLike, what: str = "output director
 def atomic_dir(final: str | os.PathLike, what: str = "output directory") -> Iterator[Path]:
     """Yield a fresh temporary directory that replaces ``final`` only if the block succeeds."""
     final_path = ensure_writable_parent(final, what)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final_path.name}.tmp-", dir=final_path.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final_path.name}.tmp-", dir=final_path.parent))
+    except OSError as exc:
+        # os.access can say yes where creating fails (root on a read-only or virtual file system).
+        raise InputError(f"cannot write the {what}", where=str(final_path.parent),
+                         fix=f"choose a writable location ({exc.strerror})") from None
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -76,6 +91,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, p)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -102,3 +104,14 @@ def test_atomic_write_json_round_trips(tmp_path):
 def test_error_message_has_what_where_fix():
     err = InputError("file not found", where="/x/y.fa", fix="check the path")
     assert err.message == "file not found (/x/y.fa). check the path."
+
+
+def test_atomic_outputs_get_the_umask_mode_not_the_private_temporary_one(tmp_path):
+    old = os.umask(0o027)
+    try:
+        with atomic_dir(tmp_path / "ds") as tmp:
+            atomic_write_json(tmp / "manifest.json", {})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "ds").stat().st_mode) == 0o750
+    assert stat.S_IMODE((tmp_path / "ds" / "manifest.json").stat().st_mode) == 0o640

@@ -14,10 +14,12 @@ from genolc.data.prepare import PrepareConfig, parse_split, prepare
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
               help="Dataset directory to write (default: ./prepared/<first genome's name>).")
 @click.option("--train", default=None,
-              help="Training records: comma-separated names or aliases, or 'all' (every record not held out). "
-                   "Default: chr1,chr2.")
+              help="Training records: comma-separated names or aliases (X, chrX, NC_000023.11), or 'all' (every "
+                   "primary record not held out). Default: chr1,chr2 when present, else the run stops and lists "
+                   "the records it found.")
 @click.option("--heldout", default=None,
-              help="Held-out records (comma-separated), or 'none'. Default: chr22.")
+              help="Held-out records (comma-separated), or 'none' for no held-out split. Must not overlap --train. "
+                   "Default: chr22 when present, else the run stops and lists the records it found.")
 @click.option("--tokenizer", default="char", show_default=True,
               help="char | kmer:K | bpe:VOCAB | byte | path/to/tokenizer.json")
 @click.option("--include-bed", type=click.Path(path_type=Path), default=None,
@@ -35,7 +37,17 @@ from genolc.data.prepare import PrepareConfig, parse_split, prepare
 def prepare_command(genomes: tuple[Path, ...], out: Path | None, train: str | None, heldout: str | None,
                     tokenizer: str, include_bed: Path | None, exclude_bed: Path | None, all_records: bool,
                     duplication_threshold: float, force: bool, bpe_sample_bases: int, no_progress: bool) -> None:
-    """Turn genome files (FASTA plain/gzip/bgzip, GenBank, 2bit) into a token dataset for training."""
+    """Turn genome files into a token dataset for training and evaluation.
+
+    GENOMES are FASTA (plain, gzip or bgzip; no index needed), GenBank or 2bit files, read in one streaming pass.
+    The dataset directory gets memory-mappable token arrays, soft-mask bitmaps, N runs and manifest.json
+    (see docs/internals.md); nothing is written next to the inputs. Re-running with the same inputs and options
+    does nothing.
+
+    \b
+    Example:
+      genolc prepare hg38.fa.gz --out data/hg38 --train chr1,chr2 --heldout chr22 --tokenizer char
+    """
     config = PrepareConfig(
         genomes=tuple(genomes),
         out=out if out is not None else Path("prepared") / _stem(genomes[0]),

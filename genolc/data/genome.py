@@ -197,12 +197,16 @@ def n_intervals(chunk: np.ndarray, offset: int = 0, *, include_iupac: bool = Fal
         if b"N" not in raw and b"n" not in raw:
             return np.empty((0, 2), dtype=np.int64)
     mask = _AMBIGUOUS_LUT[chunk] if include_iupac else (chunk | 0x20) == 0x6E
+    return true_runs(mask) + offset
+
+
+def true_runs(mask: np.ndarray) -> np.ndarray:
+    """int64[k, 2] [start, stop) runs of True in a 1-D bool array."""
     if not mask.any():
         return np.empty((0, 2), dtype=np.int64)
     bounds = np.concatenate(([0], np.flatnonzero(mask[1:] != mask[:-1]) + 1, [mask.size])).astype(np.int64)
     first = 0 if mask[0] else 1
-    runs = np.stack([bounds[first:-1:2], bounds[first + 1 :: 2]], axis=1)
-    return runs + offset
+    return np.stack([bounds[first:-1:2], bounds[first + 1 :: 2]], axis=1)
 
 
 def merge_intervals(parts: Iterable[np.ndarray] | np.ndarray) -> np.ndarray:

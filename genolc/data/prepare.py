@@ -353,17 +353,9 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
     bar = _progress(config)
     try:
         for source_index, reader in enumerate(readers):
-            names_in_file: dict[str, int] = {}
+            # Duplicate names within a file are refused by GenomeReader.records() itself.
             for stream in reader.records():
                 info = stream.info
-                if info.name in names_in_file:
-                    raise InputError(
-                        f"duplicate record name {info.name!r} (records {names_in_file[info.name] + 1} and "
-                        f"{info.index + 1} of the file)",
-                        where=str(reader.path),
-                        fix="give every record a unique name",
-                    )
-                names_in_file[info.name] = info.index
                 key = _unique_key(info.chrom, used_keys)
                 split = selector.split_of(info, key)
                 writer = RecordWriter(
@@ -374,7 +366,7 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
                     heldout_copy=scratch / f"{key}.u8" if split == "heldout" else None,
                 )
                 try:
-                    bar.set_description(f"{key} ({split})")
+                    bar.set_description_str(f"{key} ({split})")
                     for chunk in stream.chunks(config.chunk_bases):
                         writer.add(chunk)
                         bar.update(len(chunk))
@@ -389,6 +381,7 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
         bar.close()
 
     _check_selection(config, selector, records, train_q, heldout_q)
+    _check_masks(config, include, exclude, records)
     duplication = None
     if heldout_q:
         duplication = _duplication(config, records, train_index, scratch)
@@ -438,8 +431,11 @@ def _check_selection(config: PrepareConfig, selector: _Selector, records: list[d
                     + (", or --heldout none" if option == "--heldout" else ", or --train all"),
                 )
             continue
-        # The genome module owns alias resolution; its error lists the closest names.
-        genome.resolve_chroms(missing, available)
+        # The genome module owns alias resolution; its error lists the closest names. Say which option it was.
+        try:
+            genome.resolve_chroms(missing, available)
+        except InputError as exc:
+            raise InputError(f"{option}: {exc.what}", where=exc.where, fix=exc.fix) from None
         raise InputError(
             f"{option} {', '.join(missing)} matches no record", fix=f"records found: {_records_listing(found)}"
         )
@@ -448,6 +444,23 @@ def _check_selection(config: PrepareConfig, selector: _Selector, records: list[d
             "no record is selected for training",
             fix=f"records found: {_records_listing(found)}; use --train (or --all-records for non-primary ones)",
         )
+
+
+def _check_masks(config: PrepareConfig, include: dict[str, np.ndarray] | None,
+                 exclude: dict[str, np.ndarray] | None, records: list[dict]) -> None:
+    """A BED whose chromosome names match no used record is almost surely for another naming or build."""
+    used = {r["chrom"] for r in records if r["split"] != "unused"}
+    for option, path, bed in (("--include-bed", config.include_bed, include),
+                              ("--exclude-bed", config.exclude_bed, exclude)):
+        if bed is None or used & set(bed) or (option == "--exclude-bed" and not bed):
+            continue
+        shown = ", ".join(sorted(bed)[:10]) + (" …" if len(bed) > 10 else "") if bed else "none, the file is empty"
+        records_shown = ", ".join(sorted(used)[:30]) + (" …" if len(used) > 30 else "")
+        what = f"{option} names none of the records used (its chromosomes: {shown}; records: {records_shown})"
+        if option == "--include-bed":
+            raise InputError(what + "; every base would be masked", where=str(path),
+                             fix="use a BED for this genome's chromosomes (aliases such as 22/chr22 are matched)")
+        _say(f"genolc prepare: warning: {what}; nothing is excluded.")
 
 
 def _duplication(config: PrepareConfig, records: list[dict], index: TrainBlockIndex | None, scratch: Path) -> dict:

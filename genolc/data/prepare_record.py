@@ -15,7 +15,6 @@ import numpy as np
 from genolc.data import genome
 from genolc.data.duplication import TrainBlockIndex
 from genolc.data.genome import merge_intervals
-from genolc.errors import InputError
 from genolc.tokenize import Tokenizer
 
 # For tokenizers without a fixed number of bases per token (BPE), the base offset of every OFFSET_STRIDE-th token
@@ -86,14 +85,6 @@ def _only_acgt_escape_n(table: np.ndarray, n_id: int) -> bool:
     others = np.ones(256, dtype=bool)
     others[acgt] = False
     return bool(sinks[others].all()) and not sinks[acgt].any()
-
-
-def _runs_of(flags: np.ndarray) -> np.ndarray:
-    """int64[k, 2] [start, stop) runs of True in a bool array."""
-    edges = np.flatnonzero(flags[1:] != flags[:-1]) + 1
-    bounds = np.concatenate(([0], edges, [len(flags)]))
-    first = 0 if flags[0] else 1
-    return np.stack([bounds[first:-1:2], bounds[first + 1::2]], axis=1).astype(np.int64)
 
 
 class _BitPacker:
@@ -195,7 +186,7 @@ class RecordWriter:
         if unusual:
             n_runs = genome.n_intervals(chunk, lo, include_iupac=True)
         elif n_here:
-            n_runs = _runs_of(is_n) + lo
+            n_runs = genome.true_runs(is_n) + lo
         else:
             n_runs = _EMPTY
         if len(n_runs):
@@ -256,12 +247,7 @@ class RecordWriter:
     def finish(self) -> dict:
         """Close the files and return the record's manifest fields (paths relative to the dataset)."""
         try:
-            if self.length == 0:
-                raise InputError(
-                    f"record {self.info.name!r} is empty (a header with no sequence)",
-                    where=self.info.source,
-                    fix="remove the empty record from the file",
-                )
+            # Empty records never get here: RecordStream refuses them when their (absent) sequence ends.
             fields: dict = {
                 "length_bases": self.length,
                 "length_tokens": None,

@@ -45,7 +45,7 @@ def save_tokenizer(tok: Tokenizer, path: str | os.PathLike) -> None:
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     p = Path(path)
     if not p.is_file():
-        raise InputError("tokenizer file not found", where=str(p), fix="check the path, or use " + SPEC_HELP)
+        raise InputError("tokenizer file not found", where=str(p), fix="check the path, or " + SPEC_HELP)
     try:
         d = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -413,6 +413,9 @@ def test_chunk_helpers():
     assert n_intervals(chunk, 0, include_iupac=True).tolist() == [[0, 2], [5, 9], [10, 13], [17, 24]]
     assert n_intervals(np.frombuffer(b"ACGT", np.uint8)).shape == (0, 2)
     assert n_intervals(np.frombuffer(b"nnnn", np.uint8), 5).tolist() == [[5, 9]]
+    flags = np.array([1, 1, 0, 1, 0, 0, 1], dtype=bool)
+    assert genome.true_runs(flags).tolist() == [[0, 2], [3, 4], [6, 7]]
+    assert genome.true_runs(~flags).tolist() == [[2, 3], [4, 6]]
     counts = genome.iupac_counts(chunk)
     assert counts == {"R": 1, "Y": 1, "S": 1, "W": 1, "K": 1, "M": 1, "B": 1, "D": 1, "H": 1, "V": 1}
     assert genome.iupac_counts(np.frombuffer(b"ACGTN", np.uint8)) == dict.fromkeys("RYSWKMBDHV", 0)

@@ -202,12 +202,13 @@ def test_missing_file(tmp_path):
     assert_clean_failure(run(tmp_path / "nope.fa.gz", "--out", out), out, "not found", "nope.fa.gz")
 
 
-@pytest.mark.parametrize("content", [bytes(range(256)) * 40, b"<!DOCTYPE html>\n<html><body>404</body></html>\n"])
-def test_not_fasta(tmp_path, content):
+@pytest.mark.parametrize("content, phrase", [(bytes(range(256)) * 40, "binary data"),
+                                             (b"<!DOCTYPE html>\n<html><body>404</body></html>\n", "HTML")])
+def test_not_fasta(tmp_path, content, phrase):
     bad = tmp_path / "genome.fa"
     bad.write_bytes(content)
     out = tmp_path / "ds"
-    assert_clean_failure(run(bad, "--out", out), out, "genome.fa")
+    assert_clean_failure(run(bad, "--out", out), out, "not a genome file", phrase, "genome.fa")
 
 
 def test_truncated_gzip(tmp_path):
@@ -235,7 +236,7 @@ def test_unknown_chromosome_lists_close_matches(tmp_path):
     fa = write_fasta(tmp_path / "g.fa", [("chr21", random_bases(2000)), ("chr22", random_bases(2000))])
     out = tmp_path / "ds"
     result = run(fa, "--out", out, "--train", "chr2l", "--heldout", "chr22")
-    assert_clean_failure(result, out, "unknown chromosome", "chr2l", "close matches", "chr21")
+    assert_clean_failure(result, out, "--train: unknown chromosome", "chr2l", "close matches", "chr21")
 
 
 def test_defaults_absent_lists_records_found(tmp_path):
@@ -251,6 +252,31 @@ def test_unwritable_output_dir(tmp_path):
     result = run(fa, "--out", blocker / "ds", "--train", "all", "--heldout", "none")
     assert result.exit_code == 2 and "genolc: error:" in result.output and "Traceback" not in result.output
     assert "output directory" in result.output and blocker.read_text() == "not a directory"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_output_dir_on_a_file_system_that_refuses_writes(tmp_path):
+    # /proc passes a permission check for root yet refuses new directories: still one clean error.
+    fa = write_fasta(tmp_path / "g.fa", [("chr1", random_bases(2000))])
+    result = run(fa, "--out", "/proc/genolc-test-ds", "--train", "all", "--heldout", "none")
+    assert result.exit_code == 2 and "genolc: error:" in result.output and "Traceback" not in result.output
+    assert "output directory" in result.output and "/proc" in result.output
+
+
+def test_bed_naming_no_used_record(tmp_path):
+    fa = write_fasta(tmp_path / "g.fa", [("chr1", random_bases(3000))])
+    other_build = tmp_path / "other.bed"
+    other_build.write_text("chrZ\t0\t100\n")
+    out = tmp_path / "ds"
+    result = run(fa, "--out", out, "--train", "all", "--heldout", "none", "--include-bed", other_build)
+    assert_clean_failure(result, out, "--include-bed names none of the records", "chrZ", "every base would be masked")
+    empty = tmp_path / "empty.bed"
+    empty.write_text("# nothing\n")
+    result = run(fa, "--out", out, "--train", "all", "--heldout", "none", "--include-bed", empty)
+    assert_clean_failure(result, out, "the file is empty")
+    result = run(fa, "--out", out, "--train", "all", "--heldout", "none", "--exclude-bed", other_build)
+    assert result.exit_code == 0 and "warning: --exclude-bed names none of the records" in result.output
+    assert PreparedDataset(out).record("chr1")["excluded_bases"] == 0
 
 
 def test_existing_non_dataset_directory_is_not_replaced(tmp_path):
