@@ -1,10 +1,13 @@
 """The ``genolc`` command line. Commands stay thin: parse options, build a config, call one function.
 
 Errors a user can cause (:class:`genolc.errors.GenolcError`) are printed as one message and exit with code 2.
+Each stage owns its command in ``genolc/<stage>/command.py``; this file only lists them. Commands are imported when
+they run, so ``genolc --help`` does not pay for importing torch.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -12,9 +15,32 @@ import click
 import genolc
 from genolc.errors import GenolcError
 
+# command name -> (module, attribute, one-line summary shown by `genolc --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "prepare": ("genolc.data.command", "prepare_command", "Tokenize genome files into a training/held-out dataset."),
+    "finetune": ("genolc.train.command", "finetune_command", "Train or finetune a model on a prepared dataset."),
+    "eval": ("genolc.eval.command", "eval_command", "Held-out loss by context position, needle tests."),
+    "convert": ("genolc.model.command", "convert", "Convert checkpoints between transformers layouts."),
+    "demo": ("genolc.demo_command", "demo_command", "Run the whole pipeline on bundled real human DNA."),
+}
+
 
 class GenolcGroup(click.Group):
-    """A click group that turns GenolcError into one clear message and a non-zero exit, no traceback."""
+    """Loads commands lazily and turns GenolcError into one clear message and exit code 2, no traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attribute, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attribute)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -29,13 +55,6 @@ class GenolcGroup(click.Group):
 def main() -> None:
     """genolc: long-context genomic language modeling (prepare, finetune, eval)."""
 
-
-def _register() -> None:
-    # Each stage owns its command in its own module (genolc/<stage>/command.py); this file is a plain index.
-    pass
-
-
-_register()
 
 if __name__ == "__main__":
     main()
