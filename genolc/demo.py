@@ -1,0 +1,216 @@
+"""`genolc demo`: prepare -> finetune -> eval -> report on the real human sample bundled with genolc.
+
+The sample (genolc/sample/, see PROVENANCE.md there) is hg38 chr2:1-600,000 for training and GRCh37
+chr22:20,480,001-20,680,000 held out. The demo calls each stage's Python entry point, the same functions the
+``genolc prepare/finetune/eval`` commands call, and writes::
+
+    OUT/data/     prepared dataset (re-running the demo reuses it: prepare is a no-op on unchanged input)
+    OUT/run/      fine-tuning run: checkpoints/, metrics.jsonl, summary.json, runs/
+    OUT/eval/     evaluation by position: buckets.csv, comparisons.csv, summary.json, by_position.png, runs/
+    OUT/report/   what to look at: by_position.png, buckets.csv, comparisons.csv, eval_summary.json,
+                  train_metrics.jsonl, train_summary.json, runs/ (every stage's run record), commands.sh (the
+                  equivalent genolc commands), README.md (the per-bucket table and where everything came from)
+
+Sizes (:func:`demo_plan`): on CPU the tiny preset trains 20 steps on 2k-token windows and is evaluated on six
+2k-token windows (buckets [0,256), [256,512), [512,1k), [1k,2k]) with a 128-token context control, a few minutes on
+2 cores;
+``smoke`` is the smallest end-to-end form, for CI; with CUDA the small preset trains and evaluates on 16k windows.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from genolc.errors import ConfigError
+from genolc.fsutil import atomic_write_bytes, atomic_write_json
+from genolc.report import bucket_table, format_table
+from genolc.runs import run_record
+from genolc.sample import HELDOUT_CHROMS, TRAIN_CHROMS, sample_files
+
+DEMO_MARKER = "genolc-demo.json"
+REPORT_FILES = {"by_position.png": "by_position.png", "buckets.csv": "buckets.csv",
+                "comparisons.csv": "comparisons.csv", "summary.json": "eval_summary.json"}
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """What the demo runs: model, lengths, steps and how much held-out sequence to score."""
+
+    model: str
+    train_seq: int
+    steps: int
+    eval_seq: int
+    contexts: tuple[int, ...]
+    first_bucket: int                 # upper edge of the first position bucket (then doubling)
+    max_windows: int
+    lr: float
+    warmup_steps: int
+    n_boot: int
+    device: str
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    out: Path = Path("genolc-demo")
+    steps: int | None = None          # override the plan's optimizer steps
+    seq: int | None = None            # override the training and evaluation window (tokens)
+    smoke: bool = False               # smallest end-to-end form (CI)
+    device: str = "auto"              # auto | cpu | cuda
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out", Path(self.out))
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"--steps must be positive, got {self.steps}")
+        if self.seq is not None and self.seq < 2:
+            raise ConfigError(f"--seq must be at least 2 tokens, got {self.seq}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"unknown device {self.device!r}", fix="choose auto, cpu or cuda")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def demo_plan(config: DemoConfig) -> DemoPlan:
+    """The preset and sizes for this machine (CUDA or not), with --steps/--seq applied."""
+    device = config.device
+    if device == "auto":
+        device = "cuda" if _cuda_available() else "cpu"
+    if config.smoke:
+        plan = DemoPlan(model="tiny", train_seq=256, steps=2, eval_seq=256, contexts=(32,), first_bucket=64,
+                        max_windows=2, lr=3e-3, warmup_steps=1, n_boot=50, device=device)
+    elif device == "cuda":
+        plan = DemoPlan(model="small", train_seq=16 * 1024, steps=60, eval_seq=16 * 1024, contexts=(1024,),
+                        first_bucket=1024, max_windows=6, lr=3e-4, warmup_steps=6, n_boot=1000, device=device)
+    else:
+        plan = DemoPlan(model="tiny", train_seq=2048, steps=20, eval_seq=2048, contexts=(128,), first_bucket=256,
+                        max_windows=6, lr=3e-3, warmup_steps=3, n_boot=1000, device=device)
+    if config.steps is not None:
+        plan = replace(plan, steps=config.steps, warmup_steps=min(plan.warmup_steps, max(1, config.steps // 10)))
+    if config.seq is not None:
+        contexts = tuple(k for k in plan.contexts if k < config.seq) or (max(1, config.seq // 4),)
+        plan = replace(plan, train_seq=config.seq, eval_seq=config.seq, contexts=contexts,
+                       first_bucket=min(plan.first_bucket, max(1, config.seq // 8)))
+    return plan
+
+
+def _claim_out_dir(out: Path) -> None:
+    """Refuse to write into a directory that holds something other than an earlier demo."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / DEMO_MARKER).exists())):
+        raise ConfigError("the demo output directory already holds other files", where=str(out),
+                          fix="choose a new or empty directory with --out (an earlier demo's directory is reused)")
+
+
+def equivalent_commands(out: Path | str, plan: DemoPlan, seed: int) -> list[str]:
+    """The genolc commands that do what the demo did, writing under ``out`` (a path, or a shell word like "$OUT")."""
+    def q(path: Path | str) -> str:
+        text = str(path)
+        return f'"{text}"' if text.startswith("$") else shlex.quote(text)
+
+    root = str(out)
+    data, run, ev = f"{root}/data", f"{root}/run", f"{root}/eval"
+    final = f"{run}/checkpoints/step-{plan.steps:06d}"
+    contexts = " ".join(f"--context {k}" for k in plan.contexts)
+    return [
+        f"genolc prepare {' '.join(q(p) for p in sample_files())} --out {q(data)} "
+        f"--train {','.join(TRAIN_CHROMS)} --heldout {','.join(HELDOUT_CHROMS)} --tokenizer char",
+        f"genolc finetune --data {q(data)} --seq {plan.train_seq} --model {plan.model} --steps {plan.steps} "
+        f"--lr {plan.lr} --warmup {plan.warmup_steps} --seed {seed} --device {plan.device} --out {q(run)}",
+        f"genolc eval --by-position {','.join(HELDOUT_CHROMS)} --data {q(data)} --checkpoint {q(final)} "
+        f"--seq {plan.eval_seq} {contexts} --first-bucket {plan.first_bucket} --max-windows {plan.max_windows} "
+        f"--bootstrap {plan.n_boot} --seed {seed} --device {plan.device} --out {q(ev)}",
+    ]
+
+
+def run_demo(config: DemoConfig) -> dict[str, Any]:
+    """Run the whole pipeline into ``config.out``; returns where the report is and the per-bucket rows."""
+    from genolc.data.prepare import PrepareConfig, prepare
+    from genolc.eval.by_position import ByPositionConfig, run_by_position
+    from genolc.train.config import TrainConfig
+    from genolc.train.loop import finetune
+
+    out = config.out.absolute()
+    _claim_out_dir(out)
+    plan = demo_plan(config)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / DEMO_MARKER, {"plan": asdict(plan), "seed": config.seed})
+    with run_record("demo", out, {"out": out, "smoke": config.smoke, "plan": asdict(plan), "seed": config.seed}):
+        _say(f"1/4 prepare: {', '.join(p.name for p in sample_files())} -> {out / 'data'}")
+        data = prepare(PrepareConfig(genomes=tuple(sample_files()), out=out / "data", train=TRAIN_CHROMS,
+                                     heldout=HELDOUT_CHROMS, tokenizer="char", progress=config.progress))
+        # A fresh run and evaluation each time: an earlier demo's checkpoints would otherwise be resumed from.
+        for stale in ("run", "eval", "report"):
+            shutil.rmtree(out / stale, ignore_errors=True)
+        _say(f"2/4 finetune: {plan.model} preset, {plan.steps} steps of {plan.train_seq}-token windows "
+             f"on {plan.device}")
+        train = TrainConfig(data=data, out=out / "run", seq_len=plan.train_seq, model=plan.model, steps=plan.steps,
+                            lr=plan.lr, warmup_steps=plan.warmup_steps, seed=config.seed, device=plan.device,
+                            progress=config.progress)
+        checkpoint = finetune(train)
+        _say(f"3/4 eval: {','.join(HELDOUT_CHROMS)} by position, {plan.eval_seq}-token windows, context control "
+             f"{', '.join(map(str, plan.contexts))}")
+        evaluation = ByPositionConfig(data=data, checkpoint=checkpoint, records=",".join(HELDOUT_CHROMS),
+                                      seq_len=plan.eval_seq, out=out / "eval", contexts=plan.contexts,
+                                      first_bucket=plan.first_bucket,
+                                      max_windows=plan.max_windows, n_boot=plan.n_boot, seed=config.seed,
+                                      device=plan.device, progress=config.progress)
+        with run_record("eval", evaluation.out, evaluation.to_dict()) as record:
+            summary = run_by_position(evaluation, record)
+        _say("4/4 report")
+        report = write_report(out, plan, config.seed, summary)
+    return {"report": report, "rows": bucket_table(summary), "plan": plan}
+
+
+def write_report(out: Path, plan: DemoPlan, seed: int, summary: dict[str, Any]) -> Path:
+    """Gather plot, tables, metrics, run records and commands into ``out/report``."""
+    report = out / "report"
+    (report / "runs").mkdir(parents=True, exist_ok=True)
+    for source, target in REPORT_FILES.items():
+        shutil.copy2(out / "eval" / source, report / target)
+    shutil.copy2(out / "run" / "metrics.jsonl", report / "train_metrics.jsonl")
+    shutil.copy2(out / "run" / "summary.json", report / "train_summary.json")
+    for stage in ("data", "run", "eval"):
+        for record in sorted((out / stage / "runs").glob("*.json")):
+            shutil.copy2(record, report / "runs" / f"{stage}_{record.name}")
+    commands = equivalent_commands(out, plan, seed)
+    script = ["#!/bin/sh", "# What `genolc demo` ran, as genolc commands, writing under $1",
+              f"# (default ./genolc-demo-rerun; the demo itself wrote under {out}).", "set -e",
+              'OUT="${1:-genolc-demo-rerun}"',
+              *equivalent_commands("$OUT", plan, seed)]
+    atomic_write_bytes(report / "commands.sh", ("\n".join(script) + "\n").encode())
+    train = json.loads((out / "run" / "summary.json").read_text())
+    table = format_table(bucket_table(summary))
+    readme = [
+        "# genolc demo report", "",
+        "Held-out loss of a model fine-tuned on hg38 chr2:1-600,000 (bundled sample), evaluated on GRCh37 "
+        "chr22:20,480,001-20,680,000 by preceding-context position. Bits per base; lower is better. "
+        f"`context:K` rows score the same targets with only the last K tokens visible (the context control).", "",
+        f"- model: {plan.model} preset, {train.get('parameters')} parameters, {plan.steps} steps of "
+        f"{plan.train_seq}-token windows on {plan.device}; final training loss "
+        f"{train.get('final_loss'):.4f} nats/token",
+        f"- evaluation: {summary['windows']['scored']} of {summary['windows']['tiled']} windows of "
+        f"{plan.eval_seq + 1} tokens, {summary['windows']['tokens']} tokens; 95% CIs from a block bootstrap "
+        f"({plan.n_boot} replicates)", "",
+        "```", table, "```", "",
+        "Files: `by_position.png` (plot), `buckets.csv` and `comparisons.csv` (per bucket, per subset), "
+        "`eval_summary.json`, `train_metrics.jsonl`, `train_summary.json`, `runs/` (run records of every stage), "
+        "`commands.sh` (the equivalent genolc commands).", "",
+        "```sh", *commands, "```", "",
+    ]
+    atomic_write_bytes(report / "README.md", "\n".join(readme).encode())
+    return report
+
+
+def _say(message: str) -> None:
+    import click
+
+    click.echo(f"genolc demo: {message}", err=True)

@@ -1,0 +1,95 @@
+"""`genolc demo` end to end in its smallest form, and the bundled sample's provenance."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+from click.testing import CliRunner
+
+from genolc.cli import main
+from genolc.demo import DemoConfig, demo_plan
+from genolc.sample import SAMPLE_DIR, sample_files
+
+
+def test_bundled_sample_matches_its_provenance():
+    provenance = (SAMPLE_DIR / "PROVENANCE.md").read_text()
+    total = 0
+    for path in sample_files():
+        total += path.stat().st_size
+        row = next(line for line in provenance.splitlines() if line.startswith(f"| {path.name} |"))
+        seq_md5, file_md5 = re.findall(r"\b[0-9a-f]{32}\b", row)
+        with gzip.open(path, "rt") as fh:
+            header, *lines = fh.read().splitlines()
+        sequence = "".join(lines)
+        assert hashlib.md5(sequence.upper().encode()).hexdigest() == seq_md5
+        assert hashlib.md5(path.read_bytes()).hexdigest() == file_md5
+        first, last = map(int, header.split(":")[1].split("-"))
+        assert len(sequence) == last - first + 1
+    assert total < 1.5e6
+
+
+def test_demo_smoke_end_to_end(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "somewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # runs from any directory; output lands under the working directory
+    result = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    out = elsewhere / "genolc-demo"
+    report = out / "report"
+    assert f"report: {report}" in result.output
+    assert re.search(r"^\[128,256\]\s+258\s+\d\.\d{4}\s+\d\.\d{4}", result.output, re.M), result.output
+    for name in ("README.md", "by_position.png", "buckets.csv", "comparisons.csv", "eval_summary.json",
+                 "train_metrics.jsonl", "train_summary.json", "commands.sh"):
+        assert (report / name).stat().st_size > 0, name
+    assert (report / "by_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    records = sorted(p.name for p in (report / "runs").glob("*.json"))
+    assert [r.split("_", 1)[0] for r in records] == ["data", "eval", "run"]
+    for record in (report / "runs").glob("*.json"):
+        content = json.loads(record.read_text())
+        assert content["status"] == "ok"
+        assert not any("shared" in Path(p).parts for p in content["inputs"]), content["inputs"]
+    summary = json.loads((report / "eval_summary.json").read_text())
+    assert summary["records"] == ["chr22"] and summary["windows"]["scored"] == 2
+    assert {r["series"] for r in summary["bucket_stats"]} == {"model", "context:32"}
+    commands = (report / "commands.sh").read_text()
+    assert "genolc finetune" in commands and "--steps 2" in commands and "--context 32" in commands
+    assert len(list((out / "run" / "checkpoints").iterdir())) >= 1
+    # the commands reproduce the evaluation exactly (same seed, same windows)
+    rerun = tmp_path / "rerun"
+    bin_dir = Path(sys.executable).parent
+    done = subprocess.run(["sh", str(report / "commands.sh"), str(rerun)], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = pd.read_csv(report / "buckets.csv")
+    second = pd.read_csv(rerun / "eval" / "buckets.csv")
+    pd.testing.assert_frame_equal(first, second)
+    # a second run reuses the directory (prepare is a no-op) and starts the run afresh
+    again = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress", "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert json.loads((report / "train_summary.json").read_text())["resumed_from_step"] == 0
+
+
+def test_demo_refuses_a_foreign_directory(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep me")
+    result = CliRunner().invoke(main, ["demo", "--smoke", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "already holds other files" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
+def test_demo_plan_sizes(monkeypatch):
+    monkeypatch.setattr("genolc.demo._cuda_available", lambda: False)
+    cpu = demo_plan(DemoConfig())
+    assert (cpu.model, cpu.device, cpu.eval_seq, cpu.first_bucket) == ("tiny", "cpu", 2048, 256)
+    assert demo_plan(DemoConfig(seq=1024, steps=5)).contexts == (128,)
+    assert demo_plan(DemoConfig(seq=100)).contexts == (25,)
+    gpu = demo_plan(DemoConfig(device="cuda"))
+    assert gpu.model == "small" and gpu.train_seq > cpu.train_seq
