@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from genolc.data.genome import canonical_chrom
 from genolc.errors import ConfigError, InputError
 
 TRAINER_STATE = "trainer_state.json"
@@ -45,7 +46,7 @@ def resolve_records(dataset: Any, spec: str) -> tuple[list[str], bool]:
                 by_alias.setdefault(str(alias).lower(), key)
     keys, unknown = [], []
     for word in words:
-        key = by_alias.get(word.lower()) or by_alias.get(_canonical(word).lower())
+        key = by_alias.get(word.lower()) or by_alias.get(canonical_chrom(word).lower())
         if key is None:
             unknown.append(word)
         elif key not in keys:
@@ -54,15 +55,13 @@ def resolve_records(dataset: Any, spec: str) -> tuple[list[str], bool]:
         listing = ", ".join(f"{k} ({dataset.record(k).get('split', '?')})" for k in available)
         raise InputError(f"record(s) {', '.join(unknown)} not in the dataset", where=_where(dataset),
                          fix=f"choose from: {listing}, or 'heldout'")
+    # Records in neither split were only measured by genolc prepare: they have no tokens to score.
+    untokenized = [k for k in keys if dataset.record(k).get("length_tokens") is None]
+    if untokenized:
+        raise InputError(f"record(s) {', '.join(untokenized)} were not tokenized (split 'unused' in the dataset)",
+                         where=_where(dataset),
+                         fix=f"prepare the dataset again with --heldout {','.join(untokenized)}")
     return keys, False
-
-
-def _canonical(name: str) -> str:
-    try:
-        from genolc.data.genome import canonical_chrom
-    except ImportError:
-        return name if name.lower().startswith("chr") else f"chr{name}"
-    return canonical_chrom(name)
 
 
 def _where(dataset: Any) -> str:

@@ -268,7 +268,7 @@ def load_model_scorer(checkpoint: Path, tokenizer: Any, *, what: str = "checkpoi
     check_checkpoint_tokenizer(checkpoint, tokenizer, what)
     import torch
 
-    from genolc.model.checkpoint import load_pretrained
+    from genolc.model import load_pretrained
 
     device = _resolve_device(device)
     if dtype not in ("auto", "float32", "bfloat16"):

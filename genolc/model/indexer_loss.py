@@ -29,7 +29,9 @@ At ``kpool = 1`` (every token its own pool, no tail) this is exactly Megatron-co
 sparse_loss=(mode == "sparse"))``, whose mean runs over all ``B * T`` rows (all have a candidate at ``kpool = 1``).
 
 Memory: queries are processed in chunks (``[B, H, chunk, T]`` dense, ``[B, chunk, W, H, D]`` sparse), each chunk
-recomputed in the backward pass, so no ``[T, T]`` tensor exists for the whole sequence.
+recomputed in the backward pass. The default chunk keeps one chunk near ``CHUNK_BUDGET_ELEMENTS`` (at least one
+query), so the working set is about ``max(CHUNK_BUDGET_ELEMENTS, B * H * T)`` elements: constant for short
+sequences (where one chunk may span all of them), linear in T beyond.
 """
 
 from __future__ import annotations

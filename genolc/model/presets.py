@@ -84,7 +84,7 @@ def small(vocab_size: int = GENOME_VOCAB_SIZE) -> ModelConfig:
 
 
 def base(vocab_size: int = GENOME_VOCAB_SIZE) -> ModelConfig:
-    """16 layers (every 4th DSA), hidden 1536: about 1.8B total / 0.4B active."""
+    """16 layers (every 4th DSA), hidden 1536: 1.92B total / 0.44B active (exact counts in the module docstring)."""
     return _genome_preset(hidden=1536, layers=16, kda_heads=12, kda_head_dim=128, mla_heads=12, q_lora=512,
                           kv_lora=384, qk_nope=128, v_dim=128, index_heads=8, index_head_dim=64, kpool=4, topk=2048,
                           experts=32, experts_per_tok=4, moe_inter=768, dense_inter=4096, vocab_size=vocab_size)

@@ -84,6 +84,20 @@ def test_eval_by_position_end_to_end(setup):
     assert record["status"] == "ok" and str(out / "summary.json") in record["outputs"]
 
 
+def test_eval_pooled_heldout_with_max_tokens(setup):
+    data, model, _, root = setup
+    out = root / "pooled"
+    result = _run(["--by-position", "heldout", "--data", data, "--checkpoint", model, "--seq", "256",
+                   "--max-tokens", "600", "--bootstrap", "20", "--out", out, "--quiet"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["records"] == ["chr22"] and summary["config"]["records"] == "heldout"
+    # 600 tokens hold two whole windows of 257; they are spread over the tiling, not its first two
+    assert summary["windows"]["scored"] == 2 and summary["windows"]["tokens"] == 514
+    starts = pd.read_csv(out / "windows.csv")["chrom_start"].tolist()
+    assert starts[1] - starts[0] > 100_000
+
+
 def test_eval_needle_end_to_end(setup):
     data, model, _, root = setup
     out = root / "needle"

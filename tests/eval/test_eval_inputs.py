@@ -41,6 +41,10 @@ def test_resolve_records_aliases_heldout_and_unknown():
     with pytest.raises(InputError) as err:
         resolve_records(ds, "chr21")
     assert "chr21" in err.value.message and "chr22 (heldout)" in err.value.message and "NC_001416.1" in err.value.message
+    unused = FakeDataset([dict(CHR22, split="unused", length_tokens=None), LAMBDA])
+    with pytest.raises(InputError, match=r"chr22 were not tokenized \(split 'unused'") as err:
+        resolve_records(unused, "22")
+    assert "--heldout chr22" in err.value.fix
 
 
 def _checkpoint(tmp_path, train_records):

@@ -167,3 +167,30 @@ def test_convert_command_between_layouts(saved, tmp_path):
     result = runner.invoke(main, ["convert", str(tmp_path / "nowhere"), str(tmp_path / "out")])
     assert result.exit_code == 2 and "genolc: error: checkpoint directory not found" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_text_vocabulary_checkpoint_resized_to_genome_tokens(tmp_path):
+    """A transformers checkpoint with a 300-token text vocabulary -> resize_vocab -> a genome model that saves/loads."""
+    from genolc.model import resize_vocab
+    from genolc.tokenize import load_tokenizer, make_tokenizer
+
+    text = load_pretrained(save_reference(random_reference_model(small_config(vocab_size=300), seed=5),
+                                          tmp_path / "text_vocab")).eval()
+    char = make_tokenizer("char")
+    ids = torch.randint(0, char.vocab_size, (2, 50), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        text_logits = text(ids).logits
+    genome = resize_vocab(text, char.vocab_size)
+    assert genome.config.vocab_size == char.vocab_size and genome.config.pad_token_id == 0
+    with torch.no_grad():
+        genome_logits = genome(ids).logits
+    # Every transformer-block weight and the first vocab_size embedding / LM-head rows are kept, so on ids below
+    # the new size the genome model's logits are the text model's first columns.
+    assert genome_logits.shape == (2, 50, char.vocab_size)
+    torch.testing.assert_close(genome_logits, text_logits[..., : char.vocab_size], rtol=0, atol=1e-6)
+
+    genome.save_pretrained(tmp_path / "genome", tokenizer=char)
+    assert json.loads((tmp_path / "genome" / "config.json").read_text())["vocab_size"] == char.vocab_size
+    assert load_tokenizer(tmp_path / "genome" / "tokenizer.json") == char
+    with torch.no_grad():
+        assert torch.equal(load_pretrained(tmp_path / "genome").eval()(ids).logits, genome_logits)

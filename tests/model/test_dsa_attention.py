@@ -160,14 +160,15 @@ def test_sparse_gradients_match_dense_masked_attention() -> None:
             torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-5)
 
 
-def test_dense_fallback_equals_sparse_when_every_key_is_selected() -> None:
-    q, k, v = random_qkv(seq_len=31)
+@pytest.mark.parametrize(("qk_dim", "v_dim"), [(8, 5), (5, 8), (8, 8)])  # the dense path pads to one head size
+def test_dense_fallback_equals_sparse_when_every_key_is_selected(qk_dim: int, v_dim: int) -> None:
+    q, k, v = random_qkv(seq_len=31, qk_dim=qk_dim, v_dim=v_dim)
     positions = torch.arange(31)
     # Every causal key, shuffled, plus empty slots: the sparse path must give the dense path's numbers.
     everything = torch.where(positions[None, :] <= positions[:, None], positions[None, :], -1)
     everything = torch.cat([everything, torch.full((31, 4), -1)], dim=-1)[:, torch.randperm(35)]
     everything = everything.expand(2, -1, -1)
-    weights = torch.randn(2, 31, 3, 5)
+    weights = torch.randn(2, 31, 3, v_dim)
     dense, dense_grads = gradients(lambda: dense_causal_attention(q, k, v, 0.3), (q, k, v), weights)
     sparse, sparse_grads = gradients(lambda: sparse_attention(q, k, v, everything, 0.3, query_chunk=8),
                                      (q, k, v), weights)

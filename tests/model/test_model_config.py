@@ -89,12 +89,32 @@ def test_from_hf_errors_name_the_file(tmp_path):
         ModelConfig.from_hf(tmp_path)
 
 
-def test_presets_have_the_issue_shapes_and_vocab_override():
-    tiny = preset("tiny")
-    assert tiny.layer_types == ("linear_attention",) * 3 + ("indexed_attention",)
-    assert (tiny.hidden_size, tiny.linear_num_heads, tiny.linear_head_dim, tiny.index_kpool, tiny.index_topk) == (
-        64, 4, 16, 4, 64)
-    assert tiny.mlp_layer_types == ("dense", "sparse", "sparse", "sparse")
+# The shapes fixed by the model issue, written out independently of presets.py.
+ISSUE_SHAPES = {
+    #        hidden layers KDA heads x dim, MLA heads, q_lora, kv_lora, qk_nope, v, indexer heads x dim, kpool, topk,
+    #        routed, top-k, moe_inter, dense inter
+    "tiny": (64, 4, 4, 16, 2, 48, 32, 16, 16, 2, 16, 4, 64, 4, 2, 32, 128),
+    "small": (1024, 12, 8, 128, 8, 384, 256, 128, 128, 8, 64, 4, 2048, 16, 2, 512, 2816),
+    "base": (1536, 16, 12, 128, 12, 512, 384, 128, 128, 8, 64, 4, 2048, 32, 4, 768, 4096),
+}
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "linear_num_heads", "linear_head_dim", "num_attention_heads",
+                "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "index_n_heads", "index_head_dim",
+                "index_kpool", "index_topk", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "intermediate_size")
+
+
+@pytest.mark.parametrize("name", list(ISSUE_SHAPES))
+def test_presets_have_the_issue_shapes(name):
+    config = preset(name)
+    assert tuple(getattr(config, f) for f in SHAPE_FIELDS) == ISSUE_SHAPES[name]
+    layers = config.num_hidden_layers
+    assert config.layer_types == tuple("indexed_attention" if i % 4 == 3 else "linear_attention"
+                                       for i in range(layers))
+    assert config.mlp_layer_types == ("dense",) + ("sparse",) * (layers - 1)
+    assert (config.n_shared_experts, config.hc_mult, config.qk_rope_head_dim) == (1, 4, 0)
+
+
+def test_preset_vocab_override():
     assert preset("small").layer_types.count("indexed_attention") == 3
     assert preset("base", vocab_size=4096).vocab_size == 4096
     assert preset("glm-5.3-flash", vocab_size=16).pad_token_id is None
