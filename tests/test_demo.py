@@ -62,7 +62,8 @@ def test_demo_smoke_end_to_end(tmp_path, monkeypatch):
     commands = (report / "commands.sh").read_text()
     assert "genolc finetune" in commands and "--steps 2" in commands and "--context 32" in commands
     assert len(list((out / "run" / "checkpoints").iterdir())) >= 1
-    # the commands reproduce the evaluation exactly (same seed, same windows)
+    # the commands reproduce the evaluation: same seed, same windows; values agree up to float reduction order,
+    # since the replay's process may use another number of CPU threads than this test's
     rerun = tmp_path / "rerun"
     bin_dir = Path(sys.executable).parent
     done = subprocess.run(["sh", str(report / "commands.sh"), str(rerun)], capture_output=True, text=True,
@@ -70,7 +71,7 @@ def test_demo_smoke_end_to_end(tmp_path, monkeypatch):
     assert done.returncode == 0, done.stdout + done.stderr
     first = pd.read_csv(report / "buckets.csv")
     second = pd.read_csv(rerun / "eval" / "buckets.csv")
-    pd.testing.assert_frame_equal(first, second)
+    pd.testing.assert_frame_equal(first, second, check_exact=False, rtol=1e-3, atol=1e-4)
     # a second run reuses the directory (prepare is a no-op) and starts the run afresh
     again = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress", "--out", str(out)])
     assert again.exit_code == 0, again.output
