@@ -13,8 +13,9 @@ GLM-5.3-Flash's "indexed_attention" layers. Parameter and submodule names match 
 ``indexer_types[layer_idx]`` is ``"full"`` (run the indexer) or ``"shared"`` (no indexer; reuse the index rows of
 the previous full layer, passed in as ``shared_indices``).
 
-The ops are module attributes (``select_op``, ``sparse_attention_op``, ``dense_attention_op``) defaulting to the
-pure-torch references; faster kernels with the same signatures are swapped in from outside (genolc/train/apply.py).
+The ops are module attributes (``select_op``, ``sparse_attention_op``, ``dense_attention_op``). Selection and sparse
+attention default to ``genolc.model.ops.dispatch``: the pure-torch references for CPU tensors, the Triton kernels
+for CUDA tensors; no flag here chooses an implementation.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from torch import nn
 from genolc.model.config import ModelConfig, ModelConfigError
 from genolc.model.indexer_loss import INDEXER_LOSS_MODES, indexer_kl_loss
 from genolc.model.layers.norm import RMSNorm
-from genolc.model.ops.dsa.reference import dense_causal_attention, sparse_attention
-from genolc.model.ops.indexer.reference import index_width, pool_keys, select_indices, selects_all_causal
+from genolc.model.ops.dispatch import select_indices, sparse_attention
+from genolc.model.ops.dsa.reference import dense_causal_attention
+from genolc.model.ops.indexer.reference import index_width, pool_keys, selects_all_causal
 
 
 @dataclass

@@ -5,8 +5,8 @@ Per token: q, k, v projections pass a short causal depthwise convolution and SiL
 is the delta-rule step; the op's output goes through a sigmoid-gated RMSNorm per head and the output projection.
 
 Parameter names match transformers' ``Glm5NextTextLinearAttention`` so checkpoints load as they are. The op is the
-module attribute ``kda_op`` (default: the pure-torch ``chunk_kda``); faster kernels with the same signature are
-swapped in from outside (genolc/train/apply.py), never chosen by a flag here.
+module attribute ``kda_op``, by default ``genolc.model.ops.dispatch.chunk_kda``: the pure-torch reference for CPU
+tensors, fla's kernel (segment-wise over T) for CUDA tensors. No flag here chooses an implementation.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 
 from genolc.model.config import ModelConfig
 from genolc.model.layers.norm import GatedRMSNorm
-from genolc.model.ops.kda.reference import chunk_kda
+from genolc.model.ops.dispatch import chunk_kda
 
 
 class ForgetGate(nn.Module):

@@ -4,7 +4,7 @@ Routing (DeepSeek-V3 / GLM style): sigmoid scores per expert; the choice adds a 
 trainer adjusts for auxiliary-loss-free balancing) and may be limited to the best ``topk_group`` of ``n_group``
 expert groups; the weights are the *uncorrected* scores of the chosen experts, optionally normalised to sum to 1,
 times ``routed_scaling_factor``. Every token reaches its top-k experts (dropless); the reference path groups token
-slots by expert and runs one matmul pair per expert. A shared expert sees every token.
+slots by expert (ops/moe: a per-expert loop on CPU, grouped GEMMs on CUDA). A shared expert sees every token.
 
 Parameter names match transformers' ``Glm5NextTextMoE`` (``gate.weight``, ``gate.e_score_correction_bias``,
 ``experts.gate_up_proj [E, 2I, D]``, ``experts.down_proj [E, D, I]``, ``shared_experts.*``).
@@ -19,11 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from genolc.model.config import ModelConfig
-
-
-def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """``silu(min(gate, limit)) * clamp(up, -limit, limit)``: GLM-5.3-Flash's bounded SwiGLU."""
-    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+from genolc.model.ops.dispatch import routed_experts
+from genolc.model.ops.moe.reference import clamped_swiglu
 
 
 class SwiGLUMLP(nn.Module):
@@ -98,23 +95,7 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [N, D]``, ``expert_ids``/``weights [N, K]`` -> (``out [N, D]``, ``tokens_per_expert [E]`` long)."""
-        n_tokens, top_k = expert_ids.shape
-        flat_experts = expert_ids.reshape(-1)
-        order = flat_experts.argsort(stable=True)          # token slots grouped by expert
-        tokens_per_expert = torch.bincount(flat_experts, minlength=self.num_experts)
-        slot_token = order // top_k
-        grouped_in = x[slot_token]
-        grouped_weight = weights.reshape(-1)[order].unsqueeze(-1)
-        pieces = []
-        # One host sync to size the groups; the fast path (grouped GEMM) lives outside this reference module.
-        for expert, rows in enumerate(grouped_in.split(tokens_per_expert.tolist())):
-            if rows.shape[0] == 0:
-                continue
-            gate, up = F.linear(rows, self.gate_up_proj[expert]).chunk(2, dim=-1)
-            pieces.append(F.linear(clamped_swiglu(gate, up, self.swiglu_limit), self.down_proj[expert]))
-        grouped_out = torch.cat(pieces) * grouped_weight
-        out = torch.zeros_like(x).index_add_(0, slot_token, grouped_out.to(x.dtype))
-        return out, tokens_per_expert
+        return routed_experts(x, expert_ids, weights, self.gate_up_proj, self.down_proj, self.swiglu_limit)
 
 
 def balance_loss(routing: Routing, num_experts: int) -> torch.Tensor:

@@ -1,0 +1,60 @@
+"""python benchmarks/bench_indexer.py [--sizes 64k,256k,1M]
+
+Indexer selection (no grad; both presets use 8 heads x 64 dims, kpool 4, topk 2048, tail on; bf16 features):
+the Triton-scored streamed top-k vs the pure-torch reference (64k, 256k). Counts written down:
+  FLOPs  2*H*D per (query, causal pool) pair, T*(T/kpool)/2 pairs; score bytes written+read by top-k 8 per pair.
+Peak memory is reported above the inputs and also minus the int64 [T, 2051] output (the working set).
+Writes benchmarks/results/indexer_<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from gpu_bench_common import SIZES, print_table, try_measure, write_results
+from genolc.model.ops.indexer import fast, reference
+
+HEADS, DIM, KPOOL, TOPK = 8, 64, 4, 2048
+
+RESULT_NAME = "indexer"
+NOTES = {"flops": "2*H*D*T*(T/kpool)/2", "heads": HEADS, "dim": DIM}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="64k,256k,1M")
+    args = parser.parse_args()
+    rows = []
+    for size in args.sizes.split(","):
+        length = SIZES[size]
+        index_q = torch.randn(1, length, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+        weights = torch.randn(1, length, HEADS, device="cuda") * HEADS ** -0.5
+        pooled = torch.randn(1, length // KPOOL, DIM, device="cuda", dtype=torch.bfloat16)
+        pairs = length * (length // KPOOL) / 2
+        output_gib = length * (TOPK + KPOOL - 1) * 8 / 2 ** 30
+        variants = [("streamed", fast.select_indices)]
+        if length <= SIZES["256k"]:
+            variants.append(("reference", reference.select_indices))
+        for name, op in variants:
+            def step():
+                op(index_q, weights, pooled, kpool=KPOOL, topk=TOPK, select_tail=True, softmax_scale=DIM ** -0.5)
+
+            result = try_measure(step, 1 if length >= SIZES["1M"] or name == "reference" else 3)
+            row = {"T": size, "variant": name, **result}
+            if "ms" in result:
+                row["TFLOP_s"] = pairs * 2 * HEADS * DIM / result["ms"] / 1e9
+                row["score_GB_s"] = pairs * 8 / result["ms"] / 1e6
+                row["working_gib"] = result["peak_above_inputs_gib"] - output_gib
+            rows.append(row)
+            print(row, flush=True)
+            write_results(RESULT_NAME, rows, NOTES)
+        del index_q, weights, pooled
+        torch.cuda.empty_cache()
+    path = write_results(RESULT_NAME, rows, NOTES)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

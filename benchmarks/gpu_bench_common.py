@@ -1,0 +1,76 @@
+"""Shared helpers of the GPU op benchmarks (bench_kda/dsa/indexer/moe.py): timing, memory, result JSON."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = {"64k": 65536, "256k": 262144, "1M": 1048576}
+
+
+def git_sha() -> str:
+    if os.environ.get("GENOLC_GIT_SHA"):
+        return os.environ["GENOLC_GIT_SHA"]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+        return sha + ("-dirty" if dirty.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def measure(step, repeats: int) -> dict:
+    """Run ``step()`` once to warm up, then ``repeats`` times; median ms and peak memory above the start (GiB)."""
+    torch.cuda.synchronize()
+    step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return {"ms": times[len(times) // 2], "ms_all": times,
+            "peak_above_inputs_gib": (torch.cuda.max_memory_allocated() - base) / 2 ** 30,
+            "peak_total_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
+
+
+def try_measure(step, repeats: int) -> dict:
+    try:
+        return measure(step, repeats)
+    except torch.cuda.OutOfMemoryError as error:
+        torch.cuda.empty_cache()
+        return {"error": f"OOM: {str(error)[:160]}"}
+
+
+def write_results(name: str, rows: list[dict], notes: dict) -> Path:
+    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = os.environ.get("BENCH_TAG", "")
+    path = out_dir / f"{name}_{datetime.date.today().isoformat()}{tag}.json"
+    record = {"command": "python " + " ".join(sys.argv), "git_sha": git_sha(),
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "notes": notes, "rows": rows}
+    path.write_text(json.dumps(record, indent=1))
+    return path
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    print(" | ".join(columns))
+    for row in rows:
+        cells = []
+        for column in columns:
+            value = row.get(column, "")
+            cells.append(f"{value:.3g}" if isinstance(value, float) else str(value))
+        print(" | ".join(cells))

@@ -1,0 +1,68 @@
+"""Pick each op's implementation by device: fast kernels for CUDA tensors, the pure-torch reference otherwise.
+
+Every function here has its reference's signature. The fast modules (fla, Triton) are imported inside the CUDA
+branch only, so importing this module (or calling it on CPU) never imports triton, tilelang or fla.
+
+    chunk_kda          genolc.model.ops.kda.fast (fla chunk_kda, segment-wise)   | ops.kda.reference
+    select_indices     genolc.model.ops.indexer.fast (Triton scores + top-k)     | ops.indexer.reference
+    sparse_attention   genolc.model.ops.dsa.fast (fused Triton fwd/bwd)          | ops.dsa.reference
+    routed_experts     genolc.model.ops.moe.fast (torch._grouped_mm)             | ops.moe.reference
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genolc.model.ops.dsa import reference as dsa_reference
+from genolc.model.ops.indexer import reference as indexer_reference
+from genolc.model.ops.kda import reference as kda_reference
+from genolc.model.ops.moe import reference as moe_reference
+
+
+def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              scale: float | None = None, initial_state: torch.Tensor | None = None,
+              output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, chunk_size: int = 64
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KDA, ``[B, T, H, D]`` layout; see ``genolc.model.ops.kda.reference.chunk_kda``."""
+    if q.is_cuda:
+        from genolc.model.ops.kda import fast
+
+        return fast.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                              output_final_state=output_final_state,
+                              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size)
+    return kda_reference.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                   output_final_state=output_final_state,
+                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size)
+
+
+def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
+                   topk: int, select_tail: bool, softmax_scale: float, **chunking) -> torch.Tensor:
+    """Indexer top-k; see ``genolc.model.ops.indexer.reference.select_indices``."""
+    if index_q.is_cuda:
+        from genolc.model.ops.indexer import fast
+
+        return fast.select_indices(index_q, head_weights, pooled, kpool=kpool, topk=topk, select_tail=select_tail,
+                                   softmax_scale=softmax_scale, **chunking)
+    return indexer_reference.select_indices(index_q, head_weights, pooled, kpool=kpool, topk=topk,
+                                            select_tail=select_tail, softmax_scale=softmax_scale, **chunking)
+
+
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+                     *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
+    """DSA sparse attention; see ``genolc.model.ops.dsa.reference.sparse_attention``."""
+    if q.is_cuda:
+        from genolc.model.ops.dsa import fast
+
+        return fast.sparse_attention(q, k, v, indices, softmax_scale, query_chunk=query_chunk, recompute=recompute)
+    return dsa_reference.sparse_attention(q, k, v, indices, softmax_scale, query_chunk=query_chunk,
+                                          recompute=recompute)
+
+
+def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,
+                   down_proj: torch.Tensor, swiglu_limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routed experts ``x [N, D]`` -> (``out [N, D]``, ``tokens_per_expert [E]``); grouped GEMM on CUDA."""
+    if x.is_cuda:
+        from genolc.model.ops.moe import fast
+
+        return fast.grouped_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit)
+    return moe_reference.routed_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit)

@@ -1,0 +1,167 @@
+"""Streamed indexer top-k on the GPU: a Triton scoring kernel per query chunk, then ``torch.topk``.
+
+Same contract as :func:`genolc.model.ops.indexer.reference.select_indices` (index rows ``topk + kpool - 1`` wide
+with ``select_tail``, best pool first, -1 for empty slots). Per query chunk of ``Cq`` rows the kernel writes the
+``[Cq, P_visible]`` fp32 score block
+
+    score[t, p] = sum_h w[t, h] * relu(softmax_scale * <q[t, h], pooled[p]>)     (-inf where p >= (t + 1) // kpool)
+
+with the head sum fused (no ``[Cq, H, P]`` intermediate), and ``torch.topk`` keeps the ``topk // kpool`` best pools.
+``P_visible`` is the last query's causal pool count, so early chunks cost little. The chunk size is chosen so the
+score block holds at most ``SCORE_BUDGET_ELEMENTS`` floats (1 GiB): working memory is that block plus the
+``[B, T, W]`` output, O(T * W), never O(T^2 / kpool).
+
+The dot products sum in a different order than the reference's fp32 einsum, so pools whose scores tie to within
+rounding may be chosen differently; everything else selects the same sets.
+
+Imports Triton at call time only (CUDA code paths; see ``genolc.model.ops.dispatch``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from genolc.model.ops.indexer.reference import complete_pools_visible, index_width
+
+SCORE_BUDGET_ELEMENTS = 1 << 28
+MAX_QUERY_CHUNK = 4096
+BLOCK_QUERIES = 64
+BLOCK_POOLS = 128
+
+
+@functools.cache
+def _score_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def pool_score_kernel(q_ptr, w_ptr, pooled_ptr, out_ptr, q0, n_queries, n_pools, kpool, softmax_scale,
+                          stride_qt, stride_qh, stride_wt, stride_pp, stride_ot,
+                          HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)            # query rows inside the chunk
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)            # pool ids
+        dims = tl.arange(0, BLOCK_D)
+        row_ok = rows < n_queries
+        col_ok = cols < n_pools
+        visible = (q0 + rows + 1) // kpool                         # complete causal pools per query
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # Tiles wholly past every row's causal horizon only need their -inf fill.
+        first_col = pid_n * BLOCK_N
+        last_visible = (q0 + tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_queries)) // kpool
+        if first_col < last_visible:
+            keys = tl.load(pooled_ptr + cols[None, :] * stride_pp + dims[:, None],
+                           mask=col_ok[None, :] & (dims[:, None] < DIM), other=0.0)     # [D, N]
+            for head in tl.static_range(HEADS):
+                queries = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
+                                  mask=row_ok[:, None] & (dims[None, :] < DIM), other=0.0)  # [M, D]
+                if IEEE:
+                    dots = tl.dot(queries, keys, input_precision="ieee")
+                else:
+                    dots = tl.dot(queries, keys)
+                weight = tl.load(w_ptr + rows.to(tl.int64) * stride_wt + head, mask=row_ok, other=0.0)
+                acc += weight[:, None] * tl.maximum(dots * softmax_scale, 0.0)
+        acc = tl.where(cols[None, :] < visible[:, None], acc, float("-inf"))
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_ot + cols[None, :], acc,
+                 mask=row_ok[:, None] & col_ok[None, :])
+
+    return pool_score_kernel
+
+
+def pool_score_block(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, q0: int,
+                     softmax_scale: float, kpool: int, out: torch.Tensor) -> torch.Tensor:
+    """Masked scores of one batch row's query chunk: index_q ``[Cq, H, D]``, head_weights ``[Cq, H]``,
+    pooled ``[P, D]`` (the visible pools) -> fills and returns ``out [Cq, P]`` fp32 (-inf for non-causal pools)."""
+    import triton
+
+    n_queries, heads, dim = index_q.shape
+    n_pools = pooled.shape[0]
+    if index_q.stride(-1) != 1 or pooled.stride(-1) != 1 or head_weights.stride(-1) != 1:
+        raise ValueError("index_q, pooled and head_weights need a contiguous last dimension")
+    if index_q.dtype != pooled.dtype:
+        raise ValueError(f"index_q ({index_q.dtype}) and pooled ({pooled.dtype}) must share a dtype")
+    grid = (triton.cdiv(n_queries, BLOCK_QUERIES), triton.cdiv(n_pools, BLOCK_POOLS))
+    _score_kernel()[grid](
+        index_q, head_weights, pooled, out, q0, n_queries, n_pools, kpool, softmax_scale,
+        index_q.stride(0), index_q.stride(1), head_weights.stride(0), pooled.stride(0), out.stride(0),
+        HEADS=heads, DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_M=BLOCK_QUERIES,
+        BLOCK_N=BLOCK_POOLS, IEEE=index_q.dtype == torch.float32, num_warps=4)
+    return out
+
+
+def default_query_chunk(n_pools: int) -> int:
+    """Queries per chunk so the ``[Cq, n_pools]`` fp32 score block stays within ``SCORE_BUDGET_ELEMENTS``."""
+    chunk = SCORE_BUDGET_ELEMENTS // max(n_pools, 1)
+    chunk = max(BLOCK_QUERIES, min(MAX_QUERY_CHUNK, chunk))
+    return chunk // BLOCK_QUERIES * BLOCK_QUERIES
+
+
+def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
+                   topk: int, select_tail: bool, softmax_scale: float, query_chunk: int | None = None,
+                   pool_block: int | None = None, out_dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Drop-in for ``reference.select_indices`` on CUDA tensors.
+
+    Args:
+        index_q: ``[B, T, H, D]``; head_weights: ``[B, T, H]``; pooled: ``[B, T // kpool, D]``.
+        kpool, topk, select_tail, softmax_scale: as the reference.
+        query_chunk: queries scored per step (default: :func:`default_query_chunk`). pool_block: ignored (the
+            kernel tiles pools itself; kept for signature compatibility).
+        out_dtype: int64 (the contract) or int32 (half the output memory).
+    Returns:
+        ``[B, T, W]`` token indices, layout as the reference's, -1 for empty slots.
+    """
+    if index_q.dim() != 4 or head_weights.shape != index_q.shape[:3]:
+        raise ValueError(f"index_q must be [B, T, H, D] and head_weights [B, T, H], got {tuple(index_q.shape)} and "
+                         f"{tuple(head_weights.shape)}")
+    batch, seq_len, _, dim = index_q.shape
+    if kpool < 1 or topk < kpool or topk % kpool:
+        raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool})")
+    if pooled.shape != (batch, seq_len // kpool, dim):
+        raise ValueError(f"pooled must be [B={batch}, T // kpool={seq_len // kpool}, D={dim}], "
+                         f"got {tuple(pooled.shape)}")
+    if not index_q.is_cuda:
+        raise ValueError("genolc.model.ops.indexer.fast needs CUDA tensors; use reference.select_indices on CPU")
+    if out_dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"out_dtype must be torch.int32 or torch.int64, got {out_dtype}")
+    device = index_q.device
+    n_pools = seq_len // kpool
+    query_chunk = default_query_chunk(n_pools) if query_chunk is None else query_chunk
+    if query_chunk < 1:
+        raise ValueError(f"query_chunk must be positive, got {query_chunk}")
+    pools_per_row = topk // kpool
+    width = index_width(topk, kpool, select_tail)
+    within_pool = torch.arange(kpool, device=device)
+    tail_offsets = torch.arange(kpool - 1, device=device)
+    index_q = index_q.contiguous()
+    head_weights = head_weights.float().contiguous()
+    pooled = pooled.contiguous()
+    out = torch.full((batch, seq_len, width), -1, dtype=out_dtype, device=device)
+    scores = torch.empty(min(query_chunk, seq_len) * max(n_pools, 1), dtype=torch.float32, device=device)
+
+    for q0 in range(0, seq_len, query_chunk):
+        q1 = min(seq_len, q0 + query_chunk)
+        positions = torch.arange(q0, q1, device=device)
+        n_visible = complete_pools_visible(positions, kpool)
+        visible_pools = q1 // kpool                  # the chunk's last query sees the most pools
+        if select_tail and kpool > 1:
+            tail = (n_visible * kpool)[:, None] + tail_offsets[None, :]
+            tail = tail.masked_fill(tail > positions[:, None], -1)
+            out[:, q0:q1, topk:] = tail[None].to(out_dtype)
+        if visible_pools == 0:
+            continue
+        kept_count = min(pools_per_row, visible_pools)
+        block = scores[: (q1 - q0) * visible_pools].view(q1 - q0, visible_pools)
+        for b in range(batch):
+            pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools], q0,
+                             softmax_scale, kpool, block)
+            best_pools = block.topk(kept_count, dim=-1).indices
+            # A non-causal pool is picked only when fewer than pools_per_row are visible: drop it by position.
+            valid = best_pools < n_visible[:, None]
+            tokens = best_pools[..., None] * kpool + within_pool
+            tokens = tokens.masked_fill(~valid[..., None], -1).flatten(-2)
+            out[b, q0:q1, : tokens.shape[-1]] = tokens.to(out_dtype)
+    return out

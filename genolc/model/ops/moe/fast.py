@@ -1,0 +1,65 @@
+"""Routed experts as two grouped GEMMs over token slots sorted by expert, run in sequence chunks.
+
+Same contract as ``genolc.model.ops.moe.reference.routed_experts``: ``x [N, D]``, ``expert_ids``/``weights [N, K]``,
+stacked weights ``gate_up_proj [E, 2I, D]`` and ``down_proj [E, D, I]`` -> ``(out [N, D], tokens_per_expert [E])``.
+Per chunk of ``chunk_tokens`` tokens the ``chunk * K`` slots are sorted by expert (stable), gathered, and pushed
+through ``torch._grouped_mm`` (one launch for all experts, group boundaries from the cumulative counts, no host
+sync), the bounded SwiGLU, and a second grouped GEMM; the weighted results are scattered back with ``index_add_``.
+With gradients on, each chunk is checkpointed, so the ``[chunk * K, 2I]`` intermediates live one chunk at a time.
+
+``tokens_per_expert`` (summed over chunks) is returned as the reference does: real DNA routes unevenly, and the
+trainer logs it. ``torch._grouped_mm`` runs on CPU too (slowly); on sm90 it needs bf16 and 16-byte-aligned rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from genolc.model.ops.moe.reference import check_expert_shapes, clamped_swiglu
+
+DEFAULT_CHUNK_TOKENS = 65536
+
+
+def _experts_chunk(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,
+                   down_proj: torch.Tensor, swiglu_limit: float) -> torch.Tensor:
+    num_experts = gate_up_proj.shape[0]
+    top_k = expert_ids.shape[1]
+    flat_experts = expert_ids.reshape(-1)
+    order = flat_experts.argsort(stable=True)
+    counts = torch.bincount(flat_experts, minlength=num_experts)
+    group_ends = counts.cumsum(0).to(torch.int32)
+    slot_token = order // top_k
+    grouped_in = x[slot_token]
+    # [E, 2I, D] viewed as [E, D, 2I]: the grouped GEMM takes the transposed weight without a copy.
+    hidden = torch._grouped_mm(grouped_in, gate_up_proj.transpose(1, 2), offs=group_ends)
+    gate, up = hidden.chunk(2, dim=-1)
+    grouped_out = torch._grouped_mm(clamped_swiglu(gate, up, swiglu_limit), down_proj.transpose(1, 2),
+                                    offs=group_ends)
+    grouped_out = grouped_out * weights.reshape(-1)[order].unsqueeze(-1).to(grouped_out.dtype)
+    return torch.zeros_like(x).index_add_(0, slot_token, grouped_out.to(x.dtype))
+
+
+def grouped_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,
+                    down_proj: torch.Tensor, swiglu_limit: float, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [N, D]``, ``expert_ids``/``weights [N, K]`` -> (``out [N, D]``, ``tokens_per_expert [E]`` long)."""
+    check_expert_shapes(x, expert_ids, weights, gate_up_proj, down_proj)
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    if x.dtype != gate_up_proj.dtype or x.dtype != down_proj.dtype:
+        raise ValueError(f"x ({x.dtype}) and the expert weights ({gate_up_proj.dtype}, {down_proj.dtype}) must share "
+                         "a dtype for the grouped GEMM")
+    tokens_per_expert = torch.bincount(expert_ids.reshape(-1), minlength=num_experts)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or gate_up_proj.requires_grad
+                                              or down_proj.requires_grad or weights.requires_grad)
+    pieces = []
+    for start in range(0, x.shape[0], chunk_tokens):
+        stop = min(start + chunk_tokens, x.shape[0])
+        args = (x[start:stop], expert_ids[start:stop], weights[start:stop], gate_up_proj, down_proj, swiglu_limit)
+        if needs_grad and x.shape[0] > chunk_tokens:
+            pieces.append(checkpoint(_experts_chunk, *args, use_reentrant=False))
+        else:
+            pieces.append(_experts_chunk(*args))
+    out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    return out, tokens_per_expert

@@ -1,0 +1,73 @@
+"""Triton-scored, streamed indexer top-k (genolc.model.ops.indexer.fast) against the reference. Needs CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from genolc.model.ops.indexer import fast, reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _features(batch, length, heads, dim, kpool, seed, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    index_q = torch.randn(batch, length, heads, dim, generator=gen, device="cuda").to(dtype)
+    weights = torch.randn(batch, length, heads, generator=gen, device="cuda") * heads ** -0.5
+    pooled = torch.randn(batch, length // kpool, dim, generator=gen, device="cuda").to(dtype)
+    return index_q, weights, pooled
+
+
+def _selected_scores(index_q, weights, pooled, rows, topk, kpool, scale):
+    """Reference fp32 scores of each row's selected pools, sorted descending (-inf for empty slots)."""
+    pools = reference.selected_pools(rows, topk, kpool)
+    out = []
+    for q0 in range(0, rows.shape[1], 4096):
+        sl = slice(q0, q0 + 4096)
+        chunk_pools = pools[:, sl]
+        gathered = pooled[torch.arange(pooled.shape[0], device="cuda")[:, None, None], chunk_pools.clamp_min(0)]
+        scores = reference.pool_scores(index_q[:, sl], weights[:, sl], gathered, scale)
+        out.append(scores.masked_fill(chunk_pools < 0, float("-inf")).sort(-1, descending=True).values)
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("batch, length, heads, dim, topk, kpool, tail, dtype", [
+    (2, 3001, 4, 32, 256, 4, True, torch.float32),
+    (1, 131071, 8, 64, 2048, 4, True, torch.bfloat16),
+    (1, 5003, 8, 64, 64, 1, False, torch.bfloat16),
+])
+def test_same_selection_as_reference(batch, length, heads, dim, topk, kpool, tail, dtype):
+    index_q, weights, pooled = _features(batch, length, heads, dim, kpool, seed=length, dtype=dtype)
+    kwargs = dict(kpool=kpool, topk=topk, select_tail=tail, softmax_scale=dim ** -0.5)
+    expected = reference.select_indices(index_q, weights, pooled, **kwargs)
+    got = fast.select_indices(index_q, weights, pooled, **kwargs)
+    assert got.shape == expected.shape and got.dtype == torch.int64
+    # Same layout: the tail slots and the count of empty slots per row match exactly.
+    assert torch.equal(got[..., topk:], expected[..., topk:])
+    assert torch.equal((got < 0).sum(-1), (expected < 0).sum(-1))
+    # Causal, and each slot holds kpool consecutive tokens of one pool.
+    positions = torch.arange(length, device="cuda")[None, :, None]
+    assert bool((got <= positions).all())
+    slots = got[..., :topk].view(batch, length, topk // kpool, kpool)
+    assert bool(((slots[..., 1:] - slots[..., :1] == torch.arange(1, kpool, device="cuda")) | (slots[..., 1:] < 0))
+                .all())
+    identical = (got[..., :topk].sort(-1).values == expected[..., :topk].sort(-1).values).all(-1)
+    assert identical.float().mean() > 0.95
+    # Where the sets differ, the chosen pools must score the same as the reference's (near-ties only).
+    mine = _selected_scores(index_q.float(), weights, pooled.float(), got, topk, kpool, dim ** -0.5)
+    theirs = _selected_scores(index_q.float(), weights, pooled.float(), expected, topk, kpool, dim ** -0.5)
+    finite = torch.isfinite(theirs)
+    assert torch.equal(finite, torch.isfinite(mine))
+    assert torch.allclose(mine[finite], theirs[finite], rtol=1e-3, atol=1e-3)
+
+
+def test_int32_output_and_small_query_chunk():
+    index_q, weights, pooled = _features(1, 777, 2, 16, 4, seed=5, dtype=torch.bfloat16)
+    kwargs = dict(kpool=4, topk=32, select_tail=True, softmax_scale=0.25)
+    wide = fast.select_indices(index_q, weights, pooled, **kwargs)
+    narrow = fast.select_indices(index_q, weights, pooled, query_chunk=64, out_dtype=torch.int32, **kwargs)
+    assert narrow.dtype == torch.int32
+    assert torch.equal(wide.sort(-1).values, narrow.long().sort(-1).values)

@@ -1,0 +1,85 @@
+"""fla-backed, segment-wise KDA (genolc.model.ops.kda.fast) against the pure-torch reference. Needs CUDA + fla."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from genolc.model.ops.kda import fast, reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _inputs(batch, length, heads, dim, seed, with_state=False):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda")
+
+    q = rand(batch, length, heads, dim).bfloat16()
+    k = rand(batch, length, heads, dim).bfloat16()
+    v = rand(batch, length, heads, dim).bfloat16()
+    g = -5.0 * torch.sigmoid(rand(batch, length, heads, dim) - 2.0)        # GLM's lower-bounded gate, fp32
+    beta = torch.sigmoid(rand(batch, length, heads)).bfloat16()
+    state = 0.1 * rand(batch, heads, dim, dim) if with_state else None
+    tensors = [q, k, v, g, beta] + ([state] if with_state else [])
+    return [t.requires_grad_(True) for t in tensors]
+
+
+def _run(op, inputs, d_out, d_final, **kwargs):
+    q, k, v, g, beta, *state = inputs
+    out, final = op(q, k, v, g, beta, initial_state=state[0] if state else None, output_final_state=True,
+                    use_qk_l2norm_in_kernel=True, **kwargs)
+    loss = (out.float() * d_out).sum() + (final * d_final).sum()
+    grads = torch.autograd.grad(loss, inputs)
+    return out, final, grads
+
+
+@pytest.mark.parametrize("length, with_state", [(1000, False), (2053, True)])
+def test_fla_matches_reference(length, with_state, poison, rel_err):
+    inputs = _inputs(2, length, 3, 64, seed=length, with_state=with_state)
+    d_out = torch.randn(2, length, 3, 64, device="cuda")
+    d_final = torch.randn(2, 3, 64, 64, device="cuda")
+    ref = _run(reference.chunk_kda, [t.detach().float().requires_grad_(True) for t in inputs], d_out, d_final)
+    poison()
+    got = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=None)
+    assert rel_err(got[0], ref[0]) < 1e-2
+    assert rel_err(got[1], ref[1]) < 1e-2
+    for name, mine, theirs in zip("q k v g beta h0".split(), got[2], ref[2]):
+        assert rel_err(mine, theirs) < 2e-2, name
+
+
+@pytest.mark.parametrize("length, segment_len, with_state", [(5001, 1024, True), (131071, 40000, False)])
+def test_segmented_equals_unsegmented(length, segment_len, with_state, poison, rel_err):
+    # H=8, D=128: the `small` preset's KDA shape (fla autotunes once per shape).
+    inputs = _inputs(1, length, 8, 128, seed=7 + length, with_state=with_state)
+    d_out = torch.randn(1, length, 8, 128, device="cuda")
+    d_final = torch.randn(1, 8, 128, 128, device="cuda")
+    whole = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=None)
+    poison()
+    pieces = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=segment_len)
+    assert rel_err(pieces[0], whole[0]) < 5e-3
+    assert rel_err(pieces[1], whole[1]) < 5e-3
+    for name, mine, theirs in zip("q k v g beta h0".split(), pieces[2], whole[2]):
+        assert rel_err(mine, theirs) < 1e-2, name
+
+
+def test_segmented_without_final_state_gradient(rel_err):
+    q, k, v, g, beta = _inputs(1, 3000, 2, 64, seed=3)
+    d_out = torch.randn(1, 3000, 2, 64, device="cuda")
+    outs = []
+    for segment_len in (None, 700):
+        out, _ = fast.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, segment_len=segment_len)
+        outs.append((out, torch.autograd.grad((out.float() * d_out).sum(), (q, k, g))))
+    assert rel_err(outs[1][0], outs[0][0]) < 5e-3
+    for mine, theirs in zip(outs[1][1], outs[0][1]):
+        assert rel_err(mine, theirs) < 1e-2
+
+
+def test_rejects_other_chunk_sizes():
+    q, k, v, g, beta = _inputs(1, 64, 1, 16, seed=1)
+    with pytest.raises(ValueError, match="chunk_size"):
+        fast.chunk_kda(q, k, v, g, beta, chunk_size=32)
