@@ -12,6 +12,8 @@ class GenolcError(Exception):
     """An error caused by the user's input or environment, reported without a traceback."""
 
     exit_code = 2
+    # How a run record labels a command that ended with this error ("interrupted" for a stop the user asked for).
+    run_status = "failed"
 
     def __init__(self, what: str, where: str | None = None, fix: str | None = None):
         self.what = what

@@ -117,7 +117,7 @@ def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any]) -
     try:
         yield rec
     except GenolcError as exc:
-        status, error = "failed", exc.message
+        status, error = exc.run_status, exc.message
         raise
     except KeyboardInterrupt:
         status, error = "interrupted", "interrupted by the user"

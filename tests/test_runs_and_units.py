@@ -115,3 +115,16 @@ def test_atomic_outputs_get_the_umask_mode_not_the_private_temporary_one(tmp_pat
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "ds").stat().st_mode) == 0o750
     assert stat.S_IMODE((tmp_path / "ds" / "manifest.json").stat().st_mode) == 0o640
+
+
+def test_a_user_requested_stop_is_recorded_as_interrupted(tmp_path):
+    class Stopped(InputError):
+        run_status = "interrupted"
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(Stopped):
+        with run_record("finetune", out, {}):
+            raise Stopped("stopped by SIGINT after step 3 of 10")
+    (record,) = (out / "runs").glob("*_finetune.json")
+    assert json.loads(record.read_text())["status"] == "interrupted"

@@ -19,7 +19,7 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @click.command("finetune")
 @click.option("--data", "data", required=True, type=click.Path(path_type=Path), help="Prepared dataset (genolc prepare).")
 @click.option("--seq", "seq", required=True, help="Input tokens per window, e.g. 512k (k = 1024).")
-@click.option("--model", "model", default=None, help="Preset to train from scratch: tiny | small | base | glm-5.3-flash.")
+@click.option("--model", "model", default=None, help="Preset to train from scratch: tiny | small | base | glm-5.3-flash (default: tiny).")
 @click.option("--init", "init", default=None, type=click.Path(path_type=Path),
               help="Start from a checkpoint: genolc's or a transformers-layout GLM-5.3-Flash (vocabulary resized).")
 @click.option("--out", "out", default=Path("finetune-out"), type=click.Path(path_type=Path), show_default=True,
@@ -40,9 +40,12 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @click.option("--moe-balance", "moe_balance_coef", default=0.0, show_default=True, type=float,
               help="Weight of the MoE balancing loss.")
 @click.option("--indexer", default="off", show_default=True,
-              type=click.Choice(["off", "dense", "sparse", "dense-then-sparse"]), help="DSA indexer KL training.")
+              type=click.Choice(["off", "dense", "sparse", "dense-then-sparse"]),
+              help="DSA indexer KL training (from scratch: dense-then-sparse).")
 @click.option("--indexer-dense-steps", default=0, show_default=True, type=int,
               help="With dense-then-sparse: dense warm-up steps.")
+@click.option("--indexer-kl-coef", default=1.0, show_default=True, type=float,
+              help="Weight of the indexer KL loss (with --indexer).")
 @click.option("--max-n-fraction", default=0.1, show_default=True, type=float,
               help="Skip windows with more ambiguous (N) tokens than this.")
 @click.option("--reverse-complement/--no-reverse-complement", default=False, show_default=True)

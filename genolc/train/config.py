@@ -66,18 +66,17 @@ class TrainConfig:
         self._validate()
 
     def _validate(self) -> None:
-        def positive(name: str) -> None:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-
         for name in ("seq_len", "steps", "lr", "grad_accum", "micro_batch", "keep_checkpoints"):
-            positive(name)
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}", where=option_name(name))
         for name in ("warmup_steps", "seq_warmup_steps", "checkpoint_every", "indexer_dense_steps", "seed",
                      "weight_decay", "grad_clip", "moe_balance_coef", "indexer_kl_coef"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be zero or positive, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be zero or positive, got {getattr(self, name)}",
+                                  where=option_name(name))
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"min_lr_ratio must be between 0 and 1, got {self.min_lr_ratio}")
+            raise ConfigError(f"min_lr_ratio must be between 0 and 1, got {self.min_lr_ratio}",
+                              where="--min-lr-ratio")
         if not 0.0 <= self.softmask_weight <= 1.0:
             raise ConfigError(f"softmask weight must be between 0 and 1, got {self.softmask_weight}",
                               fix="use 1.0 to train on repeats like other bases, or e.g. 0.1 (Evo 2)")
@@ -126,6 +125,16 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+# TrainConfig fields whose `genolc finetune` option is not simply --field-name.
+_OPTIONS = {"seq_len": "--seq", "warmup_steps": "--warmup", "keep_checkpoints": "--keep",
+            "moe_balance_coef": "--moe-balance"}
+
+
+def option_name(field: str) -> str:
+    """The command-line option that sets TrainConfig ``field`` (for error messages)."""
+    return _OPTIONS.get(field, "--" + field.replace("_", "-"))
 
 
 # Fields that may differ between the run that wrote a checkpoint and the one resuming it: where and how long it

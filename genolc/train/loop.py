@@ -15,6 +15,10 @@ One optimizer step (see :mod:`genolc.train.schedule` for its shape):
      ``grad_clip`` and AdamW steps with the scheduled learning rate.
 Compute: bf16 autocast on CUDA (fp32 master weights and optimizer), fp32 on CPU.
 
+Stopping: the first SIGINT (Ctrl-C) or SIGTERM lets the current step finish, saves a checkpoint of it, writes
+``summary.json`` with status "interrupted" and raises :class:`TrainingInterrupted` (exit code 128 + signal number,
+one message naming the checkpoint to ``--resume`` from); a second one stops at once without saving.
+
 Outputs under ``config.out``: ``checkpoints/step-NNNNNN/`` (:mod:`genolc.train.state`), ``metrics.jsonl`` (one
 line per step: step, loss, tokens, lr, tokens_per_s, grad_norm, seq_len, aux losses, ...), ``summary.json`` and
 ``runs/`` (the run record). The returned path is the final checkpoint, a model directory ``genolc eval`` reads.
@@ -22,7 +26,7 @@ line per step: step, loss, tokens, lr, tokens_per_s, grad_norm, seq_len, aux los
 Starting points: a preset (``config.model``) sized to the dataset tokenizer's vocabulary; or ``config.init``, a
 genolc checkpoint (its tokenizer must equal the dataset's) or a transformers-layout GLM-5.3-Flash checkpoint with a
 text vocabulary, whose embedding and LM-head rows are resized to the genome tokenizer by
-:func:`genolc.model.model.resize_vocab` (every transformer-block weight is kept; see that function for the
+:func:`genolc.model.resize_vocab` (every transformer-block weight is kept; see that function for the
 embedding rows).
 """
 
@@ -32,7 +36,9 @@ import json
 import math
 import os
 import resource
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +50,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from genolc.errors import ConfigError, GenolcError, InputError
-from genolc.fsutil import atomic_write_json
+from genolc.fsutil import atomic_write_json, ensure_writable_parent
 from genolc.runs import run_record
 from genolc.train import state as ckpt
 from genolc.train.apply import apply_transforms
@@ -81,7 +87,7 @@ def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
 
 
 def _say(message: str) -> None:
-    print(f"genolc finetune: {message}", file=sys.stderr, flush=True)
+    tqdm.write(f"genolc finetune: {message}", file=sys.stderr)   # above the progress bar, not through it
 
 
 def resolve_device(name: str) -> torch.device:
@@ -90,15 +96,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA device is visible", fix="use --device cpu or auto")
     return torch.device(name)
-
-
-def open_dataset(path: Path):
-    from genolc.data.dataset import PreparedDataset
-
-    if not Path(path).exists():
-        raise InputError("prepared dataset not found", where=str(path),
-                         fix="run `genolc prepare GENOME --out DIR` first and pass that DIR to --data")
-    return PreparedDataset(path)
 
 
 def _describe_tokenizer(tokenizer: Any) -> str:
@@ -113,9 +110,15 @@ class _Trainer:
         self.hooks = hooks
         self.device = resolve_device(config.device)
         self.bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and self.device.type == "cuda")
-        self.dataset = open_dataset(config.data)
+        from genolc.data.dataset import PreparedDataset
+
+        self.dataset = PreparedDataset(config.data)   # its own clear errors: missing, not a dataset, too new
         self.tokenizer = self.dataset.tokenizer
         self._check_lengths()
+        if config.out.exists() and not config.out.is_dir():
+            raise InputError("--out is a file, not a run directory", where=str(config.out),
+                             fix="choose a new or existing directory with --out")
+        ensure_writable_parent(config.out / METRICS, what="run directory")
         self.root = ckpt.checkpoint_root(config.out)
         for stale in ckpt.sweep_temporaries(self.root):
             _say(f"removed a half-written checkpoint left by an interrupted save: {stale.name}")
@@ -200,10 +203,7 @@ class _Trainer:
 
     # ------------------------------------------------------------------------------------------------ building
     def _build_model(self) -> torch.nn.Module:
-        from genolc.model.checkpoint import load_pretrained
-        from genolc.model.config import ModelConfig
-        from genolc.model.model import build_model, resize_vocab
-        from genolc.model.presets import preset
+        from genolc.model import ModelConfig, build_model, load_pretrained, preset, resize_vocab
 
         cfg = self.config
         torch.manual_seed(cfg.seed)
@@ -363,62 +363,145 @@ class _Trainer:
         cfg = self.config
         cfg.out.mkdir(parents=True, exist_ok=True)
         metrics_path = cfg.out / METRICS
-        self._truncate_metrics(metrics_path)
+        # The losses of the steps already done, so a resumed run's summary covers the whole run.
+        losses = [m["loss"] for m in self._truncate_metrics(metrics_path)]
         self.model.train()
-        losses: list[float] = []
-        started = time.monotonic()
-        step_tokens_total, step_seconds_total = 0, 0.0
+        self._started = time.monotonic()
+        self._step_tokens, self._step_seconds = 0, 0.0
         final: Path | None = self.last_good if self.start_step >= cfg.steps else None
         bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not cfg.progress, unit="step",
                    desc="finetune", file=sys.stderr, dynamic_ncols=True)
-        with open(metrics_path, "a") as log, bar:
-            for step in range(self.start_step, cfg.steps):
-                t0 = time.monotonic()
-                try:
-                    metrics = self._step(step)
-                except torch.cuda.OutOfMemoryError:
-                    raise self._oom(step) from None
-                seconds = time.monotonic() - t0
-                step_tokens = step_shape(step, cfg).tokens
-                step_tokens_total += step_tokens
-                step_seconds_total += seconds
-                metrics["tokens_per_s"] = step_tokens / max(seconds, 1e-9)
-                metrics["step_seconds"] = seconds
-                metrics["memory_gib"] = self._memory_gib()
-                log.write(json.dumps(metrics) + "\n")
-                log.flush()
-                losses.append(metrics["loss"])
-                done = step + 1
-                if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps:
-                    final = self._save(done)
-                bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}",
-                                mem=f"{metrics['memory_gib']:.2f}G", refresh=False)
-                bar.update(1)
-                if self.hooks.on_step_end is not None:
-                    self.hooks.on_step_end(done, metrics)
+        step = self.start_step
+        try:
+            with open(metrics_path, "a") as log, bar, StopSignals() as stop:
+                for step in range(self.start_step, cfg.steps):
+                    metrics = self._timed_step(step)
+                    log.write(json.dumps(metrics) + "\n")
+                    log.flush()
+                    losses.append(metrics["loss"])
+                    done = step + 1
+                    if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps:
+                        final = self._save(done)
+                    bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}",
+                                    mem=f"{metrics['memory_gib']:.2f}G", refresh=False)
+                    bar.update(1)
+                    if self.hooks.on_step_end is not None:
+                        self.hooks.on_step_end(done, metrics)
+                    if stop.received is not None and done < cfg.steps:
+                        if final is None or final.name != ckpt.checkpoint_name(done):
+                            final = self._save(done)
+                        self._write_summary("interrupted", final, losses)
+                        raise TrainingInterrupted.after_step(stop.received, done, cfg.steps, final)
+        except KeyboardInterrupt:
+            # A second Ctrl-C (or one outside the main thread): stop at once, keeping what was saved before.
+            self._write_summary("interrupted", self.last_good, losses)
+            raise TrainingInterrupted.during_step(step + 1, self.last_good, where=str(cfg.out)) from None
+        except ckpt.NonFiniteLossError:
+            self._write_summary("diverged", self.last_good, losses)
+            raise
         assert final is not None
+        self._write_summary("ok", final, losses)
+        return final
+
+    def _timed_step(self, step: int) -> dict[str, Any]:
+        t0 = time.monotonic()
+        try:
+            metrics = self._step(step)
+        except torch.cuda.OutOfMemoryError:
+            raise self._oom(step) from None
+        seconds = time.monotonic() - t0
+        step_tokens = step_shape(step, self.config).tokens
+        self._step_tokens += step_tokens
+        self._step_seconds += seconds
+        metrics["tokens_per_s"] = step_tokens / max(seconds, 1e-9)
+        metrics["step_seconds"] = seconds
+        metrics["memory_gib"] = self._memory_gib()
+        return metrics
+
+    def _write_summary(self, status: str, final: Path | None, losses: list[float]) -> None:
+        cfg = self.config
         summary = {
-            "status": "ok", "final_checkpoint": str(final), "steps": cfg.steps, "resumed_from_step": self.start_step,
+            "status": status, "final_checkpoint": str(final) if final else None, "steps": cfg.steps,
+            "steps_done": len(losses), "resumed_from_step": self.start_step,
             "tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
             "final_loss": losses[-1] if losses else None,
             "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
-            "seconds": time.monotonic() - started,
-            "tokens_per_s": step_tokens_total / step_seconds_total if step_seconds_total else None,
+            "seconds": time.monotonic() - self._started,       # this invocation (a resumed run counts from resume)
+            "tokens_per_s": self._step_tokens / self._step_seconds if self._step_seconds else None,
             "peak_memory_gib": self._memory_gib(), "device": str(self.device), "bf16": self.bf16,
             "transforms": self.applied, "parameters": sum(p.numel() for p in self.model.parameters()),
             "config": cfg.to_dict(),
         }
         atomic_write_json(cfg.out / SUMMARY, summary)
-        return final
 
-    def _truncate_metrics(self, path: Path) -> None:
-        """Keep only lines for steps already in the checkpoint we resume from (a fresh run starts an empty log)."""
-        kept = []
+    def _truncate_metrics(self, path: Path) -> list[dict[str, Any]]:
+        """Keep only lines for steps already in the checkpoint we resume from (a fresh run starts an empty log);
+        returns them."""
+        kept: list[dict[str, Any]] = []
         if self.start_step and path.is_file():
             for line in path.read_text().splitlines():
                 try:
-                    if json.loads(line)["step"] <= self.start_step:
-                        kept.append(line)
+                    entry = json.loads(line)
+                    if entry["step"] <= self.start_step:
+                        kept.append(entry)
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue
-        path.write_text("".join(line + "\n" for line in kept))
+        path.write_text("".join(json.dumps(entry) + "\n" for entry in kept))
+        return kept
+
+
+# ---------------------------------------------------------------------------------------------------- stopping
+class TrainingInterrupted(GenolcError):
+    """The run was stopped by SIGINT (Ctrl-C) or SIGTERM; it resumes from the checkpoint the message names."""
+
+    run_status = "interrupted"
+
+    @classmethod
+    def after_step(cls, signum: int, done: int, steps: int, checkpoint: Path) -> "TrainingInterrupted":
+        error = cls(f"stopped by {signal.Signals(signum).name} after step {done} of {steps}; saved {checkpoint}",
+                    fix="continue with the same command plus --resume")
+        error.exit_code = 128 + signum       # the shell convention for a process ended by a signal
+        return error
+
+    @classmethod
+    def during_step(cls, step: int, last_good: Path | None, where: str) -> "TrainingInterrupted":
+        kept = f"the last checkpoint is {last_good}" if last_good else "no checkpoint was saved yet"
+        error = cls(f"stopped at once during step {step} without saving; {kept}", where=where,
+                    fix="continue with the same command plus --resume" if last_good else
+                        "run it again (a single Ctrl-C stops after the current step and saves a checkpoint)")
+        error.exit_code = 128 + signal.SIGINT
+        return error
+
+
+class StopSignals:
+    """While active, the first SIGINT or SIGTERM only sets ``received``: the loop finishes the step it is in, saves
+    a checkpoint and stops cleanly. A second one raises KeyboardInterrupt (stop at once, without saving).
+
+    Installed only in the main thread (Python delivers signals there) and not over a signal the parent process
+    set to be ignored (e.g. SIGINT for a background job).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            if handler is not None:          # None: a handler installed outside Python, which cannot be put back
+                signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+        _say(f"{signal.Signals(signum).name} received: stopping after the current step and saving a checkpoint "
+             "(send it again to stop at once without saving)")

@@ -38,8 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from genolc.errors import GenolcError
-from genolc.model.config import ModelConfig
-from genolc.model.presets import parameter_counts
+from genolc.model import ModelConfig, parameter_counts
 from genolc.units import format_length
 
 GIB = 1024**3

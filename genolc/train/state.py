@@ -131,7 +131,7 @@ def save_model(model: torch.nn.Module, directory: Path, tokenizer: Any | None) -
     flat safetensors of its state_dict.
     """
     if _is_genome_lm(model):
-        from genolc.model.checkpoint import write_checkpoint
+        from genolc.model import write_checkpoint
 
         write_checkpoint(directory, model.config, model.state_dict(), layout="text", max_shard_bytes=5 << 30)
     else:
@@ -146,10 +146,11 @@ def save_model(model: torch.nn.Module, directory: Path, tokenizer: Any | None) -
 def load_model_weights(model: torch.nn.Module, directory: Path) -> None:
     """Load a checkpoint's weights into ``model`` in place, exactly (stored dtype, strict names and shapes)."""
     if _is_genome_lm(model):
-        from genolc.model.checkpoint import read_checkpoint, to_genolc_names
+        from genolc.model import load_pretrained
 
-        _, tensors, _ = read_checkpoint(directory)
-        state = to_genolc_names(tensors, model.config, str(directory))
+        # Copied into the caller's freshly built model rather than used as is: tensors assigned from safetensors
+        # buffers are aligned differently, and vectorised CPU kernels then round differently in the last bit.
+        state = load_pretrained(directory).state_dict()
     else:
         state = load_file(str(directory / WEIGHTS))
     try:

@@ -91,6 +91,13 @@ def test_seq_not_a_multiple_of_the_kernel_chunk(char_data, tmp_path, monkeypatch
     assert "not a multiple of 64" in out and "use 128 or 64" in out
 
 
+def test_out_is_a_file_and_options_named_in_errors(char_data, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    assert "--out is a file" in _error("--data", char_data, "--seq", "64", "--out", tmp_path / "a-file")
+    assert "(--warmup)" in _error("--data", char_data, "--seq", "64", "--warmup", "-1", "--out", tmp_path / "run")
+    assert "(--keep)" in _error("--data", char_data, "--seq", "64", "--keep", "0", "--out", tmp_path / "run")
+
+
 def test_model_and_init_together(char_data, tmp_path):
     assert "--model and --init" in _error("--data", char_data, "--seq", "64", "--model", "tiny", "--init",
                                           tmp_path, "--out", tmp_path / "run")
