@@ -49,3 +49,15 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's torch work on one thread: the CI box has 2 shared cores that pytest-xdist already keeps busy,
+    and tiny-model matmuls run several times faster single-threaded under that contention."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

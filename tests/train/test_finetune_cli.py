@@ -16,15 +16,9 @@ from genolc.train.config import TrainConfig
 from genolc.train.loop import TrainHooks, finetune
 from genolc.train.plan import OutOfMemoryPlanError
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 LAMBDA = "other/lambda_phage_NC_001416.1.fa.gz"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

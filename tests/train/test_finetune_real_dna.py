@@ -21,16 +21,9 @@ from genolc.train import state as st
 from genolc.train.config import TrainConfig
 from genolc.train.loop import METRICS, SUMMARY, TrainHooks, finetune
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The CI box has 2 shared cores; tiny matmuls run several times faster single-threaded under contention.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

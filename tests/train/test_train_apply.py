@@ -8,13 +8,7 @@ from torch import nn
 
 from genolc.train.apply import apply_recompute, decoder_layers
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Block(nn.Module):

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from genolc.model.ops.indexer.reference import complete_pools_visible, index_width
+from genolc.model.ops.indexer.reference import check_selection_inputs, complete_pools_visible, index_width
 
 SCORE_BUDGET_ELEMENTS = 1 << 28
 MAX_QUERY_CHUNK = 4096
@@ -114,15 +114,8 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
     Returns:
         ``[B, T, W]`` token indices, layout as the reference's, -1 for empty slots.
     """
-    if index_q.dim() != 4 or head_weights.shape != index_q.shape[:3]:
-        raise ValueError(f"index_q must be [B, T, H, D] and head_weights [B, T, H], got {tuple(index_q.shape)} and "
-                         f"{tuple(head_weights.shape)}")
+    check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk)
     batch, seq_len, _, dim = index_q.shape
-    if kpool < 1 or topk < kpool or topk % kpool:
-        raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool})")
-    if pooled.shape != (batch, seq_len // kpool, dim):
-        raise ValueError(f"pooled must be [B={batch}, T // kpool={seq_len // kpool}, D={dim}], "
-                         f"got {tuple(pooled.shape)}")
     if not index_q.is_cuda:
         raise ValueError("genolc.model.ops.indexer.fast needs CUDA tensors; use reference.select_indices on CPU")
     if out_dtype not in (torch.int32, torch.int64):

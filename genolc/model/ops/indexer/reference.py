@@ -112,6 +112,21 @@ def complete_pools_visible(query_positions: torch.Tensor, kpool: int) -> torch.T
     return torch.div(query_positions + 1, kpool, rounding_mode="floor")
 
 
+def check_selection_inputs(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
+                           topk: int) -> None:
+    """ValueError unless ``index_q [B, T, H, D]``, ``head_weights [B, T, H]``, ``pooled [B, T // kpool, D]`` and
+    ``topk`` a positive multiple of ``kpool`` (shared by the reference and the fast selection)."""
+    if index_q.dim() != 4 or head_weights.shape != index_q.shape[:3]:
+        raise ValueError(f"index_q must be [B, T, H, D] and head_weights [B, T, H], got {tuple(index_q.shape)} and "
+                         f"{tuple(head_weights.shape)}")
+    batch, seq_len, _, dim = index_q.shape
+    if kpool < 1 or topk < kpool or topk % kpool:
+        raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool})")
+    if pooled.shape != (batch, seq_len // kpool, dim):
+        raise ValueError(f"pooled must be [B={batch}, T // kpool={seq_len // kpool}, D={dim}], "
+                         f"got {tuple(pooled.shape)}")
+
+
 def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
                    topk: int, select_tail: bool, softmax_scale: float, query_chunk: int = DEFAULT_QUERY_CHUNK,
                    pool_block: int = DEFAULT_POOL_BLOCK) -> torch.Tensor:
@@ -131,18 +146,10 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
         ``[B, T, W]`` int64 token indices in the layout described in the module docstring, -1 for empty slots.
         Among pools with equal scores the choice is unspecified (as in ``torch.topk``).
     """
-    if index_q.dim() != 4 or head_weights.shape != index_q.shape[:3]:
-        raise ValueError(f"index_q must be [B, T, H, D] and head_weights [B, T, H], got {tuple(index_q.shape)} and "
-                         f"{tuple(head_weights.shape)}")
-    batch, seq_len, _, dim = index_q.shape
-    if kpool < 1 or topk < kpool or topk % kpool:
-        raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool})")
-    if pooled.shape != (batch, seq_len // kpool, dim):
-        raise ValueError(f"pooled must be [B={batch}, T // kpool={seq_len // kpool}, D={dim}], "
-                         f"got {tuple(pooled.shape)}")
+    check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk)
     if query_chunk < 1 or pool_block < 1:
         raise ValueError(f"query_chunk and pool_block must be positive, got {query_chunk} and {pool_block}")
-
+    batch, seq_len = index_q.shape[:2]
     device = index_q.device
     pools_per_row = topk // kpool
     width = index_width(topk, kpool, select_tail)
