@@ -12,7 +12,7 @@ from genolc.units import parse_length
 @click.command("demo")
 @click.option("--out", default=Path("genolc-demo"), show_default=True, type=click.Path(path_type=Path),
               help="Output directory (an earlier demo's directory is reused).")
-@click.option("--steps", type=int, default=None, help="Optimizer steps (default: 20 on CPU, 60 on CUDA).")
+@click.option("--steps", type=int, default=None, help="Optimizer steps (default: 40 on CPU, 60 on CUDA).")
 @click.option("--seq", default=None, help="Window length in tokens for training and evaluation, e.g. 4k.")
 @click.option("--smoke", is_flag=True, help="Smallest end-to-end form (seconds; for CI).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
@@ -26,6 +26,8 @@ def demo_command(out: Path, steps: int | None, seq: str | None, smoke: bool, dev
     config = DemoConfig(out=out, steps=steps, seq=parse_length(seq, what="--seq") if seq else None, smoke=smoke,
                         device=device, seed=seed, progress=progress)
     result = run_demo(config)
-    click.echo(f"\nheld-out chr22 bits/base by context position ({result['plan'].model} preset):")
+    click.echo(f"\nheld-out chr22 bits/base by context position ({result['plan'].model} preset; baseline = the "
+               "same model untrained; uniform ACGT = 2):")
     click.echo(format_table(result["rows"]))
+    click.echo("\n".join(["", *result["gains"]]))
     click.echo(f"\nreport: {result['report']}  (README.md, by_position.png, buckets.csv, commands.sh)")

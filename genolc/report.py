@@ -46,8 +46,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join([text[0], "  ".join("-" * w for w in widths)] + text[1:])
 
 
-
-def _comparison_lines(summary: dict[str, Any]) -> list[str]:
+def comparison_lines(summary: dict[str, Any]) -> list[str]:
+    """One markdown bullet per paired comparison over all targets (e.g. model - baseline), with its 95% CI."""
     lines = []
     for row in summary.get("comparisons", []):
         if row.get("subset") == "all" and row.get("bucket") == "all" and row.get("delta_bits_per_base") is not None:
@@ -79,7 +79,7 @@ def write_workflow_report(out: Path, eval_dirs: list[Path]) -> Path:
                      + f"; {summary['windows']['scored']} windows of {int(config.get('seq_len', 0)) + 1} tokens "
                      f"on {', '.join(summary.get('records', []))}", "",
                      "```", format_table(bucket_table(summary)), "```", "",
-                     *_comparison_lines(summary), "", f"![by position]({label}.png)", ""]
+                     *comparison_lines(summary), "", f"![by position]({label}.png)", ""]
     target = out / "summary.md"
     atomic_write_bytes(target, "\n".join(sections).encode())
     return target

@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from click.testing import CliRunner
 
 from genolc.cli import main
 from genolc.demo import DemoConfig, demo_plan
+from genolc.demo import main as demo_main
 from genolc.sample import SAMPLE_DIR, sample_files
 
 
@@ -45,21 +47,29 @@ def test_demo_smoke_end_to_end(tmp_path, monkeypatch):
     out = elsewhere / "genolc-demo"
     report = out / "report"
     assert f"report: {report}" in result.output
-    assert re.search(r"^\[128,256\]\s+258\s+\d\.\d{4}\s+\d\.\d{4}", result.output, re.M), result.output
+    # bucket, tokens, then model, baseline (the untrained initialisation) and context-control bits/base
+    assert re.search(r"^\[128,256\]\s+258(\s+\d\.\d{4}){3}\s", result.output, re.M), result.output
+    assert re.search(r"^- model - baseline: -\d\.\d{4} bits/base", result.output, re.M), result.output
     for name in ("README.md", "by_position.png", "buckets.csv", "comparisons.csv", "eval_summary.json",
                  "train_metrics.jsonl", "train_summary.json", "commands.sh"):
         assert (report / name).stat().st_size > 0, name
     assert (report / "by_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    records = sorted(p.name for p in (report / "runs").glob("*.json"))
-    assert [r.split("_", 1)[0] for r in records] == ["data", "eval", "run"]
-    for record in (report / "runs").glob("*.json"):
-        content = json.loads(record.read_text())
+    records = {p.name.rsplit("_", 1)[1]: json.loads(p.read_text()) for p in (report / "runs").glob("*.json")}
+    assert sorted(records) == ["demo.json", "eval.json", "finetune.json", "prepare.json"]
+    for content in records.values():
         assert content["status"] == "ok"
         assert not any("shared" in Path(p).parts for p in content["inputs"]), content["inputs"]
+    assert sorted(records["demo.json"]["inputs"]) == sorted(str(p) for p in sample_files())
     summary = json.loads((report / "eval_summary.json").read_text())
     assert summary["records"] == ["chr22"] and summary["windows"]["scored"] == 2
-    assert {r["series"] for r in summary["bucket_stats"]} == {"model", "context:32"}
+    assert {r["series"] for r in summary["bucket_stats"]} == {"model", "baseline", "context:32"}
+    assert summary["config"]["baseline"] == str(out / "init")
+    assert json.loads((report / "train_summary.json").read_text())["config"]["init"] == str(out / "init")
+    gain = next(r for r in summary["comparisons"] if r["comparison"] == "model - baseline" and r["bucket"] == "all"
+                and r["subset"] == "all")
+    assert "model - baseline" in (report / "README.md").read_text() and gain["delta_bits_per_base"] < 0
     commands = (report / "commands.sh").read_text()
+    assert "-m genolc.demo init" in commands and "--baseline" in commands
     assert "genolc finetune" in commands and "--steps 2" in commands and "--context 32" in commands
     assert len(list((out / "run" / "checkpoints").iterdir())) >= 1
     # the commands reproduce the evaluation: same seed, same windows; values agree up to float reduction order,
@@ -78,12 +88,26 @@ def test_demo_smoke_end_to_end(tmp_path, monkeypatch):
     assert json.loads((report / "train_summary.json").read_text())["resumed_from_step"] == 0
 
 
+def test_init_command_reports_a_missing_dataset(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        demo_main(["init", "--data", str(tmp_path / "absent"), "--out", str(tmp_path / "init")])
+    assert "python -m genolc.demo: error:" in str(stop.value.code) and "absent" in str(stop.value.code)
+    assert not (tmp_path / "init").exists()
+
+
 def test_demo_refuses_a_foreign_directory(tmp_path):
     (tmp_path / "mine.txt").write_text("keep me")
     result = CliRunner().invoke(main, ["demo", "--smoke", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "already holds other files" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
+def test_demo_refuses_cuda_without_a_device_before_writing(tmp_path, monkeypatch):
+    monkeypatch.setattr("genolc.demo._cuda_available", lambda: False)
+    result = CliRunner().invoke(main, ["demo", "--device", "cuda", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "no CUDA device is visible" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_demo_plan_sizes(monkeypatch):

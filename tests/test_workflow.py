@@ -49,13 +49,23 @@ def test_schema_rejects_a_bad_config(tmp_path):
     assert "steps" in output and "minimum" in output, output
 
 
-def test_cross_references_are_checked(tmp_path):
+def test_cross_references_are_checked_in_one_message(tmp_path):
     def bad(config):
         config["evals"]["tiny-long"]["baseline"] = "no-such-run"
+        config["evals"]["tiny-long"]["heldout"] = ["chr21"]
+        config["evals"]["tiny-long"]["contexts"] = ["4k"]
+        config["runs"]["tiny-short"]["seq"] = "12q"
 
     result = _snakemake(_test_dir(tmp_path, bad), "-n", timeout=120)
     assert result.returncode != 0
-    assert "unknown baseline 'no-such-run'" in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("invalid workflow config (config/config.yaml):") == 1, output
+    for problem in ("evals.tiny-long names unknown baseline 'no-such-run'",
+                    "evals.tiny-long.heldout ['chr21'] is not among genome set 'sample'",
+                    "evals.tiny-long.contexts 4k must be shorter than its seq 1024",
+                    "cannot read runs.tiny-short.seq '12q'"):
+        assert problem in output, output
+    assert "Traceback" not in output
 
 
 def test_dot_test_runs_the_whole_dag_on_cpu(tmp_path):
