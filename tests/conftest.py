@@ -1,4 +1,8 @@
-"""Shared fixtures: the real DNA in ../shared/data (read-only), and GPU/slow markers."""
+"""Shared fixtures: the real DNA in ../shared/data (read-only), GPU/slow markers, and the GPU tests' helpers.
+
+This is the suite's only conftest.py: several test modules import ``shared_file`` from it, and a second
+conftest module elsewhere in tests/ could shadow it under the same module name.
+"""
 
 from __future__ import annotations
 
@@ -61,3 +65,37 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def poison_cuda_cache(gib: float = 4.0) -> None:
+    """Fill ``gib`` GiB of fresh device memory with NaN and free it back to torch's cache.
+
+    Later ``torch.empty`` calls (the ops' outputs and gradients) are carved from these cached blocks, so any
+    element an op leaves unwritten reads NaN.
+    """
+    import torch
+
+    torch.cuda.synchronize()
+    block = torch.full((int(gib * (1 << 30)) // 4,), float("nan"), dtype=torch.float32, device="cuda")
+    del block
+    torch.cuda.synchronize()
+
+
+@pytest.fixture(name="poison")
+def poison_fixture():
+    return poison_cuda_cache
+
+
+def rel_err(actual, expected) -> float:
+    """``||actual - expected|| / ||expected||`` in float64; NaN anywhere gives inf (never passes)."""
+    import torch
+
+    actual, expected = actual.double(), expected.double()
+    if not torch.isfinite(actual).all():
+        return float("inf")
+    return float((actual - expected).norm() / expected.norm().clamp_min(1e-30))
+
+
+@pytest.fixture(name="rel_err")
+def rel_err_fixture():
+    return rel_err
