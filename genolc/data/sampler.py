@@ -10,7 +10,9 @@ uniform over every valid start in the train records (records weighted by their n
 Data-parallel ranks are stratified: one uniform number ``u`` is drawn from ``(seed, step, micro)`` and rank ``r``
 owns the ``1 / dp_size`` of all valid starts that begins at quantile ``(u + r / dp_size) mod 1``; its window and any
 redraws (N filter, keyed on ``dp_rank`` and the attempt) stay inside that stratum, so ranks at one step never share
-or overlap a window while the data holds ``dp_size`` windows.
+or overlap a window while the data holds ``dp_size`` windows. A stratum can lie wholly inside an assembly gap (hg38
+chr1 has an 18 Mb N run; with chr1+chr2 and 32 ranks a stratum is 15 Mb), so after ``STRATUM_DRAWS`` rejected draws
+the rank redraws over all starts instead: its window may then overlap another rank's, which beats failing the step.
 Context-parallel ranks of one group share their window (``cp_rank`` does not enter the draw); the trainer splits it.
 """
 
@@ -29,6 +31,8 @@ SAMPLER_STATE_VERSION = 1
 # Draws per window before giving up on the N filter; at max_n_fraction=0.1 on hg38 (about 5% N overall, in long
 # runs) almost every draw passes, so exhausting this many means the filter cannot be met on this data.
 MAX_DRAWS = 64
+# Draws kept inside the rank's stratum before redrawing over every start (a stratum may be all N).
+STRATUM_DRAWS = MAX_DRAWS // 2
 # Ambiguity is scanned in blocks this many tokens long so tiling chr1 does not hold a 250 M-entry mask at once.
 _SCAN_BLOCK = 1 << 24
 
@@ -144,6 +148,8 @@ class TrainSampler:
         if attempt > 0:
             stratum = total // self.dp_size
             span = stratum - self.window_tokens + 1 if stratum >= self.window_tokens else max(1, stratum)
+            if attempt >= STRATUM_DRAWS:
+                span = total
             offset = int(self._generator(2, step, micro, self.dp_rank, attempt).random() * span)
         return self._locate((low + offset) % total)
 
@@ -247,17 +253,19 @@ class EvalWindow:
 def _ambiguous_runs(dataset: DatasetLike, key: str, length: int, min_run: int) -> np.ndarray:
     """int64[k, 2] runs of consecutive ambiguous tokens at least ``min_run`` long (token coords, half-open)."""
     runs: list[tuple[int, int]] = []
-    open_start: int | None = None
+    open_start: int | None = None  # start of a run that reached the end of the previous block
     for block_start in range(0, length, _SCAN_BLOCK):
         block_stop = min(length, block_start + _SCAN_BLOCK)
         amb = np.asarray(dataset.token_ambiguous(key, block_start, block_stop), dtype=bool)
+        if open_start is not None and not amb[0]:
+            runs.append((open_start, block_start))  # it ended exactly at the block edge
+            open_start = None
         edges = np.diff(np.concatenate([[False], amb, [False]]).astype(np.int8))
         starts = np.flatnonzero(edges == 1) + block_start
         stops = np.flatnonzero(edges == -1) + block_start
         for s, e in zip(starts.tolist(), stops.tolist()):
-            if open_start is not None and s == block_start:
-                s = open_start  # run continues across the block edge
-            open_start = None
+            if open_start is not None:
+                s, open_start = open_start, None  # the block's first run (at block_start) continues it
             if e == block_stop and block_stop < length:
                 open_start = s  # may continue into the next block
                 continue
@@ -268,16 +276,11 @@ def _ambiguous_runs(dataset: DatasetLike, key: str, length: int, min_run: int) -
     return np.array(kept, dtype=np.int64).reshape(-1, 2)
 
 
-def _base_span(dataset: DatasetLike, key: str, start: int, stop: int, record: dict) -> tuple[int, int]:
-    fixed = getattr(dataset.tokenizer, "fixed_bases_per_token", None)
-    if fixed:
-        return start * fixed, min(stop * fixed, int(record["length_bases"]))
-    # Offsets for [start, stop] inclusive give the end base too; a shorter answer needs the last token's length.
+def _base_span(dataset: DatasetLike, key: str, start: int, stop: int) -> tuple[int, int]:
+    # The dataset maps tokens to bases (k-mer remainder tokens at a record end cover one base each, so
+    # ``stop * k`` would overshoot for a window that ends among them); offsets [start, stop] include the end.
     offsets = np.asarray(dataset.token_base_offsets(key, start, stop))
-    if len(offsets) > stop - start:
-        return int(offsets[0]), int(offsets[stop - start])
-    last = np.asarray(dataset.tokens(key)[stop - 1:stop])
-    return int(offsets[0]), int(offsets[-1]) + int(dataset.tokenizer.token_lengths(last)[0])
+    return int(offsets[0]), int(offsets[stop - start])
 
 
 def tile_for_eval(
@@ -333,7 +336,7 @@ def tile_for_eval(
                 frac = float(np.count_nonzero(amb)) / (stop - start)
                 if frac > max_n_fraction:
                     continue
-                base_start, base_stop = _base_span(dataset, key, start, stop, record)
+                base_start, base_stop = _base_span(dataset, key, start, stop)
                 first = int(record.get("start", 1))
                 windows.append(EvalWindow(
                     key=key, chrom=str(record.get("chrom", key)), start=start, stop=stop,

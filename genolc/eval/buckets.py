@@ -12,7 +12,10 @@ tokens count once per base, so the number does not depend on the tokenizer). Tar
 window. A bootstrap replicate redraws, inside each window (the strata), as many blocks as the window has, with
 replacement; windows with a single block are pooled into one stratum so they still vary. Each replicate computes
 the same ratio from the redrawn blocks' per-bucket sums; the 95% interval is the 2.5/97.5 percentiles of the
-replicates (replicates in which a bucket drew no targets are left out for that bucket). Blocks keep the
+replicates (replicates in which a bucket drew no targets are left out for that bucket). A bucket whose targets
+all lie in one block (e.g. the early buckets of a single scored window: [0,1k) … [8k,16k) share its first block)
+gets no interval: that block is redrawn whole, so the replicates could not vary and a zero-width interval would
+claim a precision the data cannot show. Blocks keep the
 autocorrelation of loss along the sequence (repeats, isochores) inside a resampling unit, which a per-token
 bootstrap would ignore and so give intervals that are far too narrow. Paired differences (model vs baseline,
 truncated vs full context) use the same redrawn blocks for both sides, so shared sequence difficulty cancels.
@@ -29,6 +32,8 @@ import numpy as np
 from genolc.units import format_length
 
 FIRST_EDGE = 1024
+# Blocks holding a bucket's targets needed for its interval (one block is redrawn whole: no variation).
+MIN_BLOCKS_FOR_CI = 2
 BLOCK_BASES = 16 * 1024
 LN2 = math.log(2.0)
 
@@ -205,12 +210,16 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return out
 
 
-def _intervals(point: np.ndarray, replicates: np.ndarray, level: float) -> list[Interval]:
+def _intervals(point: np.ndarray, replicates: np.ndarray, level: float, blocks: np.ndarray) -> list[Interval]:
+    """``blocks[b]``: how many blocks hold targets of bucket b (fewer than MIN_BLOCKS_FOR_CI: no interval)."""
     tail = (1.0 - level) / 2.0 * 100.0
     out = []
     for b in range(point.shape[0]):
         if not np.isfinite(point[b]):
             out.append(Interval(None, None, None))
+            continue
+        if blocks[b] < MIN_BLOCKS_FOR_CI:
+            out.append(Interval(float(point[b]), None, None))
             continue
         reps = replicates[:, b]
         reps = reps[np.isfinite(reps)]
@@ -234,7 +243,7 @@ def bootstrap_ratio(bits: np.ndarray, bases: np.ndarray, boot: BlockBootstrap,
                     level: float = 0.95) -> list[Interval]:
     """Bits per base per bucket with CIs. bits, bases: [J, K] block sums (J blocks, K buckets)."""
     point = _ratio(bits.sum(0), bases.sum(0))
-    return _intervals(point, _replicates(bits, bases, boot), level)
+    return _intervals(point, _replicates(bits, bases, boot), level, (bases > 0).sum(0))
 
 
 def bootstrap_paired(bits_a: np.ndarray, bits_b: np.ndarray, bases: np.ndarray, boot: BlockBootstrap,
@@ -242,7 +251,7 @@ def bootstrap_paired(bits_a: np.ndarray, bits_b: np.ndarray, bases: np.ndarray, 
     """Per-bucket difference a − b in bits per base over the same targets, CIs from the same redrawn blocks."""
     diff = bits_a - bits_b
     point = _ratio(diff.sum(0), bases.sum(0))
-    return _intervals(point, _replicates(diff, bases, boot), level)
+    return _intervals(point, _replicates(diff, bases, boot), level, (bases > 0).sum(0))
 
 
 def windows_per_bucket(tokens: np.ndarray, stratum: np.ndarray, n_buckets: int) -> np.ndarray:

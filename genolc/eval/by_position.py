@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from genolc.errors import ConfigError
-from genolc.eval.buckets import BLOCK_BASES, FIRST_EDGE, bucket_edges
+from genolc.eval.buckets import BLOCK_BASES, FIRST_EDGE, MIN_BLOCKS_FOR_CI, bucket_edges
 from genolc.eval.inputs import check_not_trained, check_window_fits, resolve_records
 from genolc.eval.positions import WindowData, score_windows, summarise
 from genolc.eval.scorer import forward_tokens, load_model_scorer
@@ -162,7 +162,8 @@ def run_by_position(config: ByPositionConfig, record: Any | None = None) -> dict
         "estimator": {"unit": "bits per base = sum(-log2 p) / sum(token bases)", "ci": "95% percentile interval",
                       "bootstrap": "stratified block bootstrap: 16 kb target blocks redrawn with replacement within "
                                    "each window (single-block windows pooled)",
-                      "block_bases": BLOCK_BASES, "replicates": config.n_boot, "seed": config.seed},
+                      "block_bases": BLOCK_BASES, "replicates": config.n_boot, "seed": config.seed,
+                      "min_blocks_for_ci": MIN_BLOCKS_FOR_CI},
         "context_control": {
             "contexts": list(config.contexts),
             "block": {str(k): (config.context_block or max(1, k // 4)) for k in config.contexts},

@@ -46,7 +46,15 @@ def default_distances(window_tokens: int, segment_tokens: int) -> list[int]:
 
 
 def random_segment(tokenizer: Any, n_bases: int, rng: np.random.Generator) -> np.ndarray:
-    """Token ids of ``n_bases`` uniformly random upper-case bases."""
+    """Token ids of ``n_bases`` uniformly random upper-case bases (whole k-mers for a k-mer tokenizer).
+
+    A k-mer tokenizer writes a length that is not a multiple of k with single-base remainder tokens, which a
+    model only ever sees at record ends; planted mid-window they would be out of distribution, so the segment is
+    cut to whole k-mers (at least one). ``segment_bases`` in the results counts the bases actually planted.
+    """
+    k = getattr(tokenizer, "fixed_bases_per_token", None)
+    if k and k > 1:
+        n_bases = max(k, n_bases - n_bases % k)
     return np.asarray(tokenizer.encode(BASES[rng.integers(0, 4, size=n_bases)]), dtype=np.int64)
 
 
@@ -189,7 +197,8 @@ def run_needle(config: NeedleConfig, record: Any | None = None) -> dict[str, Any
         "records": keys,
         "records_skipped_too_short": skipped,
         "training_overlap": overlap,
-        "needle": {"segment_bases": config.segment_bases, "segment_tokens": int(trials["segment_tokens"].iloc[0]),
+        "needle": {"segment_bases": int(trials["segment_bases"].iloc[0]),
+                   "segment_tokens": int(trials["segment_tokens"].iloc[0]),
                    "trials": config.trials, "host_windows": len(hosts),
                    "distances": sorted(trials["distance"].unique().tolist()),
                    "placement": "second copy ends the window; first copy starts D tokens before it"},
