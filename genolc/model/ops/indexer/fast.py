@@ -115,11 +115,20 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
         ``[B, T, W]`` token indices, layout as the reference's, -1 for empty slots.
     """
     check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk)
-    batch, seq_len, _, dim = index_q.shape
     if not index_q.is_cuda:
         raise ValueError("genolc.model.ops.indexer.fast needs CUDA tensors; use reference.select_indices on CPU")
     if out_dtype not in (torch.int32, torch.int64):
         raise ValueError(f"out_dtype must be torch.int32 or torch.int64, got {out_dtype}")
+    return streamed_select(index_q, head_weights, pooled, kpool=kpool, topk=topk, select_tail=select_tail,
+                           softmax_scale=softmax_scale, query_chunk=query_chunk, out_dtype=out_dtype)
+
+
+def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
+                    topk: int, select_tail: bool, softmax_scale: float, query_chunk: int | None,
+                    out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`select_indices` after its input checks, on any device Triton runs on (CUDA, or CPU tensors under
+    ``TRITON_INTERPRET=1``, which ``tests/gpu/triton_interpreter_check.py`` uses)."""
+    batch, seq_len = index_q.shape[:2]
     device = index_q.device
     n_pools = seq_len // kpool
     query_chunk = default_query_chunk(n_pools) if query_chunk is None else query_chunk

@@ -24,6 +24,8 @@ Imports fla at call time only: this module is imported on CUDA code paths (see `
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 
 from genolc.model.ops.kda.reference import _check_shapes
@@ -47,6 +49,11 @@ def fla_kda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l
                             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
 
+# One unsegmented KDA call: (q, k, v, g, beta, scale, initial_state fp32 or None, output_final_state,
+# use_qk_l2norm_in_kernel) -> (o, final_state fp32). fla on CUDA; tests pass the pure-torch reference on CPU.
+SegmentKernel = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
+
+
 def segment_bounds(length: int, segment_len: int) -> list[tuple[int, int]]:
     """``[(start, stop), ...]`` covering ``0 .. length``; every segment but the last is ``segment_len`` long."""
     if segment_len < 1:
@@ -55,21 +62,24 @@ def segment_bounds(length: int, segment_len: int) -> list[tuple[int, int]]:
 
 
 class SegmentedKDA(torch.autograd.Function):
-    """fla ``chunk_kda`` over segments; forward saves boundary states only, backward recomputes per segment."""
+    """A KDA kernel (fla ``chunk_kda`` by default) over segments; forward saves boundary states only, backward
+    recomputes per segment. ``kernel`` has :func:`fla_kda`'s signature (see ``SegmentKernel``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, use_qk_l2norm_in_kernel, segment_len):
+    def forward(ctx, q, k, v, g, beta, initial_state, scale, use_qk_l2norm_in_kernel, segment_len,
+                kernel: SegmentKernel = fla_kda):
         bounds = segment_bounds(q.shape[1], segment_len)
         out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
         state = None if initial_state is None else initial_state.detach().float()
         boundary_states = [state]
         with torch.no_grad():
             for start, stop in bounds:
-                piece, state = fla_kda(q[:, start:stop], k[:, start:stop], v[:, start:stop], g[:, start:stop],
-                                       beta[:, start:stop], scale, state, True, use_qk_l2norm_in_kernel)
+                piece, state = kernel(q[:, start:stop], k[:, start:stop], v[:, start:stop], g[:, start:stop],
+                                      beta[:, start:stop], scale, state, True, use_qk_l2norm_in_kernel)
                 out[:, start:stop] = piece
                 boundary_states.append(state)
         ctx.bounds = bounds
+        ctx.kernel = kernel
         ctx.scale = scale
         ctx.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel
         ctx.has_initial_state = initial_state is not None
@@ -95,7 +105,7 @@ class SegmentedKDA(torch.autograd.Function):
             if state_needs_grad:
                 state = state.detach().requires_grad_(True)
             with torch.enable_grad():
-                piece_out, piece_final = fla_kda(*pieces, ctx.scale, state, True, ctx.use_qk_l2norm_in_kernel)
+                piece_out, piece_final = ctx.kernel(*pieces, ctx.scale, state, True, ctx.use_qk_l2norm_in_kernel)
                 roots, root_grads = [piece_out], [d_out[:, start:stop]]
                 if carried is not None:
                     roots.append(piece_final)
@@ -105,7 +115,21 @@ class SegmentedKDA(torch.autograd.Function):
                 full[:, start:stop] = piece.grad
             carried = state.grad if state_needs_grad else None
         d_initial = carried if ctx.has_initial_state else None
-        return (*grads, d_initial, None, None, None)
+        return (*grads, d_initial, None, None, None, None)
+
+
+def segmented_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                  scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
+                  use_qk_l2norm_in_kernel: bool, segment_len: int, kernel: SegmentKernel = fla_kda
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``kernel`` run segment-wise over T through :class:`SegmentedKDA` (any device; shapes as :func:`chunk_kda`,
+    ``scale`` already resolved). Returns ``(o [B, T, H, Dv], final_state [B, H, Dk, Dv] fp32 or None)``."""
+    _check_shapes(q, k, v, g, beta, initial_state)
+    if segment_len < 1:
+        raise ValueError(f"segment_len must be positive, got {segment_len}")
+    out, final_state = SegmentedKDA.apply(q, k, v, g, beta, initial_state, scale, use_qk_l2norm_in_kernel,
+                                          segment_len, kernel)
+    return out, (final_state if output_final_state else None)
 
 
 def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -129,6 +153,5 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         out, final_state = fla_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
                                    use_qk_l2norm_in_kernel)
         return out, (final_state if output_final_state else None)
-    out, final_state = SegmentedKDA.apply(q, k, v, g, beta, initial_state, scale, use_qk_l2norm_in_kernel,
-                                          segment_len)
-    return out, (final_state if output_final_state else None)
+    return segmented_kda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                         segment_len)

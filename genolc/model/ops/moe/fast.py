@@ -50,7 +50,7 @@ def grouped_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Te
     if x.dtype != gate_up_proj.dtype or x.dtype != down_proj.dtype:
         raise ValueError(f"x ({x.dtype}) and the expert weights ({gate_up_proj.dtype}, {down_proj.dtype}) must share "
                          "a dtype for the grouped GEMM")
-    tokens_per_expert = torch.bincount(expert_ids.reshape(-1), minlength=num_experts)
+    tokens_per_expert = torch.bincount(expert_ids.reshape(-1), minlength=gate_up_proj.shape[0])
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or gate_up_proj.requires_grad
                                               or down_proj.requires_grad or weights.requires_grad)
     pieces = []

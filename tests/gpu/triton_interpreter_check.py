@@ -1,0 +1,172 @@
+"""TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
+
+Runs genolc's Triton kernels (indexer scoring, DSA sparse attention forward and backward) on CPU tensors under
+Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37 and 203,
+kpool 1/4/16, batch 2, head dims that are not powers of two, index rows with -1 slots and wholly empty rows, int32
+and int64 indices, strided k/v views. Exit status 0 when everything matches.
+
+Not part of the CI suite (pytest collects ``test_*.py`` only): it needs Triton, which genolc does not depend on on
+CPU. Use a throwaway venv, never the project's:
+
+    python3 -m venv /tmp/tri && /tmp/tri/bin/pip install torch==2.13.0 triton numpy safetensors click
+
+The interpreter runs the kernels' Python semantics (masks, offsets, online softmax, atomics) but says nothing about
+registers, shared memory or speed; those need the GPU tests beside this file. The indexer runs in fp32 only here:
+Triton 3.9's interpreter gets ``tl.dot`` of bf16 tiles wrong (errors ~1e10 on a plain 16x16 product, while
+bf16 loads and fp32 dots are exact), so a bf16 indexer case would test the interpreter, not the kernel. The DSA
+kernels use no ``tl.dot`` and run in bf16 too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    sys.exit("set TRITON_INTERPRET=1 (see the command in this file's docstring)")
+
+import torch  # noqa: E402
+
+from genolc.model.ops.dsa import fast as dsa_fast  # noqa: E402
+from genolc.model.ops.dsa import reference as dsa_reference  # noqa: E402
+from genolc.model.ops.indexer import fast as indexer_fast  # noqa: E402
+from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.detach().double(), expected.detach().double()
+    if not torch.isfinite(actual).all():
+        return float("inf")
+    return float((actual - expected).norm() / expected.norm().clamp_min(1e-30))
+
+
+def selected_scores(index_q, weights, pooled, rows, topk, kpool, scale) -> torch.Tensor:
+    """Reference fp32 scores of each row's selected pools, sorted descending (-inf for empty slots)."""
+    pools = indexer_reference.selected_pools(rows, topk, kpool)
+    gathered = pooled[torch.arange(pooled.shape[0])[:, None, None], pools.clamp_min(0)]
+    scores = indexer_reference.pool_scores(index_q, weights, gathered, scale)
+    return scores.masked_fill(pools < 0, float("-inf")).sort(-1, descending=True).values
+
+
+def check_indexer(batch, length, heads, dim, topk, kpool, tail, dtype, query_chunk, out_dtype) -> list[str]:
+    gen = torch.Generator().manual_seed(length * 31 + kpool)
+    index_q = torch.randn(batch, length, heads, dim, generator=gen).to(dtype)
+    weights = torch.randn(batch, length, heads, generator=gen) * heads ** -0.5
+    pooled = torch.randn(batch, length // kpool, dim, generator=gen).to(dtype)
+    kwargs = dict(kpool=kpool, topk=topk, select_tail=tail, softmax_scale=dim ** -0.5)
+    expected = indexer_reference.select_indices(index_q, weights, pooled, **kwargs)
+    got = indexer_fast.streamed_select(index_q, weights, pooled, query_chunk=query_chunk, out_dtype=out_dtype,
+                                       **kwargs)
+    problems = []
+    if got.shape != expected.shape or got.dtype != out_dtype:
+        return [f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(expected.shape)} {out_dtype}"]
+    got = got.long()
+    if not torch.equal(got[..., topk:], expected[..., topk:]):
+        problems.append("tail slots differ")
+    if not torch.equal((got < 0).sum(-1), (expected < 0).sum(-1)):
+        problems.append("empty-slot counts differ")
+    if not bool((got <= torch.arange(length)[None, :, None]).all()):
+        problems.append("non-causal index")
+    slots = got[..., :topk].view(batch, length, topk // kpool, kpool)
+    if not bool(((slots[..., 1:] - slots[..., :1] == torch.arange(1, kpool)) | (slots[..., 1:] < 0)).all()):
+        problems.append("a slot does not hold kpool consecutive tokens")
+    # Sets may differ only between pools whose scores tie (ReLU zeros tie often at few heads).
+    mine = selected_scores(index_q.float(), weights, pooled.float(), got, topk, kpool, dim ** -0.5)
+    theirs = selected_scores(index_q.float(), weights, pooled.float(), expected, topk, kpool, dim ** -0.5)
+    finite = torch.isfinite(theirs)
+    if not torch.equal(finite, torch.isfinite(mine)):
+        problems.append("different number of selected pools")
+    elif not torch.allclose(mine[finite], theirs[finite], rtol=1e-5 if dtype == torch.float32 else 2e-2,
+                            atol=1e-5 if dtype == torch.float32 else 2e-2):
+        problems.append(f"selected scores differ (max {float((mine[finite] - theirs[finite]).abs().max()):.3g})")
+    identical = (got[..., :topk].sort(-1).values == expected[..., :topk].sort(-1).values).all(-1)
+    print(f"    identical rows {float(identical.float().mean()):.3f}")
+    return problems
+
+
+def index_rows(batch, length, topk, kpool, seed) -> torch.Tensor:
+    """Indexer-layout rows from the reference selection, then -1 holes and two wholly empty rows."""
+    gen = torch.Generator().manual_seed(seed)
+    index_q = torch.randn(batch, length, 2, 16, generator=gen)
+    weights = torch.rand(batch, length, 2, generator=gen)
+    pooled = torch.randn(batch, length // kpool, 16, generator=gen)
+    rows = indexer_reference.select_indices(index_q, weights, pooled, kpool=kpool, topk=topk, select_tail=True,
+                                            softmax_scale=0.2)
+    holes = torch.rand(rows.shape, generator=gen) < 0.15
+    rows = rows.masked_fill(holes, -1)
+    rows[0, length // 2] = -1
+    rows[batch - 1, length - 1] = -1
+    return rows
+
+
+def check_dsa(batch, length, heads, qk_dim, v_dim, topk, kpool, index_dtype, dtype=torch.float32) -> list[str]:
+    indices = index_rows(batch, length, topk, kpool, seed=length + kpool).to(index_dtype)
+    gen = torch.Generator().manual_seed(7 * length + heads)
+    q = torch.randn(batch, length, heads, qk_dim, generator=gen)
+    # k and v as strided views of one projection, as the layer produces them.
+    kv = torch.randn(batch, length, heads, qk_dim + v_dim, generator=gen)
+    q, kv = q.to(dtype), kv.to(dtype)
+    k, v = kv.split([qk_dim, v_dim], dim=-1)
+    d_out = torch.randn(batch, length, heads, v_dim, generator=gen)
+    scale = qk_dim ** -0.5
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    results = []
+    # The reference runs in fp32 on the same (possibly bf16-rounded) values.
+    for op, cast in ((dsa_reference.sparse_attention, torch.float32), (dsa_fast.SparseAttention.apply, dtype)):
+        leaves = [t.detach().to(cast).requires_grad_(True) for t in (q, k, v)]
+        out = op(*leaves, indices, scale)
+        if out.dtype != cast:
+            return [f"output dtype {out.dtype}, expected {cast}"]
+        results.append((out, torch.autograd.grad((out.float() * d_out).sum(), leaves)))
+    (ref_out, ref_grads), (out, grads) = results
+    problems = []
+    if out.shape != ref_out.shape:
+        return [f"shape {tuple(out.shape)} vs {tuple(ref_out.shape)}"]
+    if rel_err(out, ref_out) > tolerance:
+        problems.append(f"out rel err {rel_err(out, ref_out):.2e}")
+    empty = (indices < 0).all(-1)
+    if out[empty].abs().max() != 0:
+        problems.append("an empty row is not zero")
+    for name, mine, theirs in zip("qkv", grads, ref_grads):
+        if mine.dtype != dtype or rel_err(mine, theirs) > tolerance:
+            problems.append(f"d{name} rel err {rel_err(mine, theirs):.2e}")
+    return problems
+
+
+def main() -> int:
+    failures = 0
+    indexer_cases = [
+        # batch, length, heads, dim, topk, kpool, tail, dtype, query_chunk, out_dtype
+        (2, 37, 3, 24, 16, 4, True, torch.float32, None, torch.int64),
+        (2, 203, 3, 24, 32, 4, True, torch.float32, 64, torch.int32),
+        (2, 203, 4, 16, 64, 16, True, torch.float32, 50, torch.int64),
+        (2, 203, 2, 16, 32, 16, False, torch.float32, None, torch.int64),
+        (1, 203, 2, 32, 8, 1, False, torch.float32, 70, torch.int64),
+        (2, 37, 2, 16, 16, 16, True, torch.float32, None, torch.int64),
+    ]
+    dsa_cases = [
+        # batch, length, heads, qk_dim, v_dim, topk, kpool, index dtype
+        (2, 37, 3, 24, 20, 16, 4, torch.int64),
+        (2, 203, 2, 32, 16, 64, 4, torch.int32),
+        (2, 203, 3, 16, 24, 64, 16, torch.int64),
+        (1, 203, 1, 8, 8, 8, 1, torch.int32),
+        (2, 37, 2, 16, 16, 16, 16, torch.int64),
+        (2, 37, 3, 24, 20, 16, 4, torch.int32, torch.bfloat16),
+    ]
+    for case in indexer_cases:
+        start = time.time()
+        problems = check_indexer(*case)
+        failures += bool(problems)
+        print(f"indexer {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
+    for case in dsa_cases:
+        start = time.time()
+        problems = check_dsa(*case)
+        failures += bool(problems)
+        print(f"dsa {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
+    print("all ok" if failures == 0 else f"{failures} case(s) failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

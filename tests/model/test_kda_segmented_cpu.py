@@ -1,0 +1,123 @@
+"""Segment-wise KDA autograd (genolc.model.ops.kda.fast.SegmentedKDA) on CPU, around the pure-torch chunk_kda.
+
+The segmented Function is fla-independent: it takes the per-segment kernel as a parameter. Here that kernel is the
+reference, so outputs and gradients must equal one unsegmented reference call up to fp32 summation order.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genolc.model.ops.kda import reference
+from genolc.model.ops.kda.fast import segment_bounds, segmented_kda
+
+# Odd length, and a reference chunk that segment boundaries cut through.
+LENGTH = 37
+CHUNK = 16
+
+
+def reference_kernel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+    return reference.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state,
+                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=CHUNK)
+
+
+def _inputs(seed: int, with_state: bool, dtype=torch.float32, batch=2, heads=2, key_dim=8, value_dim=6):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, LENGTH, heads, key_dim, generator=gen)
+    k = torch.randn(batch, LENGTH, heads, key_dim, generator=gen)
+    v = torch.randn(batch, LENGTH, heads, value_dim, generator=gen)
+    g = -3.0 * torch.sigmoid(torch.randn(batch, LENGTH, heads, key_dim, generator=gen))
+    beta = torch.rand(batch, LENGTH, heads, generator=gen)
+    tensors = [q.to(dtype), k.to(dtype), v.to(dtype), g, beta.to(dtype)]
+    if with_state:
+        tensors.append(0.5 * torch.randn(batch, heads, key_dim, value_dim, generator=gen))
+    return [t.requires_grad_(True) for t in tensors]
+
+
+def _run(op, inputs, d_out, d_final, output_final_state):
+    q, k, v, g, beta, *state = inputs
+    out, final = op(q, k, v, g, beta, state[0] if state else None, output_final_state)
+    loss = (out.float() * d_out).sum()
+    if output_final_state:
+        loss = loss + (final * d_final).sum()
+    grads = torch.autograd.grad(loss, inputs)
+    return out, final, grads
+
+
+def _whole(q, k, v, g, beta, state, output_final_state):
+    return reference_kernel(q, k, v, g, beta, 0.4, state, output_final_state, True)
+
+
+def _segmented(segment_len):
+    def op(q, k, v, g, beta, state, output_final_state):
+        return segmented_kda(q, k, v, g, beta, 0.4, state, output_final_state, True, segment_len,
+                             kernel=reference_kernel)
+    return op
+
+
+def _rel(actual, expected) -> float:
+    actual, expected = actual.detach().double(), expected.detach().double()
+    return float((actual - expected).norm() / expected.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("segment_len", [1, 10, 16, 36, LENGTH, 64])
+@pytest.mark.parametrize("with_state, output_final_state", [(True, True), (False, True), (True, False),
+                                                            (False, False)])
+def test_segmented_equals_unsegmented(segment_len, with_state, output_final_state):
+    inputs = _inputs(seed=segment_len, with_state=with_state)
+    gen = torch.Generator().manual_seed(100 + segment_len)
+    d_out = torch.randn(inputs[2].shape, generator=gen)
+    d_final = torch.randn(inputs[0].shape[0], inputs[0].shape[2], inputs[0].shape[3], inputs[2].shape[3],
+                          generator=gen)
+    whole = _run(_whole, inputs, d_out, d_final, output_final_state)
+    pieces = _run(_segmented(segment_len), inputs, d_out, d_final, output_final_state)
+    assert _rel(pieces[0], whole[0]) < 1e-5
+    if output_final_state:
+        assert _rel(pieces[1], whole[1]) < 1e-5
+    else:
+        assert pieces[1] is None
+    for name, mine, theirs in zip("q k v g beta h0".split(), pieces[2], whole[2]):
+        assert mine.dtype == theirs.dtype and mine.shape == theirs.shape, name
+        assert _rel(mine, theirs) < 1e-5, name
+
+
+def test_only_the_final_state_carries_gradient():
+    # d_out never reaches backward (materialize_grads off): the zero output gradient path. The final state does
+    # not depend on q, so q's gradient is zero (None from the reference).
+    inputs = _inputs(seed=5, with_state=True)
+    q, k, v, g, beta, state = inputs
+    d_final = torch.randn(2, 2, 8, 6, generator=torch.Generator().manual_seed(6))
+    grads = []
+    for op in (_whole, _segmented(10)):
+        _, final = op(q, k, v, g, beta, state, True)
+        grads.append(torch.autograd.grad((final * d_final).sum(), inputs, allow_unused=True))
+    assert grads[0][0] is None and not grads[1][0].any()
+    for name, mine, theirs in zip("k v g beta h0".split(), grads[1][1:], grads[0][1:]):
+        assert _rel(mine, theirs) < 1e-5, name
+
+
+def test_bf16_inputs_and_partial_requires_grad():
+    q, k, v, g, beta, state = _inputs(seed=9, with_state=True, dtype=torch.bfloat16)
+    state = state.detach().bfloat16().requires_grad_(True)
+    beta = beta.detach()                                # not trained: no gradient expected for it
+    d_out = torch.randn(v.shape, generator=torch.Generator().manual_seed(10))
+    results = []
+    for op in (_whole, _segmented(10)):
+        out, final = op(q, k, v, g, beta, state, True)
+        assert out.dtype == torch.bfloat16 and final.dtype == torch.float32
+        grads = torch.autograd.grad((out.float() * d_out).sum() + final.sum(), (q, k, v, g, state))
+        results.append((out, grads))
+    assert _rel(results[1][0], results[0][0]) < 1e-2
+    for name, mine, theirs in zip("q k v g h0".split(), results[1][1], results[0][1]):
+        assert mine.dtype == theirs.dtype, name
+        assert _rel(mine, theirs) < 2e-2, name
+
+
+def test_segment_bounds_and_bad_segment_len():
+    assert segment_bounds(37, 10) == [(0, 10), (10, 20), (20, 30), (30, 37)]
+    assert segment_bounds(37, 37) == [(0, 37)]
+    inputs = _inputs(seed=1, with_state=False)
+    with pytest.raises(ValueError, match="segment_len"):
+        segmented_kda(*inputs, 0.4, None, False, True, 0, kernel=reference_kernel)
