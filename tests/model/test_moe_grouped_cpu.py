@@ -46,3 +46,21 @@ def test_rejects_mixed_dtypes():
     with pytest.raises(ValueError, match="share"):
         grouped_experts(x, torch.zeros(4, 1, dtype=torch.long), torch.ones(4, 1), torch.randn(2, 6, 8).bfloat16(),
                         torch.randn(2, 8, 3).bfloat16(), 7.0)
+
+
+def test_autocast_with_fp32_master_weights_matches_reference():
+    # The trainer's GPU setting: fp32 parameters, bf16 autocast; the grouped GEMM needs one dtype for all operands.
+    n_tokens, hidden, inter, experts, top_k = 97, 32, 24, 4, 2
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(n_tokens, hidden, generator=gen, requires_grad=True)
+    gate_up = (0.2 * torch.randn(experts, 2 * inter, hidden, generator=gen)).requires_grad_(True)
+    down = (0.2 * torch.randn(experts, hidden, inter, generator=gen)).requires_grad_(True)
+    expert_ids = torch.randint(0, experts, (n_tokens, top_k), generator=gen)
+    weights = torch.rand(n_tokens, top_k, generator=gen)
+    ref_out, _ = routed_experts(x, expert_ids, weights, gate_up, down, 7.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = grouped_experts(x, expert_ids, weights, gate_up, down, 7.0)
+    assert out.dtype == torch.float32
+    assert _rel(out, ref_out) < 2e-2
+    grad_gate_up, = torch.autograd.grad(out.sum(), (gate_up,))
+    assert grad_gate_up.dtype == torch.float32 and torch.isfinite(grad_gate_up).all()

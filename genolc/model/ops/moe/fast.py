@@ -47,6 +47,12 @@ def grouped_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Te
     check_expert_shapes(x, expert_ids, weights, gate_up_proj, down_proj)
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    out_dtype = x.dtype
+    if torch.is_autocast_enabled(x.device.type):
+        # Under autocast (the trainer's bf16 compute) the weights are fp32 masters and x may be either dtype; the
+        # grouped GEMM takes one dtype, so cast both the way autocast casts a linear layer's operands.
+        compute = torch.get_autocast_dtype(x.device.type)
+        x, gate_up_proj, down_proj = x.to(compute), gate_up_proj.to(compute), down_proj.to(compute)
     if x.dtype != gate_up_proj.dtype or x.dtype != down_proj.dtype:
         raise ValueError(f"x ({x.dtype}) and the expert weights ({gate_up_proj.dtype}, {down_proj.dtype}) must share "
                          "a dtype for the grouped GEMM")
@@ -62,4 +68,4 @@ def grouped_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Te
         else:
             pieces.append(_experts_chunk(*args))
     out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-    return out, tokens_per_expert
+    return out.to(out_dtype), tokens_per_expert
