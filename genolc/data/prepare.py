@@ -284,7 +284,8 @@ def _make_tokenizer(config: PrepareConfig, paths: list[Path], selector: _Selecto
             "no training sequence to learn the BPE vocabulary from (every train record is mostly N or none matched)",
             fix="check --train, or use --tokenizer char / kmer:K",
         )
-    return make_tokenizer(config.tokenizer, sample)
+    # The sample is already bounded by --bpe-sample; BPE must learn from all of it, not its own smaller default.
+    return make_tokenizer(config.tokenizer, sample, max_training_bases=config.bpe_sample_bases)
 
 
 def _unique_key(chrom: str, used: set[str]) -> str:

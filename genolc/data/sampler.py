@@ -120,7 +120,7 @@ class TrainSampler:
                 f"a window of {self.window_tokens} tokens (seq_len {self.seq_len} + 1) is longer than every train "
                 f"chromosome; the longest, {longest_key}, has {lengths[longest_key]} tokens",
                 where=_dataset_where(dataset),
-                fix=f"use --seq-len {lengths[longest_key] - 1} or less, or add longer train chromosomes",
+                fix=f"use --seq {lengths[longest_key] - 1} or less, or add longer train chromosomes",
             )
         self._keys = [k for k, _ in usable]
         counts = np.array([c for _, c in usable], dtype=np.int64)
@@ -175,7 +175,7 @@ class TrainSampler:
             f"no training window of {self.window_tokens} tokens passed the N filter (max_n_fraction "
             f"{self.max_n_fraction}) in {MAX_DRAWS} draws at step {step}; the worst had {worst:.1%} ambiguous tokens",
             where=_dataset_where(self.dataset),
-            fix="raise --max-n-fraction, shorten --seq-len, or exclude N-heavy regions when preparing",
+            fix="raise --max-n-fraction, shorten --seq, or exclude N-heavy regions when preparing",
         )
 
     def batch(self, step: int, micro: int = 0) -> np.ndarray:
@@ -213,7 +213,7 @@ class TrainSampler:
         if changed:
             raise ConfigError(
                 "cannot resume: the sampler configuration differs from the checkpoint's (" + "; ".join(changed) + ")",
-                fix="resume with the same dataset, --seq-len, --max-n-fraction, reverse-complement setting and "
+                fix="resume with the same dataset, --seq, --max-n-fraction, reverse-complement setting and "
                     "data-parallel size, or start a new run",
             )
         self.seed = int(state["seed"])

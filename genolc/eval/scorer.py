@@ -237,6 +237,9 @@ def check_checkpoint_tokenizer(checkpoint: Path, tokenizer: Any, what: str = "ch
 
     path = Path(checkpoint) / "tokenizer.json"
     if not path.is_file():
+        from genolc.model.checkpoint import refuse_run_directory
+
+        refuse_run_directory(Path(checkpoint))
         raise InputError(f"the {what} has no tokenizer.json, so its token ids cannot be checked against the dataset's",
                          where=str(checkpoint),
                          fix="save it with save_pretrained(path, tokenizer=...) or copy the training dataset's "

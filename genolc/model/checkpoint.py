@@ -70,6 +70,8 @@ def read_checkpoint(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tens
     if not directory.is_dir():
         raise InputError("checkpoint directory not found", where=str(directory))
     config_path = directory / "config.json"
+    if not config_path.is_file():
+        refuse_run_directory(directory)
     config = ModelConfig.from_hf(config_path)
     raw_config = json.loads(config_path.read_text())
     tensors: dict[str, torch.Tensor] = {}
@@ -84,6 +86,14 @@ def read_checkpoint(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tens
             raise InputError(f"cannot read safetensors file ({exc})", where=str(file),
                              fix="re-download or re-save the checkpoint") from None
     return config, tensors, raw_config
+
+
+def refuse_run_directory(directory: Path) -> None:
+    """A `genolc finetune` run directory is a common mistake for a checkpoint: name the checkpoint it holds."""
+    saved = sorted(p.parent for p in directory.glob("checkpoints/step-*/config.json"))
+    if saved:
+        raise InputError("this is a finetune run directory, not a checkpoint", where=str(directory),
+                         fix=f"point at one of its checkpoints, e.g. the newest: {saved[-1]}")
 
 
 def to_genolc_names(tensors: dict[str, torch.Tensor], config: ModelConfig, where: str) -> dict[str, torch.Tensor]:

@@ -54,11 +54,13 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return tokenizer_from_dict(d, where=str(p))
 
 
-def make_tokenizer(spec: str, training_sequences: Iterable[np.ndarray] | None = None) -> Tokenizer:
+def make_tokenizer(spec: str, training_sequences: Iterable[np.ndarray] | None = None, *,
+                   max_training_bases: int | None = None) -> Tokenizer:
     """A tokenizer from ``'char'``, ``'kmer:6'``, ``'bpe:4096'``, ``'byte'`` or a tokenizer.json path.
 
     ``training_sequences`` (uint8 ASCII arrays, e.g. the training chromosomes' chunks) is read only for
-    ``bpe:N``, which is trained on it; the other kinds ignore it.
+    ``bpe:N``, which is trained on it; the other kinds ignore it. ``max_training_bases`` caps the bases BPE
+    learns from (None: :data:`genolc.tokenize.bpe.DEFAULT_MAX_TRAINING_BASES`).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"tokenizer spec must be a non-empty string (got {spec!r})", where="--tokenizer",
@@ -81,4 +83,6 @@ def make_tokenizer(spec: str, training_sequences: Iterable[np.ndarray] | None = 
                           fix=f"use e.g. '{example}'")
     if kind == "kmer":
         return KmerTokenizer(int(arg))
-    return BPETokenizer.train(training_sequences, int(arg))
+    if max_training_bases is None:
+        return BPETokenizer.train(training_sequences, int(arg))
+    return BPETokenizer.train(training_sequences, int(arg), max_training_bases=max_training_bases)

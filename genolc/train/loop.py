@@ -179,11 +179,14 @@ class _Trainer:
         if changed:
             raise ConfigError("cannot resume: settings differ from the checkpoint's (" + "; ".join(changed) + ")",
                               where=str(latest), fix="resume with the same options, or start a new run in another --out")
-        self._check_checkpoint_tokenizer(latest)
+        self._check_checkpoint_tokenizer(latest, trained_on=saved["config"].get("data"))
         return latest
 
-    def _check_checkpoint_tokenizer(self, path: Path) -> bool:
-        """True when ``path`` carries a genome tokenizer (then it must equal the dataset's); False when it has none."""
+    def _check_checkpoint_tokenizer(self, path: Path, trained_on: str | None = None) -> bool:
+        """True when ``path`` carries a genome tokenizer (then it must equal the dataset's); False when it has none.
+
+        ``trained_on``: when resuming, the dataset the run was trained on (the advice is then to resume on it).
+        """
         from genolc.tokenize import load_tokenizer
 
         file = Path(path) / "tokenizer.json"
@@ -194,11 +197,15 @@ class _Trainer:
         except GenolcError:
             return False   # a transformers text tokenizer.json, not a genome tokenizer
         if theirs.to_dict() != self.tokenizer.to_dict():
+            if trained_on is not None:
+                fix = (f"resume with the dataset this run was trained on (--data {trained_on}), or start a new run "
+                       "in another --out")
+            else:
+                fix = (f"prepare the dataset with the checkpoint's tokenizer (genolc prepare --tokenizer {file}) "
+                       "or start from a preset with --model")
             raise InputError(
                 f"the dataset was prepared with a different tokenizer ({_describe_tokenizer(self.tokenizer)}) than the "
-                f"checkpoint ({_describe_tokenizer(theirs)})", where=f"{self.config.data} vs {path}",
-                fix="prepare the dataset with the checkpoint's tokenizer (genolc prepare --tokenizer "
-                    f"{file}) or start from a preset with --model")
+                f"checkpoint ({_describe_tokenizer(theirs)})", where=f"{self.config.data} vs {path}", fix=fix)
         return True
 
     # ------------------------------------------------------------------------------------------------ building
@@ -369,6 +376,9 @@ class _Trainer:
         self._started = time.monotonic()
         self._step_tokens, self._step_seconds = 0, 0.0
         final: Path | None = self.last_good if self.start_step >= cfg.steps else None
+        if final is not None:
+            _say(f"the run is already at step {self.start_step} (--steps {cfg.steps}): nothing to train; raise --steps "
+                 "to continue it")
         bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not cfg.progress, unit="step",
                    desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step

@@ -156,6 +156,18 @@ def test_exclude_and_include_bed_tokenized_as_n(tmp_path):
     assert not amb[100:200].any() and amb.sum() == 9_900
 
 
+def test_bpe_learns_from_the_whole_bpe_sample(tmp_path):
+    # --bpe-sample used to bound only what prepare read; BPE then kept its own 4 Mbp default, so raising the
+    # option past 4 Mbp changed nothing. The option must set BPE's training cap too.
+    fa = write_fasta(tmp_path / "g.fa", [("chr1", random_bases(60_000)), ("chr2", random_bases(20_000))])
+    result = run(fa, "--out", tmp_path / "ds", "--train", "chr1", "--heldout", "chr2", "--tokenizer", "bpe:64",
+                 "--bpe-sample", "30000")
+    assert result.exit_code == 0, result.output
+    training = json.loads((tmp_path / "ds" / "manifest.json").read_text())["tokenizer"]["training"]
+    assert training["max_training_bases"] == 30_000
+    assert 29_000 < training["bases_used"] <= 30_000
+
+
 @pytest.mark.parametrize("spec", ["kmer:3", "bpe:64"])
 def test_multi_base_tokenizers_stream_across_chunks(tmp_path, spec):
     from genolc.data.prepare import PrepareConfig, prepare

@@ -116,3 +116,17 @@ def test_needle_oracle_copies_the_second_copy():
     assert (per_d["delta_ci_high"] < 0).all()
     with pytest.raises(ConfigError, match="does not fit"):
         needle_trials(CopyOracle(alphabet), [host], tok, segment_bases=128, trials=1, distances=[4000])
+
+
+def test_a_finetune_run_directory_as_checkpoint_names_its_newest_checkpoint(tmp_path):
+    from genolc.eval.scorer import check_checkpoint_tokenizer
+
+    for step in ("step-000002", "step-000010"):
+        saved = tmp_path / "run" / "checkpoints" / step
+        saved.mkdir(parents=True)
+        (saved / "config.json").write_text("{}")
+    with pytest.raises(InputError, match="finetune run directory") as info:
+        check_checkpoint_tokenizer(tmp_path / "run", make_tokenizer("char"))
+    assert "step-000010" in info.value.message
+    with pytest.raises(InputError, match="no tokenizer.json"):
+        check_checkpoint_tokenizer(tmp_path / "run" / "checkpoints" / "step-000002", make_tokenizer("char"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -166,6 +167,16 @@ def test_convert_command_between_layouts(saved, tmp_path):
 
     result = runner.invoke(main, ["convert", str(tmp_path / "nowhere"), str(tmp_path / "out")])
     assert result.exit_code == 2 and "genolc: error: checkpoint directory not found" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_a_finetune_run_directory_names_its_checkpoint(saved, tmp_path):
+    _, path = saved
+    for step in ("step-000002", "step-000004"):
+        shutil.copytree(path, tmp_path / "run" / "checkpoints" / step)
+    result = CliRunner().invoke(main, ["convert", str(tmp_path / "run"), str(tmp_path / "out")])
+    assert result.exit_code == 2 and "finetune run directory, not a checkpoint" in result.output
+    assert str(tmp_path / "run" / "checkpoints" / "step-000004") in result.output
     assert not (tmp_path / "out").exists()
 
 

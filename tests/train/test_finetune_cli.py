@@ -54,6 +54,18 @@ def test_cli_trains_and_prints_the_checkpoint(char_data, tmp_path):
     assert "lr: saved 0.001, now 0.005" in out
 
 
+def test_resume_on_a_finished_run_or_another_tokenizer_says_what_to_do(char_data, tmp_path):
+    run = ("--seq", "64", "--out", tmp_path / "run", "--lr", "1e-3", "--warmup", "1")
+    assert _run("--data", char_data, "--steps", "2", *run)[0] == 0
+    code, output = _run("--data", char_data, "--steps", "2", *run, "--resume")
+    assert code == 0 and "already at step 2" in output and "raise --steps" in output
+    kmer_data = prepare(PrepareConfig(genomes=(shared_file(LAMBDA),), out=tmp_path / "kmer", train="all",
+                                      heldout=(), tokenizer="kmer:2", progress=False))
+    out = _error("--data", kmer_data, "--steps", "3", *run, "--resume")
+    # The advice is to resume on the run's own dataset, not to start from a preset (which --resume cannot do).
+    assert "different tokenizer" in out and f"--data {char_data}" in out and "--model" not in out
+
+
 def test_dataset_missing(tmp_path):
     out = _error("--data", tmp_path / "nope", "--seq", "64", "--out", tmp_path / "run")
     assert "prepared dataset not found" in out and "genolc prepare" in out
