@@ -35,10 +35,31 @@ def plain_blocks(path: Path) -> Iterator[bytes]:
             yield block
 
 
+# The empty block every BGZF file ends with (SAM/BAM specification, section 4.1.2).
+BGZF_EOF = bytes.fromhex("1f8b08040000000000ff0600424302001b0003000000000000000000")
+
+
 def gzip_blocks(path: Path) -> Iterator[bytes]:
     """Inflate every gzip member of ``path`` in turn, yielding pieces of at most ``_BLOCK_MAX`` bytes."""
     with open(path, "rb") as fh:
+        check_bgzf_complete(fh, path)
         yield from _inflate_members(fh, path)
+
+
+def check_bgzf_complete(fh: BinaryIO, path: Path) -> None:
+    """A BGZF file cut at a block boundary inflates cleanly to a shorter sequence; only its missing end-of-file
+    block shows the cut, so a BGZF file without one is refused (samtools merely warns)."""
+    head = fh.read(18)
+    if is_bgzf(head):
+        fh.seek(-len(BGZF_EOF), 2)
+        if fh.read(len(BGZF_EOF)) != BGZF_EOF:
+            raise InputError(
+                "the bgzip file has no end-of-file block: it was probably cut short at a block boundary",
+                where=str(path),
+                fix="fetch the file again; if it is complete but written by an old tool, recompress it "
+                    "(bgzip -dc FILE | bgzip > NEW)",
+            )
+    fh.seek(0)
 
 
 def _corrupt(path: Path, detail: str) -> InputError:

@@ -339,7 +339,20 @@ def test_truncated_gzip(shared_file, tmp_path):
     assert "truncated" in str(_error(cut))
     bgzf = shared_file("human/hg38_chr2_1-2333275.fa.gz").read_bytes()
     cut.write_bytes(bgzf[: len(bgzf) // 2])
-    assert "truncated" in str(_error(cut))
+    assert "cut short" in str(_error(cut))
+
+
+def test_bgzip_cut_exactly_at_a_block_boundary_is_refused(shared_file, tmp_path):
+    bgzf = shared_file("human/hg38_chr2_1-2333275.fa.gz").read_bytes()
+    # Walk the BGZF blocks (each header stores its total size minus one at bytes 16-17) and stop halfway.
+    offset, boundaries = 0, []
+    while offset < len(bgzf):
+        offset += int.from_bytes(bgzf[offset + 16: offset + 18], "little") + 1
+        boundaries.append(offset)
+    cut = tmp_path / "cut.fa.gz"
+    cut.write_bytes(bgzf[: boundaries[len(boundaries) // 2]])
+    assert gzip.decompress(cut.read_bytes())  # inflates cleanly: only the missing end-of-file block shows the cut
+    assert "no end-of-file block" in str(_error(cut))
 
 
 def test_corrupt_gzip(shared_file, tmp_path):
