@@ -183,18 +183,49 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices:
     (the kernel never materialises gathered keys, and backward always recomputes probabilities from the stored
     log-sum-exp). Returns ``[B, T, H, Dv]`` in v's dtype.
     """
+    if not (q.is_cuda and k.is_cuda and v.is_cuda and indices.is_cuda):
+        raise ValueError("genolc.model.ops.dsa.fast needs CUDA tensors; use reference.sparse_attention on CPU")
+    q, k, v, indices = prepare_inputs(q, k, v, indices)
+    check_kernel_inputs(q, k, v, indices)
+    return SparseAttention.apply(q, k, v, indices, softmax_scale)
+
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def prepare_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the kernels are handed for the layer's ``(q, k, v, indices)``. Pure torch (CPU-runnable; the CPU
+    tests check it).
+
+    q, k, v get one dtype, as autocast would give attention's operands (the autocast dtype when it is on, else
+    the widest); q is made contiguous because backward writes dq with q's strides into a contiguous buffer; k and
+    v (the layer's split views of one projection) keep their strides unless the last one is not 1.
+    """
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        common = torch.get_autocast_dtype(device_type)
+    else:
+        common = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    q = q.to(common).contiguous()
+    k, v = (t.to(common) for t in (k, v))
+    k, v, indices = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v, indices))
+    return q, k, v, indices
+
+
+def check_kernel_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor) -> None:
+    """ValueError unless the fused kernels can take these: shapes as the reference, q, k, v one dtype of
+    ``KERNEL_DTYPES``, q contiguous, k and v with a contiguous last dimension, indices ``[B, T, W]`` int32/int64
+    with a contiguous last dimension. Shared by :func:`sparse_attention` and the CPU tests."""
     _check_qkv(q, k, v)
     if indices.dim() != 3 or indices.shape[:2] != q.shape[:2]:
         raise ValueError(f"indices must be [B, T, W] with B, T of q {tuple(q.shape[:2])}, got {tuple(indices.shape)}")
     if indices.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"indices must be int32 or int64, got {indices.dtype}")
-    if not (q.is_cuda and k.is_cuda and v.is_cuda and indices.is_cuda):
-        raise ValueError("genolc.model.ops.dsa.fast needs CUDA tensors; use reference.sparse_attention on CPU")
-    if q.dtype != k.dtype or k.dtype != v.dtype:
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
+    if q.dtype not in KERNEL_DTYPES or q.dtype != k.dtype or k.dtype != v.dtype:
+        raise ValueError(f"q, k, v must share one dtype of {KERNEL_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.is_contiguous():
+        raise ValueError(f"q must be contiguous (backward writes dq with q's strides), got strides {q.stride()}")
+    for name, tensor in (("k", k), ("v", v), ("indices", indices)):
         if tensor.stride(-1) != 1:
             raise ValueError(f"{name} needs a contiguous last dimension, got strides {tensor.stride()}")
-    if indices.stride(-1) != 1:
-        indices = indices.contiguous()
-    return SparseAttention.apply(q, k, v, indices, softmax_scale)

@@ -31,6 +31,40 @@ BLOCK_QUERIES = 64
 BLOCK_POOLS = 128
 
 
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def prepare_inputs(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the scoring kernel is handed for the layer's ``(index_q, head_weights, pooled)``: both dot operands in
+    one dtype, every tensor contiguous, head weights fp32. Pure torch (CPU-runnable; the CPU tests check it).
+
+    The operands meet in a dot product, so the dtype is chosen as autocast chooses a matmul's: the autocast dtype
+    when autocast is on for their device, else the wider of the two. Under CUDA autocast the layer hands over
+    bf16 queries (a Linear's output) and fp32 pool keys (autocast runs ``layer_norm`` in fp32).
+    """
+    device_type = index_q.device.type
+    if torch.is_autocast_enabled(device_type):
+        common = torch.get_autocast_dtype(device_type)
+    else:
+        common = torch.promote_types(index_q.dtype, pooled.dtype)
+    return (index_q.to(common).contiguous(), head_weights.float().contiguous(), pooled.to(common).contiguous())
+
+
+def check_kernel_inputs(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor) -> None:
+    """ValueError unless the scoring kernel can take these (full ``[B, T, H, D]`` tensors or one row's
+    ``[Cq, H, D]`` slices): index_q and pooled one dtype of ``KERNEL_DTYPES``, head_weights fp32, last dims
+    contiguous. Shared by :func:`pool_score_block` and the CPU tests of what the model hands this op."""
+    if index_q.dtype not in KERNEL_DTYPES or index_q.dtype != pooled.dtype:
+        raise ValueError(f"index_q ({index_q.dtype}) and pooled ({pooled.dtype}) must share one dtype of "
+                         f"{KERNEL_DTYPES}")
+    if head_weights.dtype != torch.float32:
+        raise ValueError(f"head_weights must be float32 for the scoring kernel, got {head_weights.dtype}")
+    if index_q.stride(-1) != 1 or pooled.stride(-1) != 1 or head_weights.stride(-1) != 1:
+        raise ValueError(f"index_q, pooled and head_weights need a contiguous last dimension; got strides "
+                         f"{index_q.stride()}, {pooled.stride()}, {head_weights.stride()}")
+
+
 @functools.cache
 def _score_kernel():
     import triton
@@ -80,10 +114,7 @@ def pool_score_block(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: 
 
     n_queries, heads, dim = index_q.shape
     n_pools = pooled.shape[0]
-    if index_q.stride(-1) != 1 or pooled.stride(-1) != 1 or head_weights.stride(-1) != 1:
-        raise ValueError("index_q, pooled and head_weights need a contiguous last dimension")
-    if index_q.dtype != pooled.dtype:
-        raise ValueError(f"index_q ({index_q.dtype}) and pooled ({pooled.dtype}) must share a dtype")
+    check_kernel_inputs(index_q, head_weights, pooled)
     grid = (triton.cdiv(n_queries, BLOCK_QUERIES), triton.cdiv(n_pools, BLOCK_POOLS))
     _score_kernel()[grid](
         index_q, head_weights, pooled, out, q0, n_queries, n_pools, kpool, softmax_scale,
@@ -138,9 +169,8 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
     width = index_width(topk, kpool, select_tail)
     within_pool = torch.arange(kpool, device=device)
     tail_offsets = torch.arange(kpool - 1, device=device)
-    index_q = index_q.contiguous()
-    head_weights = head_weights.float().contiguous()
-    pooled = pooled.contiguous()
+    index_q, head_weights, pooled = prepare_inputs(index_q, head_weights, pooled)
+    check_kernel_inputs(index_q, head_weights, pooled)
     out = torch.full((batch, seq_len, width), -1, dtype=out_dtype, device=device)
     scores = torch.empty(min(query_chunk, seq_len) * max(n_pools, 1), dtype=torch.float32, device=device)
 

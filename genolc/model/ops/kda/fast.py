@@ -35,6 +35,47 @@ from genolc.model.ops.kda.reference import _check_shapes
 DEFAULT_SEGMENT_LEN = 65536
 
 
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FLA_MAX_KEY_DIM = 256
+
+
+def prepare_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   initial_state: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor | None]:
+    """What fla is handed for the layer's arguments. Pure torch (CPU-runnable; the CPU tests check it).
+
+    q, k, v meet in fla's tensor-core dots, so they get one dtype, chosen as autocast chooses a matmul's (the
+    autocast dtype when it is on, else the widest); g (fla accumulates it in fp32 itself) and beta keep theirs;
+    the initial state goes to fp32, which fla asserts. Strides are left alone: fla's ``input_guard`` makes every
+    input contiguous.
+    """
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        common = torch.get_autocast_dtype(device_type)
+    else:
+        common = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    if initial_state is not None and initial_state.dtype != torch.float32:
+        initial_state = initial_state.float()
+    return q.to(common), k.to(common), v.to(common), g, beta, initial_state
+
+
+def check_kernel_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        initial_state: torch.Tensor | None) -> None:
+    """ValueError unless fla's ``chunk_kda`` (gate outside the kernel, no varlen) accepts these: shapes as the
+    reference, q, k, v one dtype of ``KERNEL_DTYPES``, g and beta floating, ``Dk <= 256``, initial state fp32.
+    Shared by :func:`chunk_kda` and the CPU tests of what the model hands this op."""
+    _check_shapes(q, k, v, g, beta, initial_state)
+    if q.dtype not in KERNEL_DTYPES or q.dtype != k.dtype or k.dtype != v.dtype:
+        raise ValueError(f"q, k, v must share one dtype of {KERNEL_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if g.dtype not in KERNEL_DTYPES or beta.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"g and beta must be floating ({KERNEL_DTYPES}), got {g.dtype}, {beta.dtype}")
+    if q.shape[-1] > FLA_MAX_KEY_DIM:
+        raise ValueError(f"fla's KDA kernels take key head dims up to {FLA_MAX_KEY_DIM}, got {q.shape[-1]}")
+    if initial_state is not None and initial_state.dtype != torch.float32:
+        raise ValueError(f"fla needs a float32 initial_state, got {initial_state.dtype}")
+
+
 def _fla_chunk_kda():
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
@@ -143,11 +184,12 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     ``chunk_size`` must be 64 (fla's chunk; accepted for signature compatibility). ``segment_len``: tokens per
     segment; None runs fla unsegmented (its own autograd, memory O(T) in fla's saved workspace).
     """
-    _check_shapes(q, k, v, g, beta, initial_state)
     if chunk_size != 64:
         raise ValueError(f"the fla KDA kernels use chunk_size 64; got {chunk_size}")
     if not q.is_cuda:
         raise ValueError("genolc.model.ops.kda.fast needs CUDA tensors; use reference.chunk_kda on CPU")
+    q, k, v, g, beta, initial_state = prepare_inputs(q, k, v, g, beta, initial_state)
+    check_kernel_inputs(q, k, v, g, beta, initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if segment_len is None or q.shape[1] <= segment_len:
         out, final_state = fla_kda(q, k, v, g, beta, scale, initial_state, output_final_state,

@@ -16,9 +16,44 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from genolc.model.ops.moe.reference import check_expert_shapes, clamped_swiglu
+from genolc.model.ops.moe.reference import check_expert_shapes, clamped_swiglu, routed_experts
 
 DEFAULT_CHUNK_TOKENS = 65536
+
+
+GROUPED_MM_ALIGN_BYTES = 16
+
+
+def prepare_inputs(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The grouped GEMMs' operands for the layer's ``(x, gate_up_proj, down_proj)``. Pure torch (CPU-runnable).
+
+    Under autocast (the trainer's bf16 compute) the weights are fp32 masters and x may be either dtype (the
+    post-attention RMSNorm multiplies by an fp32 weight); the grouped GEMM takes one dtype, so all three are cast
+    the way autocast casts a linear layer's operands. Without autocast they pass unchanged.
+    """
+    if torch.is_autocast_enabled(x.device.type):
+        compute = torch.get_autocast_dtype(x.device.type)
+        return x.to(compute), gate_up_proj.to(compute), down_proj.to(compute)
+    return x, gate_up_proj, down_proj
+
+
+def check_kernel_inputs(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
+    """ValueError unless CUDA's ``torch._grouped_mm`` takes these as :func:`_experts_chunk` passes them: all
+    bf16, and every row (``D`` of x and gate_up_proj, ``I`` of down_proj) 16-byte aligned; both weights have a
+    contiguous last dimension (their ``transpose(1, 2)`` is the column-major operand). Shared by
+    :func:`grouped_experts` and the CPU tests, which also run these operands through the op's meta checks."""
+    if x.dtype != torch.bfloat16 or gate_up_proj.dtype != torch.bfloat16 or down_proj.dtype != torch.bfloat16:
+        raise ValueError(f"CUDA grouped GEMM needs bf16 x and expert weights, got {x.dtype}, {gate_up_proj.dtype}, "
+                         f"{down_proj.dtype}")
+    align = GROUPED_MM_ALIGN_BYTES // x.element_size()
+    hidden, inter = x.shape[-1], down_proj.shape[-1]
+    if hidden % align or inter % align:
+        raise ValueError(f"CUDA grouped GEMM needs hidden ({hidden}) and expert intermediate ({inter}) sizes that are "
+                         f"multiples of {align}")
+    if gate_up_proj.stride(-1) != 1 or down_proj.stride(-1) != 1:
+        raise ValueError(f"expert weights need a contiguous last dimension, got strides {gate_up_proj.stride()}, "
+                         f"{down_proj.stride()}")
 
 
 def _experts_chunk(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,
@@ -48,12 +83,14 @@ def grouped_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Te
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     out_dtype = x.dtype
-    if torch.is_autocast_enabled(x.device.type):
-        # Under autocast (the trainer's bf16 compute) the weights are fp32 masters and x may be either dtype; the
-        # grouped GEMM takes one dtype, so cast both the way autocast casts a linear layer's operands.
-        compute = torch.get_autocast_dtype(x.device.type)
-        x, gate_up_proj, down_proj = x.to(compute), gate_up_proj.to(compute), down_proj.to(compute)
-    if x.dtype != gate_up_proj.dtype or x.dtype != down_proj.dtype:
+    x, gate_up_proj, down_proj = prepare_inputs(x, gate_up_proj, down_proj)
+    if x.is_cuda and x.dtype != torch.bfloat16:
+        # CUDA's grouped GEMM is bf16-only; fp32 or fp16 compute (no autocast) takes the per-expert loop instead.
+        out, tokens_per_expert = routed_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit)
+        return out.to(out_dtype), tokens_per_expert
+    if x.is_cuda:
+        check_kernel_inputs(x, gate_up_proj, down_proj)
+    elif x.dtype != gate_up_proj.dtype or x.dtype != down_proj.dtype:
         raise ValueError(f"x ({x.dtype}) and the expert weights ({gate_up_proj.dtype}, {down_proj.dtype}) must share "
                          "a dtype for the grouped GEMM")
     tokens_per_expert = torch.bincount(expert_ids.reshape(-1), minlength=gate_up_proj.shape[0])
