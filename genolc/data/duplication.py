@@ -24,6 +24,10 @@ _MULT = np.uint64(0x9E3779B97F4A7C15)
 _MULT_INV = np.uint64(pow(int(_MULT), -1, 1 << 64))
 # A bitmap on the top hash bits screens lookups cheaply before the exact sorted search.
 _FILTER_BITS = 25
+# Upper-case A/C/G/T. Training blocks with N, an IUPAC code or a BED-excluded base are never indexed, so a held-out
+# block holding one could never be found: it is not eligible either (counting it would understate the share).
+_PLAIN_ACGT = np.zeros(256, dtype=bool)
+_PLAIN_ACGT[np.frombuffer(b"ACGT", dtype=np.uint8)] = True
 
 
 def _powers(base: np.uint64, n: int) -> np.ndarray:
@@ -149,7 +153,8 @@ def heldout_coverage(
 
     ``read(lo, hi)`` returns the record's upper-case bases [lo, hi) as uint8; it is called on windows of ``step``
     bases (overlapping by 999) so memory stays bounded for any record length. Eligible blocks are whole 1000-base
-    grid blocks without N.
+    grid blocks of A/C/G/T only (no N, IUPAC code or BED-excluded base, which prepare writes as N), the same
+    rule that decides which training blocks are indexed.
     """
     if step % BLOCK_BASES:
         raise ValueError(f"step must be a multiple of {BLOCK_BASES}, got {step}")
@@ -165,7 +170,7 @@ def heldout_coverage(
         starts.append(hit.astype(np.int64) + lo)
         b_lo, b_hi = lo // BLOCK_BASES, min(n_blocks, (lo + step) // BLOCK_BASES)
         grid = seq[: (b_hi - b_lo) * BLOCK_BASES].reshape(b_hi - b_lo, BLOCK_BASES)
-        eligible[b_lo:b_hi] = ~np.any(grid == ord("N"), axis=1)
+        eligible[b_lo:b_hi] = np.all(_PLAIN_ACGT[grid], axis=1)
     match = np.unique(np.concatenate(starts))
     covered = np.zeros(n_blocks, dtype=bool)
     if len(match):
