@@ -39,6 +39,8 @@ def _lengths(text: str | None) -> tuple[int, ...]:
               help="Loss weight of soft-masked (repeat) targets; Evo 2 uses 0.1.")
 @click.option("--moe-balance", "moe_balance_coef", default=0.0, show_default=True, type=float,
               help="Weight of the MoE balancing loss.")
+@click.option("--moe-bias-rate", "moe_bias_rate", default=1e-3, show_default=True, type=float,
+              help="Aux-loss-free MoE balancing: router bias step per optimizer step (DeepSeek-V3: 1e-3; 0: off).")
 @click.option("--indexer", default="off", show_default=True,
               type=click.Choice(["off", "dense", "sparse", "dense-then-sparse"]),
               help="DSA indexer KL training (from scratch: dense-then-sparse).")

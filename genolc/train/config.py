@@ -43,6 +43,8 @@ class TrainConfig:
     seq_warmup_steps: int = 0                   # optimizer steps spent in each warm-up stage
     softmask_weight: float = 1.0                # loss weight of soft-masked (repeat) targets; Evo 2 uses 0.1
     moe_balance_coef: float = 0.0               # weight of the model's 'moe_balance' aux loss (0: not added)
+    moe_bias_rate: float = 1e-3                 # router correction-bias step per optimizer step (aux-loss-free
+                                                # balancing, genolc.train.balance; DeepSeek-V3's 1e-3); 0: off
     indexer: str = "off"                        # DSA indexer KL: off | dense | sparse | dense-then-sparse
     indexer_dense_steps: int = 0                # with dense-then-sparse: steps of dense warm-up before sparse
     indexer_kl_coef: float = 1.0                # weight of the model's 'indexer_kl' aux loss
@@ -70,7 +72,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}", where=option_name(name))
         for name in ("warmup_steps", "seq_warmup_steps", "checkpoint_every", "indexer_dense_steps", "seed",
-                     "weight_decay", "grad_clip", "moe_balance_coef", "indexer_kl_coef"):
+                     "weight_decay", "grad_clip", "moe_balance_coef", "moe_bias_rate", "indexer_kl_coef"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be zero or positive, got {getattr(self, name)}",
                                   where=option_name(name))
@@ -143,9 +145,14 @@ RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep
                                "progress", "device"})
 
 
+# Fields added after checkpoints were first written, with the value such older checkpoints were trained with.
+_ABSENT_IN_OLDER_CHECKPOINTS = {"moe_bias_rate": 0.0}
+
+
 def changed_for_resume(saved: dict[str, Any], current: TrainConfig) -> list[str]:
     """Names of settings that differ from a checkpoint's and would make a resumed run compute different steps."""
     now = current.to_dict()
+    saved = {**_ABSENT_IN_OLDER_CHECKPOINTS, **saved}
     return [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now
             if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
 

@@ -13,6 +13,8 @@ One optimizer step (see :mod:`genolc.train.schedule` for its shape):
   4. Backward per micro-batch; then the loss and gradient norm are checked (NaN/Inf stops the run with
      :class:`~genolc.train.state.NonFiniteLossError`, keeping the last good checkpoint), gradients are clipped to
      ``grad_clip`` and AdamW steps with the scheduled learning rate.
+  5. Each MoE router's correction bias moves by ``moe_bias_rate`` towards balanced load, from the tokens per expert
+     summed over the step's micro-batches (auxiliary-loss-free balancing, :mod:`genolc.train.balance`).
 Compute: bf16 autocast on CUDA (fp32 master weights and optimizer), fp32 on CPU.
 
 Stopping: the first SIGINT (Ctrl-C) or SIGTERM lets the current step finish, saves a checkpoint of it, writes
@@ -20,7 +22,8 @@ Stopping: the first SIGINT (Ctrl-C) or SIGTERM lets the current step finish, sav
 one message naming the checkpoint to ``--resume`` from); a second one stops at once without saving.
 
 Outputs under ``config.out``: ``checkpoints/step-NNNNNN/`` (:mod:`genolc.train.state`), ``metrics.jsonl`` (one
-line per step: step, loss, tokens, lr, tokens_per_s, grad_norm, seq_len, aux losses, ...), ``summary.json`` and
+line per step: step, loss, tokens, lr, tokens_per_s, grad_norm, seq_len, aux losses, per-MoE-layer load
+``moe_load_max_over_mean`` / ``moe_load_min_over_mean``, ...), ``summary.json`` and
 ``runs/`` (the run record). The returned path is the final checkpoint, a model directory ``genolc eval`` reads.
 
 Starting points: a preset (``config.model``) sized to the dataset tokenizer's vocabulary; or ``config.init``, a
@@ -54,6 +57,7 @@ from genolc.fsutil import atomic_write_json, ensure_writable_parent
 from genolc.runs import run_record
 from genolc.train import state as ckpt
 from genolc.train.apply import apply_transforms
+from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.config import TrainConfig, changed_for_resume
 from genolc.train.plan import GIB, oom_error, required_seq_multiple
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
@@ -296,10 +300,12 @@ class _Trainer:
                              fix="lower --max-n-fraction so windows full of N are skipped")
         lm_loss = torch.zeros((), dtype=torch.float64)
         aux_sums: dict[str, float] = {}
+        expert_counts: dict[int, torch.Tensor] = {}
         for micro, (ids, weights) in enumerate(batches):
             ids, weights = ids.to(self.device), weights.to(self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 out = self.model(ids[:, :-1], indexer_loss=mode)
+            add_expert_counts(expert_counts, out.tokens_per_expert)
             logits = out.logits.float()
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
             main = (ce * weights.reshape(-1)).sum() / total_weight
@@ -323,12 +329,15 @@ class _Trainer:
             raise self._diverged(step, f"gradient norm is {grad_norm}")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        update_router_bias(self.model, expert_counts, cfg.moe_bias_rate)
         self.tokens_seen += shape.tokens
         self.targets_seen += int(sum(int((w > 0).sum()) for _, w in batches))
         metrics: dict[str, Any] = {"step": step + 1, "loss": float(lm_loss), "tokens": self.tokens_seen,
                                    "lr": lr, "grad_norm": grad_norm, "seq_len": shape.seq_len,
                                    "windows_per_micro": shape.windows}
         metrics.update({f"aux_{k}": v for k, v in aux_sums.items()})
+        if expert_counts:
+            metrics.update(load_balance_metrics(expert_counts))
         if mode is not None:
             metrics["indexer_mode"] = mode
         return metrics

@@ -101,6 +101,8 @@ def test_out_is_a_file_and_options_named_in_errors(char_data, tmp_path):
     (tmp_path / "a-file").write_text("x")
     assert "--out is a file" in _error("--data", char_data, "--seq", "64", "--out", tmp_path / "a-file")
     assert "(--warmup)" in _error("--data", char_data, "--seq", "64", "--warmup", "-1", "--out", tmp_path / "run")
+    assert "(--moe-bias-rate)" in _error("--data", char_data, "--seq", "64", "--moe-bias-rate", "-1e-3", "--out",
+                                         tmp_path / "run")
     assert "(--keep)" in _error("--data", char_data, "--seq", "64", "--keep", "0", "--out", tmp_path / "run")
 
 

@@ -139,6 +139,14 @@ def test_accumulation_matches_one_larger_micro_batch(lambda_data, tmp_path):
     finetune(one)
     finetune(one.replace(out=tmp_path / "two", micro_batch=1, grad_accum=2))
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-5)
+    # Tokens per expert are summed over micro-batches before the router-bias update, so both route alike.
+    loads = [[json.loads(line)["moe_load_max_over_mean"] for line in (tmp_path / run / METRICS).open()]
+             for run in ("one", "two")]
+    assert loads[0] == loads[1] and len(loads[0]) == 3
+    biases = [{k: v for k, v in load_pretrained(tmp_path / run / "checkpoints" / "step-000003").state_dict().items()
+               if k.endswith("e_score_correction_bias")} for run in ("one", "two")]
+    assert len(biases[0]) == 3 and all(torch.equal(biases[0][k], biases[1][k]) for k in biases[0])
+    assert any(b.any() for b in biases[0].values())      # the default rate moved them
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_last_good(lambda_data, tmp_path):
