@@ -18,11 +18,11 @@ mkdir -p "$TRITON_CACHE_DIR"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  timeout 330 python -m pytest tests/gpu -m gpu -p no:cacheprovider -q -x --timeout 300 2>&1 | tee "$OUT/gpu-tests.log"
+  timeout 330 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -x --timeout 300 2>&1 | tee "$OUT/gpu-tests.log"
   rc=$((rc | ${PIPESTATUS[0]}))
 fi
 if [ "$what" = kda1m ] || [ "$what" = all ]; then
-  (cd benchmarks && timeout 200 python bench_kda.py --sizes 1M --presets base 2>&1 | tee "$OUT/kda-1m.log")
+  (cd benchmarks && timeout 200 python3 bench_kda.py --sizes 1M --presets base 2>&1 | tee "$OUT/kda-1m.log")
   rc=$((rc | ${PIPESTATUS[0]}))
   cp benchmarks/results/kda_*.json "$OUT/" 2>/dev/null
 fi
