@@ -12,11 +12,10 @@ Writes benchmarks/results/dsa_<date>.json.
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 
-from gpu_bench_common import SIZES, print_table, try_measure, write_results
+from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
 from genolc.model.ops.dsa import fast, reference
 
 HEADS = {"small": 8, "base": 12}
@@ -52,10 +51,7 @@ NOTES = {"width": WIDTH, "flops_fwd_bwd": "14*T*W*H*D", "gathered_bytes_fwd_bwd"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="64k,256k,1M")
-    parser.add_argument("--presets", default="small,base")
-    args = parser.parse_args()
+    args = parse_bench_args(__doc__)
     rows = []
     for size in args.sizes.split(","):
         length = SIZES[size]

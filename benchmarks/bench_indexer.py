@@ -9,11 +9,10 @@ Writes benchmarks/results/indexer_<date>.json.
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 
-from gpu_bench_common import SIZES, print_table, try_measure, write_results
+from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
 from genolc.model.ops.indexer import fast, reference
 
 HEADS, DIM, KPOOL, TOPK = 8, 64, 4, 2048
@@ -23,9 +22,7 @@ NOTES = {"flops": "2*H*D*T*(T/kpool)/2", "heads": HEADS, "dim": DIM}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="64k,256k,1M")
-    args = parser.parse_args()
+    args = parse_bench_args(__doc__, presets=False)
     rows = []
     for size in args.sizes.split(","):
         length = SIZES[size]

@@ -10,11 +10,10 @@ not counted as useful work. Target: base at 1M under 20 GiB. Writes benchmarks/r
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 
-from gpu_bench_common import SIZES, print_table, try_measure, write_results
+from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
 from genolc.model.ops.kda import fast, reference
 
 HEADS = {"small": 8, "base": 12}
@@ -25,10 +24,7 @@ NOTES = {"flops_fwd_bwd_per_token_head": 3 * (8 * 64 * DIM + 6 * DIM * DIM), "se
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="64k,256k,1M")
-    parser.add_argument("--presets", default="small,base")
-    args = parser.parse_args()
+    args = parse_bench_args(__doc__)
     rows = []
     for preset in args.presets.split(","):
         heads = HEADS[preset]

@@ -8,11 +8,10 @@ Shapes: small E=16 K=2 D=1024 I=512; base E=32 K=4 D=1536 I=768. Writes benchmar
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 
-from gpu_bench_common import SIZES, print_table, try_measure, write_results
+from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
 from genolc.model.layers.moe import Experts
 from genolc.model.ops.moe.reference import routed_experts
 from genolc.model.ops.moe.fast import grouped_experts
@@ -25,10 +24,7 @@ NOTES = {"flops": "18*T*K*D*I (fwd+bwd)", "chunk_tokens": 65536}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="64k,256k,1M")
-    parser.add_argument("--presets", default="small,base")
-    args = parser.parse_args()
+    args = parse_bench_args(__doc__)
     rows = []
     for preset in args.presets.split(","):
         config = PRESETS[preset]()

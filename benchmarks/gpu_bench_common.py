@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -13,6 +14,19 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"64k": 65536, "256k": 262144, "1M": 1048576}
+
+
+def parse_bench_args(doc: str | None, presets: bool = True) -> argparse.Namespace:
+    """The op benchmarks' shared options: --sizes (keys of SIZES) and, for per-preset ops, --presets."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="64k,256k,1M", help=f"comma-separated, from {', '.join(SIZES)}")
+    if presets:
+        parser.add_argument("--presets", default="small,base", help="comma-separated genolc presets")
+    args = parser.parse_args()
+    unknown = [size for size in args.sizes.split(",") if size not in SIZES]
+    if unknown:
+        parser.error(f"unknown --sizes {', '.join(unknown)}; use {', '.join(SIZES)}")
+    return args
 
 
 def git_sha() -> str:
