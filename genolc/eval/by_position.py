@@ -9,7 +9,7 @@ only) → score (:mod:`genolc.eval.positions`) → write CSV/JSON/PNG atomically
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -17,20 +17,15 @@ import numpy as np
 
 from genolc.errors import ConfigError
 from genolc.eval.buckets import BLOCK_BASES, FIRST_EDGE, MIN_BLOCKS_FOR_CI, bucket_edges
-from genolc.eval.inputs import check_not_trained, check_window_fits, resolve_records
+from genolc.eval.inputs import EvalInputs, check_not_trained, check_window_fits, resolve_records
 from genolc.eval.positions import WindowData, score_windows, summarise
 from genolc.eval.scorer import forward_tokens, load_model_scorer
 
 
-@dataclass(frozen=True)
-class ByPositionConfig:
-    """Everything that decides what ``genolc eval --by-position`` computes."""
+@dataclass(frozen=True, kw_only=True)
+class ByPositionConfig(EvalInputs):
+    """Everything that decides what ``genolc eval --by-position`` computes (shared options: EvalInputs)."""
 
-    data: Path
-    checkpoint: Path
-    records: str = "heldout"                 # 'CHROM[,CHROM…]' or 'heldout'
-    seq_len: int = 512 * 1024                # window = seq_len + 1 tokens
-    out: Path = Path("genolc-eval")
     baseline: Path | None = None
     contexts: tuple[int, ...] = ()
     context_block: int | None = None         # targets per truncated-context forward; None: max(1, K // 4)
@@ -38,25 +33,13 @@ class ByPositionConfig:
     rc_average: bool = False
     max_windows: int | None = None
     max_tokens: int | None = None
-    max_n_fraction: float = 0.5
-    n_boot: int = 1000
-    seed: int = 0
-    force: bool = False
-    device: str = "auto"
-    dtype: str = "auto"
-    batch_tokens: int = 1 << 16
     per_target: bool = False                 # also write targets.csv.gz (one row per scored target)
-    progress: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "data", Path(self.data))
-        object.__setattr__(self, "checkpoint", Path(self.checkpoint))
-        object.__setattr__(self, "out", Path(self.out))
+        super().__post_init__()
         if self.baseline is not None:
             object.__setattr__(self, "baseline", Path(self.baseline))
         object.__setattr__(self, "contexts", tuple(sorted(set(int(k) for k in self.contexts))))
-        if self.seq_len < 1:
-            raise ConfigError(f"--seq must be positive, got {self.seq_len}")
         bad = [k for k in self.contexts if not 1 <= k < self.seq_len]
         if bad:
             raise ConfigError(f"--context {bad[0]} must be between 1 and --seq - 1 ({self.seq_len - 1})",
@@ -65,11 +48,6 @@ class ByPositionConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
-        if self.n_boot < 1:
-            raise ConfigError(f"--bootstrap must be positive, got {self.n_boot}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
 
 
 def select_windows(windows: Sequence[Any], max_windows: int | None, max_tokens: int | None) -> list[Any]:

@@ -15,7 +15,7 @@ of one window.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from genolc.errors import ConfigError
+from genolc.eval.inputs import EvalInputs
 from genolc.eval.buckets import FIRST_EDGE, bits_per_base
 from genolc.eval.positions import WindowData
 from genolc.eval.scorer import Scorer, score_full
@@ -129,35 +130,21 @@ def summarise_needle(trials: pd.DataFrame, n_boot: int = 1000, seed: int = 0, le
     return pd.DataFrame(rows)
 
 
-@dataclass(frozen=True)
-class NeedleConfig:
-    data: Path
-    checkpoint: Path
-    records: str = "heldout"
-    seq_len: int = 512 * 1024
+@dataclass(frozen=True, kw_only=True)
+class NeedleConfig(EvalInputs):
+    """What ``genolc eval --needle`` plants and scores (shared options: EvalInputs)."""
+
     out: Path = Path("genolc-needle")
     segment_bases: int = 256
     trials: int = 8
     distances: tuple[int, ...] = ()
-    max_n_fraction: float = 0.5
-    n_boot: int = 1000
-    seed: int = 0
-    force: bool = False
-    device: str = "auto"
-    dtype: str = "auto"
-    batch_tokens: int = 1 << 16
-    progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("data", "checkpoint", "out"):
-            object.__setattr__(self, name, Path(getattr(self, name)))
+        super().__post_init__()
         object.__setattr__(self, "distances", tuple(sorted(set(int(d) for d in self.distances))))
-        for name in ("segment_bases", "trials", "n_boot", "seq_len"):
+        for name, option in (("segment_bases", "--needle-bases"), ("trials", "--needle-trials")):
             if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+                raise ConfigError(f"{option} must be positive, got {getattr(self, name)}")
 
 
 def run_needle(config: NeedleConfig, record: Any | None = None) -> dict[str, Any]:

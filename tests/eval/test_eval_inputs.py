@@ -130,3 +130,17 @@ def test_a_finetune_run_directory_as_checkpoint_names_its_newest_checkpoint(tmp_
     assert "step-000010" in info.value.message
     with pytest.raises(InputError, match="no tokenizer.json"):
         check_checkpoint_tokenizer(tmp_path / "run" / "checkpoints" / "step-000002", make_tokenizer("char"))
+
+
+def test_eval_configs_share_checks_and_name_the_cli_options(tmp_path):
+    from genolc.eval.by_position import ByPositionConfig
+    from genolc.eval.needle import NeedleConfig
+
+    for config_class in (ByPositionConfig, NeedleConfig):
+        with pytest.raises(ConfigError, match="--seq must be positive"):
+            config_class(data=tmp_path, checkpoint=tmp_path, seq_len=0)
+        with pytest.raises(ConfigError, match="--bootstrap must be positive"):
+            config_class(data=tmp_path, checkpoint=tmp_path, n_boot=0)
+        assert config_class(data=str(tmp_path), checkpoint=str(tmp_path)).to_dict()["data"] == str(tmp_path)
+    with pytest.raises(ConfigError, match="--needle-bases must be positive"):
+        NeedleConfig(data=tmp_path, checkpoint=tmp_path, segment_bases=0)
