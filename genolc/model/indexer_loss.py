@@ -28,7 +28,8 @@ At ``kpool = 1`` (every token its own pool, no tail) this is exactly Megatron-co
 ``compute_dsa_indexer_loss(index_scores + causal_mask, topk_indices, q, k, scale, loss_coeff=1,
 sparse_loss=(mode == "sparse"))``, whose mean runs over all ``B * T`` rows (all have a candidate at ``kpool = 1``).
 
-Memory: queries are processed in chunks (``[B, H, chunk, T]`` dense, ``[B, chunk, W, H, D]`` sparse), each chunk
+Memory: queries are processed in chunks (``[B, H, chunk, T]`` dense, ``[B, chunk, W, H, D]`` sparse, or
+``[B, chunk, W, D]`` when ``main_k`` has one head shared by all query heads, MLA's absorbed form), each chunk
 recomputed in the backward pass. The default chunk keeps one chunk near ``CHUNK_BUDGET_ELEMENTS`` (at least one
 query), so the working set is about ``max(CHUNK_BUDGET_ELEMENTS, B * H * T)`` elements: constant for short
 sequences (where one chunk may span all of them), linear in T beyond.
@@ -67,7 +68,10 @@ def _dense_chunk(query_start: int, main_q: torch.Tensor, main_k: torch.Tensor, i
     batch, chunk = main_q.shape[:2]
     q_end = query_start + chunk
     positions = torch.arange(query_start, q_end, device=main_q.device)
-    logits = torch.einsum("bchd,bshd->bhcs", main_q.float(), main_k.float()) * softmax_scale
+    if main_k.shape[2] == 1:  # one key head shared by all query heads (MLA's absorbed form)
+        logits = torch.einsum("bchd,bsd->bhcs", main_q.float(), main_k[:, :, 0].float()) * softmax_scale
+    else:
+        logits = torch.einsum("bchd,bshd->bhcs", main_q.float(), main_k.float()) * softmax_scale
     future = torch.arange(q_end, device=main_q.device)[None, :] > positions[:, None]
     probs = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
     mass = probs.sum(dim=1)  # [B, C, q_end]
@@ -84,9 +88,14 @@ def _sparse_chunk(main_q: torch.Tensor, main_k: torch.Tensor, index_q: torch.Ten
     """One chunk of queries restricted to their index rows ``indices [B, C, W]``."""
     batch, chunk = main_q.shape[:2]
     batch_ids = torch.arange(batch, device=main_q.device)[:, None, None]
+    indices = indices.long()  # per chunk: an int64 copy of the whole [B, T, W] would be 16 GiB at 1M tokens
     valid = indices >= 0
-    keys = main_k[batch_ids, indices.clamp_min(0)]  # [B, C, W, H, D]
-    logits = torch.einsum("bchd,bcwhd->bchw", main_q.float(), keys.float()) * softmax_scale
+    if main_k.shape[2] == 1:  # one key head shared by all query heads (MLA's absorbed form)
+        keys = main_k[:, :, 0][batch_ids, indices.clamp_min(0)]  # [B, C, W, D]
+        logits = torch.einsum("bchd,bcwd->bchw", main_q.float(), keys.float()) * softmax_scale
+    else:
+        keys = main_k[batch_ids, indices.clamp_min(0)]  # [B, C, W, H, D]
+        logits = torch.einsum("bchd,bcwhd->bchw", main_q.float(), keys.float()) * softmax_scale
     logits = logits.masked_fill(~valid[:, :, None, :], torch.finfo(logits.dtype).min)
     probs = logits.softmax(dim=-1) * valid[:, :, None, :]
     mass = probs.sum(dim=2)  # [B, C, W]
@@ -109,7 +118,9 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
     Args:
         mode: ``"dense"`` or ``"sparse"``.
         main_q: ``[B, T, H, Dk]`` main-attention queries (NoPE); detached here.
-        main_k: ``[B, T, H, Dk]`` main-attention keys; detached here.
+        main_k: ``[B, T, H, Dk]`` main-attention keys, or ``[B, T, 1, Dk]`` one key head shared by every query
+            head (MLA's absorbed form: ``main_q`` = q_lat, ``main_k`` = the latent; same scores, so the same
+            loss, with an H-times smaller gather); detached here.
         softmax_scale: the main attention's scale.
         index_q: ``[B, T, Hi, Di]`` indexer queries.
         head_weights: ``[B, T, Hi]`` indexer head weights (times ``Hi ** -0.5``).
@@ -122,8 +133,9 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
     """
     if mode not in INDEXER_LOSS_MODES:
         raise ValueError(f"indexer loss mode must be one of {INDEXER_LOSS_MODES}, got {mode!r}")
-    if main_q.dim() != 4 or main_k.shape != main_q.shape:
-        raise ValueError(f"main_q and main_k must both be [B, T, H, D], got {tuple(main_q.shape)} and "
+    if main_q.dim() != 4 or main_k.dim() != 4 or main_k.shape[2] not in (1, main_q.shape[2]) or (
+            main_k.shape[:2] + main_k.shape[3:] != main_q.shape[:2] + main_q.shape[3:]):
+        raise ValueError(f"main_q must be [B, T, H, D] and main_k [B, T, H or 1, D], got {tuple(main_q.shape)} and "
                          f"{tuple(main_k.shape)}")
     batch, seq_len, heads, qk_dim = main_q.shape
     if index_q.dim() != 4 or index_q.shape[:2] != (batch, seq_len) or head_weights.shape != index_q.shape[:3]:
@@ -138,11 +150,11 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
         if indices is None or indices.dim() != 3 or indices.shape[:2] != (batch, seq_len) or indices.shape[-1] < topk:
             got = None if indices is None else tuple(indices.shape)
             raise ValueError(f"sparse indexer loss needs indices [B={batch}, T={seq_len}, W >= {topk}], got {got}")
-        indices = indices.long()
     main_q, main_k = main_q.detach(), main_k.detach()
 
     if query_chunk is None:
-        per_query = batch * heads * (seq_len if mode == "dense" else indices.shape[-1] * qk_dim)
+        key_heads = main_k.shape[2]
+        per_query = batch * (heads * seq_len if mode == "dense" else indices.shape[-1] * (key_heads * qk_dim + heads))
         query_chunk = max(1, CHUNK_BUDGET_ELEMENTS // max(per_query, 1))
     if query_chunk < 1:
         raise ValueError(f"query_chunk must be positive, got {query_chunk}")

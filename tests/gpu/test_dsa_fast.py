@@ -1,4 +1,8 @@
-"""Fused Triton sparse attention (genolc.model.ops.dsa.fast) against the pure-torch reference. Needs CUDA."""
+"""Fused Triton latent sparse attention (genolc.model.ops.dsa.fast) against the pure-torch reference. Needs CUDA.
+
+The reference runs in fp32 on fp32 copies of the bf16 inputs (its own bf16 backward scatter-adds the latent
+gradient in bf16 and drifts by a few percent at long T).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 
 def random_index_rows(length: int, topk: int, kpool: int, seed: int) -> torch.Tensor:
-    """Indexer-layout rows ``[1, T, topk + kpool - 1]`` from the reference indexer on random features."""
+    """Indexer-layout rows ``[1, T, topk + kpool - 1]`` (int64) from the reference indexer on random features."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     index_q = torch.randn(1, length, 2, 32, generator=gen, device="cuda")
     weights = torch.rand(1, length, 2, generator=gen, device="cuda")
@@ -24,55 +28,86 @@ def random_index_rows(length: int, topk: int, kpool: int, seed: int) -> torch.Te
                           query_chunk=4096)
 
 
-def _qkv(batch, length, heads, dim, seed):
+def _inputs(batch, length, heads, rank, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(batch, length, heads, dim, generator=gen, device="cuda").bfloat16()
-    # k and v as strided views of one projection, as the layer produces them.
-    kv = torch.randn(batch, length, heads, 2 * dim, generator=gen, device="cuda").bfloat16()
-    k, v = kv.split(dim, dim=-1)
-    return [t.detach().requires_grad_(True) for t in (q, k, v)]
+    q_lat = torch.randn(batch, length, heads, rank, generator=gen, device="cuda").bfloat16()
+    latent = torch.randn(batch, length, rank, generator=gen, device="cuda").bfloat16()
+    d_out = torch.randn(batch, length, heads, rank, generator=gen, device="cuda")
+    return [t.detach().requires_grad_(True) for t in (q_lat, latent)], d_out
 
 
-def _fwd_bwd(op, q, k, v, indices, d_out, scale):
-    out = op(q, k, v, indices, scale)
-    return out, torch.autograd.grad((out.float() * d_out).sum(), (q, k, v))
+def _fwd_bwd(op, q_lat, latent, indices, d_out, scale):
+    out = op(q_lat, latent, indices, scale)
+    return out, torch.autograd.grad((out.float() * d_out).sum(), (q_lat, latent))
 
 
-@pytest.mark.parametrize("length, topk, heads, dim", [(4099, 256, 4, 128), (1001, 64, 3, 48)])
-def test_matches_reference(length, topk, heads, dim, poison, rel_err):
-    indices = random_index_rows(length, topk, 4, seed=length)
-    indices[0, 17] = -1                          # a row with nothing selected returns zeros
-    q, k, v = _qkv(1, length, heads, dim, seed=length + 1)
-    d_out = torch.randn(1, length, heads, dim, device="cuda")
-    scale = dim ** -0.5
-    ref = _fwd_bwd(reference.sparse_attention, *(t.float() for t in (q, k, v)), indices, d_out, scale)
-    poison()
-    out, grads = _fwd_bwd(fast.sparse_attention, q, k, v, indices, d_out, scale)
-    assert out.dtype == torch.bfloat16
-    assert rel_err(out, ref[0]) < 1e-2
-    assert out[0, 17].float().abs().max() == 0
-    for name, mine, theirs in zip("qkv", grads, ref[1]):
+def _check(leaves, indices, d_out, scale, poison, rel_err, poison_gib=4.0):
+    ref_out, ref_grads = _fwd_bwd(reference.sparse_latent_attention, *(t.float() for t in leaves), indices, d_out,
+                                  scale)
+    poison(poison_gib)
+    out, grads = _fwd_bwd(fast.sparse_latent_attention, *leaves, indices, d_out, scale)
+    assert out.dtype == torch.bfloat16 and out.shape == ref_out.shape
+    assert rel_err(out, ref_out) < 1e-2
+    for name, mine, theirs in zip(("q_lat", "latent"), grads, ref_grads):
+        assert mine.dtype == torch.bfloat16, name
         assert rel_err(mine, theirs) < 1e-2, name
+    return out
+
+
+@pytest.mark.parametrize("length, topk, heads, rank, index_dtype", [
+    (4099, 256, 12, 384, torch.int32),   # base: H = 12 -> 16 rows, R = 384 -> 512
+    (4099, 256, 8, 256, torch.int64),    # small
+    (1001, 64, 3, 32, torch.int32),      # tiny rank, odd heads
+    (1001, 64, 40, 48, torch.int64),     # two head blocks, R not a power of two
+])
+def test_matches_reference(length, topk, heads, rank, index_dtype, poison, rel_err):
+    indices = random_index_rows(length, topk, 4, seed=length + heads).to(index_dtype)
+    indices[0, 17] = -1                          # a row with nothing selected returns zeros
+    indices[0, length // 2, ::3] = -1            # holes inside a row
+    leaves, d_out = _inputs(1, length, heads, rank, seed=length + rank)
+    out = _check(leaves, indices, d_out, 0.7 * rank ** -0.5, poison, rel_err)
+    assert out[0, 17].float().abs().max() == 0
+
+
+def test_forward_lse(poison, rel_err):
+    """The contract the TileLang forward shares: o_lat in q's dtype, natural-log lse of the scaled scores, +inf
+    for an empty row."""
+    length, heads, rank, scale = 1001, 8, 256, 0.06
+    indices = random_index_rows(length, 64, 4, seed=5).to(torch.int32)
+    indices[0, 3] = -1
+    (q_lat, latent), _ = _inputs(1, length, heads, rank, seed=6)
+    poison()
+    out, lse = fast.sparse_latent_attention_forward(*fast.prepare_inputs(q_lat.detach(), latent.detach(), indices),
+                                                    scale)
+    rows = indices.long()
+    gathered = latent.float()[0][rows[0].clamp_min(0)]                               # [T, W, R]
+    scores = torch.einsum("thr,twr->thw", q_lat.float()[0], gathered) * scale
+    expected = scores.masked_fill((rows[0] < 0)[:, None, :], float("-inf")).logsumexp(-1)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32 and lse.shape == (1, length, heads)
+    assert torch.isinf(lse[0, 3]).all() and (lse[0, 3] > 0).all()
+    keep = torch.ones(length, dtype=torch.bool, device="cuda")
+    keep[3] = False
+    torch.testing.assert_close(lse[0, keep], expected[keep], atol=2e-2, rtol=1e-3)
+    assert rel_err(out, reference.sparse_latent_attention(q_lat.float(), latent.float(), indices, scale)) < 1e-2
 
 
 def test_long_sequence_full_width(poison, rel_err):
     """T = 128k - 1 with the presets' index width 2051 (topk 2048, kpool 4), int32 indices, batch 2."""
     length = 131071
     indices = torch.cat([random_index_rows(length, 2048, 4, seed=s) for s in (1, 2)]).to(torch.int32)
-    q, k, v = _qkv(2, length, 2, 64, seed=3)
-    d_out = torch.randn(2, length, 2, 64, device="cuda")
-    # fp32 reference: its bf16 backward scatter-adds dk/dv in bf16 and drifts by ~3% at this length.
-    ref = _fwd_bwd(reference.sparse_attention, *(t.float() for t in (q, k, v)), indices, d_out, 0.125)
-    poison(16.0)
-    out, grads = _fwd_bwd(fast.sparse_attention, q, k, v, indices, d_out, 0.125)
-    assert rel_err(out, ref[0]) < 1e-2
-    for name, mine, theirs in zip("qkv", grads, ref[1]):
-        assert rel_err(mine, theirs) < 1e-2, name
+    leaves, d_out = _inputs(2, length, 4, 64, seed=3)
+    _check(leaves, indices, d_out, 0.125, poison, rel_err, poison_gib=16.0)
 
 
-def test_rejects_cpu_and_bad_indices():
-    q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))
+def test_rejects_cpu_and_bad_inputs():
+    q_lat, latent = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 16)
+    rows = torch.zeros(1, 8, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="CUDA"):
-        fast.sparse_attention(q, k, v, torch.zeros(1, 8, 4, dtype=torch.long), 0.25)
+        fast.sparse_latent_attention(q_lat, latent, rows, 0.25)
+    q_lat, latent, rows = q_lat.cuda(), latent.cuda(), rows.cuda()
     with pytest.raises(ValueError, match="int32 or int64"):
-        fast.sparse_attention(q.cuda(), k.cuda(), v.cuda(), torch.zeros(1, 8, 4, device="cuda"), 0.25)
+        fast.sparse_latent_attention(q_lat, latent, rows.float(), 0.25)
+    with pytest.raises(ValueError, match="disagree"):
+        fast.sparse_latent_attention(q_lat, latent[..., :8], rows, 0.25)
+    with pytest.raises(ValueError, match="share one dtype"):
+        fast.sparse_latent_attention(q_lat.to(torch.float64), latent.to(torch.float64), rows, 0.25)

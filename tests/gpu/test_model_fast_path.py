@@ -29,9 +29,15 @@ pytestmark = pytest.mark.gpu
 def _config():
     # The small preset's head shapes (what the kernels are built for) at 4 layers and a short top-k, so T = 2111
     # exercises selection while the reference path still fits comfortably.
-    return _genome_preset(hidden=512, layers=4, kda_heads=4, kda_head_dim=128, mla_heads=4, q_lora=256, kv_lora=128,
+    return _genome_preset(hidden=512, layers=4, kda_heads=8, kda_head_dim=128, mla_heads=4, q_lora=256, kv_lora=128,
                           qk_nope=128, v_dim=128, index_heads=4, index_head_dim=64, kpool=4, topk=256, experts=8,
                           experts_per_tok=2, moe_inter=256, dense_inter=1024, vocab_size=16)
+
+
+def _reference_select(*args, out_dtype=None, **kwargs):
+    """The reference selection; the layer asks for int32 rows on CUDA, the reference returns int64 (the sparse
+    ops take either)."""
+    return indexer_reference.select_indices(*args, **kwargs)
 
 
 def _use_reference_ops(model, monkeypatch):
@@ -39,8 +45,8 @@ def _use_reference_ops(model, monkeypatch):
         if isinstance(module, KimiDeltaAttention):
             module.kda_op = kda_reference.chunk_kda
         if isinstance(module, DSAAttention):
-            module.select_op = indexer_reference.select_indices
-            module.sparse_attention_op = dsa_reference.sparse_attention
+            module.select_op = _reference_select
+            module.sparse_attention_op = dsa_reference.sparse_latent_attention
     monkeypatch.setattr(moe_layer, "routed_experts", moe_reference.routed_experts)
 
 

@@ -1,9 +1,10 @@
 """TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
 
-Runs genolc's Triton kernels (indexer scoring, DSA sparse attention forward and backward) on CPU tensors under
-Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37 and 203,
-kpool 1/4/16, batch 2, head dims that are not powers of two, index rows with -1 slots and wholly empty rows, int32
-and int64 indices, strided k/v views. Exit status 0 when everything matches.
+Runs genolc's Triton kernels (indexer scoring; DSA latent sparse attention forward, lse and backward) on CPU
+tensors under Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37,
+77, 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a head count that
+needs two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices, strided index
+rows. Exit status 0 when everything matches.
 
 Not part of the CI suite (pytest collects ``test_*.py`` only): it needs Triton, which genolc does not depend on on
 CPU. Use a throwaway venv, never the project's:
@@ -14,7 +15,7 @@ The interpreter runs the kernels' Python semantics (masks, offsets, online softm
 registers, shared memory or speed; those need the GPU tests beside this file. The indexer runs in fp32 only here:
 Triton 3.9's interpreter gets ``tl.dot`` of bf16 tiles wrong (errors ~1e10 on a plain 16x16 product, while
 bf16 loads and fp32 dots are exact), so a bf16 indexer case would test the interpreter, not the kernel. The DSA
-kernels use no ``tl.dot`` and run in bf16 too.
+kernels are tl.dot kernels too and are checked in fp32 only (IEEE dots); bf16 is the GPU tests' job.
 """
 
 from __future__ import annotations
@@ -100,36 +101,57 @@ def index_rows(batch, length, topk, kpool, seed) -> torch.Tensor:
     return rows
 
 
-def check_dsa(batch, length, heads, qk_dim, v_dim, topk, kpool, index_dtype, dtype=torch.float32) -> list[str]:
+def check_dsa(batch, length, heads, rank, topk, kpool, index_dtype, strided_indices=False) -> list[str]:
+    """The latent (absorbed-MLA) kernels, fp32 (the interpreter's bf16 tl.dot is wrong), against the reference."""
     indices = index_rows(batch, length, topk, kpool, seed=length + kpool).to(index_dtype)
+    if strided_indices:
+        # Rows with a row stride wider than W, as a slice of a wider buffer gives.
+        wide = torch.full((batch, length, indices.shape[-1] + 5), -7, dtype=index_dtype)
+        wide[..., : indices.shape[-1]] = indices
+        indices = wide[..., : indices.shape[-1]]
     gen = torch.Generator().manual_seed(7 * length + heads)
-    q = torch.randn(batch, length, heads, qk_dim, generator=gen)
-    # k and v as strided views of one projection, as the layer produces them.
-    kv = torch.randn(batch, length, heads, qk_dim + v_dim, generator=gen)
-    q, kv = q.to(dtype), kv.to(dtype)
-    k, v = kv.split([qk_dim, v_dim], dim=-1)
-    d_out = torch.randn(batch, length, heads, v_dim, generator=gen)
-    scale = qk_dim ** -0.5
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    q_lat = torch.randn(batch, length, heads, rank, generator=gen)
+    latent = torch.randn(batch, length, rank, generator=gen)
+    d_out = torch.randn(batch, length, heads, rank, generator=gen)
+    scale = 0.7 * rank ** -0.5
     results = []
-    # The reference runs in fp32 on the same (possibly bf16-rounded) values.
-    for op, cast in ((dsa_reference.sparse_attention, torch.float32), (dsa_fast.SparseAttention.apply, dtype)):
-        leaves = [t.detach().to(cast).requires_grad_(True) for t in (q, k, v)]
-        out = op(*leaves, indices, scale)
-        if out.dtype != cast:
-            return [f"output dtype {out.dtype}, expected {cast}"]
-        results.append((out, torch.autograd.grad((out.float() * d_out).sum(), leaves)))
-    (ref_out, ref_grads), (out, grads) = results
+    for op in (dsa_reference.sparse_latent_attention, dsa_fast.sparse_latent_attention_forward, None):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q_lat, latent)]
+        if op is None:
+            prepared = dsa_fast.prepare_inputs(*leaves, indices)
+            dsa_fast.check_kernel_inputs(*prepared)
+            out = dsa_fast.SparseLatentAttention.apply(*prepared, scale)
+        elif op is dsa_fast.sparse_latent_attention_forward:
+            with torch.no_grad():
+                out, lse = op(q_lat, latent, indices.contiguous(), scale)
+            results.append((out, lse))
+            continue
+        else:
+            out = op(*leaves, indices, scale, query_chunk=17)
+        results.append((out, torch.autograd.grad((out * d_out).sum(), leaves)))
+    (ref_out, ref_grads), (fwd_out, lse), (out, grads) = results
     problems = []
-    if out.shape != ref_out.shape:
-        return [f"shape {tuple(out.shape)} vs {tuple(ref_out.shape)}"]
-    if rel_err(out, ref_out) > tolerance:
-        problems.append(f"out rel err {rel_err(out, ref_out):.2e}")
+    if out.shape != ref_out.shape or out.dtype != torch.float32:
+        return [f"shape/dtype {tuple(out.shape)} {out.dtype} vs {tuple(ref_out.shape)}"]
+    for name, mine in (("out", out), ("forward-only out", fwd_out)):
+        if rel_err(mine, ref_out) > 1e-5:
+            problems.append(f"{name} rel err {rel_err(mine, ref_out):.2e}")
     empty = (indices < 0).all(-1)
+    if not empty.any():
+        problems.append("case has no empty row")
     if out[empty].abs().max() != 0:
         problems.append("an empty row is not zero")
-    for name, mine, theirs in zip("qkv", grads, ref_grads):
-        if mine.dtype != dtype or rel_err(mine, theirs) > tolerance:
+    # lse: natural-log log-sum-exp of the scaled scores over valid slots, +inf for empty rows.
+    safe = indices.long().clamp_min(0)
+    gathered = latent[torch.arange(batch)[:, None, None], safe]
+    scores = torch.einsum("bthr,btwr->bthw", q_lat.double(), gathered.double()) * scale
+    expected_lse = scores.masked_fill((indices < 0)[:, :, None, :], float("-inf")).logsumexp(-1)
+    expected_lse = expected_lse.masked_fill(empty[..., None], float("inf"))
+    if not torch.equal(torch.isinf(lse), torch.isinf(expected_lse)) or not torch.allclose(
+            lse[~empty], expected_lse[~empty].float(), rtol=1e-5, atol=1e-5):
+        problems.append("lse differs")
+    for name, mine, theirs in zip(("q_lat", "latent"), grads, ref_grads):
+        if mine.dtype != torch.float32 or rel_err(mine, theirs) > 1e-5:
             problems.append(f"d{name} rel err {rel_err(mine, theirs):.2e}")
     return problems
 
@@ -146,13 +168,14 @@ def main() -> int:
         (2, 37, 2, 16, 16, 16, True, torch.float32, None, torch.int64),
     ]
     dsa_cases = [
-        # batch, length, heads, qk_dim, v_dim, topk, kpool, index dtype
-        (2, 37, 3, 24, 20, 16, 4, torch.int64),
-        (2, 203, 2, 32, 16, 64, 4, torch.int32),
-        (2, 203, 3, 16, 24, 64, 16, torch.int64),
-        (1, 203, 1, 8, 8, 8, 1, torch.int32),
-        (2, 37, 2, 16, 16, 16, 16, torch.int64),
-        (2, 37, 3, 24, 20, 16, 4, torch.int32, torch.bfloat16),
+        # batch, length, heads, rank, topk, kpool, index dtype[, strided indices]
+        (2, 37, 3, 24, 16, 4, torch.int64),
+        (2, 203, 2, 32, 64, 4, torch.int32),
+        (2, 203, 12, 48, 64, 16, torch.int64, True),
+        (1, 203, 1, 8, 8, 1, torch.int32),
+        (2, 37, 2, 16, 16, 16, torch.int64),
+        (1, 101, 40, 20, 32, 4, torch.int32),       # 40 heads: two head blocks, the second partly padded
+        (1, 77, 3, 72, 96, 4, torch.int64),         # W = 99 > one slot block; R = 72 pads to 128
     ]
     for case in indexer_cases:
         start = time.time()

@@ -1,4 +1,5 @@
-"""DSA attention: the layer against transformers' glm5_next, the sparse op against dense references, shapes."""
+"""DSA attention: the layer against transformers' glm5_next, the sparse ops against dense references and each other
+(absorbed latent form vs per-head form), shapes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import torch
 
 from genolc.model.config import ModelConfig
 from genolc.model.layers.dsa import DSAAttention
-from genolc.model.ops.dsa.reference import dense_causal_attention, sparse_attention
+from genolc.model.indexer_loss import indexer_kl_loss
+from genolc.model.ops.dsa.reference import dense_causal_attention, sparse_attention, sparse_latent_attention
 
 glm5 = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig  # noqa: E402
@@ -236,3 +238,86 @@ def test_bad_shapes_raise_value_error() -> None:
         ours(torch.randn(10, 64))
     with pytest.raises(ValueError, match="indexer_loss"):
         ours(torch.randn(1, 10, 64), indexer_loss="kl")
+
+
+def test_latent_attention_equals_per_head_attention() -> None:
+    """q_lat = q @ W_k, attention over the shared latent, then @ W_v.T: the per-head op's outputs and gradients
+    (fp64; int32 and int64 rows, an empty row, every chunking)."""
+    batch, seq_len, heads, qk_dim, v_dim, rank = 2, 29, 3, 8, 5, 7
+    generator = torch.Generator().manual_seed(11)
+    q = torch.randn(batch, seq_len, heads, qk_dim, generator=generator, dtype=torch.float64, requires_grad=True)
+    latent = torch.randn(batch, seq_len, rank, generator=generator, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(heads, qk_dim + v_dim, rank, generator=generator, dtype=torch.float64, requires_grad=True)
+    indices = random_causal_indices(batch, seq_len, width=9, seed=3)
+    indices[1, 4] = -1
+    out_weights = torch.randn(batch, seq_len, heads, v_dim, generator=generator, dtype=torch.float64)
+
+    def per_head():
+        k = torch.einsum("bsr,hdr->bshd", latent, weight[:, :qk_dim])
+        v = torch.einsum("bsr,hdr->bshd", latent, weight[:, qk_dim:])
+        return sparse_attention(q, k, v, indices, 0.3)
+
+    def absorbed(rows, query_chunk, recompute):
+        q_lat = torch.einsum("bthd,hdr->bthr", q, weight[:, :qk_dim])
+        o_lat = sparse_latent_attention(q_lat, latent, rows, 0.3, query_chunk=query_chunk, recompute=recompute)
+        assert o_lat.shape == (batch, seq_len, heads, rank) and o_lat.dtype == torch.float64
+        return torch.einsum("bthr,hvr->bthv", o_lat, weight[:, qk_dim:])
+
+    expected, expected_grads = gradients(per_head, (q, latent, weight), out_weights)
+    assert torch.equal(expected[1, 4], torch.zeros_like(expected[1, 4]))
+    for rows, query_chunk, recompute in ((indices, None, None), (indices.int(), 1, True), (indices.int(), 5, False)):
+        got, got_grads = gradients(lambda: absorbed(rows, query_chunk, recompute), (q, latent, weight), out_weights)
+        torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-10)
+        for g, e in zip(got_grads, expected_grads):
+            torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-10)
+
+
+def test_latent_attention_mixed_dtypes_and_bad_shapes() -> None:
+    q_lat = torch.randn(1, 10, 2, 6)
+    latent = torch.randn(1, 10, 6)
+    indices = random_causal_indices(1, 10, width=4)
+    out = sparse_latent_attention(q_lat.bfloat16(), latent, indices, 0.3)
+    assert out.dtype == torch.float32  # latent's dtype; the scores in the wider of the two
+    torch.testing.assert_close(out, sparse_latent_attention(q_lat.bfloat16().float(), latent, indices, 0.3))
+    with pytest.raises(ValueError, match=r"q_lat must be \[B, T, H, R\]"):
+        sparse_latent_attention(q_lat[0], latent, indices, 0.3)
+    with pytest.raises(ValueError, match="disagree"):
+        sparse_latent_attention(q_lat, latent[..., :-1], indices, 0.3)
+    with pytest.raises(ValueError, match="indices"):
+        sparse_latent_attention(q_lat, latent, indices[:, :-1], 0.3)
+    with pytest.raises(ValueError, match="int32 or int64"):
+        sparse_latent_attention(q_lat, latent, indices.float(), 0.3)
+    with pytest.raises(ValueError, match="query_chunk"):
+        sparse_latent_attention(q_lat, latent, indices, 0.3, query_chunk=0)
+
+
+@pytest.mark.parametrize("indexer_loss", [None, "sparse"])
+def test_layer_equals_the_per_head_computation(indexer_loss: str | None) -> None:
+    """The layer's absorbed sparse path gives the per-head (non-absorbed) layer's output, gradients and KL."""
+    [(_, ours)] = randomized_layers(hf_config(4), seed=8)
+    hidden = torch.randn(2, 203, 64)
+    weights = torch.randn(2, 203, 64)
+    got = ours(hidden, indexer_loss=indexer_loss)
+    assert got.indices.dtype == torch.int64 and got.indices.shape == (2, 203, 67)
+    got_loss = (got.hidden * weights).sum() + (got.indexer_kl if indexer_loss else 0.0)
+    got_grads = torch.autograd.grad(got_loss, list(ours.parameters()), allow_unused=True)
+
+    indices = got.indices
+    q = ours.q_b_proj(ours.q_a_layernorm(ours.q_a_proj(hidden))).view(2, 203, 2, 16)
+    k, v = ours.kv_b_proj(ours.kv_a_layernorm(ours.kv_a_proj_with_mqa(hidden))).view(2, 203, 2, 32).split(16, -1)
+    expected = ours.o_proj(sparse_attention(q, k, v, indices, 16 ** -0.5).reshape(2, 203, 32))
+    expected_loss = (expected * weights).sum()
+    if indexer_loss:
+        q_resid = ours.q_a_layernorm(ours.q_a_proj(hidden.detach())).detach()
+        features = ours.indexer.features(hidden.detach(), q_resid)
+        kl = indexer_kl_loss("sparse", main_q=q, main_k=k, softmax_scale=16 ** -0.5, index_q=features.queries,
+                             head_weights=features.head_weights, pooled=features.pooled,
+                             index_softmax_scale=ours.indexer.softmax_scale, kpool=4, topk=64, indices=indices)
+        torch.testing.assert_close(got.indexer_kl, kl, atol=1e-6, rtol=1e-5)
+        expected_loss = expected_loss + kl
+    expected_grads = torch.autograd.grad(expected_loss, list(ours.parameters()), allow_unused=True)
+    torch.testing.assert_close(got.hidden, expected, atol=1e-5, rtol=1e-5)
+    for (name, _), mine, theirs in zip(ours.named_parameters(), got_grads, expected_grads):
+        assert (mine is None) == (theirs is None), name
+        if theirs is not None:
+            assert (mine - theirs).norm() <= 1e-5 * theirs.norm().clamp_min(1e-12), name

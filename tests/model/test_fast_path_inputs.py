@@ -132,11 +132,11 @@ def attach_spies(model: torch.nn.Module, recorder: Recorder, monkeypatch: pytest
         recorder.check("select_indices", dict(index_q=index_q, head_weights=head_weights, pooled=pooled), validate)
         return dispatch.select_indices(index_q, head_weights, pooled, **kwargs)
 
-    def sparse_spy(q, k, v, indices, softmax_scale, **kwargs):
+    def sparse_spy(q_lat, latent, indices, softmax_scale, **kwargs):
         def validate():
-            dsa_fast.check_kernel_inputs(*dsa_fast.prepare_inputs(q, k, v, indices))
-        recorder.check("sparse_attention", dict(q=q, k=k, v=v, indices=indices), validate)
-        return dispatch.sparse_attention(q, k, v, indices, softmax_scale, **kwargs)
+            dsa_fast.check_kernel_inputs(*dsa_fast.prepare_inputs(q_lat, latent, indices))
+        recorder.check("sparse_latent_attention", dict(q_lat=q_lat, latent=latent, indices=indices), validate)
+        return dispatch.sparse_latent_attention(q_lat, latent, indices, softmax_scale, **kwargs)
 
     def experts_spy(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit):
         def validate():
@@ -174,7 +174,7 @@ def fp32_model():
 
 def assert_fast_ops_accept(recorder: Recorder) -> None:
     ops = {call.op for call in recorder.calls}
-    assert ops == {"chunk_kda", "select_indices", "sparse_attention", "routed_experts"}, ops
+    assert ops == {"chunk_kda", "select_indices", "sparse_latent_attention", "routed_experts"}, ops
     refused = [call for call in recorder.calls if call.error is not None]
     assert not refused, "\n".join(f"{c.op}: {c.error}\n    " + "\n    ".join(f"{k}: {v}" for k, v in c.inputs.items())
                                   for c in refused)
@@ -230,14 +230,35 @@ def test_cuda_autocast_policy_reproduces_the_indexer_dtype_split():
 
 def test_fast_op_checks_refuse_what_the_kernels_cannot_take():
     q = torch.randn(1, 10, 2, 16, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="q must be contiguous"):
-        dsa_fast.check_kernel_inputs(q.transpose(1, 2).contiguous().transpose(1, 2), q, q,
-                                     torch.zeros(1, 10, 4, dtype=torch.long))
+    latent = torch.randn(1, 10, 16, dtype=torch.bfloat16)
+    rows = torch.zeros(1, 10, 4, dtype=torch.int32)
+    strided_q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        dsa_fast.check_kernel_inputs(strided_q, latent, rows)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        dsa_fast.check_kernel_inputs(q, torch.randn(1, 10, 20, dtype=torch.bfloat16)[..., :16], rows)
     with pytest.raises(ValueError, match="int32 or int64"):
-        dsa_fast.check_kernel_inputs(q, q, q, torch.zeros(1, 10, 4))
-    prepared = dsa_fast.prepare_inputs(q.transpose(1, 2).contiguous().transpose(1, 2), q.float(), q,
-                                       torch.zeros(1, 10, 4, dtype=torch.long))
+        dsa_fast.check_kernel_inputs(q, latent, torch.zeros(1, 10, 4))
+    with pytest.raises(ValueError, match="share one dtype"):
+        dsa_fast.check_kernel_inputs(q, latent.float(), rows)
+    with pytest.raises(ValueError, match="disagree"):
+        dsa_fast.check_kernel_inputs(q, latent[..., :8], rows)
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        dsa_fast.check_kernel_inputs(q, latent, rows.transpose(1, 2).contiguous().transpose(1, 2))
+    # Mixed dtypes meet in the wider one (autocast's dtype under autocast); layouts become contiguous; rows keep
+    # their dtype (no int64 copy) and, with a unit last stride, their storage.
+    wide_rows = torch.zeros(1, 10, 6, dtype=torch.int32)[..., :4]
+    prepared = dsa_fast.prepare_inputs(strided_q, torch.randn(1, 10, 20)[..., :16], wide_rows)
+    assert [t.dtype for t in prepared] == [torch.float32, torch.float32, torch.int32]
+    assert prepared[2].data_ptr() == wide_rows.data_ptr()
     dsa_fast.check_kernel_inputs(*prepared)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        prepared = dsa_fast.prepare_inputs(q, latent.float(), rows.long())
+    assert [t.dtype for t in prepared] == [torch.bfloat16, torch.bfloat16, torch.int64]
+    dsa_fast.check_kernel_inputs(*prepared)
+    assert dsa_fast.tile_sizes(12, 384) == {"BLOCK_H": 16, "BLOCK_R": 512, "fwd_block_w": 32, "fwd_warps": 8,
+                                            "bwd_block_w": 16, "bwd_warps": 8}
+    assert dsa_fast.tile_sizes(64, 20)["BLOCK_H"] == 32 and dsa_fast.tile_sizes(64, 20)["BLOCK_R"] == 32
     with pytest.raises(ValueError, match="float32 initial_state"):
         kda_fast.check_kernel_inputs(q, q, q, q.float(), torch.rand(1, 10, 2), torch.zeros(1, 2, 16, 16).bfloat16())
     with pytest.raises(ValueError, match="share one dtype"):

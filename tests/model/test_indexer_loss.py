@@ -137,3 +137,29 @@ def test_bad_arguments_raise_value_error() -> None:
         run_loss("dense", inputs, 2, 8)
     with pytest.raises(ValueError, match="main_q"):
         run_loss("dense", (inputs[0][..., :-1], *inputs[1:]), 4, 8)
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+def test_one_shared_key_head_equals_per_head_keys_in_latent_space(mode: str) -> None:
+    """MLA's absorbed form: main_q = q @ W_k per head and main_k = the latent as one shared head give the scores,
+    hence the loss and the indexer's gradients, of per-head keys k = latent @ W_k.T."""
+    batch, seq_len, heads, qk_dim, rank = 2, 41, 3, 8, 5
+    main_q, _, index_q, head_weights, pooled = random_inputs(batch, seq_len, kpool=4, heads=heads, seed=9)
+    generator = torch.Generator().manual_seed(10)
+    latent = torch.randn(batch, seq_len, rank, generator=generator, dtype=torch.float64)
+    key_weight = torch.randn(heads, qk_dim, rank, generator=generator, dtype=torch.float64)
+    main_q = main_q.double()
+    keys = torch.einsum("bsr,hdr->bshd", latent, key_weight)
+    q_lat = torch.einsum("bthd,hdr->bthr", main_q, key_weight)
+    indices = selection((main_q, keys, index_q, head_weights, pooled), 4, 16) if mode == "sparse" else None
+    results = []
+    for q, k in ((main_q, keys), (q_lat, latent[:, :, None, :])):
+        loss = run_loss(mode, (q, k, index_q, head_weights, pooled), 4, 16, indices, query_chunk=7)
+        results.append((loss, torch.autograd.grad(loss, (index_q, head_weights, pooled))))
+    (per_head, per_head_grads), (shared, shared_grads) = results
+    torch.testing.assert_close(shared, per_head, atol=1e-6, rtol=1e-6)
+    for a, b in zip(shared_grads, per_head_grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="main_k"):
+        run_loss(mode, (q_lat, latent[:, :, None, :].expand(-1, -1, 2, -1), index_q, head_weights, pooled), 4, 16,
+                 indices)

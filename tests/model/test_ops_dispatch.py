@@ -24,7 +24,7 @@ def test_dispatch_imports_no_gpu_packages():
         "dispatch.chunk_kda(q, q, q, g, torch.rand(1, 9, 2), use_qk_l2norm_in_kernel=True)\n"
         "idx = dispatch.select_indices(torch.randn(1, 9, 2, 8), torch.rand(1, 9, 2), torch.randn(1, 2, 8),\n"
         "                              kpool=4, topk=4, select_tail=True, softmax_scale=0.3)\n"
-        "dispatch.sparse_attention(q, q, q, idx, 0.3)\n"
+        "dispatch.sparse_latent_attention(q, q[:, :, 0], idx, 0.3)\n"
         "bad = [m for m in ('triton', 'fla', 'tilelang') if m in sys.modules]\n"
         "print('LOADED', bad)\n"
     )
@@ -46,8 +46,9 @@ def test_cpu_calls_equal_references():
     indices = dispatch.select_indices(index_q, weights, pooled, **kwargs)
     assert torch.equal(indices, indexer_reference.select_indices(index_q, weights, pooled, **kwargs))
 
-    assert torch.equal(dispatch.sparse_attention(q, k, v, indices, 0.3),
-                       dsa_reference.sparse_attention(q, k, v, indices, 0.3))
+    latent = k[:, :, 0]
+    assert torch.equal(dispatch.sparse_latent_attention(q, latent, indices.int(), 0.3),
+                       dsa_reference.sparse_latent_attention(q, latent, indices.int(), 0.3))
 
 
 def test_cpu_routed_experts_equal_a_per_token_loop():

@@ -13,9 +13,18 @@ GLM-5.3-Flash's "indexed_attention" layers. Parameter and submodule names match 
 ``indexer_types[layer_idx]`` is ``"full"`` (run the indexer) or ``"shared"`` (no indexer; reuse the index rows of
 the previous full layer, passed in as ``shared_indices``).
 
+Sparse attention runs in MLA's absorbed ("MQA") form on every device: keys and values are the shared normalised
+latent ``c = kv_a_layernorm(kv_a_proj_with_mqa(hidden)[..., :R]) [B, T, R]``; with
+``W = kv_b_proj.weight.view(H, Dk + Dv, R)`` the queries move into latent space, ``q_lat = q @ W[:, :Dk]``
+(``q_lat . c == q . k`` exactly), attention returns ``o_lat [B, T, H, R]`` and ``o_lat @ W[:, Dk:].T`` is the
+per-head output. Per-head keys and values ``[B, T, H, D]`` are built only on the dense path (``indexer_loss="dense"``
+or a sequence short enough that every query selects all causal keys), which runs SDPA. This needs NoPE
+(``ModelConfig`` rejects ``qk_rope_head_dim > 0`` for DSA layers; rotary keys would not factor through ``c``).
+
 The ops are module attributes (``select_op``, ``sparse_attention_op``, ``dense_attention_op``). Selection and sparse
-attention default to ``genolc.model.ops.dispatch``: the pure-torch references for CPU tensors, the Triton kernels
-for CUDA tensors; no flag here chooses an implementation.
+attention default to ``genolc.model.ops.dispatch`` (``select_indices``, ``sparse_latent_attention``): the
+pure-torch references for CPU tensors, the Triton kernels for CUDA tensors; no flag here chooses an implementation.
+``sparse_attention_op`` has ``sparse_latent_attention``'s signature ``(q_lat, latent, indices, softmax_scale)``.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from torch import nn
 from genolc.model.config import ModelConfig, ModelConfigError
 from genolc.model.indexer_loss import INDEXER_LOSS_MODES, indexer_kl_loss
 from genolc.model.layers.norm import RMSNorm
-from genolc.model.ops.dispatch import select_indices, sparse_attention
+from genolc.model.ops.dispatch import select_indices, sparse_latent_attention
 from genolc.model.ops.dsa.reference import dense_causal_attention
 from genolc.model.ops.indexer.reference import index_width, pool_keys, selects_all_causal
 
@@ -38,8 +47,10 @@ class DSAOutput:
     """What a DSA layer returns.
 
     hidden: ``[B, T, D]`` the attention block's output (after ``o_proj``).
-    indices: ``[B, T, W]`` int64 index rows the layer attended with (-1 = empty); pass them to the next "shared"
-        layer. Under ``indexer_loss="dense"`` the attention was dense, but these are still the indexer's choice.
+    indices: ``[B, T, W]`` index rows the layer attended with (-1 = empty): int32 on CUDA (the fast indexer's
+        ``out_dtype``; half the memory of int64, 8 GiB at 1M tokens and W = 2051), int64 on CPU; a "shared" layer
+        passes on the rows it was given, in their dtype. Pass them to the next "shared" layer. Under
+        ``indexer_loss="dense"`` the attention was dense, but these are still the indexer's choice.
     indexer_kl: scalar indexer KL loss when ``indexer_loss`` was given and the layer has an indexer, else None.
     """
 
@@ -124,14 +135,22 @@ class DSAAttention(nn.Module):
         self.indexer = DSAIndexer(config) if config.indexer_types[layer_idx] == "full" else None
 
         self.select_op = select_indices
-        self.sparse_attention_op = sparse_attention
+        self.sparse_attention_op = sparse_latent_attention
         self.dense_attention_op = dense_causal_attention
 
     def _select(self, features: IndexerFeatures) -> torch.Tensor:
+        # int32 rows on CUDA (the fast selector takes out_dtype; the CPU reference returns int64 only).
+        row_dtype = {"out_dtype": torch.int32} if features.queries.is_cuda else {}
         with torch.no_grad():
             return self.select_op(features.queries.detach(), features.head_weights.detach(),
                                   features.pooled.detach(), kpool=self.kpool, topk=self.topk,
-                                  select_tail=self.select_tail, softmax_scale=self.indexer.softmax_scale)
+                                  select_tail=self.select_tail, softmax_scale=self.indexer.softmax_scale,
+                                  **row_dtype)
+
+    def _key_value_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv_b_proj``'s weight split per head: ``W_k [H, Dk, R]`` and ``W_v [H, Dv, R]`` (views)."""
+        weight = self.kv_b_proj.weight.view(self.num_heads, self.qk_head_dim + self.v_head_dim, self.kv_lora_rank)
+        return weight[:, : self.qk_head_dim], weight[:, self.qk_head_dim:]
 
     def forward(self, hidden: torch.Tensor, shared_indices: torch.Tensor | None = None,
                 indexer_loss: str | None = None) -> DSAOutput:
@@ -153,9 +172,7 @@ class DSAAttention(nn.Module):
 
         q_resid = self.q_a_layernorm(self.q_a_proj(hidden))
         queries = self.q_b_proj(q_resid).view(batch, seq_len, self.num_heads, self.qk_head_dim)
-        latent = self.kv_a_proj_with_mqa(hidden)[..., : self.kv_lora_rank]
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(batch, seq_len, self.num_heads, -1)
-        keys, values = kv.split([self.qk_head_dim, self.v_head_dim], dim=-1)
+        latent = self.kv_a_layernorm(self.kv_a_proj_with_mqa(hidden)[..., : self.kv_lora_rank])  # [B, T, R]
 
         features = None
         if self.indexer is not None:
@@ -172,17 +189,25 @@ class DSAAttention(nn.Module):
             if shared_indices.shape != (batch, seq_len, self.width):
                 raise ValueError(f"shared_indices must be [B={batch}, T={seq_len}, W={self.width}], got "
                                  f"{tuple(shared_indices.shape)}")
-            indices = shared_indices.long()
+            indices = shared_indices
 
         if indexer_loss == "dense" or selects_all_causal(seq_len, self.topk, self.kpool, self.select_tail):
+            kv = self.kv_b_proj(latent).view(batch, seq_len, self.num_heads, -1)
+            keys, values = kv.split([self.qk_head_dim, self.v_head_dim], dim=-1)
             attended = self.dense_attention_op(queries, keys, values, self.softmax_scale)
+            main_q, main_k = queries, keys
         else:
-            attended = self.sparse_attention_op(queries, keys, values, indices, self.softmax_scale)
+            key_weight, value_weight = self._key_value_weights()
+            q_lat = torch.einsum("bthd,hdr->bthr", queries, key_weight)
+            o_lat = self.sparse_attention_op(q_lat, latent, indices, self.softmax_scale)
+            attended = torch.einsum("bthr,hvr->bthv", o_lat, value_weight)
+            # The KL's scores from the latent as one key head shared by all heads: equal to q . k.
+            main_q, main_k = q_lat, latent[:, :, None, :]
         output = self.o_proj(attended.reshape(batch, seq_len, self.num_heads * self.v_head_dim))
 
         kl = None
         if features is not None and indexer_loss is not None:
-            kl = indexer_kl_loss(indexer_loss, main_q=queries, main_k=keys, softmax_scale=self.softmax_scale,
+            kl = indexer_kl_loss(indexer_loss, main_q=main_q, main_k=main_k, softmax_scale=self.softmax_scale,
                                  index_q=features.queries, head_weights=features.head_weights,
                                  pooled=features.pooled, index_softmax_scale=self.indexer.softmax_scale,
                                  kpool=self.kpool, topk=self.topk, indices=indices)

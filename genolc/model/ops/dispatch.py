@@ -3,10 +3,10 @@
 Every function here has its reference's signature. The fast modules (fla, Triton) are imported inside the CUDA
 branch only, so importing this module (or calling it on CPU) never imports triton, tilelang or fla.
 
-    chunk_kda          genolc.model.ops.kda.fast (fla chunk_kda, segment-wise)   | ops.kda.reference
-    select_indices     genolc.model.ops.indexer.fast (Triton scores + top-k)     | ops.indexer.reference
-    sparse_attention   genolc.model.ops.dsa.fast (fused Triton fwd/bwd)          | ops.dsa.reference
-    routed_experts     genolc.model.ops.moe.fast (torch._grouped_mm)             | ops.moe.reference
+    chunk_kda                genolc.model.ops.kda.fast (fla chunk_kda, segment-wise)  | ops.kda.reference
+    select_indices           genolc.model.ops.indexer.fast (Triton scores + top-k)    | ops.indexer.reference
+    sparse_latent_attention  genolc.model.ops.dsa.fast (fused Triton, absorbed MLA)   | ops.dsa.reference
+    routed_experts           genolc.model.ops.moe.fast (torch._grouped_mm)            | ops.moe.reference
 """
 
 from __future__ import annotations
@@ -47,15 +47,17 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
                                             select_tail=select_tail, softmax_scale=softmax_scale, **chunking)
 
 
-def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
-                     *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
-    """DSA sparse attention; see ``genolc.model.ops.dsa.reference.sparse_attention``."""
-    if q.is_cuda:
+def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                            softmax_scale: float, *, query_chunk: int | None = None,
+                            recompute: bool | None = None) -> torch.Tensor:
+    """DSA sparse attention in MLA's absorbed form; see ``genolc.model.ops.dsa.reference.sparse_latent_attention``."""
+    if q_lat.is_cuda:
         from genolc.model.ops.dsa import fast
 
-        return fast.sparse_attention(q, k, v, indices, softmax_scale, query_chunk=query_chunk, recompute=recompute)
-    return dsa_reference.sparse_attention(q, k, v, indices, softmax_scale, query_chunk=query_chunk,
-                                          recompute=recompute)
+        return fast.sparse_latent_attention(q_lat, latent, indices, softmax_scale, query_chunk=query_chunk,
+                                            recompute=recompute)
+    return dsa_reference.sparse_latent_attention(q_lat, latent, indices, softmax_scale, query_chunk=query_chunk,
+                                                 recompute=recompute)
 
 
 def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,

@@ -1,20 +1,36 @@
-"""Fused sparse attention (DSA) in Triton: forward and backward read K/V rows by index, nothing gathered in memory.
+"""Fused sparse attention (DSA) in MLA's absorbed form, Triton forward and backward; nothing gathered in memory.
 
-Same contract as :func:`genolc.model.ops.dsa.reference.sparse_attention` (q ``[B, T, H, Dk]``, k ``[B, S, H, Dk]``,
-v ``[B, S, H, Dv]``, indices ``[B, T, W]`` with -1 for empty slots, shared by all heads; a row with no valid slot
-returns zeros). One program handles one (query, head): it walks the index row in blocks of ``BLOCK_W`` slots,
-loads those key rows straight from ``k`` (256 contiguous bytes per row at Dk=128, bf16), and keeps an online
-softmax in fp32; forward stores the log-sum-exp per (query, head) for backward.
+Same contract as :func:`genolc.model.ops.dsa.reference.sparse_latent_attention`: q_lat ``[B, T, H, R]``, the shared
+latent ``c [B, S, R]`` (keys and values of every head), indices ``[B, T, W]`` int32/int64 with -1 for empty slots,
+shared by all heads; a row with no valid slot returns zeros.
 
-Backward recomputes the probabilities from q, k and the stored log-sum-exp, accumulates dq in registers and adds
-dk, dv into fp32 buffers with atomics (``[B, S, H, D]`` each; a key row picked by many queries gets many adds).
+Forward: one program per (query t, batch b, head block). It holds the query's heads as the M dimension of
+tensor-core dots, ``Q [BLOCK_H, BLOCK_R]`` (H padded to >= 16, R to a power of two, masked), and walks the index
+row in blocks of ``BLOCK_W`` slots: gather ``C [BLOCK_W, BLOCK_R]`` by index, ``S = Q @ C.T`` in fp32, online
+softmax per head row, ``acc += P @ C``. Stores ``o_lat`` and the natural-log log-sum-exp per head (+inf for an
+empty row, so every recomputed probability there is exp(s - inf) = 0).
 
-Why per-head rows and CUDA-core arithmetic: with per-head keys (the layer's non-absorbed MLA form) every gathered
-key element serves exactly one (query, head) pair, two FLOPs per two bytes read, far below the H200's ~200 FLOP/byte
-balance point, so the op is bound by gather bandwidth and tensor cores would not help. The absorbed MLA form (keys
-shared by all heads) would let H query rows share one gathered tile; it needs a change of the layer's call.
+Backward: one program per (t, b, head block) recomputes ``P = exp(S * scale - lse)``, computes
+``delta = rowsum(O * dO)`` itself in fp32 (no [B, T, H] fp32 copies of O and dO), ``dP = dO @ C.T``,
+``dS = P * (dP - delta) * scale``, ``dQ += dS @ C`` in registers and ``dC = dS.T @ Q + P.T @ dO`` for the block's
+rows, added with fp32 atomics into ``[B, S, R]`` (one atomic row per (query, slot), not per head), cast to the
+latent's dtype at the end.
 
-This op never falls back to dense attention: bad shapes or dtypes raise ValueError. Triton is imported at call time.
+Costs (T queries, W slots, H heads, R latent rank): forward ~4*T*W*H*R FLOPs (S and P @ C), backward ~10*T*W*H*R
+(S, dP, dQ, two dC products), gathered bytes T*W*R*2 per pass (bf16) plus T*W*R*4 of fp32 atomics in backward.
+
+Tile choices: ``BLOCK_H`` = H padded to a power of two >= 16 (tl.dot's minimum M) and capped at 32 so 64-head
+configs split into head blocks instead of holding a 64 x 512 fp32 accumulator. Forward ``BLOCK_W`` = 64 slots for
+``BLOCK_R <= 256`` and 32 at 512 (base R = 384 pads to 512), num_warps = 4 / 8: the gathered tile stays at 16K
+elements. Backward keeps Q, dO, the dQ accumulator and a ``[BLOCK_W, BLOCK_R]`` fp32 dC tile live at once, so it
+uses ``BLOCK_W`` = 32 (16 at ``BLOCK_R`` = 512) and num_warps = 8 to keep that under ~128 fp32 registers a thread.
+
+Offsets are int64 (``T * H * R`` passes 2^31 at 1M tokens for base). fp32 inputs use IEEE dots (no TF32), bf16/fp16
+inputs the tensor cores with fp32 accumulation. This op never falls back to dense attention or to the reference:
+bad shapes, dtypes or layouts raise ValueError. Triton is imported at call time.
+
+Only NoPE MLA is supported (``ModelConfig`` rejects ``qk_rope_head_dim > 0`` for DSA layers): with rotary dims the
+keys would not factor through the latent and a per-head path would be needed again.
 """
 
 from __future__ import annotations
@@ -23,9 +39,10 @@ import functools
 
 import torch
 
-from genolc.model.ops.dsa.reference import _check_qkv
+from genolc.model.ops.dsa.reference import check_latent_inputs
 
-BLOCK_W = 64
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_BLOCK_H = 32
 
 
 @functools.cache
@@ -34,198 +51,220 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def sparse_fwd_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, o_ptr, lse_ptr, softmax_scale,
-                          sqb, sqt, sqh, skb, sks, skh, svb, svs, svh, sib, sit, sob, sot, soh, slb, slt,
-                          WIDTH: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                          BLOCK: tl.constexpr):
+    def latent_fwd_kernel(q_ptr, c_ptr, idx_ptr, o_ptr, lse_ptr, softmax_scale,
+                          seq_len, scb, scs, sib, sit,
+                          HEADS: tl.constexpr, RANK: tl.constexpr, WIDTH: tl.constexpr,
+                          BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+                          PRECISION: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1).to(tl.int64)
-        b = tl.program_id(2).to(tl.int64)
-        dk = tl.arange(0, BLOCK_DK)
-        dv = tl.arange(0, BLOCK_DV)
-        q = tl.load(q_ptr + b * sqb + t * sqt + h * sqh + dk, mask=dk < DK, other=0.0).to(tl.float32)
-        q = q * softmax_scale
-        m = float("-inf")
-        l = 0.0
-        acc = tl.zeros((BLOCK_DV,), dtype=tl.float32)
-        for w0 in range(0, WIDTH, BLOCK):
-            slots = w0 + tl.arange(0, BLOCK)
+        b = tl.program_id(1).to(tl.int64)
+        heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+        ranks = tl.arange(0, BLOCK_R)
+        head_ok = heads < HEADS
+        rank_ok = ranks < RANK
+        # q_lat, o_lat [B, T, H, R] and lse [B, T, H] are contiguous (prepare_inputs / fresh buffers).
+        row = b * seq_len + t
+        tile = row * HEADS * RANK + heads[:, None].to(tl.int64) * RANK + ranks[None, :]
+        tile_ok = head_ok[:, None] & rank_ok[None, :]
+        q = tl.load(q_ptr + tile, mask=tile_ok, other=0.0)
+        m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+        l = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_H, BLOCK_R), dtype=tl.float32)
+        for w0 in range(0, WIDTH, BLOCK_W):
+            slots = w0 + tl.arange(0, BLOCK_W)
             rows = tl.load(idx_ptr + b * sib + t * sit + slots, mask=slots < WIDTH, other=-1).to(tl.int64)
             valid = rows >= 0
             safe = tl.where(valid, rows, 0)
-            keys = tl.load(k_ptr + b * skb + safe[:, None] * sks + h * skh + dk[None, :],
-                           mask=valid[:, None] & (dk[None, :] < DK), other=0.0).to(tl.float32)
-            scores = tl.sum(keys * q[None, :], axis=1)
-            scores = tl.where(valid, scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=0))
-            # Guard exp(-inf - -inf) while no valid slot has been seen yet.
+            kv = tl.load(c_ptr + b * scb + safe[:, None] * scs + ranks[None, :],
+                         mask=valid[:, None] & rank_ok[None, :], other=0.0)
+            scores = tl.dot(q, tl.trans(kv), input_precision=PRECISION) * softmax_scale
+            scores = tl.where(valid[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            # Guard exp(-inf - -inf) while a head row has seen no valid slot yet.
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(scores - m_safe)
+            p = tl.exp(scores - m_safe[:, None])
             alpha = tl.exp(m - m_safe)
-            values = tl.load(v_ptr + b * svb + safe[:, None] * svs + h * svh + dv[None, :],
-                             mask=valid[:, None] & (dv[None, :] < DV), other=0.0).to(tl.float32)
-            acc = acc * alpha + tl.sum(p[:, None] * values, axis=0)
-            l = l * alpha + tl.sum(p, axis=0)
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv, input_precision=PRECISION)
             m = m_new
         has_any = l > 0.0
-        out = tl.where(has_any, acc / tl.where(has_any, l, 1.0), 0.0)
-        tl.store(o_ptr + b * sob + t * sot + h * soh + dv, out.to(o_ptr.dtype.element_ty), mask=dv < DV)
-        # +inf for an empty row makes every recomputed probability exp(s - inf) = 0 in backward.
+        out = tl.where(has_any[:, None], acc / tl.where(has_any, l, 1.0)[:, None], 0.0)
+        tl.store(o_ptr + tile, out.to(o_ptr.dtype.element_ty), mask=tile_ok)
         lse = tl.where(has_any, m + tl.log(tl.where(has_any, l, 1.0)), float("inf"))
-        tl.store(lse_ptr + b * slb + t * slt + h, lse)
+        tl.store(lse_ptr + row * HEADS + heads, lse, mask=head_ok)
 
     @triton.jit
-    def sparse_bwd_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
-                          softmax_scale,
-                          sqb, sqt, sqh, skb, sks, skh, svb, svs, svh, sib, sit, sdb, sdt, sdh, slb, slt,
-                          sgkb, sgks, sgkh, sgvb, sgvs, sgvh,
-                          WIDTH: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-                          BLOCK: tl.constexpr):
+    def latent_bwd_kernel(q_ptr, c_ptr, idx_ptr, o_ptr, do_ptr, lse_ptr, dq_ptr, dc_ptr, softmax_scale,
+                          seq_len, scb, scs, sib, sit, sgb, sgs,
+                          HEADS: tl.constexpr, RANK: tl.constexpr, WIDTH: tl.constexpr,
+                          BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+                          PRECISION: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1).to(tl.int64)
-        b = tl.program_id(2).to(tl.int64)
-        dk = tl.arange(0, BLOCK_DK)
-        dv = tl.arange(0, BLOCK_DV)
-        q = tl.load(q_ptr + b * sqb + t * sqt + h * sqh + dk, mask=dk < DK, other=0.0).to(tl.float32)
-        d_out = tl.load(do_ptr + b * sdb + t * sdt + h * sdh + dv, mask=dv < DV, other=0.0).to(tl.float32)
-        lse = tl.load(lse_ptr + b * slb + t * slt + h)
-        delta = tl.load(delta_ptr + b * slb + t * slt + h)
-        d_q = tl.zeros((BLOCK_DK,), dtype=tl.float32)
-        for w0 in range(0, WIDTH, BLOCK):
-            slots = w0 + tl.arange(0, BLOCK)
+        b = tl.program_id(1).to(tl.int64)
+        heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+        ranks = tl.arange(0, BLOCK_R)
+        head_ok = heads < HEADS
+        rank_ok = ranks < RANK
+        row = b * seq_len + t
+        tile = row * HEADS * RANK + heads[:, None].to(tl.int64) * RANK + ranks[None, :]
+        tile_ok = head_ok[:, None] & rank_ok[None, :]
+        q = tl.load(q_ptr + tile, mask=tile_ok, other=0.0)
+        d_out = tl.load(do_ptr + tile, mask=tile_ok, other=0.0)
+        out = tl.load(o_ptr + tile, mask=tile_ok, other=0.0)
+        delta = tl.sum(out.to(tl.float32) * d_out.to(tl.float32), axis=1)  # rowsum(P * dP) per head
+        # Padded heads get lse = +inf: their probabilities are exactly 0.
+        lse = tl.load(lse_ptr + row * HEADS + heads, mask=head_ok, other=float("inf"))
+        d_q = tl.zeros((BLOCK_H, BLOCK_R), dtype=tl.float32)
+        for w0 in range(0, WIDTH, BLOCK_W):
+            slots = w0 + tl.arange(0, BLOCK_W)
             rows = tl.load(idx_ptr + b * sib + t * sit + slots, mask=slots < WIDTH, other=-1).to(tl.int64)
             valid = rows >= 0
             safe = tl.where(valid, rows, 0)
-            key_mask = valid[:, None] & (dk[None, :] < DK)
-            value_mask = valid[:, None] & (dv[None, :] < DV)
-            keys = tl.load(k_ptr + b * skb + safe[:, None] * sks + h * skh + dk[None, :],
-                           mask=key_mask, other=0.0).to(tl.float32)
-            values = tl.load(v_ptr + b * svb + safe[:, None] * svs + h * svh + dv[None, :],
-                             mask=value_mask, other=0.0).to(tl.float32)
-            scores = tl.sum(keys * q[None, :], axis=1) * softmax_scale
-            p = tl.where(valid, tl.exp(scores - lse), 0.0)
-            d_p = tl.sum(values * d_out[None, :], axis=1)
-            d_s = p * (d_p - delta) * softmax_scale
-            d_q += tl.sum(d_s[:, None] * keys, axis=0)
-            tl.atomic_add(dk_ptr + b * sgkb + safe[:, None] * sgks + h * sgkh + dk[None, :],
-                          d_s[:, None] * q[None, :], mask=key_mask, sem="relaxed")
-            tl.atomic_add(dv_ptr + b * sgvb + safe[:, None] * sgvs + h * sgvh + dv[None, :],
-                          p[:, None] * d_out[None, :], mask=value_mask, sem="relaxed")
-        tl.store(dq_ptr + b * sqb + t * sqt + h * sqh + dk, d_q.to(dq_ptr.dtype.element_ty), mask=dk < DK)
+            row_mask = valid[:, None] & rank_ok[None, :]
+            kv = tl.load(c_ptr + b * scb + safe[:, None] * scs + ranks[None, :], mask=row_mask, other=0.0)
+            scores = tl.dot(q, tl.trans(kv), input_precision=PRECISION) * softmax_scale
+            p = tl.where(valid[None, :], tl.exp(scores - lse[:, None]), 0.0)
+            d_p = tl.dot(d_out, tl.trans(kv), input_precision=PRECISION)
+            d_s = p * (d_p - delta[:, None]) * softmax_scale
+            d_s_in = d_s.to(kv.dtype)
+            d_q += tl.dot(d_s_in, kv, input_precision=PRECISION)
+            d_kv = tl.dot(tl.trans(d_s_in), q, input_precision=PRECISION)
+            d_kv += tl.dot(tl.trans(p.to(kv.dtype)), d_out, input_precision=PRECISION)
+            tl.atomic_add(dc_ptr + b * sgb + safe[:, None] * sgs + ranks[None, :], d_kv, mask=row_mask,
+                          sem="relaxed")
+        tl.store(dq_ptr + tile, d_q.to(dq_ptr.dtype.element_ty), mask=tile_ok)
 
-    return sparse_fwd_kernel, sparse_bwd_kernel
+    return latent_fwd_kernel, latent_bwd_kernel
 
 
-def _block(dim: int) -> int:
-    import triton
-
-    return max(16, triton.next_power_of_2(dim))
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
-def sparse_attention_forward(q, k, v, indices, softmax_scale):
-    """Forward only: returns ``(out [B, T, H, Dv] in v's dtype, lse [B, T, H] fp32)``."""
+def tile_sizes(heads: int, rank: int) -> dict[str, int]:
+    """The launch's tiles for H heads and latent rank R (see the module docstring for why these)."""
+    block_h = min(MAX_BLOCK_H, max(16, _next_power_of_2(heads)))
+    block_r = max(16, _next_power_of_2(rank))
+    return {"BLOCK_H": block_h, "BLOCK_R": block_r,
+            "fwd_block_w": 64 if block_r <= 256 else 32, "fwd_warps": 4 if block_r <= 256 else 8,
+            "bwd_block_w": 32 if block_r <= 256 else 16, "bwd_warps": 8}
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # tf32 is Triton's default for fp32 dots; "ieee" keeps fp32 inputs exact. Ignored for bf16/fp16 tiles.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def sparse_latent_attention_forward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                                    softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward only, on inputs that passed :func:`check_kernel_inputs`.
+
+    Returns ``(o_lat [B, T, H, R] in q_lat's dtype, lse [B, T, H] fp32)``: the natural-log log-sum-exp of the
+    scaled scores ``softmax_scale * q_lat . c`` over each row's valid slots, +inf for a row with none.
+    """
     fwd, _ = _kernels()
-    batch, seq_len, heads, qk_dim = q.shape
-    value_dim = v.shape[-1]
-    out = torch.empty(batch, seq_len, heads, value_dim, dtype=v.dtype, device=q.device)
-    lse = torch.empty(batch, seq_len, heads, dtype=torch.float32, device=q.device)
-    if seq_len == 0:
+    batch, seq_len, heads, rank = q_lat.shape
+    out = torch.empty(q_lat.shape, dtype=q_lat.dtype, device=q_lat.device)
+    lse = torch.empty(batch, seq_len, heads, dtype=torch.float32, device=q_lat.device)
+    if seq_len == 0 or batch == 0:
         return out, lse
-    fwd[(seq_len, heads, batch)](
-        q, k, v, indices, out, lse, softmax_scale,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), indices.stride(0), indices.stride(1),
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        WIDTH=indices.shape[-1], DK=qk_dim, DV=value_dim, BLOCK_DK=_block(qk_dim), BLOCK_DV=_block(value_dim),
-        BLOCK=BLOCK_W, num_warps=4)
+    tiles = tile_sizes(heads, rank)
+    grid = (seq_len, batch, -(-heads // tiles["BLOCK_H"]))
+    fwd[grid](q_lat, latent, indices, out, lse, softmax_scale, seq_len,
+              latent.stride(0), latent.stride(1), indices.stride(0), indices.stride(1),
+              HEADS=heads, RANK=rank, WIDTH=indices.shape[-1], BLOCK_H=tiles["BLOCK_H"],
+              BLOCK_R=tiles["BLOCK_R"], BLOCK_W=tiles["fwd_block_w"], PRECISION=_precision(q_lat.dtype),
+              num_warps=tiles["fwd_warps"])
     return out, lse
 
 
-class SparseAttention(torch.autograd.Function):
+def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                                     out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+                                     softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of :func:`sparse_latent_attention_forward`: ``(d_q_lat [B, T, H, R], d_latent [B, S, R])``."""
+    _, bwd = _kernels()
+    batch, seq_len, heads, rank = q_lat.shape
+    d_out = d_out.to(q_lat.dtype).contiguous()
+    d_q = torch.empty(q_lat.shape, dtype=q_lat.dtype, device=q_lat.device)
+    d_latent = torch.zeros(latent.shape, dtype=torch.float32, device=latent.device)
+    if seq_len > 0 and batch > 0:
+        tiles = tile_sizes(heads, rank)
+        grid = (seq_len, batch, -(-heads // tiles["BLOCK_H"]))
+        bwd[grid](q_lat, latent, indices, out, d_out, lse, d_q, d_latent, softmax_scale, seq_len,
+                  latent.stride(0), latent.stride(1), indices.stride(0), indices.stride(1),
+                  d_latent.stride(0), d_latent.stride(1),
+                  HEADS=heads, RANK=rank, WIDTH=indices.shape[-1], BLOCK_H=tiles["BLOCK_H"],
+                  BLOCK_R=tiles["BLOCK_R"], BLOCK_W=tiles["bwd_block_w"], PRECISION=_precision(q_lat.dtype),
+                  num_warps=tiles["bwd_warps"])
+    return d_q, d_latent.to(latent.dtype)
+
+
+class SparseLatentAttention(torch.autograd.Function):
+    """Autograd wrapper of the two kernels; inputs must have passed :func:`check_kernel_inputs`."""
+
     @staticmethod
-    def forward(ctx, q, k, v, indices, softmax_scale):
-        out, lse = sparse_attention_forward(q, k, v, indices, softmax_scale)
-        ctx.save_for_backward(q, k, v, indices, out, lse)
+    def forward(ctx, q_lat, latent, indices, softmax_scale):
+        out, lse = sparse_latent_attention_forward(q_lat, latent, indices, softmax_scale)
+        ctx.save_for_backward(q_lat, latent, indices, out, lse)
         ctx.softmax_scale = softmax_scale
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        _, bwd = _kernels()
-        q, k, v, indices, out, lse = ctx.saved_tensors
-        batch, seq_len, heads, qk_dim = q.shape
-        value_dim = v.shape[-1]
-        d_out = d_out.contiguous()
-        delta = (out.float() * d_out.float()).sum(-1)               # [B, T, H] = rowsum(P * dP)
-        d_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        d_k = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
-        d_v = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
-        if seq_len > 0:
-            bwd[(seq_len, heads, batch)](
-                q, k, v, indices, d_out, lse, delta, d_q, d_k, d_v, ctx.softmax_scale,
-                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                v.stride(0), v.stride(1), v.stride(2), indices.stride(0), indices.stride(1),
-                d_out.stride(0), d_out.stride(1), d_out.stride(2), lse.stride(0), lse.stride(1),
-                d_k.stride(0), d_k.stride(1), d_k.stride(2), d_v.stride(0), d_v.stride(1), d_v.stride(2),
-                WIDTH=indices.shape[-1], DK=qk_dim, DV=value_dim, BLOCK_DK=_block(qk_dim),
-                BLOCK_DV=_block(value_dim), BLOCK=BLOCK_W,
-                num_warps=4)
-        return d_q, d_k.to(k.dtype), d_v.to(v.dtype), None, None
+        q_lat, latent, indices, out, lse = ctx.saved_tensors
+        d_q, d_latent = sparse_latent_attention_backward(q_lat, latent, indices, out, lse, d_out,
+                                                         ctx.softmax_scale)
+        return d_q, d_latent, None, None
 
 
-def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
-                     *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
-    """Drop-in for ``reference.sparse_attention`` on CUDA tensors (fused Triton forward and backward).
+def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+                            *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
+    """Drop-in for ``reference.sparse_latent_attention`` on CUDA tensors (fused Triton forward and backward).
 
     Args as the reference; ``query_chunk`` and ``recompute`` are accepted for signature compatibility and ignored
-    (the kernel never materialises gathered keys, and backward always recomputes probabilities from the stored
-    log-sum-exp). Returns ``[B, T, H, Dv]`` in v's dtype.
+    (the kernels gather nothing into memory, and backward recomputes probabilities from the stored log-sum-exp).
+    Returns ``o_lat [B, T, H, R]`` in the kernels' common dtype (see :func:`prepare_inputs`).
     """
-    if not (q.is_cuda and k.is_cuda and v.is_cuda and indices.is_cuda):
-        raise ValueError("genolc.model.ops.dsa.fast needs CUDA tensors; use reference.sparse_attention on CPU")
-    q, k, v, indices = prepare_inputs(q, k, v, indices)
-    check_kernel_inputs(q, k, v, indices)
-    return SparseAttention.apply(q, k, v, indices, softmax_scale)
+    if not (q_lat.is_cuda and latent.is_cuda and indices.is_cuda):
+        raise ValueError("genolc.model.ops.dsa.fast needs CUDA tensors; use reference.sparse_latent_attention on CPU")
+    q_lat, latent, indices = prepare_inputs(q_lat, latent, indices)
+    check_kernel_inputs(q_lat, latent, indices)
+    return SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale)
 
 
-KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def prepare_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What the kernels are handed for the layer's ``(q, k, v, indices)``. Pure torch (CPU-runnable; the CPU
+def prepare_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the kernels are handed for the layer's ``(q_lat, latent, indices)``. Pure torch (CPU-runnable; the CPU
     tests check it).
 
-    q, k, v get one dtype, as autocast would give attention's operands (the autocast dtype when it is on, else
-    the widest); q is made contiguous because backward writes dq with q's strides into a contiguous buffer; k and
-    v (the layer's split views of one projection) keep their strides unless the last one is not 1.
+    q_lat and latent get one dtype, as autocast would give attention's operands (the autocast dtype when it is on,
+    else the wider of the two: under autocast the layer's latent comes out of an fp32-weighted RMSNorm next to a
+    bf16 q_lat), and are made contiguous (both are fresh per-layer tensors, so this is normally free); indices keep
+    their dtype and strides unless the last stride is not 1.
     """
-    device_type = q.device.type
+    device_type = q_lat.device.type
     if torch.is_autocast_enabled(device_type):
         common = torch.get_autocast_dtype(device_type)
     else:
-        common = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-    q = q.to(common).contiguous()
-    k, v = (t.to(common) for t in (k, v))
-    k, v, indices = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v, indices))
-    return q, k, v, indices
+        common = torch.promote_types(q_lat.dtype, latent.dtype)
+    q_lat = q_lat.to(common).contiguous()
+    latent = latent.to(common).contiguous()
+    if indices.dim() > 0 and indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    return q_lat, latent, indices
 
 
-def check_kernel_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor) -> None:
-    """ValueError unless the fused kernels can take these: shapes as the reference, q, k, v one dtype of
-    ``KERNEL_DTYPES``, q contiguous, k and v with a contiguous last dimension, indices ``[B, T, W]`` int32/int64
-    with a contiguous last dimension. Shared by :func:`sparse_attention` and the CPU tests."""
-    _check_qkv(q, k, v)
-    if indices.dim() != 3 or indices.shape[:2] != q.shape[:2]:
-        raise ValueError(f"indices must be [B, T, W] with B, T of q {tuple(q.shape[:2])}, got {tuple(indices.shape)}")
-    if indices.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"indices must be int32 or int64, got {indices.dtype}")
-    if q.dtype not in KERNEL_DTYPES or q.dtype != k.dtype or k.dtype != v.dtype:
-        raise ValueError(f"q, k, v must share one dtype of {KERNEL_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.is_contiguous():
-        raise ValueError(f"q must be contiguous (backward writes dq with q's strides), got strides {q.stride()}")
-    for name, tensor in (("k", k), ("v", v), ("indices", indices)):
-        if tensor.stride(-1) != 1:
-            raise ValueError(f"{name} needs a contiguous last dimension, got strides {tensor.stride()}")
+def check_kernel_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor) -> None:
+    """ValueError unless the fused kernels can take these: shapes as the reference, q_lat and latent one dtype of
+    ``KERNEL_DTYPES`` and contiguous, indices ``[B, T, W]`` int32/int64 with a contiguous last dimension. Shared by
+    :func:`sparse_latent_attention` and the CPU tests."""
+    check_latent_inputs(q_lat, latent, indices)
+    if q_lat.dtype not in KERNEL_DTYPES or q_lat.dtype != latent.dtype:
+        raise ValueError(f"q_lat and latent must share one dtype of {KERNEL_DTYPES}, got {q_lat.dtype} and "
+                         f"{latent.dtype}")
+    if not q_lat.is_contiguous() or not latent.is_contiguous():
+        raise ValueError(f"q_lat and latent must be contiguous, got strides {q_lat.stride()} and {latent.stride()}")
+    if indices.stride(-1) != 1:
+        raise ValueError(f"indices needs a contiguous last dimension, got strides {indices.stride()}")
+    if q_lat.shape[-1] > 1024:
+        raise ValueError(f"latent rank {q_lat.shape[-1]} exceeds the kernels' 1024 (one register tile per row)")

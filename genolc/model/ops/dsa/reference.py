@@ -1,10 +1,20 @@
 """Sparse attention over indexer-selected keys (DSA), in pure torch, plus the dense causal fallback.
 
+Two forms of the same attention:
+
+- :func:`sparse_latent_attention`, MLA's absorbed ("MQA") form, which the DSA layer runs: every head attends over
+  the shared normalised latent rows ``c [B, S, R]`` (keys and values at once) with a query already multiplied into
+  latent space, ``q_lat[h] = q[h] @ W_k[h]``; the layer maps the result back with ``W_v[h]``. Gathers
+  ``[B, chunk, W, R]`` per query chunk, one row per slot for all heads.
+- :func:`sparse_attention`, the per-head ("non-absorbed") form over keys ``[B, S, H, Dk]`` and values
+  ``[B, S, H, Dv]``: the readable definition the latent form is tested against.
+
 Each query ``t`` attends only to the key rows listed in ``indices[b, t]`` (-1 = empty slot), the same rows for every
 head. Queries are processed in chunks: a chunk gathers ``[B, chunk, W, H, D]`` keys and values, never the
 ``[B, T, W, H, D]`` tensor for the whole sequence. With ``recompute`` (the default when gradients are needed) each
 chunk's gathered tensors are rebuilt in the backward pass instead of being kept, so training memory stays
-O(T * H * D) for activations plus O(T * W) for indices.
+O(T * H * D) for activations plus O(T * W) for indices. Index rows may be int32 or int64; each chunk converts its
+own rows (never the whole ``[B, T, W]`` tensor, 16 GiB as int64 at 1M tokens and W = 2051).
 
 When every query selects all of its causal keys (a short sequence; see
 ``genolc.model.ops.indexer.reference.selects_all_causal``) the result equals ordinary causal attention, which
@@ -41,14 +51,15 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: to
                   softmax_scale: float) -> torch.Tensor:
     """One query chunk: q ``[B, C, H, Dk]``, k/v ``[B, S, H, *]``, indices ``[B, C, W]`` -> ``[B, C, H, Dv]``."""
     valid = indices >= 0
-    safe = indices.clamp_min(0)
+    safe = indices.long().clamp_min(0)
     batch_ids = torch.arange(q.shape[0], device=q.device)[:, None, None]
     keys = k[batch_ids, safe]  # [B, C, W, H, Dk]
     values = v[batch_ids, safe]  # [B, C, W, H, Dv]
     scores = torch.einsum("bchd,bcwhd->bchw", q, keys) * softmax_scale
     # finfo.min (not -inf) keeps rows with no valid slot finite; they are zeroed below.
     scores = scores.masked_fill(~valid[:, :, None, :], torch.finfo(scores.dtype).min)
-    probs = scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype)
+    # At least fp32 (fp64 stays fp64: its finfo.min would overflow to -inf in fp32 and an empty row give NaN).
+    probs = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
     probs = probs * valid.any(dim=-1)[:, :, None, None].to(probs.dtype)
     return torch.einsum("bchw,bcwhd->bchd", probs, values)
 
@@ -84,7 +95,6 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices:
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if recompute is None:
         recompute = needs_grad
-    indices = indices.long()
 
     outputs = []
     for q0 in range(0, seq_len, query_chunk):
@@ -95,6 +105,90 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices:
             out = _attend_chunk(q[:, q0:q1], k, v, indices[:, q0:q1], softmax_scale)
         outputs.append(out)
     return torch.cat(outputs, dim=1)
+
+
+def check_latent_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor) -> None:
+    """ValueError unless q_lat ``[B, T, H, R]``, latent ``[B, S, R]`` and indices ``[B, T, W]`` int32/int64 agree."""
+    if q_lat.dim() != 4 or latent.dim() != 3:
+        raise ValueError(f"q_lat must be [B, T, H, R] and latent [B, S, R], got {tuple(q_lat.shape)} and "
+                         f"{tuple(latent.shape)}")
+    if q_lat.shape[0] != latent.shape[0] or q_lat.shape[-1] != latent.shape[-1]:
+        raise ValueError(f"q_lat [B, T, H, R] and latent [B, S, R] disagree on B or R: {tuple(q_lat.shape)}, "
+                         f"{tuple(latent.shape)}")
+    if indices.dim() != 3 or indices.shape[:2] != q_lat.shape[:2]:
+        raise ValueError(f"indices must be [B, T, W] with B, T of q_lat {tuple(q_lat.shape[:2])}, got "
+                         f"{tuple(indices.shape)}")
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"indices must be int32 or int64, got {indices.dtype}")
+
+
+def default_latent_query_chunk(batch: int, width: int, heads: int, rank: int) -> int:
+    """A query chunk whose gathered latent rows plus scores hold at most ``GATHER_BUDGET_ELEMENTS`` elements."""
+    per_query = batch * width * (rank + heads)
+    return max(1, GATHER_BUDGET_ELEMENTS // max(per_query, 1))
+
+
+def _attend_latent_chunk(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                         softmax_scale: float) -> torch.Tensor:
+    """One query chunk: q_lat ``[B, C, H, R]``, latent ``[B, S, R]``, indices ``[B, C, W]`` -> ``[B, C, H, R]``."""
+    valid = indices >= 0
+    safe = indices.long().clamp_min(0)
+    batch_ids = torch.arange(q_lat.shape[0], device=q_lat.device)[:, None, None]
+    rows = latent[batch_ids, safe]  # [B, C, W, R]: one gathered row serves every head
+    scores = torch.einsum("bchr,bcwr->bchw", q_lat, rows) * softmax_scale
+    # finfo.min (not -inf) keeps rows with no valid slot finite; they are zeroed below.
+    scores = scores.masked_fill(~valid[:, :, None, :], torch.finfo(scores.dtype).min)
+    probs = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(rows.dtype)
+    probs = probs * valid.any(dim=-1)[:, :, None, None].to(probs.dtype)
+    return torch.einsum("bchw,bcwr->bchr", probs, rows)
+
+
+def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+                            *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
+    """Absorbed-MLA sparse attention: every head of query ``t`` attends over the latent rows ``indices[b, t]``.
+
+    With ``W = kv_b_proj.weight.view(H, Dk + Dv, R)``, ``q_lat[b, t, h] = q[b, t, h] @ W[h, :Dk]`` makes
+    ``q_lat . c[s]`` equal ``q . k[s]`` exactly, and ``o_lat[b, t, h] @ W[h, Dk:].T`` equals the per-head output,
+    so this is :func:`sparse_attention` with ``k = c @ W_k.T``, ``v = c @ W_v.T`` never formed.
+
+    Args:
+        q_lat: ``[B, T, H, R]`` queries in latent space.
+        latent: ``[B, S, R]`` the shared normalised KV latent (keys and values of every head).
+        indices: ``[B, T, W]`` int32 or int64 latent rows per query, ``-1`` for empty slots, shared by all heads;
+            entries of one row distinct, each in ``[0, S)``.
+        softmax_scale: multiplies ``q_lat . c`` before the softmax (the per-head ``Dk ** -0.5``).
+        query_chunk: queries per chunk (default: see :func:`default_latent_query_chunk`).
+        recompute: rebuild each chunk's gathered rows in backward rather than storing them (default: when
+            gradients are being recorded).
+
+    Returns:
+        ``o_lat [B, T, H, R]`` in ``latent``'s dtype (softmax in fp32); a row with no valid slot gives zeros.
+    """
+    check_latent_inputs(q_lat, latent, indices)
+    batch, seq_len, heads, rank = q_lat.shape
+    if query_chunk is None:
+        query_chunk = default_latent_query_chunk(batch, indices.shape[-1], heads, rank)
+    if query_chunk < 1:
+        raise ValueError(f"query_chunk must be positive, got {query_chunk}")
+    needs_grad = torch.is_grad_enabled() and (q_lat.requires_grad or latent.requires_grad)
+    if recompute is None:
+        recompute = needs_grad
+    # Mixed inputs (a bf16 einsum output next to an fp32 norm output) meet in the wider dtype.
+    common = torch.promote_types(q_lat.dtype, latent.dtype)
+    q_lat, rows = q_lat.to(common), latent.to(common)
+
+    outputs = []
+    for q0 in range(0, seq_len, query_chunk):
+        q1 = min(seq_len, q0 + query_chunk)
+        if recompute and needs_grad:
+            out = checkpoint(_attend_latent_chunk, q_lat[:, q0:q1], rows, indices[:, q0:q1], softmax_scale,
+                             use_reentrant=False)
+        else:
+            out = _attend_latent_chunk(q_lat[:, q0:q1], rows, indices[:, q0:q1], softmax_scale)
+        outputs.append(out)
+    if not outputs:
+        return q_lat.new_zeros(q_lat.shape, dtype=latent.dtype)
+    return torch.cat(outputs, dim=1).to(latent.dtype)
 
 
 def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> torch.Tensor:
