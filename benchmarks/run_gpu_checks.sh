@@ -2,7 +2,7 @@
 # bash benchmarks/run_gpu_checks.sh SECTION[:SECONDS]...   (on the H200, from the repository root; carry: [".gpu"])
 #
 # The kernels issue's GPU checks, in sections that fit one device call of <= 9 minutes when combined sensibly:
-#   tests    - tests/gpu (every fast op vs its reference, and the whole model fast vs reference)
+#   tests    - tests/gpu, or the files in $GPU_TESTS (every fast op vs its reference; the whole model fast vs reference)
 #   kda      - bench_kda.py: small/base at 64k/256k/1M (the base 1M row is the < 20 GiB target)
 #   dsa      - bench_dsa.py: small/base at 64k/256k/1M
 #   indexer  - bench_indexer.py: 64k/256k/1M
@@ -30,7 +30,7 @@ for spec in "$@"; do
   echo "section $section (limit $limit s) starts at $(date +%T)" | tee -a "$OUT/sections.txt"
   case "$section" in
     tests)
-      timeout "$limit" python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -v --durations=0 --timeout 200 2>&1 \
+      timeout "$limit" python3 -m pytest ${GPU_TESTS:-tests/gpu} -m gpu -p no:cacheprovider -v --durations=0 --timeout 200 2>&1 \
         | tee "$OUT/gpu-tests.log"
       status=${PIPESTATUS[0]} ;;
     kda|dsa|indexer|moe)

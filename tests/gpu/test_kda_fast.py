@@ -40,9 +40,9 @@ def _run(op, inputs, d_out, d_final, **kwargs):
 
 @pytest.mark.parametrize("length, with_state", [(1000, False), (2053, True)])
 def test_fla_matches_reference(length, with_state, poison, rel_err):
-    inputs = _inputs(2, length, 8, 128, seed=length, with_state=with_state)
-    d_out = torch.randn(2, length, 8, 128, device="cuda")
-    d_final = torch.randn(2, 8, 128, 128, device="cuda")
+    inputs = _inputs(2, length, 12, 128, seed=length, with_state=with_state)
+    d_out = torch.randn(2, length, 12, 128, device="cuda")
+    d_final = torch.randn(2, 12, 128, 128, device="cuda")
     ref = _run(reference.chunk_kda, [t.detach().float().requires_grad_(True) for t in inputs], d_out, d_final)
     poison()
     got = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=None)
@@ -54,10 +54,10 @@ def test_fla_matches_reference(length, with_state, poison, rel_err):
 
 @pytest.mark.parametrize("length, segment_len, with_state", [(5001, 1024, True), (131071, 40000, False)])
 def test_segmented_equals_unsegmented(length, segment_len, with_state, poison, rel_err):
-    # H=8, D=128: the `small` preset's KDA shape (fla autotunes once per shape).
-    inputs = _inputs(1, length, 8, 128, seed=7 + length, with_state=with_state)
-    d_out = torch.randn(1, length, 8, 128, device="cuda")
-    d_final = torch.randn(1, 8, 128, 128, device="cuda")
+    # H=12, D=128: the `base` preset's KDA shape (fla autotunes once per shape).
+    inputs = _inputs(1, length, 12, 128, seed=7 + length, with_state=with_state)
+    d_out = torch.randn(1, length, 12, 128, device="cuda")
+    d_final = torch.randn(1, 12, 128, 128, device="cuda")
     whole = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=None)
     poison()
     pieces = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=segment_len)
@@ -68,8 +68,8 @@ def test_segmented_equals_unsegmented(length, segment_len, with_state, poison, r
 
 
 def test_segmented_without_final_state_gradient(rel_err):
-    q, k, v, g, beta = _inputs(1, 3000, 8, 128, seed=3)
-    d_out = torch.randn(1, 3000, 8, 128, device="cuda")
+    q, k, v, g, beta = _inputs(1, 3000, 12, 128, seed=3)
+    d_out = torch.randn(1, 3000, 12, 128, device="cuda")
     outs = []
     for segment_len in (None, 700):
         out, _ = fast.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, segment_len=segment_len)
@@ -86,11 +86,11 @@ def test_rejects_other_chunk_sizes():
 
 
 def test_segmented_matches_reference_at_64k(poison, rel_err):
-    """T = 64k + 1, three segments, against the fp32 pure-torch reference (~55 GiB at H=8; 128k would not fit)."""
+    """T = 64k + 1, three segments, against the fp32 pure-torch reference (~81 GiB at H=12; 128k would not fit)."""
     length = 65537
-    inputs = _inputs(1, length, 8, 128, seed=11, with_state=True)
-    d_out = torch.randn(1, length, 8, 128, device="cuda")
-    d_final = torch.randn(1, 8, 128, 128, device="cuda")
+    inputs = _inputs(1, length, 12, 128, seed=11, with_state=True)
+    d_out = torch.randn(1, length, 12, 128, device="cuda")
+    d_final = torch.randn(1, 12, 128, 128, device="cuda")
     ref = _run(reference.chunk_kda, [t.detach().float().requires_grad_(True) for t in inputs], d_out, d_final)
     poison()
     got = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=30000)

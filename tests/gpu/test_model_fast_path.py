@@ -29,7 +29,7 @@ pytestmark = pytest.mark.gpu
 def _config():
     # The small preset's head shapes (what the kernels are built for) at 4 layers and a short top-k, so T = 2111
     # exercises selection while the reference path still fits comfortably.
-    return _genome_preset(hidden=512, layers=4, kda_heads=8, kda_head_dim=128, mla_heads=4, q_lora=256, kv_lora=128,
+    return _genome_preset(hidden=512, layers=4, kda_heads=12, kda_head_dim=128, mla_heads=4, q_lora=256, kv_lora=128,
                           qk_nope=128, v_dim=128, index_heads=4, index_head_dim=64, kpool=4, topk=256, experts=8,
                           experts_per_tok=2, moe_inter=256, dense_inter=1024, vocab_size=16)
 
