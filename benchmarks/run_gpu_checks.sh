@@ -8,7 +8,7 @@
 #   indexer  - bench_indexer.py: 64k/256k/1M
 #   moe      - bench_moe.py: small/base at 64k/256k/1M
 #   tilelang - bench_dsa_tilelang.py: the TileLang sparse-attention forward against the Triton one
-# SECONDS caps a section (default 300); keep the sum under the device call's 600 s with room for the cache tarball.
+# $BENCH_ARGS go to the kda/dsa/indexer/moe benchmarks (e.g. "--presets base"). SECONDS caps a section (default 300); keep the sum under the device call's 600 s with room for the cache tarball.
 # Results land in $OUT (the benchmarks' JSON and logs; sections.txt: nvidia-smi, then each section's time). Triton's cache goes to $OUT/triton-cache.tar.gz;
 # carry it back as .gpu/triton-cache.tar.gz in the next call (it is unpacked here when present) so fla does not
 # re-tune every shape on a fresh machine. GENOLC_GIT_SHA must be set by the caller (the device copy has no .git).
@@ -34,7 +34,7 @@ for spec in "$@"; do
         | tee "$OUT/gpu-tests.log"
       status=${PIPESTATUS[0]} ;;
     kda|dsa|indexer|moe)
-      (cd benchmarks && timeout "$limit" python3 "bench_$section.py" 2>&1 | tee "$OUT/$section.log"; exit "${PIPESTATUS[0]}")
+      (cd benchmarks && timeout "$limit" python3 "bench_$section.py" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/$section.log"; exit "${PIPESTATUS[0]}")
       status=$? ;;
     tilelang)
       (cd benchmarks && timeout "$limit" python3 bench_dsa_tilelang.py 2>&1 | tee "$OUT/tilelang.log"; exit "${PIPESTATUS[0]}")
