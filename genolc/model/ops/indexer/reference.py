@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from genolc.model.ops.precision import autocast_off
+
 DEFAULT_QUERY_CHUNK = 256
 DEFAULT_POOL_BLOCK = 4096
 
@@ -75,6 +77,7 @@ def pool_keys(keys: torch.Tensor, gate_logits: torch.Tensor, position_bias: torc
     return (weights * grouped_keys).sum(dim=2)
 
 
+@autocast_off
 def pool_scores(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
                 softmax_scale: float) -> torch.Tensor:
     """Indexer scores of queries against pools (no masking).

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from genolc.model.ops.precision import autocast_off
+
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(sum(x^2) + eps)`` over the last dim (fla's convention: eps inside the root, not a max)."""
@@ -40,6 +42,7 @@ def _check_shapes(q, k, v, g, beta, initial_state) -> None:
                          f"got {tuple(initial_state.shape)}")
 
 
+@autocast_off
 def chunk_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -112,6 +115,7 @@ def chunk_kda(
     return out, (state if output_final_state else None)
 
 
+@autocast_off
 def recurrent_kda(
     q: torch.Tensor,
     k: torch.Tensor,
