@@ -3,7 +3,9 @@
 Indexer selection (no grad; both presets use 8 heads x 64 dims, kpool 4, topk 2048, tail on; bf16 features):
 the Triton-scored streamed top-k vs the pure-torch reference (64k, 256k). Counts written down:
   FLOPs  2*H*D per (query, causal pool) pair, T*(T/kpool)/2 pairs; score bytes written+read by top-k 8 per pair.
-Peak memory is reported above the inputs and also minus the int64 [T, 2051] output (the working set).
+The streamed op returns int32 rows, as the model asks for on CUDA (the reference returns int64). Peak memory is
+reported above the inputs and also minus the [T, 2051] output (the working set): the output itself is T*2051*4
+bytes, 7.8 GiB at 1M (the first run of this benchmark, 2026-11-29, measured int64 rows: 15.6 GiB).
 Writes benchmarks/results/indexer_<date>.json.
 """
 
@@ -30,16 +32,19 @@ def main() -> None:
         weights = torch.randn(1, length, HEADS, device="cuda") * HEADS ** -0.5
         pooled = torch.randn(1, length // KPOOL, DIM, device="cuda", dtype=torch.bfloat16)
         pairs = length * (length // KPOOL) / 2
-        output_gib = length * (TOPK + KPOOL - 1) * 8 / 2 ** 30
-        variants = [("streamed", fast.select_indices)]
+        variants = [("streamed", fast.select_indices, torch.int32)]
         if length <= SIZES["256k"]:
-            variants.append(("reference", reference.select_indices))
-        for name, op in variants:
+            variants.append(("reference", reference.select_indices, torch.int64))
+        for name, op, row_dtype in variants:
+            output_gib = length * (TOPK + KPOOL - 1) * row_dtype.itemsize / 2 ** 30
+            dtype_arg = {"out_dtype": row_dtype} if op is fast.select_indices else {}
+
             def step():
-                op(index_q, weights, pooled, kpool=KPOOL, topk=TOPK, select_tail=True, softmax_scale=DIM ** -0.5)
+                op(index_q, weights, pooled, kpool=KPOOL, topk=TOPK, select_tail=True, softmax_scale=DIM ** -0.5,
+                   **dtype_arg)
 
             result = try_measure(step, 1 if length >= SIZES["1M"] or name == "reference" else 3)
-            row = {"T": size, "variant": name, **result}
+            row = {"T": size, "variant": name, "rows": str(row_dtype), **result}
             if "ms" in result:
                 row["TFLOP_s"] = pairs * 2 * HEADS * DIM / result["ms"] / 1e9
                 row["score_GB_s"] = pairs * 8 / result["ms"] / 1e6
