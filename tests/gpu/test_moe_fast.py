@@ -16,7 +16,7 @@ from genolc.model.presets import small  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("n_tokens, chunk_tokens", [(5003, 65536), (20011, 4096)])
+@pytest.mark.parametrize("n_tokens, chunk_tokens", [(5003, 65536), (20011, 4096), (131071, 65536)])
 def test_matches_reference_experts(n_tokens, chunk_tokens, poison, rel_err):
     config = small()
     torch.manual_seed(n_tokens)

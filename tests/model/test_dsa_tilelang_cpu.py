@@ -70,7 +70,7 @@ def test_launch_configs(no_tilelang):
     for rank in (256, 384, 512):
         no_tilelang.default_config(rank).check(rank)
     assert no_tilelang.default_config(256) == config_cls(64, 2, 128)
-    assert no_tilelang.default_config(384).block_slots == 32
+    assert no_tilelang.default_config(384) == config_cls(64, 2, 128)
     config_cls(64, 2, 256).check(384)
     with pytest.raises(ValueError, match="multiples of"):
         config_cls(16, 2, 128).check(256)                     # 16 slots cannot split over 4 warps of 8 columns
