@@ -2,7 +2,8 @@
 
 KDA fwd+bwd (B=1, D=128, bf16 q/k/v/beta, fp32 gate, l2norm in kernel) for the presets' head counts (small H=8,
 base H=12): genolc's segment-wise fla op (segments of 64k and 32k) vs fla unsegmented (T <= 256k); the pure-torch
-reference's figures (small, 64k; it does not fit beyond) are carried in the notes. Reports tokens/s, an estimated TFLOP/s and peak memory (total, and above the inputs).
+reference's figures (small, 64k; it does not fit beyond) are carried in the notes. Reports tokens/s, an estimated
+TFLOP/s and peak memory (total, and above the inputs).
 FLOP estimate (chunk C=64, per token and head): forward ~ 8*C*Dk + 6*Dk*Dv (intra-chunk Aqk/Akk and solve, state
 reads for q and w, state update); backward ~ 2x forward; the segmented op re-runs the forward once more, which is
 not counted as useful work. Target: base at 1M under 20 GiB ("workspace_gib": the peak above the inputs minus
