@@ -1,7 +1,8 @@
 """python bench_dsa_tilelang.py [--sizes 64k,256k,1M] [--presets small,base]   (from benchmarks/, on the H200)
 
-The DSA sparse latent attention forward (absorbed MLA form) in TileLang (genolc.model.ops.dsa.tilelang_fwd) against
-the Triton one (genolc.model.ops.dsa.fast): the comparison behind issue 5's "TileLang, or Triton if it serves better".
+The DSA sparse latent attention (absorbed MLA form) in TileLang (genolc.model.ops.dsa.tilelang_fwd forward,
+tilelang_bwd backward) against the Triton one (genolc.model.ops.dsa.fast): the comparison behind issue 5's "TileLang,
+or Triton if it serves better".
 
 1. Correctness at an odd shape (T = S = 3001, W = 515, random index rows with -1 slots and one empty row) for each
    preset's (H, R): TileLang and Triton vs reference.sparse_latent_attention on fp32 copies (o_lat), vs an fp32
@@ -11,11 +12,16 @@ the Triton one (genolc.model.ops.dsa.fast): the comparison behind issue 5's "Til
    launch configs are timed and the fastest is used above; its output is checked against Triton's.
    Counts: FLOPs 4*T*W*H*R (scores + weighted latent rows); gathered bytes T*W*R*2 (one latent row per slot,
    shared by all heads).
+3. Backward: at the check shape, d_q_lat and d_latent of TileLang's autograd op (tilelang_bwd.sparse_latent_attention)
+   and of Triton's vs the fp32 reference's autograd gradients (same bf16 inputs upcast, a bf16 d_out), and against
+   each other. Then forward+backward timing (torch.autograd.grad of the op's output) at the same sizes, Triton
+   before any TileLang code, 1 timed repeat at 1M. Counts: FLOPs 14*T*W*H*R (forward 4, backward 10); bytes
+   T*W*R*(2+2+4) (two gathers and the fp32 atomic row per slot).
 
 Triton's check and timings all run before any TileLang code, so they are recorded even when TileLang fails; any
 TileLang compile or runtime failure is caught and written into the JSON (error text; a sticky CUDA error stops the
 TileLang phase) and the script still exits 0. Sizes and configs are skipped (and recorded as skipped) past the
-*_BUDGET_S marks so the whole run stays under 3 minutes.
+*_BUDGET_S marks so the whole run stays under 4 minutes.
 Writes $OUT or benchmarks/results/dsa_tilelang_<date>.json.
 """
 
@@ -34,9 +40,11 @@ from genolc.model.presets import PRESETS
 RESULT_NAME = "dsa_tilelang"
 CHECK_LENGTH, CHECK_WIDTH = 3001, 515
 # Seconds since start after which a phase stops starting new sizes / new launch configs (the run must stay < 3 min).
-TRITON_BUDGET_S = 70.0
-SWEEP_BUDGET_S = 110.0
-TIME_BUDGET_S = 140.0
+TRITON_BUDGET_S = 60.0
+TRITON_BWD_BUDGET_S = 95.0
+SWEEP_BUDGET_S = 120.0
+TIME_BUDGET_S = 145.0
+BWD_BUDGET_S = 200.0
 TILELANG_CONFIGS = [(64, 2, 128), (32, 3, 128), (32, 2, 128), (64, 2, 256)]
 START = time.monotonic()
 
@@ -298,19 +306,110 @@ def tilelang_phase(sizes, presets, shapes, rows, notes, triton_outputs) -> None:
             write_results(RESULT_NAME, rows, notes)
 
 
+def run_tilelang_autograd(q_lat, latent, indices, scale):
+    from genolc.model.ops.dsa import tilelang_bwd
+
+    return tilelang_bwd.sparse_latent_attention(q_lat, latent, indices, scale)
+
+
+def fwd_bwd(op, q_lat, latent, indices, scale, d_out):
+    """One forward+backward of ``op``: ``(o_lat, d_q_lat, d_latent)`` (fresh gradients, nothing accumulated)."""
+    q_lat = q_lat.detach().requires_grad_(True)
+    latent = latent.detach().requires_grad_(True)
+    out = op(q_lat, latent, indices, scale)
+    d_q, d_latent = torch.autograd.grad(out, (q_lat, latent), d_out)
+    return out, d_q, d_latent
+
+
+def reference_grads(q_lat, latent, indices, scale, d_out) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 autograd gradients of reference.sparse_latent_attention on fp32 copies of the bf16 inputs."""
+    _, d_q, d_latent = fwd_bwd(reference.sparse_latent_attention, q_lat.float(), latent.float(), indices, scale,
+                               d_out.float())
+    return d_q, d_latent
+
+
+def backward_correctness(preset: str, shape: dict, variant: str, op, rows: list[dict], notes: dict,
+                         saved: dict) -> None:
+    """Gradients of one variant's autograd op at the check shape vs the fp32 reference (and vs Triton's)."""
+    q_lat, latent, indices = check_inputs(preset, shape)
+    scale = shape["scale"]
+    gen = torch.Generator(device="cuda").manual_seed(shape["rank"] + 7)
+    d_out = torch.randn(q_lat.shape, generator=gen, device="cuda").bfloat16()
+    if ("reference_grads", preset) not in saved:
+        saved[("reference_grads", preset)] = reference_grads(q_lat, latent, indices, scale, d_out)
+    ref_dq, ref_dc = saved[("reference_grads", preset)]
+    row = {"check": "backward_correctness", "preset": preset, "T": CHECK_LENGTH, "W": CHECK_WIDTH,
+           "heads": shape["heads"], "rank": shape["rank"], "variant": variant}
+    try:
+        poison()
+        start = time.monotonic()
+        _, d_q, d_latent = fwd_bwd(op, q_lat, latent, indices, scale, d_out)
+        torch.cuda.synchronize()
+        row["first_call_s"] = time.monotonic() - start                           # includes compilation
+        row["rel_err_dq_vs_ref"] = rel_err(d_q, ref_dq)
+        row["rel_err_dlatent_vs_ref"] = rel_err(d_latent, ref_dc)
+        row["empty_row_dq_zero"] = bool((d_q[0, 7] == 0).all())
+        row["dtypes"] = [str(d_q.dtype), str(d_latent.dtype)]
+        other = saved.get(("triton_grads", preset))
+        if other is not None:
+            row["rel_err_dq_vs_triton"] = rel_err(d_q, other[0].float())
+            row["rel_err_dlatent_vs_triton"] = rel_err(d_latent, other[1].float())
+        saved[(variant + "_grads", preset)] = (d_q, d_latent)
+    except Exception as error:  # noqa: BLE001 - any failure is the result to record
+        row["error"] = error_text(error)
+        notes.setdefault("errors", []).append(f"{variant} backward correctness {preset}: {row['error'][:300]}")
+    rows.append(row)
+    print(row, flush=True)
+
+
+def fwd_bwd_phase(variant: str, op, sizes, presets, shapes, rows, notes, budget_s: float) -> bool:
+    """Forward+backward timing of one variant's autograd op; False after a sticky CUDA error."""
+    cache: dict = {}
+    for size in sizes:
+        if elapsed() > budget_s:
+            notes.setdefault("skipped", []).append(f"{variant} fwd+bwd {size}: budget spent at {elapsed():.0f} s")
+            continue
+        for preset in presets:
+            shape, scale = shapes[preset], shapes[preset]["scale"]
+            length, heads, rank, width = SIZES[size], shape["heads"], shape["rank"], shape["width"]
+            q_lat, latent, indices = timing_inputs(size, shape, cache)
+            d_out = torch.randn_like(q_lat)
+            row = {"check": "fwd_bwd_timing", "preset": preset, "T": size, "W": width, "heads": heads,
+                   "rank": rank, "variant": variant}
+            result = measure_safely(lambda: fwd_bwd(op, q_lat, latent, indices, scale, d_out),
+                                    1 if length >= SIZES["1M"] else 2)
+            row.update({k: v for k, v in result.items() if k != "ms_all"})
+            if "ms" in result:
+                row["TFLOP_s"] = 14 * length * width * heads * rank / result["ms"] / 1e9
+                row["GB_s"] = length * width * rank * 8 / result["ms"] / 1e6
+            rows.append(row)
+            print(row, flush=True)
+            del q_lat, latent, d_out
+            if "error" in result and not cuda_alive():
+                notes[f"{variant}_fwd_bwd_stopped"] = "sticky CUDA error; later runs skipped"
+                return False
+        write_results(RESULT_NAME, rows, notes)
+    return True
+
+
 def main() -> None:
     args = parse_bench_args(__doc__)
     sizes, presets = args.sizes.split(","), args.presets.split(",")
     shapes = {preset: preset_shape(preset) for preset in presets}
     rows: list[dict] = []
-    notes = {"flops_fwd": "4*T*W*H*R", "gathered_bytes_fwd": "T*W*R*2", "shapes": shapes,
+    notes = {"flops_fwd": "4*T*W*H*R", "gathered_bytes_fwd": "T*W*R*2", "flops_fwd_bwd": "14*T*W*H*R",
+             "bytes_fwd_bwd": "T*W*R*(2+2+4)", "shapes": shapes,
              "check": f"T=S={CHECK_LENGTH}, W={CHECK_WIDTH}, rows with ~30% -1 and row 7 empty",
-             "tilelang_configs_tried_at_first_size": TILELANG_CONFIGS, "time_budget_s": TIME_BUDGET_S}
+             "tilelang_configs_tried_at_first_size": TILELANG_CONFIGS, "time_budget_s": TIME_BUDGET_S,
+             "bwd_budget_s": BWD_BUDGET_S}
     saved: dict = {}
     for preset in presets:
         correctness(preset, shapes[preset], "triton", fast.sparse_latent_attention_forward, rows, notes, saved)
     triton_outputs: dict = {}
     triton_phase(sizes, presets, shapes, rows, notes, triton_outputs)
+    for preset in presets:
+        backward_correctness(preset, shapes[preset], "triton", fast.sparse_latent_attention, rows, notes, saved)
+    fwd_bwd_phase("triton", fast.sparse_latent_attention, sizes, presets, shapes, rows, notes, TRITON_BWD_BUDGET_S)
     try:
         import tilelang
 
@@ -322,17 +421,29 @@ def main() -> None:
     if tilelang_ok:
         for preset in presets:
             correctness(preset, shapes[preset], "tilelang", run_tilelang, rows, notes, saved)
-        saved.clear()
         if cuda_alive():
             tilelang_phase(sizes, presets, shapes, rows, notes, triton_outputs)
         else:
             notes["tilelang_stopped"] = "sticky CUDA error in the correctness check; timing skipped"
+        if cuda_alive() and "tilelang_stopped" not in notes:
+            for preset in presets:
+                backward_correctness(preset, shapes[preset], "tilelang", run_tilelang_autograd, rows, notes, saved)
+            saved.clear()
+            if cuda_alive():
+                fwd_bwd_phase("tilelang", run_tilelang_autograd, sizes, presets, shapes, rows, notes, BWD_BUDGET_S)
+            else:
+                notes["tilelang_bwd_stopped"] = "sticky CUDA error in the backward check; fwd+bwd timing skipped"
     notes["elapsed_s"] = elapsed()
     path = write_results(RESULT_NAME, rows, notes)
     rows = [{**row, "error": row["error"][:100]} if "error" in row else row for row in rows]
     print_table([r for r in rows if r["check"] == "correctness"],
                 ["preset", "variant", "rel_err_o_vs_ref", "rel_err_lse_vs_ref", "rel_err_o_vs_triton",
                  "empty_row_ok", "first_call_s", "error"])
+    print_table([r for r in rows if r["check"] == "backward_correctness"],
+                ["preset", "variant", "rel_err_dq_vs_ref", "rel_err_dlatent_vs_ref", "rel_err_dq_vs_triton",
+                 "rel_err_dlatent_vs_triton", "empty_row_dq_zero", "first_call_s", "error"])
+    print_table([r for r in rows if r["check"] == "fwd_bwd_timing"],
+                ["preset", "T", "variant", "ms", "TFLOP_s", "GB_s", "peak_above_inputs_gib", "error"])
     print_table([r for r in rows if r["check"] == "timing"],
                 ["preset", "T", "variant", "config", "ms", "TFLOP_s", "gather_GB_s", "rel_err_o_vs_triton",
                  "first_call_s", "error"])

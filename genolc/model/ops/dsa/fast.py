@@ -200,21 +200,30 @@ def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, 
 
 
 class SparseLatentAttention(torch.autograd.Function):
-    """Autograd wrapper of the two kernels; inputs must have passed :func:`check_kernel_inputs`."""
+    """Autograd over a pair of sparse-latent-attention kernels; inputs must have passed :func:`check_kernel_inputs`.
+
+    ``apply(q_lat, latent, indices, softmax_scale, kernels=TRITON_KERNELS)``: ``kernels`` is ``(forward,
+    backward)`` with the contracts of :func:`sparse_latent_attention_forward` and
+    :func:`sparse_latent_attention_backward` (the TileLang pair in ``tilelang_bwd`` shares them).
+    """
 
     @staticmethod
-    def forward(ctx, q_lat, latent, indices, softmax_scale):
-        out, lse = sparse_latent_attention_forward(q_lat, latent, indices, softmax_scale)
+    def forward(ctx, q_lat, latent, indices, softmax_scale, kernels=None):
+        forward_kernel, backward_kernel = kernels or TRITON_KERNELS
+        out, lse = forward_kernel(q_lat, latent, indices, softmax_scale)
         ctx.save_for_backward(q_lat, latent, indices, out, lse)
         ctx.softmax_scale = softmax_scale
+        ctx.backward_kernel = backward_kernel
         return out
 
     @staticmethod
     def backward(ctx, d_out):
         q_lat, latent, indices, out, lse = ctx.saved_tensors
-        d_q, d_latent = sparse_latent_attention_backward(q_lat, latent, indices, out, lse, d_out,
-                                                         ctx.softmax_scale)
-        return d_q, d_latent, None, None
+        d_q, d_latent = ctx.backward_kernel(q_lat, latent, indices, out, lse, d_out, ctx.softmax_scale)
+        return d_q, d_latent, None, None, None
+
+
+TRITON_KERNELS = (sparse_latent_attention_forward, sparse_latent_attention_backward)
 
 
 def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float,

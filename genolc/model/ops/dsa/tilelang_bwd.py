@@ -1,0 +1,292 @@
+"""Sparse latent attention (DSA, absorbed MLA form) backward in TileLang, and the TileLang autograd op.
+
+Contract (the same as ``fast.sparse_latent_attention_backward``):
+
+    q_lat    [B, T, H, R]  bf16 or fp16, contiguous      latent  [B, S, R]  q's dtype, contiguous
+    indices  [B, T, W]     int32, contiguous (-1 = empty slot, shared by all heads)
+    out      [B, T, H, R]  the forward's o_lat            lse     [B, T, H]  fp32 natural log, +inf for empty rows
+    d_out    [B, T, H, R]  gradient of o_lat
+    returns  (d_q_lat [B, T, H, R] in q's dtype, d_latent [B, S, R] in latent's dtype)
+
+    P = exp(scale * Q C^T - lse);  delta = rowsum(O * dO);  dP = dO C^T;  dS = P * (dP - delta) * scale
+    dQ = dS C;  dC[s] += dS[:, s]^T Q + P[:, s]^T dO   for every selected row s (fp32 atomics, cast at the end)
+
+Design (mirrors tilelang_fwd). One thread block per query token (grid T x B). The block holds its H query rows and
+their dO rows in shared memory, zero-padded to a multiple of 16 heads (the M extent of an MMA tile), computes
+``delta`` itself in fp32 (no fp32 [B, T, H] copies of O and dO), and walks the index row in blocks of
+``block_slots`` slots. Per block: gather the latent rows into shared memory (software-pipelined), two GEMMs for
+``S = Q C^T`` and ``dP = dO C^T`` into fp32 fragments, ``P`` and ``dS`` elementwise, then ``dQ += dS C`` (fp32
+``[H_pad, R]`` fragment kept for the whole row), and ``dC = dS^T Q + P^T dO`` in ``rank_parts`` column slices (an
+fp32 ``[block_slots, R / rank_parts]`` fragment), each staged through shared memory and added into an fp32
+``[B, S, R]`` buffer with 16-byte vector atomics (``atomic_addx4``: ``atom.global.add.v4.f32`` on sm_90, a quarter
+of the scalar atomic instructions; consecutive threads take consecutive 16 bytes of one row). Masked slots (-1, or
+past W in the last block) get P = 0 and issue no atomics.
+
+What limits it: the scatter. Every (query, slot) adds one fp32 row of R into d_latent: T * W * R * 4 bytes of
+read-modify-write traffic at the L2 (3.2 TB at 1M tokens, W = 2051, R = 384), against T * W * R * 2 gathered bytes
+and 10 * T * W * H * R FLOPs. Registers: the dQ accumulator alone is 16 * R fp32 over 128 threads (48 a thread at
+R = 384), so dC is sliced; ptxas (sm_90a) for the default configs: H=8/R=256 182 registers, H=12/R=384 254, no
+spills. Shared memory at R = 384: Q and dO 24 KiB, two gathered 32-slot stages 48 KiB, the fp32 dC slice 16 KiB
+(~89 KiB; 254 registers x 128 threads also leaves room for two blocks per SM).
+
+Empty rows: lse = +inf gives P = 0, hence dQ = 0 and no contribution to d_latent. The exponent uses a finite
+stand-in for +inf (``EMPTY_ROW_LSE``) so fast-math ``exp2`` never sees an infinity.
+
+Kernels are compiled per ``(H, R, W, dtype, softmax_scale, BackwardConfig)`` and cached for the process; B, T and S
+are dynamic. TileLang is imported only when a kernel is built. Unsupported inputs raise ValueError; nothing falls
+back to another implementation.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the prim_func's tensor annotations, which name
+# build_backward_prim_func's local dynamic dimensions.
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from genolc.model.ops.dsa import fast, tilelang_fwd
+from genolc.model.ops.dsa.tilelang_fwd import LOG2_E, SUPPORTED_DTYPES, check_inputs, padded_heads
+
+# Finite stand-in for lse = +inf (log2 units): exp2(score - 2^30) underflows to exactly 0 for any finite score.
+EMPTY_ROW_LSE = 2.0 ** 30
+# Components per vector atomic (red.global.add.v4.f32): R must be a multiple of it (it is: R % 16 == 0).
+ATOMIC_VECTOR = 4
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Launch shape of the backward: slots per step, pipeline depth of the gather, threads per block, and the number
+    of rank slices the dC tile is computed and scattered in (fewer live fp32 registers per slice)."""
+
+    block_slots: int = 32
+    num_stages: int = 2
+    threads: int = 128
+    rank_parts: int = 2
+
+    def check(self, rank: int) -> None:
+        """ValueError unless every GEMM tiles: the ``[16, slots]``, ``[16, R]`` and ``[slots, R / rank_parts]``
+        outputs split their N extent over the warps in MMA tiles of 8, and ``slots`` is a multiple of 16 (the K
+        extent of ``dS @ C``)."""
+        warps = self.threads // 32
+        if self.threads not in (128, 256) or self.block_slots not in (32, 64):
+            raise ValueError(f"threads must be 128/256 and block_slots 32/64, got {self}")
+        if not 1 <= self.num_stages <= 3:
+            raise ValueError(f"num_stages must be in [1, 3], got {self.num_stages}")
+        if not 1 <= self.rank_parts <= 8 or rank % self.rank_parts != 0:
+            raise ValueError(f"rank_parts must be in [1, 8] and divide R ({rank}), got {self.rank_parts}")
+        part = rank // self.rank_parts
+        if self.block_slots % (8 * warps) != 0 or part % (8 * warps) != 0:
+            raise ValueError(f"block_slots ({self.block_slots}) and R / rank_parts ({part}) must be multiples of "
+                             f"8 * warps = {8 * warps} for {self.threads} threads")
+
+    def shared_bytes(self, heads: int, rank: int, itemsize: int = 2) -> int:
+        """Shared memory the kernel asks for (Q, dO, gathered tiles, P and dS tiles, the fp32 dC slice)."""
+        heads_pad = padded_heads(heads)
+        return (2 * heads_pad * rank * itemsize + self.num_stages * self.block_slots * rank * itemsize
+                + 2 * heads_pad * self.block_slots * itemsize + self.block_slots * (rank // self.rank_parts) * 4)
+
+
+DEFAULT_BACKWARD_CONFIG = BackwardConfig()
+
+
+def default_backward_config(rank: int) -> BackwardConfig:
+    """32 slots, 2 stages, 128 threads, and the fewest rank slices of <= 128 columns: what ptxas (sm_90a, nvcc 13)
+    compiles without spilling at R = 256 (2 slices, 182 registers) and R = 384 (3 slices, 254 registers; 1 slice
+    spills 360 bytes, 64-slot blocks 452). Launch timing on the H200 is still to be measured
+    (bench_dsa_tilelang.py)."""
+    widest = 128
+    fitting = [p for p in range(1, 9) if rank % p == 0 and (rank // p) % 32 == 0]
+    if not fitting:
+        raise ValueError(f"the TileLang backward needs R a multiple of 32 (128 threads), got {rank}")
+    narrow = [p for p in fitting if rank // p <= widest]
+    return BackwardConfig(rank_parts=narrow[0] if narrow else fitting[-1])
+
+
+def check_backward_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+                          lse: torch.Tensor, d_out: torch.Tensor, softmax_scale: float) -> None:
+    """ValueError unless the backward kernel can take these (pure torch; no TileLang import). The backward-only
+    tensors are checked first, so CPU tests reach those messages before the forward's CUDA check."""
+    for name, tensor in (("out", out), ("d_out", d_out)):
+        if tensor.shape != q_lat.shape or tensor.dtype != q_lat.dtype or not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [B, T, H, R] {q_lat.dtype} like q_lat "
+                             f"{tuple(q_lat.shape)}, got {tuple(tensor.shape)} {tensor.dtype}")
+    if lse.shape != q_lat.shape[:3] or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"lse must be contiguous [B, T, H] float32, got {tuple(lse.shape)} {lse.dtype}")
+    for name, tensor in (("out", out), ("lse", lse), ("d_out", d_out)):
+        if tensor.device != q_lat.device:
+            raise ValueError(f"{name} is on {tensor.device}, q_lat on {q_lat.device}")
+    check_inputs(q_lat, latent, indices, softmax_scale)
+
+
+def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
+                             config: BackwardConfig = DEFAULT_BACKWARD_CONFIG):
+    """The TileLang ``prim_func`` for one ``(H, R, W, dtype, scale)``; arguments
+    (Q, Latent, Indices, Out, Lse, DOut, DQ, DLatent) with DLatent fp32 ``[B, S, R]``, zeroed by the caller."""
+    import tilelang.language as T
+
+    config.check(rank)
+    block_slots, num_stages, threads = config.block_slots, config.num_stages, config.threads
+    heads_pad = padded_heads(heads)
+    num_blocks = -(-width // block_slots)
+    scale = float(softmax_scale)
+    scale_log2 = scale * LOG2_E
+    part = rank // config.rank_parts
+    part_offsets = [part * index for index in range(config.rank_parts)]
+    accum = "float32"
+    batch = T.dynamic("batch")
+    seq_len = T.dynamic("seq_len")
+    kv_len = T.dynamic("kv_len")
+
+    @T.prim_func
+    def sparse_latent_bwd(
+        Q: T.Tensor([batch, seq_len, heads, rank], dtype),
+        Latent: T.Tensor([batch, kv_len, rank], dtype),
+        Indices: T.Tensor([batch, seq_len, width], "int32"),
+        Out: T.Tensor([batch, seq_len, heads, rank], dtype),
+        Lse: T.Tensor([batch, seq_len, heads], accum),
+        DOut: T.Tensor([batch, seq_len, heads, rank], dtype),
+        DQ: T.Tensor([batch, seq_len, heads, rank], dtype),
+        DLatent: T.Tensor([batch, kv_len, rank], accum),
+    ):
+        with T.Kernel(seq_len, batch, threads=threads) as (t, b):
+            q_shared = T.alloc_shared([heads_pad, rank], dtype)
+            do_shared = T.alloc_shared([heads_pad, rank], dtype)
+            kv_shared = T.alloc_shared([block_slots, rank], dtype)
+            p_shared = T.alloc_shared([heads_pad, block_slots], dtype)
+            ds_shared = T.alloc_shared([heads_pad, block_slots], dtype)
+            dkv_shared = T.alloc_shared([block_slots, part], accum)
+            scores = T.alloc_fragment([heads_pad, block_slots], accum)
+            d_probs = T.alloc_fragment([heads_pad, block_slots], accum)
+            acc_dq = T.alloc_fragment([heads_pad, rank], accum)
+            acc_dkv = T.alloc_fragment([block_slots, part], accum)
+            delta = T.alloc_fragment([heads_pad], accum)
+            lse_log2 = T.alloc_fragment([heads_pad], accum)
+            slot_valid = T.alloc_fragment([block_slots], "bool")
+
+            for h, r in T.Parallel(heads_pad, rank):
+                q_shared[h, r] = T.if_then_else(h < heads, Q[b, t, T.min(h, heads - 1), r], T.cast(0, dtype))
+                do_shared[h, r] = T.if_then_else(h < heads, DOut[b, t, T.min(h, heads - 1), r], T.cast(0, dtype))
+            # delta = rowsum(O * dO) in fp32, each thread summing the rows it owns in the score layout (a block
+            # reduce over the [H_pad, R] dQ layout fails to lower in TileLang 0.1.15 for H_pad = 32).
+            for h in T.Parallel(heads_pad):
+                delta[h] = 0
+                for r in T.serial(rank):
+                    delta[h] += T.if_then_else(
+                        h < heads, T.cast(Out[b, t, T.min(h, heads - 1), r], accum) * T.cast(do_shared[h, r], accum), 0)
+            T.fill(acc_dq, 0)
+            for h in T.Parallel(heads_pad):
+                lse_log2[h] = T.if_then_else(h < heads, Lse[b, t, T.min(h, heads - 1)], T.infinity(accum))
+                lse_log2[h] = T.if_then_else(lse_log2[h] < T.infinity(accum), lse_log2[h] * LOG2_E, EMPTY_ROW_LSE)
+
+            for blk in T.Pipelined(num_blocks, num_stages=num_stages):
+                # Slots past W (last block) re-read slot W - 1 and -1 slots read row 0: both masked below.
+                for j, r in T.Parallel(block_slots, rank):
+                    kv_shared[j, r] = Latent[b, T.max(Indices[b, t, T.min(blk * block_slots + j, width - 1)], 0), r]
+                for j in T.Parallel(block_slots):
+                    slot_valid[j] = T.if_then_else(blk * block_slots + j < width,
+                                                   Indices[b, t, T.min(blk * block_slots + j, width - 1)] >= 0, False)
+                T.gemm(q_shared, kv_shared, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
+                       clear_accum=True)
+                T.gemm(do_shared, kv_shared, d_probs, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
+                       clear_accum=True)
+                for h, j in T.Parallel(heads_pad, block_slots):
+                    scores[h, j] = T.if_then_else(slot_valid[j], T.exp2(scores[h, j] * scale_log2 - lse_log2[h]), 0)
+                for h, j in T.Parallel(heads_pad, block_slots):
+                    d_probs[h, j] = scores[h, j] * (d_probs[h, j] - delta[h]) * scale
+                T.copy(scores, p_shared)
+                T.copy(d_probs, ds_shared)
+                T.gemm(ds_shared, kv_shared, acc_dq, policy=T.GemmWarpPolicy.FullCol)
+                # dC in rank slices (a Python loop: unrolled while the kernel is built), so the fp32 tile in
+                # registers is [slots, R / rank_parts], not [slots, R].
+                for lo in part_offsets:
+                    T.gemm(ds_shared, q_shared[0:heads_pad, lo:lo + part], acc_dkv, transpose_A=True,
+                           policy=T.GemmWarpPolicy.FullCol, clear_accum=True)
+                    T.gemm(p_shared, do_shared[0:heads_pad, lo:lo + part], acc_dkv, transpose_A=True,
+                           policy=T.GemmWarpPolicy.FullCol)
+                    T.copy(acc_dkv, dkv_shared)
+                    for j, v in T.Parallel(block_slots, part // ATOMIC_VECTOR):
+                        if blk * block_slots + j < width:
+                            if Indices[b, t, T.min(blk * block_slots + j, width - 1)] >= 0:
+                                T.atomic_addx4(
+                                    DLatent[b, Indices[b, t, T.min(blk * block_slots + j, width - 1)],
+                                            lo + v * ATOMIC_VECTOR],
+                                    dkv_shared[j, v * ATOMIC_VECTOR])
+
+            for h, r in T.Parallel(heads_pad, rank):
+                if h < heads:
+                    DQ[b, t, h, r] = acc_dq[h, r]
+
+    return sparse_latent_bwd
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
+                             config: BackwardConfig = DEFAULT_BACKWARD_CONFIG):
+    """The compiled backward kernel for one shape key (compiled on first use, then reused for the process)."""
+    import tilelang
+
+    func = build_backward_prim_func(heads, rank, width, dtype, softmax_scale, config)
+    return tilelang.compile(func, target="cuda", pass_configs=tilelang_fwd.pass_configs())
+
+
+def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                                     out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+                                     softmax_scale: float, *, config: BackwardConfig | None = None
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of :func:`tilelang_fwd.sparse_latent_attention_forward` (the Triton backward's contract).
+
+    Args:
+        q_lat, latent, indices, softmax_scale: the forward's inputs (see the module docstring for shapes).
+        out: ``[B, T, H, R]`` the forward's o_lat; lse: ``[B, T, H]`` its fp32 natural-log log-sum-exp.
+        d_out: ``[B, T, H, R]`` gradient of o_lat (cast to q's dtype and made contiguous here).
+        config: launch shape (default :func:`default_backward_config`).
+
+    Returns:
+        ``(d_q_lat [B, T, H, R] in q's dtype, d_latent [B, S, R] in latent's dtype)``.
+    """
+    d_out = d_out.to(q_lat.dtype).contiguous()
+    check_backward_inputs(q_lat, latent, indices, out, lse, d_out, softmax_scale)
+    batch, seq_len, heads, rank = q_lat.shape
+    config = default_backward_config(rank) if config is None else config
+    config.check(rank)
+    d_q = torch.empty_like(q_lat)
+    d_latent = torch.zeros(latent.shape, dtype=torch.float32, device=latent.device)
+    if seq_len > 0 and batch > 0:
+        if latent.shape[1] == 0:
+            raise ValueError("latent has no rows (S = 0) but indices has rows to attend")
+        kernel = compiled_backward_kernel(heads, rank, indices.shape[2], SUPPORTED_DTYPES[q_lat.dtype],
+                                          float(softmax_scale), config)
+        with torch.cuda.device(q_lat.device):
+            kernel(q_lat, latent, indices, out, lse, d_out, d_q, d_latent)
+    return d_q, d_latent.to(latent.dtype)
+
+
+# The kernel pair for fast.SparseLatentAttention (TileLang forward and backward).
+TILELANG_KERNELS = (tilelang_fwd.sparse_latent_attention_forward, sparse_latent_attention_backward)
+
+
+def prepare_tilelang_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the TileLang kernels are handed: q_lat and latent in one dtype and contiguous exactly as
+    ``fast.prepare_inputs`` gives them, indices as contiguous int32 (int64 rows are narrowed: valid entries are
+    latent row numbers, far below 2^31). Pure torch, CPU-runnable."""
+    q_lat, latent, indices = fast.prepare_inputs(q_lat, latent, indices)
+    if indices.dtype == torch.int64:
+        indices = indices.to(torch.int32)
+    return q_lat, latent, indices.contiguous()
+
+
+def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+                            *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
+    """Drop-in for ``fast.sparse_latent_attention`` on CUDA bf16/fp16 tensors (TileLang forward and backward).
+
+    Args as the reference; ``query_chunk`` and ``recompute`` are accepted for signature compatibility and ignored
+    (nothing is gathered into memory; backward recomputes probabilities from the stored log-sum-exp). fp32 inputs
+    raise ValueError (the Triton op takes them). Returns ``o_lat [B, T, H, R]`` in the kernels' common dtype.
+    """
+    if not (q_lat.is_cuda and latent.is_cuda and indices.is_cuda):
+        raise ValueError("the TileLang sparse attention needs CUDA tensors; use reference.sparse_latent_attention "
+                         "on CPU")
+    q_lat, latent, indices = prepare_tilelang_inputs(q_lat, latent, indices)
+    check_inputs(q_lat, latent, indices, softmax_scale)
+    return fast.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale, TILELANG_KERNELS)
