@@ -1,0 +1,41 @@
+"""TileLang sparse attention (genolc.model.ops.dsa.tilelang_{fwd,bwd}) against the pure-torch reference.
+
+Needs CUDA and TileLang (the H200 pack). Outputs and gradients in bf16 against the fp32 reference, odd lengths,
+-1 slots and an empty row, NaN-poisoned memory; the benchmark (benchmarks/bench_dsa_tilelang.py) times the pair.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+pytest.importorskip("tilelang")
+
+from genolc.model.ops.dsa import reference, tilelang_bwd, tilelang_fwd  # noqa: E402
+from test_dsa_fast import _fwd_bwd, _inputs, random_index_rows  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("length, topk, heads, rank", [(4099, 256, 12, 384), (1001, 64, 8, 256), (777, 32, 3, 64)])
+def test_matches_reference(length, topk, heads, rank, poison, rel_err):
+    indices = random_index_rows(length, topk, 4, seed=length + heads).to(torch.int32)
+    indices[0, 17] = -1                          # a row with nothing selected: zeros, lse = +inf, no gradient
+    indices[0, length // 2, ::3] = -1
+    leaves, d_out = _inputs(1, length, heads, rank, seed=length + rank)
+    scale = 0.7 * rank ** -0.5
+    ref_out, ref_grads = _fwd_bwd(reference.sparse_latent_attention, *(t.float() for t in leaves), indices, d_out,
+                                  scale)
+    poison()
+    out, grads = _fwd_bwd(tilelang_bwd.sparse_latent_attention, *leaves, indices, d_out, scale)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref_out) < 1e-2
+    assert out[0, 17].float().abs().max() == 0
+    for name, mine, theirs in zip(("q_lat", "latent"), grads, ref_grads):
+        assert rel_err(mine, theirs) < 1e-2, name
+    assert grads[0][0, 17].float().abs().max() == 0
+
+    _, lse = tilelang_fwd.sparse_latent_attention_forward(*(t.detach() for t in leaves), indices, scale)
+    assert lse[0, 17].isinf().all() and (lse[0, 17] > 0).all()
