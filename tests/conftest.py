@@ -90,7 +90,7 @@ def rel_err(actual, expected) -> float:
     """``||actual - expected|| / ||expected||`` in float64; NaN anywhere gives inf (never passes)."""
     import torch
 
-    actual, expected = actual.double(), expected.double()
+    actual, expected = actual.detach().double(), expected.detach().double()
     if not torch.isfinite(actual).all():
         return float("inf")
     return float((actual - expected).norm() / expected.norm().clamp_min(1e-30))

@@ -85,6 +85,45 @@ def test_segmented_without_final_state_gradient(rel_err):
         assert rel_err(mine, theirs) < 1e-2
 
 
+def _gate_inputs(length, seed, with_bias=True):
+    """The layer's form: raw gate pre-activation in bf16, A_log [12] and dt_bias [12 * 128] fp32 parameters."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    raw = (2.0 * torch.randn(1, length, 12, 128, generator=gen, device="cuda")).bfloat16().requires_grad_(True)
+    A_log = (0.5 * torch.randn(12, generator=gen, device="cuda")).requires_grad_(True)
+    dt_bias = (0.5 * torch.randn(12 * 128, generator=gen, device="cuda")).requires_grad_(True) if with_bias else None
+    return raw, A_log, dt_bias
+
+
+# fla forms the gate in its cumsum kernel (and dA_log, ddt_bias in its gate backward); the reference forms it in
+# fp32 torch. safe_gate is fla's M=16 path for gates bounded by construction; a segmented run sums the parameter
+# gradients over segments.
+@pytest.mark.parametrize("length, segment_len, safe_gate, lower_bound",
+                         [(2053, None, False, -5.0), (2053, None, True, -5.0), (2053, None, False, None),
+                          (20001, 7000, False, -5.0), (20001, 7000, True, -5.0)])
+def test_gate_in_kernel_matches_reference(length, segment_len, safe_gate, lower_bound, poison, rel_err):
+    q, k, v, _, beta, state = _inputs(1, length, 12, 128, seed=40 + length, with_state=True)
+    raw, A_log, dt_bias = _gate_inputs(length, seed=41 + length, with_bias=lower_bound is not None)
+    leaves = [q, k, v, raw, beta, state, A_log] + ([dt_bias] if dt_bias is not None else [])
+    d_out, d_final = _cotangents(1, length)
+
+    def run(op, tensors, **kwargs):
+        q, k, v, raw, beta, state, A_log, *bias = tensors
+        out, final = op(q, k, v, raw, beta, initial_state=state, output_final_state=True,
+                        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
+                        dt_bias=bias[0] if bias else None, lower_bound=lower_bound, **kwargs)
+        loss = (out.float() * d_out).sum() + (final * d_final).sum()
+        return out, final, torch.autograd.grad(loss, tensors)
+
+    ref = run(reference.chunk_kda, [t.detach().float().requires_grad_(True) for t in leaves])
+    poison()
+    got = run(fast.chunk_kda, leaves, segment_len=segment_len, safe_gate=safe_gate)
+    assert got[2][3].dtype == torch.bfloat16                 # the raw gate's gradient: no fp32 [B, T, H, Dk]
+    assert rel_err(got[0], ref[0]) < 1e-2
+    assert rel_err(got[1], ref[1]) < 1e-2
+    for name, mine, theirs in zip("q k v raw beta h0 A_log dt_bias".split(), got[2], ref[2]):
+        assert rel_err(mine, theirs) < 2e-2, name
+
+
 def test_rejects_other_chunk_sizes():
     q, k, v, g, beta = _inputs(1, 64, 1, 16, seed=1)
     with pytest.raises(ValueError, match="chunk_size"):

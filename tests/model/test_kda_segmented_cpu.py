@@ -10,17 +10,20 @@ import pytest
 import torch
 
 from genolc.model.ops.kda import reference
-from genolc.model.ops.kda.fast import segment_bounds, segmented_kda
+from genolc.model.ops.kda.fast import Gate, segment_bounds, segmented_kda
 
 # Odd length, and a reference chunk that segment boundaries cut through.
 LENGTH = 37
 CHUNK = 16
 
 
-def reference_kernel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
+def reference_kernel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                     gate=None):
+    gate_args = {} if gate is None else dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
+                                             lower_bound=gate.lower_bound)
     return reference.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                output_final_state=output_final_state,
-                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=CHUNK)
+                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=CHUNK, **gate_args)
 
 
 def _inputs(seed: int, with_state: bool, dtype=torch.float32, batch=2, heads=2, key_dim=8, value_dim=6):
@@ -113,6 +116,64 @@ def test_bf16_inputs_and_partial_requires_grad():
     for name, mine, theirs in zip("q k v g h0".split(), results[1][1], results[0][1]):
         assert mine.dtype == theirs.dtype, name
         assert _rel(mine, theirs) < 2e-2, name
+
+
+@pytest.mark.parametrize("lower_bound, with_bias", [(-5.0, True), (None, True), (-2.0, False)])
+def test_gate_in_kernel_segmented_equals_unsegmented(lower_bound, with_bias):
+    # g is the raw pre-activation here; A_log and dt_bias are shared by every segment, so their gradients are sums
+    # over segments that must equal the unsegmented op's.
+    q, k, v, raw, beta, state = _inputs(seed=21, with_state=True)
+    gen = torch.Generator().manual_seed(22)
+    raw = (2.0 * torch.randn(raw.shape, generator=gen)).requires_grad_(True)
+    A_log = (0.3 * torch.randn(2, generator=gen)).requires_grad_(True)
+    dt_bias = (0.5 * torch.randn(16, generator=gen)).requires_grad_(True) if with_bias else None
+    gate = Gate(A_log, dt_bias, lower_bound)
+    d_out = torch.randn(v.shape, generator=gen)
+    d_final = torch.randn(2, 2, 8, 6, generator=gen)
+    leaves = [t for t in (q, k, v, raw, beta, state, A_log, dt_bias) if t is not None]
+    results = []
+    for segment_len in (None, 10):
+        if segment_len is None:
+            out, final = reference_kernel(q, k, v, raw, beta, 0.4, state, True, True, gate)
+        else:
+            out, final = segmented_kda(q, k, v, raw, beta, 0.4, state, True, True, segment_len,
+                                       kernel=reference_kernel, gate=gate)
+        loss = (out * d_out).sum() + (final * d_final).sum()
+        results.append((out, final, torch.autograd.grad(loss, leaves)))
+    assert _rel(results[1][0], results[0][0]) < 1e-5
+    assert _rel(results[1][1], results[0][1]) < 1e-5
+    names = "q k v raw beta h0 A_log dt_bias".split()
+    for name, mine, theirs in zip(names, results[1][2], results[0][2]):
+        assert theirs.abs().max() > 0, name
+        assert _rel(mine, theirs) < 1e-5, name
+
+
+def test_gate_in_kernel_equals_finished_gate():
+    q, k, v, raw, beta = _inputs(seed=23, with_state=False)
+    A_log, dt_bias = torch.randn(2), torch.randn(16)
+    out, _ = reference.chunk_kda(q, k, v, raw, beta, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                                 lower_bound=-5.0)
+    g = -5.0 * torch.sigmoid(A_log.exp().view(2, 1) * (raw + dt_bias.view(2, 8)))
+    expected, _ = reference.chunk_kda(q, k, v, g, beta)
+    torch.testing.assert_close(out, expected)
+    ref_out, _ = reference.recurrent_kda(q, k, v, raw, beta, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                                         lower_bound=-5.0)
+    torch.testing.assert_close(ref_out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_gate_arguments_are_checked():
+    q, k, v, raw, beta = _inputs(seed=24, with_state=False)
+    with pytest.raises(ValueError, match="use_gate_in_kernel=True"):
+        reference.chunk_kda(q, k, v, raw, beta, A_log=torch.zeros(2))
+    with pytest.raises(ValueError, match="needs A_log"):
+        reference.chunk_kda(q, k, v, raw, beta, use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match=r"A_log must be \[H\]"):
+        reference.chunk_kda(q, k, v, raw, beta, use_gate_in_kernel=True, A_log=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"dt_bias must be \[H \* Dk\]"):
+        reference.chunk_kda(q, k, v, raw, beta, use_gate_in_kernel=True, A_log=torch.zeros(2),
+                            dt_bias=torch.zeros(8))
+    with pytest.raises(ValueError, match="negative"):
+        reference.chunk_kda(q, k, v, raw, beta, use_gate_in_kernel=True, lower_bound=1.0)
 
 
 def test_segment_bounds_and_bad_segment_len():

@@ -18,6 +18,7 @@ from torch import nn
 from genolc.model.config import ModelConfig
 from genolc.model.layers.norm import GatedRMSNorm
 from genolc.model.ops.dispatch import chunk_kda
+from genolc.model.ops.kda.reference import kda_gate
 
 
 class ForgetGate(nn.Module):
@@ -25,6 +26,9 @@ class ForgetGate(nn.Module):
 
     With a lower bound ``lb`` (GLM-5.3-Flash: -5): ``g = lb * sigmoid(exp(A_log) * (f + dt_bias))``, so each step
     decays by at most ``exp(lb)``. Without one: ``g = -exp(A_log) * softplus(f + dt_bias)`` (Mamba-style).
+    The layer hands the KDA op the projection ``f`` (:meth:`pre_activation`) and these parameters, and the op forms
+    ``g`` (inside fla's kernel on CUDA, so no fp32 ``[B, T, H, Dk]`` decay is stored); ``forward`` is that same
+    gate in torch.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -38,14 +42,17 @@ class ForgetGate(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32))
         self.lower_bound = config.linear_lower_bound
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
+        """``f [B, T, H, Dk]`` in the projection's dtype, before ``dt_bias``."""
         batch, length = x.shape[:2]
-        pre = (self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float())
-        pre = pre.view(batch, length, self.num_heads, self.head_dim)
-        rate = self.A_log.float().exp().view(1, 1, self.num_heads, 1)
-        if self.lower_bound is not None:
-            return self.lower_bound * torch.sigmoid(rate * pre)
-        return -rate * F.softplus(pre)
+        return self.f_b_proj(self.f_a_proj(x)).view(batch, length, self.num_heads, self.head_dim)
+
+    def op_arguments(self) -> dict:
+        """The KDA op's keyword arguments that form this gate from :meth:`pre_activation` inside the op."""
+        return dict(use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias, lower_bound=self.lower_bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kda_gate(self.pre_activation(x), self.A_log, self.dt_bias, self.lower_bound)
 
 
 class KimiDeltaAttention(nn.Module):
@@ -87,8 +94,9 @@ class KimiDeltaAttention(nn.Module):
         heads_shape = (batch, length, self.num_heads, self.head_dim)
         qkv = self.short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1))
         q, k, v = (t.reshape(heads_shape) for t in qkv.split(self.width, dim=-1))
-        g = self.forget_gate(x)
+        gate_input = self.forget_gate.pre_activation(x)
         beta = torch.sigmoid(self.b_proj(x))
-        core, _ = self.kda_op(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+        core, _ = self.kda_op(q, k, v, gate_input, beta, use_qk_l2norm_in_kernel=True,
+                              **self.forget_gate.op_arguments())
         gate = self.g_b_proj(self.g_a_proj(x)).view(heads_shape)
         return self.o_proj(self.o_norm(core, gate).reshape(batch, length, self.width))

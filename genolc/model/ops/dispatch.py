@@ -21,18 +21,19 @@ from genolc.model.ops.moe import reference as moe_reference
 
 def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               scale: float | None = None, initial_state: torch.Tensor | None = None,
-              output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, chunk_size: int = 64
+              output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, chunk_size: int = 64,
+              use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
+              dt_bias: torch.Tensor | None = None, lower_bound: float | None = None
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """KDA, ``[B, T, H, D]`` layout; see ``genolc.model.ops.kda.reference.chunk_kda``."""
+    kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size,
+                  use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
     if q.is_cuda:
         from genolc.model.ops.kda import fast
 
-        return fast.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                              output_final_state=output_final_state,
-                              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size)
-    return kda_reference.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                   output_final_state=output_final_state,
-                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size)
+        return fast.chunk_kda(q, k, v, g, beta, **kwargs)
+    return kda_reference.chunk_kda(q, k, v, g, beta, **kwargs)
 
 
 def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,

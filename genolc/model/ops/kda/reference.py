@@ -18,6 +18,7 @@ long chunks with strong decay. Memory per chunk is ``[B, H, C, C, Dk]``; the who
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from genolc.model.ops.precision import autocast_off
 
@@ -42,6 +43,45 @@ def _check_shapes(q, k, v, g, beta, initial_state) -> None:
                          f"got {tuple(initial_state.shape)}")
 
 
+def _check_gate(q: torch.Tensor, use_gate_in_kernel: bool, A_log: torch.Tensor | None,
+                dt_bias: torch.Tensor | None, lower_bound: float | None) -> None:
+    heads, key_dim = q.shape[2], q.shape[3]
+    if not use_gate_in_kernel:
+        if A_log is not None or dt_bias is not None or lower_bound is not None:
+            raise ValueError("A_log, dt_bias and lower_bound describe the gate applied inside the op; pass them "
+                             "with use_gate_in_kernel=True (g is then the raw pre-activation), or finish g yourself")
+        return
+    if A_log is None and lower_bound is None:
+        raise ValueError("use_gate_in_kernel=True needs A_log (and/or lower_bound) to form the decay")
+    if A_log is not None and A_log.shape != (heads,):
+        raise ValueError(f"A_log must be [H] = [{heads}]; got {tuple(A_log.shape)}")
+    if dt_bias is not None and dt_bias.shape != (heads * key_dim,):
+        raise ValueError(f"dt_bias must be [H * Dk] = [{heads * key_dim}]; got {tuple(dt_bias.shape)}")
+    if lower_bound is not None and not lower_bound < 0:
+        raise ValueError(f"lower_bound is a log decay and must be negative; got {lower_bound}")
+
+
+@autocast_off
+def kda_gate(raw: torch.Tensor, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+             lower_bound: float | None) -> torch.Tensor:
+    """The log decay ``g [B, T, H, Dk]`` (fp32, <= 0) from the raw gate pre-activation ``raw [B, T, H, Dk]``.
+
+    fla's ``use_gate_in_kernel`` gate: with ``x = raw + dt_bias`` (``dt_bias [H * Dk]``, optional) and
+    ``a = exp(A_log)`` (``A_log [H]``), ``g = lower_bound * sigmoid(a * x)`` when a lower bound is set (each step then
+    decays by at most ``exp(lower_bound)``; without ``A_log``, ``a = 1``), else ``g = -a * softplus(x)``.
+    """
+    heads, key_dim = raw.shape[-2:]
+    x = raw.float()
+    if dt_bias is not None:
+        x = x + dt_bias.float().view(heads, key_dim)
+    rate = None if A_log is None else A_log.float().exp().view(heads, 1)
+    if lower_bound is not None:
+        return lower_bound * torch.sigmoid(x if rate is None else rate * x)
+    if rate is None:
+        raise ValueError("the softplus gate (no lower_bound) needs A_log")
+    return -rate * F.softplus(x)
+
+
 @autocast_off
 def chunk_kda(
     q: torch.Tensor,
@@ -54,12 +94,18 @@ def chunk_kda(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = 64,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA (fla ``chunk_kda`` semantics), computed in fp32.
 
     Args:
         q, k: ``[B, T, H, Dk]``. v: ``[B, T, H, Dv]``.
-        g: ``[B, T, H, Dk]`` per-channel log decay (<= 0) applied before step t's update.
+        g: ``[B, T, H, Dk]`` per-channel log decay (<= 0) applied before step t's update; with
+            ``use_gate_in_kernel`` the raw gate pre-activation, turned into the decay by :func:`kda_gate` with
+            ``A_log [H]``, ``dt_bias [H * Dk]`` and ``lower_bound``.
         beta: ``[B, T, H]`` delta-rule step size.
         scale: query scale, default ``Dk ** -0.5``.
         initial_state: ``[B, H, Dk, Dv]`` or None (zeros).
@@ -68,8 +114,11 @@ def chunk_kda(
         ``(o [B, T, H, Dv] in q's dtype, final_state [B, H, Dk, Dv] fp32 or None)``.
     """
     _check_shapes(q, k, v, g, beta, initial_state)
+    _check_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if use_gate_in_kernel:
+        g = kda_gate(g, A_log, dt_bias, lower_bound)
     out_dtype = q.dtype
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
@@ -126,9 +175,16 @@ def recurrent_kda(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Step-by-step KDA, the definition itself; same arguments and shapes as :func:`chunk_kda`. For tests."""
     _check_shapes(q, k, v, g, beta, initial_state)
+    _check_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound)
+    if use_gate_in_kernel:
+        g = kda_gate(g, A_log, dt_bias, lower_bound)
     out_dtype = q.dtype
     batch, length, heads, key_dim = q.shape
     scale = key_dim ** -0.5 if scale is None else scale
