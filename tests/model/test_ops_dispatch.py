@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from genolc.model.layers.moe import Experts
@@ -67,3 +70,42 @@ def test_cpu_routed_experts_equal_a_per_token_loop():
             expected[n] += w * (experts.down_proj[e] @ clamped_swiglu(gate, up, experts.swiglu_limit))
     assert torch.equal(got_counts, torch.bincount(expert_ids.flatten(), minlength=config.n_routed_experts))
     assert torch.allclose(got, expected, atol=1e-6)
+
+
+def _fake_find_spec(installed: bool):
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name == "tilelang":
+            return object() if installed else None
+        return real(name, *args, **kwargs)
+    return find_spec
+
+
+@pytest.mark.parametrize("dtype, heads, rank, installed, expected", [
+    (torch.bfloat16, 12, 384, True, "tilelang"),
+    (torch.float16, 32, 512, True, "tilelang"),
+    (torch.float32, 12, 384, True, "triton"),            # TileLang kernels take half precision only
+    (torch.bfloat16, 40, 384, True, "triton"),           # more heads than one TileLang block holds
+    (torch.bfloat16, 12, 392, True, "triton"),           # rank not a multiple of 16
+    (torch.bfloat16, 12, 384, False, "triton"),          # TileLang not installed
+])
+def test_dsa_kernel_family(dtype, heads, rank, installed, expected, monkeypatch, caplog):
+    monkeypatch.delenv(dispatch.DSA_KERNELS_ENV, raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", _fake_find_spec(installed))
+    monkeypatch.setattr(dispatch, "_logged_choices", set())
+    q_lat = torch.zeros(1, 3, heads, rank, dtype=dtype)
+    with caplog.at_level(logging.INFO, logger=dispatch.__name__):
+        assert dispatch.dsa_kernel_family(q_lat, torch.zeros(1, 3, rank, dtype=dtype)) == expected
+        dispatch.dsa_kernel_family(q_lat, torch.zeros(1, 3, rank, dtype=dtype))
+    assert len([r for r in caplog.records if expected in r.getMessage()]) == 1     # logged once, not per call
+
+
+def test_dsa_kernel_family_forced_by_environment(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", _fake_find_spec(True))
+    q_lat, latent = torch.zeros(1, 3, 12, 384, dtype=torch.bfloat16), torch.zeros(1, 3, 384, dtype=torch.bfloat16)
+    monkeypatch.setenv(dispatch.DSA_KERNELS_ENV, "triton")
+    assert dispatch.dsa_kernel_family(q_lat, latent) == "triton"
+    monkeypatch.setenv(dispatch.DSA_KERNELS_ENV, "cuda")
+    with pytest.raises(ValueError, match="GENOLC_DSA_KERNELS='cuda' is not a DSA kernel family"):
+        dispatch.dsa_kernel_family(q_lat, latent)

@@ -80,6 +80,19 @@ def padded_heads(heads: int) -> int:
     return 16 * math.ceil(heads / 16)
 
 
+def unsupported_reason(q_lat: torch.Tensor, latent: torch.Tensor) -> str | None:
+    """Why these (prepared) operands need the Triton kernels instead, or None when TileLang's take them: dtype,
+    head count and latent rank (pure torch; no TileLang import)."""
+    if q_lat.dtype not in SUPPORTED_DTYPES or latent.dtype != q_lat.dtype:
+        return f"dtype {q_lat.dtype}/{latent.dtype} (TileLang kernels take bf16 or fp16)"
+    heads, rank = q_lat.shape[-2], q_lat.shape[-1]
+    if not 1 <= heads <= MAX_HEADS:
+        return f"{heads} heads (TileLang kernels take up to {MAX_HEADS})"
+    if rank % 16 != 0 or not 16 <= rank <= MAX_RANK:
+        return f"latent rank {rank} (TileLang kernels take multiples of 16 up to {MAX_RANK})"
+    return None
+
+
 def check_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float) -> None:
     """ValueError unless the kernel can take these inputs exactly as given (pure torch; no TileLang import)."""
     if q_lat.dim() != 4 or latent.dim() != 3 or indices.dim() != 3:
