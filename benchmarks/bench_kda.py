@@ -3,12 +3,14 @@
 KDA fwd+bwd (B=1, D=128, bf16 q/k/v/beta, l2norm in kernel) for the presets' head counts (small H=8, base H=12):
 genolc's segment-wise fla op (segments of 64k and 32k) vs fla unsegmented (T <= 256k), each with a finished fp32
 decay g and with the layer's form ("gate": bf16 raw gate, decay formed inside fla; "-safe": fla's safe_gate path).
+"gate-32k-safe" is what the model runs (fast.chunk_kda's defaults with the layer's gate).
 The pure-torch reference's figures (small, 64k; it does not fit beyond) are carried in the notes. Reports tokens/s,
 an estimated TFLOP/s and peak memory (total, and above the inputs).
 FLOP estimate (chunk C=64, per token and head): forward ~ 8*C*Dk + 6*Dk*Dv (intra-chunk Aqk/Akk and solve, state
 reads for q and w, state update); backward ~ 2x forward; the segmented op re-runs the forward once more, which is
-not counted as useful work. Target: base at 1M under 20 GiB ("workspace_gib": the peak above the inputs minus
-the input gradients and the output that the op must return). Writes benchmarks/results/kda_<date>.json.
+not counted as useful work. Target: base at 1M under 20 GiB, read as the peak above the inputs (what the op adds:
+the input gradients it must return, its output, its workspace); "workspace_gib" takes the gradients and the output
+away. Writes benchmarks/results/kda_<date>.json.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ NOTES = {"flops_fwd_bwd_per_token_head": 3 * (8 * 64 * DIM + 6 * DIM * DIM), "se
 def _variants(length: int) -> list[tuple[str, dict, bool, int]]:
     """(name, fast.chunk_kda keyword arguments, gate in the kernel?, timed repeats). "gate" variants take the layer's
     form: the raw gate pre-activation in bf16 with A_log/dt_bias/lower_bound, the decay formed inside fla."""
-    variants = [("segmented", {}, False, 3), ("segmented-32k", {"segment_len": 32768}, False, 2),
-                ("gate", {}, True, 3), ("gate-32k", {"segment_len": 32768}, True, 3),
+    variants = [("segmented", {"segment_len": 65536}, False, 3), ("segmented-32k", {"segment_len": 32768}, False, 2),
+                ("gate", {"segment_len": 65536, "safe_gate": False}, True, 3),
+                ("gate-32k", {"segment_len": 32768, "safe_gate": False}, True, 3),
                 ("gate-32k-safe", {"segment_len": 32768, "safe_gate": True}, True, 2)]
     if length <= SIZES["256k"]:
-        variants += [("fla", {"segment_len": None}, False, 3), ("fla-gate", {"segment_len": None}, True, 3)]
+        variants += [("fla", {"segment_len": None}, False, 3),
+                     ("fla-gate", {"segment_len": None, "safe_gate": False}, True, 3)]
     return variants
 
 

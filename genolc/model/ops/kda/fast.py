@@ -9,8 +9,10 @@ fla's). How genolc's arguments map onto fla's:
   the kernel, and the gradient the op returns for ``g`` is bf16: at 1M tokens with H=12, D=128 that is 3 GiB of
   gradient instead of 6, plus the fp32 activations torch's gate saved for backward. A finished decay
   (``use_gate_in_kernel=False``, any float dtype) is still accepted. fla's ``safe_gate`` (an M=16 tensor-core path
-  that relies on ``lower_bound <= g < 0``) is an option, allowed only with the gate in the kernel and a lower bound in
-  fla's safe range, where the bound holds by construction.
+  that relies on ``lower_bound <= g < 0``) is allowed only with the gate in the kernel and a lower bound in fla's safe
+  range, where the bound holds by construction, and is on there by default (``safe_gate=None``): on the H200 it
+  matched the reference as closely as the plain path (tests/gpu/test_kda_fast.py) and took the base shape's 1M-token
+  fwd+bwd from 364 to 314 ms.
 - ``beta`` is post-sigmoid (``use_beta_sigmoid_in_kernel=False``).
 - ``use_qk_l2norm_in_kernel`` maps one to one: fla's l2norm is ``x / sqrt(sum x^2 + 1e-6)`` like the reference's.
 - ``scale`` defaults to ``Dk ** -0.5`` in both; fla wants the initial state in fp32 (the reference returns fp32).
@@ -34,9 +36,9 @@ import torch
 
 from genolc.model.ops.kda.reference import _check_gate, _check_shapes
 
-# 64k tokens: one segment's fla workspace stays a few GiB at H=12, D=128, and a segment is long enough that the
-# serial walk over segments costs nothing measurable against the kernels themselves.
-DEFAULT_SEGMENT_LEN = 65536
+# 32k tokens: one segment's fla workspace is 2.85 GiB at H=12, D=128 (4.5 GiB at 64k), and the walk over segments
+# costs ~1% against 64k segments at 1M tokens (H200, benchmarks/results/kda_2026-11-29_base_gate.json).
+DEFAULT_SEGMENT_LEN = 32768
 
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -230,13 +232,14 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               scale: float | None = None, initial_state: torch.Tensor | None = None,
               output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, chunk_size: int = 64,
               use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
-              dt_bias: torch.Tensor | None = None, lower_bound: float | None = None, safe_gate: bool = False,
-              segment_len: int | None = DEFAULT_SEGMENT_LEN) -> tuple[torch.Tensor, torch.Tensor | None]:
+              dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+              safe_gate: bool | None = None, segment_len: int | None = DEFAULT_SEGMENT_LEN) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Drop-in for ``reference.chunk_kda`` on CUDA tensors (fla kernels, segment-wise over T).
 
     Args and returns as the reference (``q, k [B, T, H, Dk]``, ``v [B, T, H, Dv]``, ``g [B, T, H, Dk]`` log decay,
     ``beta [B, T, H]``, ``initial_state [B, H, Dk, Dv]``; returns ``(o [B, T, H, Dv], final_state fp32 or None)``;
-    the gate arguments as the reference's). ``safe_gate``: fla's bounded-gate path (see the module notes).
+    the gate arguments as the reference's). ``safe_gate``: fla's bounded-gate path; None turns it on exactly when
+    it is allowed (gate in the kernel, lower bound in ``SAFE_GATE_BOUNDS``; see the module notes).
     ``chunk_size`` must be 64 (fla's chunk; accepted for signature compatibility). ``segment_len``: tokens per
     segment; None runs fla unsegmented (its own autograd, memory O(T) in fla's saved workspace).
     """
@@ -245,6 +248,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if not q.is_cuda:
         raise ValueError("genolc.model.ops.kda.fast needs CUDA tensors; use reference.chunk_kda on CPU")
     q, k, v, g, beta, initial_state = prepare_inputs(q, k, v, g, beta, initial_state)
+    if safe_gate is None:
+        low, high = SAFE_GATE_BOUNDS
+        safe_gate = use_gate_in_kernel and lower_bound is not None and low <= lower_bound < high
     if not use_gate_in_kernel:
         _check_gate(q, False, A_log, dt_bias, lower_bound)
         if safe_gate:
