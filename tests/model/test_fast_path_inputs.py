@@ -122,10 +122,10 @@ def grouped_mm_meta_check(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj
 def attach_spies(model: torch.nn.Module, recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
     def kda_spy(q, k, v, g, beta, scale=None, initial_state=None, **kwargs):
         def validate():
-            gate = None
-            if kwargs.get("use_gate_in_kernel"):
-                gate = kda_fast.Gate(kwargs.get("A_log"), kwargs.get("dt_bias"), kwargs.get("lower_bound"))
-            kda_fast.check_kernel_inputs(*kda_fast.prepare_inputs(q, k, v, g, beta, initial_state), gate)
+            prepared = kda_fast.prepare_inputs(q, k, v, g, beta, initial_state)
+            gate = kda_fast.resolve_gate(prepared[0], kwargs.get("use_gate_in_kernel", False), kwargs.get("A_log"),
+                                         kwargs.get("dt_bias"), kwargs.get("lower_bound"), None)
+            kda_fast.check_kernel_inputs(*prepared, gate)
         recorder.check("chunk_kda", dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                                          A_log=kwargs.get("A_log"), dt_bias=kwargs.get("dt_bias")), validate)
         return dispatch.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, **kwargs)

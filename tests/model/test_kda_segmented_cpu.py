@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from genolc.model.ops.kda import reference
-from genolc.model.ops.kda.fast import Gate, segment_bounds, segmented_kda
+from genolc.model.ops.kda.fast import Gate, check_gate, resolve_gate, segment_bounds, segmented_kda
 
 # Odd length, and a reference chunk that segment boundaries cut through.
 LENGTH = 37
@@ -174,6 +174,22 @@ def test_gate_arguments_are_checked():
                             dt_bias=torch.zeros(8))
     with pytest.raises(ValueError, match="negative"):
         reference.chunk_kda(q, k, v, raw, beta, use_gate_in_kernel=True, lower_bound=1.0)
+
+
+def test_fast_gate_resolution_and_checks():
+    q = torch.zeros(1, 4, 2, 8)
+    A_log, dt_bias = torch.zeros(2), torch.zeros(16)
+    assert resolve_gate(q, True, A_log, dt_bias, -5.0, None) == Gate(A_log, dt_bias, -5.0, True)
+    assert resolve_gate(q, True, A_log, dt_bias, -6.0, None).safe_gate is False     # outside fla's safe range
+    assert resolve_gate(q, True, A_log, dt_bias, None, None).safe_gate is False     # softplus gate: unbounded
+    assert resolve_gate(q, True, A_log, dt_bias, -5.0, False).safe_gate is False
+    assert resolve_gate(q, False, None, None, None, None) is None
+    with pytest.raises(ValueError, match="safe_gate needs use_gate_in_kernel=True"):
+        resolve_gate(q, False, None, None, None, True)
+    with pytest.raises(ValueError, match="lower_bound in"):
+        check_gate(q, Gate(A_log, dt_bias, -6.0, True))
+    with pytest.raises(ValueError, match="reads A_log as float32"):
+        check_gate(q, Gate(A_log.bfloat16(), dt_bias, -5.0))
 
 
 def test_segment_bounds_and_bad_segment_len():

@@ -56,6 +56,22 @@ class Gate(NamedTuple):
     safe_gate: bool = False
 
 
+def resolve_gate(q: torch.Tensor, use_gate_in_kernel: bool, A_log: torch.Tensor | None,
+                 dt_bias: torch.Tensor | None, lower_bound: float | None, safe_gate: bool | None) -> Gate | None:
+    """The :class:`Gate` for :func:`chunk_kda`'s gate arguments (None: g is a finished decay); ``safe_gate=None``
+    turns fla's safe path on exactly where it is valid. Pure torch (the CPU tests check it)."""
+    low, high = SAFE_GATE_BOUNDS
+    if safe_gate is None:
+        safe_gate = use_gate_in_kernel and lower_bound is not None and low <= lower_bound < high
+    if not use_gate_in_kernel:
+        _check_gate(q, False, A_log, dt_bias, lower_bound)
+        if safe_gate:
+            raise ValueError("safe_gate needs use_gate_in_kernel=True with a lower_bound: genolc cannot check that a "
+                             "finished decay stays within the bound")
+        return None
+    return Gate(A_log, dt_bias, lower_bound, safe_gate)
+
+
 def check_gate(q: torch.Tensor, gate: Gate | None) -> None:
     """ValueError unless ``gate`` (or None: g is a finished decay) is one fla's gate kernel takes."""
     if gate is None:
@@ -233,7 +249,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, chunk_size: int = 64,
               use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
               dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
-              safe_gate: bool | None = None, segment_len: int | None = DEFAULT_SEGMENT_LEN) -> tuple[torch.Tensor, torch.Tensor | None]:
+              safe_gate: bool | None = None, segment_len: int | None = DEFAULT_SEGMENT_LEN
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Drop-in for ``reference.chunk_kda`` on CUDA tensors (fla kernels, segment-wise over T).
 
     Args and returns as the reference (``q, k [B, T, H, Dk]``, ``v [B, T, H, Dv]``, ``g [B, T, H, Dk]`` log decay,
@@ -248,15 +265,7 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if not q.is_cuda:
         raise ValueError("genolc.model.ops.kda.fast needs CUDA tensors; use reference.chunk_kda on CPU")
     q, k, v, g, beta, initial_state = prepare_inputs(q, k, v, g, beta, initial_state)
-    if safe_gate is None:
-        low, high = SAFE_GATE_BOUNDS
-        safe_gate = use_gate_in_kernel and lower_bound is not None and low <= lower_bound < high
-    if not use_gate_in_kernel:
-        _check_gate(q, False, A_log, dt_bias, lower_bound)
-        if safe_gate:
-            raise ValueError("safe_gate needs use_gate_in_kernel=True with a lower_bound: genolc cannot check that a "
-                             "finished decay stays within the bound")
-    gate = Gate(A_log, dt_bias, lower_bound, safe_gate) if use_gate_in_kernel else None
+    gate = resolve_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate)
     check_kernel_inputs(q, k, v, g, beta, initial_state, gate)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if segment_len is None or q.shape[1] <= segment_len:
