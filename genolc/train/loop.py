@@ -372,7 +372,8 @@ class _Trainer:
         cfg = self.config
         return oom_error(self.model.config, seq_len=step_shape(step, cfg).seq_len, micro_batch=cfg.micro_batch,
                          grad_accum=cfg.grad_accum, recompute=cfg.recompute, bf16=self.bf16,
-                         budget_bytes=self._device_bytes(), where=f"step {step + 1}, {self.device}")
+                         budget_bytes=self._device_bytes(), where=f"step {step + 1}, {self.device}",
+                         fast_kernels=self.device.type == "cuda")
 
     # ------------------------------------------------------------------------------------------------ run
     def run(self) -> Path:

@@ -23,9 +23,25 @@ value: 2 under bf16 autocast, 4 in fp32)::
     2 x RMSNorm, 2 x stream merge    a * 2 d  each
     (W = H_kda * Dk: KDA width; W_idx = index_topk (+ tail pool): DSA keys per query)
 
-Checked on an H200 (small preset, bf16 autocast, one 4k/16k window): without recompute 46.1 GiB estimated against
-43.2 GiB measured peak at 4k, and 167 GiB at 16k, which indeed ran out of the 140 GiB device; with recompute 10.6
-against 10.4 GiB at 4k and 24.8 against 25.6 GiB at 16k.
+Checked on an H200 (small preset, bf16 autocast, one 4k/16k window, reference ops): without recompute 46.1 GiB
+estimated against 43.2 GiB measured peak at 4k, and 167 GiB at 16k, which indeed ran out of the 140 GiB device; with
+recompute 10.6 against 10.4 GiB at 4k and 24.8 against 25.6 GiB at 16k.
+
+On CUDA the model runs the fast kernels (``fast_kernels=True``, bf16 autocast), which save far less in the token
+mixers; ``act(layer)`` is then (bytes per token, ``a`` = 2; measured the same way on CPU with the fast autograd
+Functions around stand-in kernels: tests/train/test_train_plan.py)::
+
+    2 x mHC           4 n d + a 3 n d + 4 d + 8 sinkhorn_iters n (n + 1)      (n = hc_mult; its norm input is fp32)
+    2 x RMSNorm       8 d  each                                                (fp32 input and normalised value)
+    KDA token mixer   a (6 d + 11 W + 2 Dk) + 16 W        six bf16 casts of the input, conv in/out, q k v and the raw
+                                                          gate, the gated norm's four fp32 [T, W] values
+    DSA token mixer   4 W_idx + a (2 H R + 3 d + H d_qk + r_q + r_kv) + 6 (r_q + r_kv) + 4 H
+                                                          int32 rows, q_lat and o_lat (R = kv_lora_rank), lse
+    dense MLP         a (6 I + d)
+    MoE               a (n_shared (6 I_moe + d) + 2 d + 2 E + 2 k)            routed experts checkpointed per chunk
+
+Not yet checked against a GPU run of the whole model; the kernels' own transient workspace (KDA's segment, DSA's
+fp32 latent gradient) is left to the 10 % margin.
 
 Time: ``(6 * active_parameters + 12 * sum over DSA layers of H (d_qk + d_v) min(T, W_idx)) * tokens`` FLOPs per
 step over ``peak_flops * mfu`` (defaults: H200 bf16 dense 989 TFLOP/s, 30 %). That assumes the fast kernels; the
@@ -67,6 +83,33 @@ class MemoryPlan:
         return getattr(self, field) / GIB
 
 
+def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: bool = True) -> list[int]:
+    """Bytes saved for backward per token on the fast-kernel path, one entry per decoder layer (module docstring)."""
+    c = config
+    d, n = c.hidden_size, c.hc_mult
+    a = 2 if bf16 else 4
+    hyper = 4 * n * d + a * 3 * n * d + 4 * d + 8 * c.hc_sinkhorn_iters * n * (n + 1)
+    per_layer = []
+    for attn, mlp in zip(c.layer_types, c.mlp_layer_types):
+        layer_bytes = 2 * hyper + 2 * 8 * d
+        if mlp == "dense":
+            layer_bytes += a * (6 * c.intermediate_size + d)
+        else:
+            layer_bytes += a * (c.n_shared_experts * (6 * c.moe_intermediate_size + d) + 2 * d
+                                + 2 * c.n_routed_experts + 2 * c.num_experts_per_tok)
+        if attn == "linear_attention":
+            width = c.linear_num_heads * c.linear_head_dim
+            layer_bytes += a * (6 * d + 11 * width + 2 * c.linear_head_dim) + 16 * width
+        else:
+            heads = c.num_attention_heads
+            layer_bytes += (a * (2 * heads * c.kv_lora_rank + 3 * d + heads * c.qk_head_dim + c.q_lora_rank
+                                 + c.kv_lora_rank) + 6 * (c.q_lora_rank + c.kv_lora_rank) + 4 * heads)
+            if seq_len > c.index_topk:
+                layer_bytes += 4 * c.index_width
+        per_layer.append(layer_bytes)
+    return per_layer
+
+
 def activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: bool = True) -> list[int]:
     """Bytes saved for backward per token, one entry per decoder layer (the table in the module docstring)."""
     c = config
@@ -96,12 +139,14 @@ def activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: bool = T
 
 
 def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16: bool = True,
-                    recompute: bool = False) -> MemoryPlan:
-    """Peak training memory for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring)."""
+                    recompute: bool = False, fast_kernels: bool = False) -> MemoryPlan:
+    """Peak training memory for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
+    ``fast_kernels``: the CUDA path's activation table instead of the reference path's."""
     a = 2 if bf16 else 4
     params = parameter_counts(config).total
     tokens = windows * seq_len
-    per_layer = activation_bytes_per_token(config, seq_len, bf16)
+    table = fast_activation_bytes_per_token if fast_kernels else activation_bytes_per_token
+    per_layer = table(config, seq_len, bf16)
     if recompute:
         saved = config.num_hidden_layers * config.hc_mult * config.hidden_size * a + max(per_layer)
     else:
@@ -128,14 +173,15 @@ def estimate_step_seconds(config: ModelConfig, *, seq_len: int, tokens_per_step:
 
 
 def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool,
-                   bf16: bool, budget_bytes: int) -> str | None:
+                   bf16: bool, budget_bytes: int, fast_kernels: bool = False) -> str | None:
     """The first change that brings the estimate under ``budget_bytes``, as command-line options, or None.
 
     Tried in order of how little they change the run: fewer windows per micro-batch with more accumulation (same
     tokens per step), then --recompute, then the longest shorter --seq (halving) that fits.
     """
     def fits(seq: int, windows: int, rc: bool) -> bool:
-        return estimate_memory(config, seq_len=seq, windows=windows, bf16=bf16, recompute=rc).total <= budget_bytes
+        return estimate_memory(config, seq_len=seq, windows=windows, bf16=bf16, recompute=rc,
+                               fast_kernels=fast_kernels).total <= budget_bytes
 
     for windows in range(micro_batch - 1, 0, -1):
         if micro_batch * grad_accum % windows == 0 and fits(seq_len, windows, recompute):
@@ -154,11 +200,12 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
 
 
 def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool, bf16: bool,
-              budget_bytes: int, where: str) -> OutOfMemoryPlanError:
+              budget_bytes: int, where: str, fast_kernels: bool = False) -> OutOfMemoryPlanError:
     """The error raised for a CUDA out-of-memory: the estimate, the device size, and an option that would fit."""
-    plan = estimate_memory(config, seq_len=seq_len, windows=micro_batch, bf16=bf16, recompute=recompute)
+    plan = estimate_memory(config, seq_len=seq_len, windows=micro_batch, bf16=bf16, recompute=recompute,
+                           fast_kernels=fast_kernels)
     option = fitting_option(config, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum,
-                            recompute=recompute, bf16=bf16, budget_bytes=budget_bytes)
+                            recompute=recompute, bf16=bf16, budget_bytes=budget_bytes, fast_kernels=fast_kernels)
     what = (f"out of device memory at --seq {format_length(seq_len)}: estimated {plan.gib():.1f} GiB "
             f"(weights+grads+AdamW {(plan.weights + plan.gradients + plan.optimizer) / GIB:.1f}, activations "
             f"{plan.gib('activations'):.1f}, logits {plan.gib('logits'):.1f}) on a {budget_bytes / GIB:.1f} GiB device")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from genolc.model.presets import parameter_counts, preset
-from genolc.train.plan import (GIB, estimate_memory, estimate_step_seconds, fitting_option, oom_error,
-                               required_seq_multiple)
+from genolc.train.plan import (GIB, activation_bytes_per_token, estimate_memory, estimate_step_seconds,
+                               fast_activation_bytes_per_token, fitting_option, oom_error, required_seq_multiple)
 
 
 def test_memory_components_add_up_and_scale():
@@ -54,7 +54,6 @@ def test_activation_estimate_matches_what_autograd_saves_on_the_tiny_model():
     import torch
 
     from genolc.model.model import build_model
-    from genolc.train.plan import activation_bytes_per_token
 
     cfg = preset("tiny")
     model = build_model(cfg)
@@ -78,3 +77,96 @@ def test_activation_estimate_matches_what_autograd_saves_on_the_tiny_model():
     measured = sum(saved.values()) / seq
     estimated = sum(activation_bytes_per_token(cfg, seq, bf16=False))
     assert 0.8 < estimated / measured < 1.2, (estimated, measured)
+
+
+def _fast_path_saved_bytes_per_token(cfg, seq: int) -> list[float]:
+    """Bytes autograd saves per token in each decoder layer under bf16 autocast with the fast ops' autograd
+    Functions (SegmentedKDA, SparseLatentAttention, the checkpointed grouped experts) around CPU stand-in kernels:
+    what is saved depends on the Functions, not on the kernels inside them."""
+    import torch
+
+    import genolc.model.layers.moe as moe_layer
+    from genolc.model.layers.dsa import DSAAttention
+    from genolc.model.layers.kda import KimiDeltaAttention
+    from genolc.model.model import build_model
+    from genolc.model.ops.dsa import fast as dsa_fast, reference as dsa_reference
+    from genolc.model.ops.kda import fast as kda_fast, reference as kda_reference
+    from genolc.model.ops.moe import fast as moe_fast
+
+    def kda_kernel(q, k, v, g, beta, scale, state, output_final_state, l2norm, gate=None):
+        gate_args = {} if gate is None else dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
+                                                 lower_bound=gate.lower_bound)
+        return kda_reference.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=state,
+                                       output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
+                                       **gate_args)
+
+    def kda_op(q, k, v, g, beta, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
+               dt_bias=None, lower_bound=None, **unused):
+        q, k, v, g, beta, _ = kda_fast.prepare_inputs(q, k, v, g, beta, None)
+        gate = kda_fast.resolve_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound, None)
+        return kda_fast.segmented_kda(q, k, v, g, beta, q.shape[-1] ** -0.5, None, False, use_qk_l2norm_in_kernel,
+                                      q.shape[1] // 2 + 1, kernel=kda_kernel, gate=gate)
+
+    def sparse_forward(q_lat, latent, indices, scale):
+        return (dsa_reference.sparse_latent_attention(q_lat, latent, indices, scale),
+                torch.zeros(q_lat.shape[:3]))
+
+    def sparse_op(q_lat, latent, indices, softmax_scale, **unused):
+        q_lat, latent, indices = dsa_fast.prepare_inputs(q_lat, latent, indices.int())
+        return dsa_fast.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale, (sparse_forward, None))
+
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    for module in model.modules():
+        if isinstance(module, KimiDeltaAttention):
+            module.kda_op = kda_op
+        if isinstance(module, DSAAttention):
+            module.sparse_attention_op = sparse_op
+    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+    per_layer: list[float] = []
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in param_storages:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    for layer in model.layers:
+        layer.register_forward_pre_hook(lambda *args: saved.clear())
+        layer.register_forward_hook(lambda *args: per_layer.append(sum(saved.values()) / seq))
+    original_experts = moe_layer.routed_experts
+    moe_layer.routed_experts = lambda *args: moe_fast.grouped_experts(*args, chunk_tokens=seq // 2)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", dtype=torch.bfloat16):
+            model(torch.randint(0, cfg.vocab_size, (1, seq)))
+    finally:
+        moe_layer.routed_experts = original_experts
+    return per_layer
+
+
+def test_fast_path_activation_estimate_matches_what_autograd_saves():
+    cfg = preset("tiny").replace(num_hidden_layers=3,
+                                 layer_types=("linear_attention", "indexed_attention", "linear_attention"),
+                                 mlp_layer_types=("sparse", "sparse", "dense"), indexer_types=("full", "full", "full"))
+    short, long = 256, 384                                  # both above index_topk: the sparse DSA path
+    # Per-token growth between two lengths: per-layer constants (bf16 copies of the expert weights) cancel.
+    measured = [(b * long - a * short) / (long - short)
+                for a, b in zip(_fast_path_saved_bytes_per_token(cfg, short),
+                                _fast_path_saved_bytes_per_token(cfg, long))]
+    estimated = fast_activation_bytes_per_token(cfg, long)
+    for layer, (mine, actual) in enumerate(zip(estimated, measured)):
+        assert 0.85 < mine / actual < 1.15, (layer, mine, actual)
+    assert sum(estimated) < sum(activation_bytes_per_token(cfg, long))
+
+
+def test_oom_advice_on_cuda_uses_the_fast_path_table():
+    cfg = preset("small")
+    seq = 512 * 1024
+    fast = estimate_memory(cfg, seq_len=seq, recompute=True, fast_kernels=True)
+    reference = estimate_memory(cfg, seq_len=seq, recompute=True)
+    assert fast.total < reference.total
+    err = oom_error(cfg, seq_len=2 * seq, micro_batch=1, grad_accum=1, recompute=False, bf16=True,
+                    budget_bytes=140 * GIB, where="step 1", fast_kernels=True)
+    assert f"{estimate_memory(cfg, seq_len=2 * seq, fast_kernels=True).gib():.1f} GiB" in err.message
