@@ -12,7 +12,7 @@ DSA sparse attention on CUDA runs the TileLang kernel pair (tilelang_fwd/tilelan
 and takes the operands (bf16/fp16, H <= 32, R a multiple of 16 up to 512), else the Triton pair; both are fused
 sparse kernels of one contract, tested against the reference, and the choice is logged once with its reason.
 TileLang measured 1.7x faster fwd+bwd for the base shape at 1M tokens on the H200 (2.88 vs 4.92 s,
-benchmarks/results/dsa_tilelang_2026-11-29.json). ``GENOLC_DSA_KERNELS=triton`` (or ``tilelang``) forces one.
+benchmarks/results/dsa_tilelang_2026-11-29_fwd_bwd.json). ``GENOLC_DSA_KERNELS=triton`` (or ``tilelang``) forces one.
 """
 
 from __future__ import annotations
