@@ -309,13 +309,6 @@ def compose(length: int) -> int:
 
     segment_len = length // 3 + 5
 
-    def kda_kernel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, gate=None):
-        gate_args = {} if gate is None else dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
-                                                 lower_bound=gate.lower_bound)
-        return kda_reference.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                       output_final_state=output_final_state,
-                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **gate_args)
-
     def fast_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                  use_qk_l2norm_in_kernel=False, chunk_size=64, use_gate_in_kernel=False, A_log=None, dt_bias=None,
                  lower_bound=None):
@@ -325,7 +318,7 @@ def compose(length: int) -> int:
         kda_fast.check_kernel_inputs(q, k, v, g, beta, initial_state, gate)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         return kda_fast.segmented_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                      use_qk_l2norm_in_kernel, segment_len, kernel=kda_kernel, gate=gate)
+                                      use_qk_l2norm_in_kernel, segment_len, kernel=kda_fast.reference_segment_kernel, gate=gate)
 
     selections = []
 

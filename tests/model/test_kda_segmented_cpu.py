@@ -6,24 +6,21 @@ reference, so outputs and gradients must equal one unsegmented reference call up
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from genolc.model.ops.kda import reference
-from genolc.model.ops.kda.fast import Gate, check_gate, resolve_gate, segment_bounds, segmented_kda
+from genolc.model.ops.kda.fast import (Gate, check_gate, reference_segment_kernel, resolve_gate, segment_bounds,
+                                      segmented_kda)
 
 # Odd length, and a reference chunk that segment boundaries cut through.
 LENGTH = 37
 CHUNK = 16
 
 
-def reference_kernel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                     gate=None):
-    gate_args = {} if gate is None else dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
-                                             lower_bound=gate.lower_bound)
-    return reference.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                               output_final_state=output_final_state,
-                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=CHUNK, **gate_args)
+reference_kernel = functools.partial(reference_segment_kernel, chunk_size=CHUNK)
 
 
 def _inputs(seed: int, with_state: bool, dtype=torch.float32, batch=2, heads=2, key_dim=8, value_dim=6):

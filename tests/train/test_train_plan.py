@@ -90,22 +90,15 @@ def _fast_path_saved_bytes_per_token(cfg, seq: int) -> list[float]:
     from genolc.model.layers.kda import KimiDeltaAttention
     from genolc.model.model import build_model
     from genolc.model.ops.dsa import fast as dsa_fast, reference as dsa_reference
-    from genolc.model.ops.kda import fast as kda_fast, reference as kda_reference
+    from genolc.model.ops.kda import fast as kda_fast
     from genolc.model.ops.moe import fast as moe_fast
-
-    def kda_kernel(q, k, v, g, beta, scale, state, output_final_state, l2norm, gate=None):
-        gate_args = {} if gate is None else dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
-                                                 lower_bound=gate.lower_bound)
-        return kda_reference.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=state,
-                                       output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
-                                       **gate_args)
 
     def kda_op(q, k, v, g, beta, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
                dt_bias=None, lower_bound=None, **unused):
         q, k, v, g, beta, _ = kda_fast.prepare_inputs(q, k, v, g, beta, None)
         gate = kda_fast.resolve_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound, None)
         return kda_fast.segmented_kda(q, k, v, g, beta, q.shape[-1] ** -0.5, None, False, use_qk_l2norm_in_kernel,
-                                      q.shape[1] // 2 + 1, kernel=kda_kernel, gate=gate)
+                                      q.shape[1] // 2 + 1, kernel=kda_fast.reference_segment_kernel, gate=gate)
 
     def sparse_forward(q_lat, latent, indices, scale):
         return (dsa_reference.sparse_latent_attention(q_lat, latent, indices, scale),

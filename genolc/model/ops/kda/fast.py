@@ -142,6 +142,19 @@ def fla_kda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l
                             **gate_args)
 
 
+def reference_segment_kernel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                             gate: Gate | None = None, *, chunk_size: int = 64):
+    """:func:`fla_kda`'s contract on the pure-torch reference (any device): the segment kernel the CPU tests and
+    memory measurements put inside :class:`SegmentedKDA`."""
+    from genolc.model.ops.kda import reference
+
+    gate_args = {} if gate is None else dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
+                                             lower_bound=gate.lower_bound)
+    return reference.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                               chunk_size=chunk_size, **gate_args)
+
+
 # One unsegmented KDA call: (q, k, v, g, beta, scale, initial_state fp32 or None, output_final_state,
 # use_qk_l2norm_in_kernel, gate: Gate or None) -> (o, final_state fp32). fla on CUDA; tests pass the pure-torch
 # reference on CPU.
