@@ -10,6 +10,16 @@ from genolc.errors import ConfigError
 from genolc.units import parse_length
 
 
+def parse_chunk(text: str) -> int | None:
+    """``--chunk``: 'auto' -> None, 'off' -> 0, else a length such as 64k."""
+    word = text.strip().lower()
+    if word == "auto":
+        return None
+    if word in ("off", "0"):
+        return 0
+    return parse_length(text, what="--chunk")
+
+
 def _lengths(text: str | None) -> tuple[int, ...]:
     if not text:
         return ()
@@ -52,6 +62,9 @@ def _lengths(text: str | None) -> tuple[int, ...]:
               help="Skip windows with more ambiguous (N) tokens than this.")
 @click.option("--reverse-complement/--no-reverse-complement", default=False, show_default=True)
 @click.option("--recompute/--no-recompute", default=False, show_default=True, help="Per-layer activation checkpointing.")
+@click.option("--chunk", "chunk", default="auto", show_default=True,
+              help="Train each window in chunks of this many tokens with exact gradients (e.g. 64k), 'off' for the "
+                   "whole window at once, or 'auto': whole when it fits the device, else the longest chunk that does.")
 @click.option("--checkpoint-every", default=0, show_default=True, type=int, help="Save every N steps (0: end only).")
 @click.option("--keep", "keep_checkpoints", default=2, show_default=True, type=int, help="Checkpoints kept.")
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in --out.")
@@ -59,7 +72,7 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16"]))
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def finetune_command(data: Path, seq: str, model: str | None, init: Path | None, seq_warmup: str | None,
-                     **options) -> None:
+                     chunk: str, **options) -> None:
     """Fine-tune (or train from scratch) a genome language model on a prepared dataset."""
     from genolc.train.config import TrainConfig
     from genolc.train.loop import finetune
@@ -67,6 +80,6 @@ def finetune_command(data: Path, seq: str, model: str | None, init: Path | None,
     if model is not None and init is not None:
         raise ConfigError("--model and --init both given", fix="use --model for a fresh preset or --init CHECKPOINT")
     config = TrainConfig(data=data, seq_len=parse_length(seq, what="--seq"), model=model or "tiny", init=init,
-                         seq_warmup=_lengths(seq_warmup), **options)
+                         seq_warmup=_lengths(seq_warmup), chunk=parse_chunk(chunk), **options)
     final = finetune(config)
     click.echo(str(final))
