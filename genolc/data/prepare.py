@@ -288,6 +288,52 @@ def _make_tokenizer(config: PrepareConfig, paths: list[Path], selector: _Selecto
     return make_tokenizer(config.tokenizer, sample, max_training_bases=config.bpe_sample_bases)
 
 
+@dataclass
+class _Repeats:
+    """Records of one chromosome given more than once (e.g. chr20 in two input files).
+
+    The same sequence at the same coordinates (md5 of the upper-cased bases, length, start) and split is kept
+    once: the later copy's files are removed and the kept record lists it under ``also_in``. Different sequence
+    under one chromosome name is kept under a new key (chr20_2), as before; both cases are named in one warning each.
+    """
+
+    dropped: list[tuple[dict, dict]] = field(default_factory=list)     # (later copy, kept record)
+    renamed: list[tuple[dict, dict]] = field(default_factory=list)     # (renamed record, first of that chromosome)
+
+    def drop_if_identical(self, record: dict, earlier: list[dict], tmp: Path, scratch: Path) -> bool:
+        same_chrom = [r for r in earlier if r["chrom"] == record["chrom"]]
+        twin = next((r for r in same_chrom if (r["md5_upper"], r["length_bases"], r["start"], r["split"])
+                     == (record["md5_upper"], record["length_bases"], record["start"], record["split"])), None)
+        if twin is None:
+            if same_chrom:
+                self.renamed.append((record, same_chrom[0]))
+            return False
+        for part in ("tokens", "softmask", "nruns", "token_offsets"):
+            if record.get(part):
+                (tmp / record[part]).unlink(missing_ok=True)
+        (scratch / f"{record['key']}.u8").unlink(missing_ok=True)
+        twin.setdefault("also_in", []).append({"source": record["source"], "name": record["name"]})
+        self.dropped.append((record, twin))
+        return True
+
+    def warn(self, paths: list[Path]) -> None:
+        def where(r: dict) -> str:
+            return f"'{r['name']}' in {paths[r['source']]}"
+
+        if self.dropped:
+            shown = "; ".join(f"{where(later)} = {where(kept)}, kept once as {kept['key']}"
+                              for later, kept in self.dropped[:10])
+            more = f" and {len(self.dropped) - 10} more" if len(self.dropped) > 10 else ""
+            _say(f"genolc prepare: warning: {len(self.dropped)} record(s) given twice with identical sequence, "
+                 f"each kept once: {shown}{more}.")
+        if self.renamed:
+            shown = "; ".join(f"{where(r)} is kept as {r['key']} ({where(first)} is {first['key']})"
+                              for r, first in self.renamed[:10])
+            more = f" and {len(self.renamed) - 10} more" if len(self.renamed) > 10 else ""
+            _say(f"genolc prepare: warning: {len(self.renamed)} record(s) name a chromosome already read, with a "
+                 f"different sequence: {shown}{more}. Check that the inputs are meant to hold both.")
+
+
 def _unique_key(chrom: str, used: set[str]) -> str:
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in chrom) or "record"
     key, n = safe, 1
@@ -351,6 +397,7 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
 
     records: list[dict] = []
     used_keys: set[str] = set()
+    repeats = _Repeats()
     bar = _progress(config)
     try:
         for source_index, reader in enumerate(readers):
@@ -374,12 +421,17 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
                     fields = writer.finish()
                 finally:
                     writer.close()
-                records.append({
+                record = {
                     "key": key, "name": info.name, "description": info.description, "chrom": info.chrom,
                     "start": info.start, "source": source_index, "split": split, **fields,
-                })
+                }
+                if repeats.drop_if_identical(record, records, tmp, scratch):
+                    used_keys.discard(key)
+                    continue
+                records.append(record)
     finally:
         bar.close()
+    repeats.warn(paths)
 
     _check_selection(config, selector, records, train_q, heldout_q)
     _check_masks(config, include, exclude, records)
