@@ -30,7 +30,7 @@ from genolc.data import genome
 from genolc.data.duplication import BLOCK_BASES, TrainBlockIndex, heldout_coverage
 from genolc.data.prepare_record import OFFSET_STRIDE, RecordWriter, RegionMask
 from genolc.errors import ConfigError, InputError
-from genolc.fsutil import atomic_dir, atomic_write_json, file_md5
+from genolc.fsutil import atomic_dir, atomic_write_json, check_output_dir, file_md5
 from genolc.runs import RUNS_DIRNAME, run_record
 from genolc.tokenize import make_tokenizer, save_tokenizer
 
@@ -38,6 +38,9 @@ FORMAT_VERSION = 1
 ALL = "all"
 DEFAULT_TRAIN = ("chr1", "chr2")
 DEFAULT_HELDOUT = ("chr22",)
+OUTPUT_KIND = "dataset directory"
+# Datasets written before outputs carried genolc's marker are recognised by their manifest.
+LEGACY_OUTPUT = ("manifest.json",)
 
 
 @dataclass(frozen=True)
@@ -223,16 +226,8 @@ def _fingerprint(config: PrepareConfig, paths: list[Path]) -> str:
 
 def _existing_is_current(out: Path, fingerprint: str) -> bool:
     manifest_path = out / "manifest.json"
-    if not out.exists():
-        return False
     if not manifest_path.is_file():
-        if out.is_dir() and not any(out.iterdir()):
-            return False
-        raise InputError(
-            "the output directory exists and is not a genolc dataset; refusing to replace it",
-            where=str(out),
-            fix="choose a new --out directory or remove this one",
-        )
+        return False
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
@@ -354,7 +349,7 @@ def prepare(config: PrepareConfig) -> Path:
     """
     paths = _check_inputs(config)
     _check_queries_disjoint(config.train, config.heldout)
-    out = Path(config.out).expanduser().absolute()
+    out = check_output_dir(config.out, OUTPUT_KIND, legacy=LEGACY_OUTPUT)
     fingerprint = _fingerprint(config, paths)
     args = asdict(config)
     if _existing_is_current(out, fingerprint):
@@ -367,7 +362,7 @@ def prepare(config: PrepareConfig) -> Path:
         for p in paths:
             rec.add_input(p)
         previous_runs = out / RUNS_DIRNAME
-        with atomic_dir(out, "output directory") as tmp:
+        with atomic_dir(out, OUTPUT_KIND, legacy=LEGACY_OUTPUT) as tmp:
             manifest = _build(config, paths, tmp, fingerprint)
             if previous_runs.is_dir():
                 shutil.copytree(previous_runs, tmp / RUNS_DIRNAME, dirs_exist_ok=True)
