@@ -30,7 +30,7 @@ from genolc.data import genome
 from genolc.data.duplication import BLOCK_BASES, TrainBlockIndex, heldout_coverage
 from genolc.data.prepare_record import OFFSET_STRIDE, RecordWriter, RegionMask
 from genolc.errors import ConfigError, InputError
-from genolc.fsutil import atomic_dir, atomic_write_json, file_md5
+from genolc.fsutil import atomic_dir, atomic_write_json, check_output_dir, file_md5
 from genolc.runs import RUNS_DIRNAME, run_record
 from genolc.tokenize import make_tokenizer, save_tokenizer
 
@@ -38,6 +38,9 @@ FORMAT_VERSION = 1
 ALL = "all"
 DEFAULT_TRAIN = ("chr1", "chr2")
 DEFAULT_HELDOUT = ("chr22",)
+OUTPUT_KIND = "dataset directory"
+# Datasets written before outputs carried genolc's marker are recognised by their manifest.
+LEGACY_OUTPUT = ("manifest.json",)
 
 
 @dataclass(frozen=True)
@@ -223,16 +226,8 @@ def _fingerprint(config: PrepareConfig, paths: list[Path]) -> str:
 
 def _existing_is_current(out: Path, fingerprint: str) -> bool:
     manifest_path = out / "manifest.json"
-    if not out.exists():
-        return False
     if not manifest_path.is_file():
-        if out.is_dir() and not any(out.iterdir()):
-            return False
-        raise InputError(
-            "the output directory exists and is not a genolc dataset; refusing to replace it",
-            where=str(out),
-            fix="choose a new --out directory or remove this one",
-        )
+        return False
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
@@ -288,6 +283,52 @@ def _make_tokenizer(config: PrepareConfig, paths: list[Path], selector: _Selecto
     return make_tokenizer(config.tokenizer, sample, max_training_bases=config.bpe_sample_bases)
 
 
+@dataclass
+class _Repeats:
+    """Records of one chromosome given more than once (e.g. chr20 in two input files).
+
+    The same sequence at the same coordinates (md5 of the upper-cased bases, length, start) and split is kept
+    once: the later copy's files are removed and the kept record lists it under ``also_in``. Different sequence
+    under one chromosome name is kept under a new key (chr20_2), as before; both cases are named in one warning each.
+    """
+
+    dropped: list[tuple[dict, dict]] = field(default_factory=list)     # (later copy, kept record)
+    renamed: list[tuple[dict, dict]] = field(default_factory=list)     # (renamed record, first of that chromosome)
+
+    def drop_if_identical(self, record: dict, earlier: list[dict], tmp: Path, scratch: Path) -> bool:
+        same_chrom = [r for r in earlier if r["chrom"] == record["chrom"]]
+        twin = next((r for r in same_chrom if (r["md5_upper"], r["length_bases"], r["start"], r["split"])
+                     == (record["md5_upper"], record["length_bases"], record["start"], record["split"])), None)
+        if twin is None:
+            if same_chrom:
+                self.renamed.append((record, same_chrom[0]))
+            return False
+        for part in ("tokens", "softmask", "nruns", "token_offsets"):
+            if record.get(part):
+                (tmp / record[part]).unlink(missing_ok=True)
+        (scratch / f"{record['key']}.u8").unlink(missing_ok=True)
+        twin.setdefault("also_in", []).append({"source": record["source"], "name": record["name"]})
+        self.dropped.append((record, twin))
+        return True
+
+    def warn(self, paths: list[Path]) -> None:
+        def where(r: dict) -> str:
+            return f"'{r['name']}' in {paths[r['source']]}"
+
+        if self.dropped:
+            shown = "; ".join(f"{where(later)} = {where(kept)}, kept once as {kept['key']}"
+                              for later, kept in self.dropped[:10])
+            more = f" and {len(self.dropped) - 10} more" if len(self.dropped) > 10 else ""
+            _say(f"genolc prepare: warning: {len(self.dropped)} record(s) given twice with identical sequence, "
+                 f"each kept once: {shown}{more}.")
+        if self.renamed:
+            shown = "; ".join(f"{where(r)} is kept as {r['key']} ({where(first)} is {first['key']})"
+                              for r, first in self.renamed[:10])
+            more = f" and {len(self.renamed) - 10} more" if len(self.renamed) > 10 else ""
+            _say(f"genolc prepare: warning: {len(self.renamed)} record(s) name a chromosome already read, with a "
+                 f"different sequence: {shown}{more}. Check that the inputs are meant to hold both.")
+
+
 def _unique_key(chrom: str, used: set[str]) -> str:
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in chrom) or "record"
     key, n = safe, 1
@@ -308,7 +349,7 @@ def prepare(config: PrepareConfig) -> Path:
     """
     paths = _check_inputs(config)
     _check_queries_disjoint(config.train, config.heldout)
-    out = Path(config.out).expanduser().absolute()
+    out = check_output_dir(config.out, OUTPUT_KIND, legacy=LEGACY_OUTPUT)
     fingerprint = _fingerprint(config, paths)
     args = asdict(config)
     if _existing_is_current(out, fingerprint):
@@ -321,7 +362,7 @@ def prepare(config: PrepareConfig) -> Path:
         for p in paths:
             rec.add_input(p)
         previous_runs = out / RUNS_DIRNAME
-        with atomic_dir(out, "output directory") as tmp:
+        with atomic_dir(out, OUTPUT_KIND, legacy=LEGACY_OUTPUT) as tmp:
             manifest = _build(config, paths, tmp, fingerprint)
             if previous_runs.is_dir():
                 shutil.copytree(previous_runs, tmp / RUNS_DIRNAME, dirs_exist_ok=True)
@@ -351,6 +392,7 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
 
     records: list[dict] = []
     used_keys: set[str] = set()
+    repeats = _Repeats()
     bar = _progress(config)
     try:
         for source_index, reader in enumerate(readers):
@@ -374,12 +416,17 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
                     fields = writer.finish()
                 finally:
                     writer.close()
-                records.append({
+                record = {
                     "key": key, "name": info.name, "description": info.description, "chrom": info.chrom,
                     "start": info.start, "source": source_index, "split": split, **fields,
-                })
+                }
+                if repeats.drop_if_identical(record, records, tmp, scratch):
+                    used_keys.discard(key)
+                    continue
+                records.append(record)
     finally:
         bar.close()
+    repeats.warn(paths)
 
     _check_selection(config, selector, records, train_q, heldout_q)
     _check_masks(config, include, exclude, records)

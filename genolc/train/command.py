@@ -1,4 +1,4 @@
-"""`genolc finetune`: parse options, build a TrainConfig, call genolc.train.loop.finetune."""
+"""`genolc finetune`: parse options, build a TrainConfig, call genolc.train.loop.finetune in a claimed run directory."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ from pathlib import Path
 import click
 
 from genolc.errors import ConfigError
+from genolc.fsutil import output_dir
 from genolc.units import parse_length
+
+RUN_KIND = "run directory"
+# Run directories written before outputs carried genolc's marker: a training checkpoint or a finetune run record.
+LEGACY_RUN = ("checkpoints/step-*/trainer_state.json", "runs/*_finetune.json")
 
 
 def parse_chunk(text: str) -> int | None:
@@ -33,7 +38,7 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @click.option("--init", "init", default=None, type=click.Path(path_type=Path),
               help="Start from a checkpoint: genolc's or a transformers-layout GLM-5.3-Flash (vocabulary resized).")
 @click.option("--out", "out", default=Path("finetune-out"), type=click.Path(path_type=Path), show_default=True,
-              help="Run directory: checkpoints/, metrics.jsonl, summary.json, runs/.")
+              help="Run directory (new, empty or an earlier run's): checkpoints/, metrics.jsonl, summary.json, runs/.")
 @click.option("--steps", default=80, show_default=True, type=int, help="Optimizer steps.")
 @click.option("--lr", default=3e-4, show_default=True, type=float, help="Peak learning rate.")
 @click.option("--warmup", "warmup_steps", default=10, show_default=True, type=int, help="Linear LR warm-up steps.")
@@ -81,5 +86,7 @@ def finetune_command(data: Path, seq: str, model: str | None, init: Path | None,
         raise ConfigError("--model and --init both given", fix="use --model for a fresh preset or --init CHECKPOINT")
     config = TrainConfig(data=data, seq_len=parse_length(seq, what="--seq"), model=model or "tiny", init=init,
                          seq_warmup=_lengths(seq_warmup), chunk=parse_chunk(chunk), **options)
-    final = finetune(config)
+    # --out is written step by step, not replaced whole: it must be new, empty or an earlier run's.
+    with output_dir(config.out, RUN_KIND, legacy=LEGACY_RUN):
+        final = finetune(config)
     click.echo(str(final))
