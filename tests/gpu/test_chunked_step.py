@@ -8,6 +8,8 @@ to 1e-3 relative, every parameter's gradient to a few percent (relative L2), all
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -44,8 +46,10 @@ def test_chunked_step_matches_whole_window_small_64k():
     def autocast():
         return torch.autocast("cuda", dtype=torch.bfloat16)
 
+    started = time.monotonic()
     result = chunked_forward_backward(model, ids, weights, terms, CHUNK, autocast)
     chunked = _grads(model)
+    print(f"chunked step: {time.monotonic() - started:.1f} s", flush=True)
     chunked_peak = torch.cuda.max_memory_allocated() / 2 ** 30
     model.zero_grad(set_to_none=True)
 
@@ -56,6 +60,7 @@ def test_chunked_step_matches_whole_window_small_64k():
     parts = micro_batch_loss(out, ids[:, 1:], weights, terms)
     parts.loss.backward()
     whole = _grads(model)
+    print(f"whole-window step: {time.monotonic() - started:.1f} s since the start", flush=True)
     whole_peak = torch.cuda.max_memory_allocated() / 2 ** 30
 
     print(f"lm: chunked {float(result.lm):.6f} whole {float(parts.lm):.6f}; aux chunked "
