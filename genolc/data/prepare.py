@@ -33,7 +33,7 @@ from genolc.data import genome
 from genolc.data.duplication import BLOCK_BASES, TrainBlockIndex, heldout_coverage
 from genolc.data.prepare_record import OFFSET_STRIDE, RecordWriter, RegionMask
 from genolc.errors import ConfigError, InputError
-from genolc.fsutil import atomic_dir, atomic_write_json, file_md5
+from genolc.fsutil import atomic_dir, atomic_write_json, check_output_dir, file_md5
 from genolc.runs import RUNS_DIRNAME, run_record
 from genolc.tokenize import make_tokenizer, save_tokenizer
 
@@ -41,6 +41,9 @@ FORMAT_VERSION = 1
 ALL = "all"
 DEFAULT_TRAIN = ("chr1", "chr2")
 DEFAULT_HELDOUT = ("chr22",)
+OUTPUT_KIND = "dataset directory"
+# Datasets written before outputs carried genolc's marker are recognised by their manifest.
+LEGACY_OUTPUT = ("manifest.json",)
 
 
 @dataclass(frozen=True)
@@ -297,16 +300,8 @@ def _fingerprint(config: PrepareConfig, paths: list[Path]) -> str:
 
 def _existing_is_current(out: Path, fingerprint: str) -> bool:
     manifest_path = out / "manifest.json"
-    if not out.exists():
-        return False
     if not manifest_path.is_file():
-        if out.is_dir() and not any(out.iterdir()):
-            return False
-        raise InputError(
-            "the output directory exists and is not a genolc dataset; refusing to replace it",
-            where=str(out),
-            fix="choose a new --out directory or remove this one",
-        )
+        return False
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
@@ -372,6 +367,62 @@ def _make_tokenizer(config: PrepareConfig, paths: list[Path], selector: _Selecto
     return make_tokenizer(config.tokenizer, sample, max_training_bases=config.bpe_sample_bases)
 
 
+@dataclass
+class _Repeats:
+    """Records of one chromosome given more than once (e.g. chr20 in two input files).
+
+    The same sequence at the same coordinates (md5 of the upper-cased bases, length, start) and split is kept
+    once: the later copy's files are removed and the kept record lists it under ``also_in``. Different sequence
+    under one chromosome name is kept under a new key (chr20_2), as before; both cases are named in one warning each.
+    A record cut at held-out regions is compared piece by piece and kept once only when every piece matches, so a
+    copy is dropped whole or kept whole, never in part.
+    """
+
+    dropped: list[tuple[dict, list[dict]]] = field(default_factory=list)   # (later copy, the entries kept)
+    renamed: list[tuple[list[dict], dict]] = field(default_factory=list)   # (renamed entries, first of that chromosome)
+
+    def drop_if_identical(self, entries: list[dict], earlier: list[dict], tmp: Path, scratch: Path) -> bool:
+        """``entries``: one record's manifest entries (one, or its pieces); ``earlier``: those of records before it."""
+        same_chrom = [r for r in earlier if r["chrom"] == entries[0]["chrom"]]
+        twins = [next((r for r in same_chrom if _identity(r) == _identity(entry)), None) for entry in entries]
+        if None in twins:
+            if same_chrom:
+                self.renamed.append((entries, same_chrom[0]))
+            return False
+        for entry, twin in zip(entries, twins):
+            for part in ("tokens", "softmask", "nruns", "token_offsets"):
+                if entry.get(part):
+                    (tmp / entry[part]).unlink(missing_ok=True)
+            (scratch / f"{entry['key']}.u8").unlink(missing_ok=True)
+            twin.setdefault("also_in", []).append({"source": entry["source"], "name": entry["name"]})
+        self.dropped.append((entries[0], twins))
+        return True
+
+    def warn(self, paths: list[Path]) -> None:
+        def where(r: dict) -> str:
+            return f"'{r['name']}' in {paths[r['source']]}"
+
+        def keys(entries: list[dict]) -> str:
+            return ", ".join(e["key"] for e in entries)
+
+        if self.dropped:
+            shown = "; ".join(f"{where(later)} = {where(kept[0])}, kept once as {keys(kept)}"
+                              for later, kept in self.dropped[:10])
+            more = f" and {len(self.dropped) - 10} more" if len(self.dropped) > 10 else ""
+            _say(f"genolc prepare: warning: {len(self.dropped)} record(s) given twice with identical sequence, "
+                 f"each kept once: {shown}{more}.")
+        if self.renamed:
+            shown = "; ".join(f"{where(entries[0])} is kept as {keys(entries)} ({where(first)} is {first['key']})"
+                              for entries, first in self.renamed[:10])
+            more = f" and {len(self.renamed) - 10} more" if len(self.renamed) > 10 else ""
+            _say(f"genolc prepare: warning: {len(self.renamed)} record(s) name a chromosome already read, with a "
+                 f"different sequence: {shown}{more}. Check that the inputs are meant to hold both.")
+
+
+def _identity(entry: dict) -> tuple:
+    return entry["md5_upper"], entry["length_bases"], entry["start"], entry["split"]
+
+
 def _unique_key(chrom: str, used: set[str]) -> str:
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in chrom) or "record"
     key, n = safe, 1
@@ -392,7 +443,7 @@ def prepare(config: PrepareConfig) -> Path:
     """
     paths = _check_inputs(config)
     _check_queries_disjoint(config.train, config.heldout)
-    out = Path(config.out).expanduser().absolute()
+    out = check_output_dir(config.out, OUTPUT_KIND, legacy=LEGACY_OUTPUT)
     fingerprint = _fingerprint(config, paths)
     args = asdict(config)
     if _existing_is_current(out, fingerprint):
@@ -405,7 +456,7 @@ def prepare(config: PrepareConfig) -> Path:
         for p in paths:
             rec.add_input(p)
         previous_runs = out / RUNS_DIRNAME
-        with atomic_dir(out, "output directory") as tmp:
+        with atomic_dir(out, OUTPUT_KIND, legacy=LEGACY_OUTPUT) as tmp:
             manifest = _build(config, paths, tmp, fingerprint)
             if previous_runs.is_dir():
                 shutil.copytree(previous_runs, tmp / RUNS_DIRNAME, dirs_exist_ok=True)
@@ -435,6 +486,7 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
 
     records: list[dict] = []
     out = _Pass(tmp, scratch, tokenizer, dtype, include, exclude, train_index, config.chunk_bases, _progress(config))
+    repeats = _Repeats()
     try:
         for source_index, reader in enumerate(readers):
             # Duplicate names within a file are refused by GenomeReader.records() itself.
@@ -443,11 +495,17 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
                 key = _unique_key(info.chrom, out.used_keys)
                 split, regions = selector.plan(info, key)
                 if regions:
-                    records.extend(_write_pieces(out, stream, key, source_index, split, regions))
+                    entries = _write_pieces(out, stream, key, source_index, split, regions)
                 else:
-                    records.append(_write_whole(out, stream, key, source_index, split))
+                    entries = [_write_whole(out, stream, key, source_index, split)]
+                if repeats.drop_if_identical(entries, records, tmp, scratch):
+                    out.used_keys.discard(key)
+                    out.used_keys.difference_update(e["key"] for e in entries)
+                    continue
+                records.extend(entries)
     finally:
         out.bar.close()
+    repeats.warn(paths)
 
     _check_selection(config, selector, records, train_q, heldout_q)
     _check_masks(config, include, exclude, records)

@@ -46,7 +46,8 @@ _PATH = click.Path(path_type=Path)
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="auto: bfloat16 on CUDA, float32 on CPU.")
 @click.option("--batch-tokens", default="64k", show_default=True, help="Tokens per forward call (rows x length).")
-@click.option("--out", type=_PATH, default=None, help="Output directory (replaced atomically).")
+@click.option("--out", type=_PATH, default=None,
+              help="Output directory: new, empty or an earlier evaluation's (replaced atomically).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts, context_block, first_bucket,
                  rc_average,
