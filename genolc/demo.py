@@ -227,7 +227,9 @@ def write_report(out: Path, plan: DemoPlan, seed: int, summary: dict[str, Any]) 
         "chr22:20,480,001-20,680,000 by preceding-context position. Bits per base; lower is better; a uniform "
         "guess over A, C, G, T scores 2. `baseline` is the same model before training (its seeded random "
         "initialisation); `context:K` scores the fine-tuned model on the same targets with only the last K tokens "
-        "visible (the context control).", "",
+        "visible (the context control). In `by_position.png` the model is the thin solid line drawn over the "
+        "controls (each in its own dashed or dotted style, shifted slightly sideways, so a control equal to the "
+        "model stays visible); the dotted grey line marks the uniform guess, 2 bits.", "",
         f"- model: {plan.model} preset, {train.get('parameters')} parameters, {plan.steps} steps of "
         f"{plan.train_seq}-token windows on {plan.device}; final training loss "
         f"{train.get('final_loss'):.4f} nats/token",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from genolc.fsutil import check_output_dir
 from genolc.runs import run_record
 
 
@@ -17,6 +18,8 @@ def convert(src: str, dst: str, layout: str) -> None:
     """Convert the checkpoint in SRC to LAYOUT, written atomically to DST (vision weights are dropped)."""
     from genolc.model.checkpoint import convert_checkpoint
 
+    # Refused before the source is read: a large checkpoint is not loaded only to be refused its destination.
+    check_output_dir(dst, "checkpoint directory")
     with run_record("convert", dst, {"src": src, "dst": dst, "layout": layout}) as record:
         record.add_input(f"{src}/config.json")
         summary = convert_checkpoint(src, dst, layout=layout)

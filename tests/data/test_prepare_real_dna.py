@@ -168,3 +168,32 @@ def test_distinct_chromosomes_give_no_repeat_warning(shared_file, tmp_path):
                                        "--train", "all", "--heldout", "none", "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "warning" not in result.output
+
+
+def test_a_chromosome_cut_at_a_heldout_region_given_twice_is_kept_once_piece_by_piece(shared_file, tmp_path):
+    lam = shared_file(LAMBDA)
+    bases = _lambda_bases(lam)
+    copy = tmp_path / "lambda_copy.fa"
+    copy.write_bytes(b">NC_001416.1 copy\n" + bases + b"\n")
+    other = tmp_path / "lambda_mutated.fa"
+    mutated = bytearray(bases)
+    mutated[40_000] = ord("A") if mutated[40_000] != ord("A") else ord("C")     # outside the region: one piece differs
+    other.write_bytes(b">NC_001416.1\n" + bytes(mutated) + b"\n")
+    out = tmp_path / "ds"
+    result = CliRunner().invoke(main, ["prepare", str(lam), str(copy), str(other), "--out", str(out),
+                                       "--train", "all", "--heldout", "NC_001416.1:10001-20000", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    pieces = ["NC_001416.1_1-10000", "NC_001416.1_10001-20000", f"NC_001416.1_20001-{len(bases)}"]
+    assert f"kept once as {', '.join(pieces)}" in result.output and str(copy) in result.output
+    ds = PreparedDataset(out)
+    kept = [r for r in ds.manifest["records"] if r["source"] == 0]
+    assert [r["key"] for r in kept] == pieces
+    assert all(r["also_in"] == [{"source": 1, "name": "NC_001416.1"}] for r in kept)
+    # a copy that differs in one piece is kept whole, under new keys, with the other warning
+    renamed = [r for r in ds.manifest["records"] if r["source"] == 2]
+    assert [r["key"] for r in renamed] == [f"{k}_2" for k in pieces] and not any("also_in" in r for r in renamed)
+    assert f"'NC_001416.1' in {other} is kept as {', '.join(f'{k}_2' for k in pieces)}" in result.output
+    assert not any(r["source"] == 1 for r in ds.manifest["records"])
+    written = sorted(p.name for p in (out / "tokens").iterdir())
+    assert written == sorted(f"{k}{suffix}.bin" for k in pieces for suffix in ("", "_2"))
+    assert ds.manifest["splits"]["heldout"] == [pieces[1], f"{pieces[1]}_2"]

@@ -180,6 +180,9 @@ def test_convert_never_replaces_a_directory_genolc_did_not_write(saved, tmp_path
     assert result.exit_code == 2 and result.output.count("genolc: error:") == 1, result.output
     assert "checkpoint directory already holds files genolc did not write (notes.txt)" in result.output
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "important\n"
+    # refused before the source is read: a missing source is not what the message is about
+    result = runner.invoke(main, ["convert", str(tmp_path / "nowhere"), str(mine)])
+    assert result.exit_code == 2 and "did not write (notes.txt)" in result.output and "not found" not in result.output
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
