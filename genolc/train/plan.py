@@ -72,6 +72,12 @@ H200_BF16_FLOPS = 989e12
 CUDA_SEQ_MULTIPLE = 64
 
 
+def format_gib(size_bytes: float) -> str:
+    """GiB with one decimal, or two significant digits below 1 GiB (a CPU test's budget is MiB)."""
+    gib = size_bytes / GIB
+    return f"{gib:.1f}" if gib >= 1 else f"{gib:.2g}"
+
+
 class OutOfMemoryPlanError(GenolcError):
     """The run did not fit in device memory; the message carries the estimate and an option that fits."""
 
@@ -281,9 +287,10 @@ def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum
     option = fitting_option(config, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum,
                             recompute=recompute, bf16=bf16, budget_bytes=budget_bytes, fast_kernels=fast_kernels,
                             chunk=chunk, chunk_multiple=chunk_multiple)
-    what = (f"out of device memory at {setting}: estimated {plan.gib():.1f} GiB "
-            f"(weights+grads+AdamW {(plan.weights + plan.gradients + plan.optimizer) / GIB:.1f}, activations "
-            f"{plan.gib('activations'):.1f}, logits {plan.gib('logits'):.1f}) on a {budget_bytes / GIB:.1f} GiB device")
+    what = (f"out of device memory at {setting}: estimated {format_gib(plan.total)} GiB "
+            f"(weights+grads+AdamW {format_gib(plan.weights + plan.gradients + plan.optimizer)}, activations "
+            f"{format_gib(plan.activations)}, logits {format_gib(plan.logits)}) on a {format_gib(budget_bytes)} GiB "
+            "device")
     if option:
         fix = f"try {option} (estimated to fit)"
     else:

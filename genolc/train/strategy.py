@@ -24,8 +24,13 @@ import torch
 from genolc.model import ModelConfig
 from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
 from genolc.train.loss import LossTerms, micro_batch_loss
-from genolc.train.plan import (GIB, estimate_chunked_memory, estimate_memory, largest_fitting_chunk, oom_error)
+from genolc.train.plan import (estimate_chunked_memory, estimate_memory, format_gib, largest_fitting_chunk,
+                               oom_error)
 from genolc.units import format_length
+
+
+# Below this the per-chunk overheads (kernel launches, the window's cache copies) dominate; --chunk may go lower.
+SMALLEST_AUTO_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class StepStrategy:
         how = "whole-window step" if self.chunk is None else f"chunked step, --chunk {format_length(self.chunk)}"
         extra = " with per-layer recompute" if self.recompute else ""
         return (f"--seq {format_length(self.seq_len)}: {how}{extra}, estimated peak "
-                f"{self.estimate_bytes / GIB:.1f} GiB ({self.reason})")
+                f"{format_gib(self.estimate_bytes)} GiB ({self.reason})")
 
 
 def device_budget_bytes(device: torch.device) -> int:
@@ -71,7 +76,7 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
     ``chunk``: None (auto), 0 (whole window only) or a chunk length. Raises OutOfMemoryPlanError when the asked
     (or, for auto, every) setting is estimated not to fit ``budget_bytes``."""
     plan_args = dict(windows=windows, bf16=bf16, recompute=recompute, fast_kernels=fast_kernels)
-    budget = f"{budget_bytes / GIB:.1f} GiB"
+    budget = f"{format_gib(budget_bytes)} GiB"
     whole = estimate_memory(model_config, seq_len=seq_len, **plan_args).total
     if chunk == 0 or (chunk is None and whole <= budget_bytes):
         if whole > budget_bytes:
@@ -81,11 +86,11 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
         return StepStrategy(seq_len, None, recompute, whole, reason)
     if chunk is None:
         chosen = largest_fitting_chunk(model_config, seq_len=seq_len, budget_bytes=budget_bytes, multiple=multiple,
-                                       **plan_args)
+                                       smallest=max(multiple, SMALLEST_AUTO_CHUNK), **plan_args)
         if chosen is None:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                            multiple, where)
-        reason = (f"the whole window needs an estimated {whole / GIB:.1f} GiB of the {budget} device; "
+        reason = (f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device; "
                   f"choose with --chunk")
         estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chosen, **plan_args).total
         return StepStrategy(seq_len, chosen, recompute, estimate, reason)

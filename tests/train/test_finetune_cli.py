@@ -139,3 +139,32 @@ def test_out_of_memory_names_the_estimate_and_an_option(char_data, tmp_path):
     message = info.value.message
     assert "out of device memory at --seq 64: estimated" in message and "GiB" in message
     assert "try --recompute" in message and "step 1" in message
+
+
+def test_a_window_that_does_not_fit_is_refused_before_the_first_step_on_cpu(char_data, tmp_path, monkeypatch):
+    """On every device the plan is checked before any step: --chunk off with a window estimated beyond the memory
+    available is one clear error naming the estimate and an option that fits (here the chunked step), with no step
+    run; --chunk auto takes that option itself, says so, and trains."""
+    monkeypatch.setattr(loop, "device_budget_bytes", lambda device: 200 * 2**20)
+    out = _error("--data", char_data, "--seq", "4096", "--steps", "1", "--chunk", "off", "--out", tmp_path / "off")
+    assert "out of device memory at --seq 4k: estimated 1" in out and "on a 0.2 GiB device" in out
+    assert "try --chunk 512 (estimated to fit)" in out
+    assert not (tmp_path / "off" / "metrics.jsonl").exists()
+
+    code, output = _run("--data", char_data, "--seq", "4096", "--steps", "1", "--lr", "1e-3", "--warmup", "1",
+                        "--out", tmp_path / "auto")
+    assert code == 0, output
+    assert "--seq 4k: chunked step, --chunk" in output and "choose with --chunk" in output
+    metrics = (tmp_path / "auto" / "metrics.jsonl").read_text()
+    assert '"step_strategy": "chunked"' in metrics
+
+
+def test_chunk_option_spellings(char_data, tmp_path):
+    from genolc.train.command import parse_chunk
+
+    assert parse_chunk("auto") is None and parse_chunk("off") == 0 and parse_chunk("64k") == 65536
+    assert "--chunk" in _error("--data", char_data, "--seq", "64", "--chunk", "lots", "--out", tmp_path / "r")
+    # A chunk that covers the window is the whole-window step.
+    code, output = _run("--data", char_data, "--seq", "64", "--steps", "1", "--chunk", "1k", "--out", tmp_path / "w",
+                        "--lr", "1e-3", "--warmup", "1")
+    assert code == 0 and "whole-window step" in output and "covers the window" in output, output

@@ -163,3 +163,23 @@ def test_oom_advice_on_cuda_uses_the_fast_path_table():
     err = oom_error(cfg, seq_len=2 * seq, micro_batch=1, grad_accum=1, recompute=False, bf16=True,
                     budget_bytes=140 * GIB, where="step 1", fast_kernels=True)
     assert f"{estimate_memory(cfg, seq_len=2 * seq, fast_kernels=True).gib():.1f} GiB" in err.message
+
+
+def test_chunked_plan_within_15_percent_of_the_h200_runs():
+    """The chunked step's estimate against the peaks measured on the H200 (benchmarks/results, 2026-11-30):
+    `genolc finetune --model small` at 512k..4M with --chunk auto (32k chunks), bf16, fast kernels."""
+    import json
+    from pathlib import Path
+
+    from genolc.model import preset
+    from genolc.train.plan import estimate_chunked_memory
+
+    record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" /
+                         "long_context_2026-11-30.json").read_text())
+    measured = [row for call in record["device_calls"] for row in call["rows"]
+                if row.get("ok") and row.get("strategy") == "chunked"]
+    assert {row["seq"] for row in measured} >= {"512k", "1M", "2M", "4M"}
+    for row in measured:
+        plan = estimate_chunked_memory(preset(row["model"]), seq_len=row["seq_len"], chunk=row["chunk"],
+                                       fast_kernels=True)
+        assert abs(plan.gib() / row["peak_gpu_gib"] - 1) <= 0.15, (row["seq"], plan.gib(), row["peak_gpu_gib"])

@@ -1,0 +1,138 @@
+"""The chunk-recurrent step equals the whole-window step: loss, auxiliary losses and every parameter gradient.
+
+`tiny` preset (fp32, CPU reference ops) on a 4k window of real human DNA (GRCh37 chr22, char tokenizer, its N run
+masked out of the loss), with the MoE balance loss and the indexer KL on. Chunks of 512 (a multiple of the pool
+size) and of odd sizes, so k-pools and the short convolution's window straddle chunk boundaries; one case with
+per-layer recompute inside the chunks. "Equal" means fp32 rounding: each gradient within 1e-4 of its own size
+(relative L2; a chunk boundary handled wrongly gives errors of 1e-2 or more).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+
+import numpy as np
+import pytest
+import torch
+
+from genolc.model import build_model, preset
+from genolc.model.cache import ChunkCache, chunk_bounds
+from genolc.tokenize import CharTokenizer
+from genolc.train.apply import apply_recompute
+from genolc.train.chunked import chunked_forward_backward
+from genolc.train.loss import LossTerms, micro_batch_loss
+from conftest import shared_file
+
+WINDOW = 4096
+
+
+@pytest.fixture(scope="module")
+def dna_window():
+    """``(ids [1, WINDOW + 1], weights [1, WINDOW])``: chr22 up to the start of its 100 kbp N run at 20,509,432,
+    whose first 1000 N carry weight 0."""
+    with gzip.open(shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz"), "rt") as handle:
+        handle.readline()
+        sequence = "".join(line.strip() for line in handle)
+    start = 509431 - WINDOW + 1000
+    bases = np.frombuffer(sequence[start: start + WINDOW + 1].encode(), dtype=np.uint8)
+    tokenizer = CharTokenizer()
+    ids = torch.from_numpy(np.asarray(tokenizer.encode(bases), dtype=np.int64))[None]
+    weights = torch.from_numpy(~np.asarray(tokenizer.ambiguous_mask(ids[0, 1:].numpy()), dtype=bool)).float()[None]
+    assert 0 < float(weights.sum()) < WINDOW, "the window should hold real bases and some N"
+    return ids, weights
+
+
+def _model(recompute: bool):
+    torch.manual_seed(0)
+    model = build_model(preset("tiny", vocab_size=CharTokenizer().vocab_size))
+    with torch.no_grad():   # routing that is not uniform, so the balance loss and the bias matter
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.05 * torch.randn(buffer.shape))
+    if recompute:
+        apply_recompute(model)
+    return model
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("chunk, mode, recompute", [(512, "sparse", False), (333, "dense", False),
+                                                     (1000, "sparse", True)])
+def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, recompute):
+    ids, weights = dna_window
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
+                      indexer_mode=mode)
+    model = _model(recompute)
+    out = model(ids[:, :-1], indexer_loss=mode)
+    whole = micro_batch_loss(out, ids[:, 1:], weights, terms)
+    whole.loss.backward()
+    expected, expected_counts = _grads(model), out.tokens_per_expert
+    model.zero_grad(set_to_none=True)
+
+    result = chunked_forward_backward(model, ids, weights, terms, chunk, contextlib.nullcontext)
+    got = _grads(model)
+
+    assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
+    assert set(result.aux) == {"moe_balance", "indexer_kl"}
+    for name, value in whole.aux.items():
+        assert float(result.aux[name]) == pytest.approx(float(value), rel=1e-5, abs=1e-9)
+    assert {k: v.tolist() for k, v in result.tokens_per_expert.items()} == \
+           {k: v.tolist() for k, v in expected_counts.items()}
+    assert set(got) == set(expected)
+    errors = {name: float((got[name] - expected[name]).norm() / expected[name].norm().clamp_min(1e-30))
+              for name in expected if expected[name].norm() > 0}
+    worst = max(errors.items(), key=lambda item: item[1])
+    assert worst[1] < 1e-4, worst
+    # The indexer only learns from its KL: its gradients must have come through the chunks' pooled-key caches.
+    assert any("indexer" in name for name in got)
+
+
+def test_chunks_shorter_than_a_pool_and_the_conv_window(dna_window, one_thread):
+    """Chunks of 3 tokens: every pool (4 tokens) and every convolution window (4 taps) spans two or more chunks."""
+    ids, weights = dna_window
+    ids, weights = ids[:, :301], weights[:, :300]
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
+                      indexer_mode="sparse")
+    model = _model(False)
+    assert model.config.index_kpool > 3 and model.config.linear_conv_kernel_dim > 3
+    whole = micro_batch_loss(model(ids[:, :-1], indexer_loss="sparse"), ids[:, 1:], weights, terms)
+    whole.loss.backward()
+    expected = _grads(model)
+    model.zero_grad(set_to_none=True)
+    result = chunked_forward_backward(model, ids, weights, terms, 3, contextlib.nullcontext)
+    assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
+    for name, grad in _grads(model).items():
+        assert float((grad - expected[name]).norm()) <= 1e-4 * float(expected[name].norm()) + 1e-12, name
+
+
+def test_chunked_forward_gives_the_whole_windows_logits(dna_window, one_thread):
+    """Inference is the fill half of the step: chunk by chunk under no_grad, the logits equal the whole window's."""
+    ids = dna_window[0][:, :WINDOW]
+    model = _model(False).eval()
+    with torch.no_grad():
+        whole = model(ids).logits
+        past: dict = {}
+        pieces = []
+        for start, stop in chunk_bounds(WINDOW, 700):
+            cache = ChunkCache.empty(model.config.num_hidden_layers, start=start, window_len=WINDOW, aux=False)
+            for (layer, name), value in past.items():
+                cache.layers[layer].past[name] = value
+            pieces.append(model(ids[:, start:stop], cache=cache).logits)
+            for layer, layer_cache in enumerate(cache.layers):
+                for name, value in layer_cache.present.items():
+                    key = (layer, name)
+                    grows = name in ("latent", "pooled") and key in past
+                    past[key] = torch.cat([past[key], value], dim=1) if grows else value
+    assert torch.allclose(torch.cat(pieces, dim=1), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_a_chunk_cache_must_fit_its_window():
+    model = _model(False)
+    with pytest.raises(ValueError, match="start inside its window"):
+        ChunkCache.empty(model.config.num_hidden_layers, start=100, window_len=100)
+    cache = ChunkCache.empty(model.config.num_hidden_layers, start=90, window_len=100)
+    with pytest.raises(ValueError, match="run past its window"):
+        model(torch.zeros(1, 20, dtype=torch.long), cache=cache)
