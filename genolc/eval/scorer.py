@@ -160,6 +160,11 @@ def _resolve_device(device: str) -> str:
     return device
 
 
+# Windows longer than this run chunk by chunk (memory: one chunk's activations plus the window's caches). 64k keeps
+# the per-chunk overhead small against the work of a chunk on a GPU.
+DEFAULT_WINDOW_CHUNK = 1 << 16
+
+
 class ModelScorer:
     """Scores with a GenomeLM (or any module whose ``forward(ids).logits`` is ``[B, T, V]``), under no_grad.
 
@@ -167,17 +172,19 @@ class ModelScorer:
     in float32. When the vocabulary is wider than the hidden size and the model has an ``lm_head`` Linear, the
     head is bypassed for the forward (``forward`` then returns the final hidden states ``[B, T, H]``) and applied
     chunk by chunk, so a 512k–1M-token window never holds its full ``[T, V]`` logits: peak extra memory is one
-    ``[chunk, V]`` float32 slice. A model may instead offer ``target_logprobs(input_ids, chunk) -> [B, T-1]``,
+    ``[chunk, V]`` float32 slice. A GenomeLM window longer than ``window_chunk`` tokens runs chunk by chunk
+    (:func:`chunked_target_logprobs`; None: always whole). A model may instead offer ``target_logprobs(input_ids, chunk) -> [B, T-1]``,
     which is then used as is. The model is used in whatever dtype it was loaded in (bfloat16 on CUDA by
     :func:`load_model_scorer`).
     """
 
     def __init__(self, model: Any, *, device: str = "auto", batch_tokens: int = 1 << 16,
-                 logits_chunk: int = 1 << 14) -> None:
+                 logits_chunk: int = 1 << 14, window_chunk: int | None = DEFAULT_WINDOW_CHUNK) -> None:
         self.device = _resolve_device(device)
         self.model = model.to(self.device).eval()
         self.batch_tokens = int(batch_tokens)
         self.logits_chunk = int(logits_chunk)
+        self.window_chunk = window_chunk
 
     def _head_bypass(self) -> Any | None:
         import torch
@@ -199,6 +206,8 @@ class ModelScorer:
             head = self._head_bypass()
             if callable(hook):
                 logp = hook(x, self.logits_chunk)
+            elif self.window_chunk and x.shape[1] > self.window_chunk and _has_chunk_interface(self.model):
+                logp = chunked_target_logprobs(self.model, x, self.window_chunk, self.logits_chunk, head)
             elif head is not None:
                 self.model.lm_head = torch.nn.Identity()
                 try:
@@ -211,6 +220,57 @@ class ModelScorer:
         return logp.double().cpu().numpy()
 
 
+def _has_chunk_interface(model: Any) -> bool:
+    from genolc.model import GenomeLM
+
+    return isinstance(model, GenomeLM)
+
+
+def chunked_target_logprobs(model: Any, ids: Any, window_chunk: int, logits_chunk: int,
+                            head: Any | None = None) -> Any:
+    """float32 [B, T-1] like ``target_logprobs_from_logits(model(ids).logits, ids)``, the window run in chunks of
+    ``window_chunk`` tokens through the model's chunk interface (genolc.model.cache): memory is one chunk's
+    activations plus the window's caches, not the whole window's activations. ``head``: see ModelScorer."""
+    import torch
+
+    from genolc.model.cache import WindowCache, chunk_bounds
+
+    batch, length = ids.shape
+    window = WindowCache(model.config.num_hidden_layers, length)
+    out = torch.empty(batch, length - 1, dtype=torch.float32, device=ids.device)
+    if head is not None:
+        model.lm_head = torch.nn.Identity()
+    try:
+        for start, stop in chunk_bounds(length, window_chunk):
+            cache = window.chunk(start)
+            logits = model(ids[:, start:stop], cache=cache).logits
+            window.commit(cache, stop)
+            last = min(stop, length - 1)
+            if last > start:
+                out[:, start:last] = logprobs_of_targets(logits[:, : last - start], ids[:, start + 1: last + 1],
+                                                         logits_chunk, head)
+            del logits, cache
+    finally:
+        if head is not None:
+            model.lm_head = head
+    return out
+
+
+def logprobs_of_targets(logits: Any, targets: Any, chunk: int = 1 << 14, head: Any | None = None) -> Any:
+    """float32 [B, N]: ``log_softmax(logits[:, t]) [targets[:, t]]`` for logits [B, N, V] (hidden states [B, N, H]
+    with ``head``), ``chunk`` positions at a time."""
+    import torch
+
+    batch, length = targets.shape
+    out = torch.empty(batch, length, dtype=torch.float32, device=logits.device)
+    for start in range(0, length, chunk):
+        stop = min(length, start + chunk)
+        piece = logits[:, start:stop] if head is None else head(logits[:, start:stop])
+        part = torch.log_softmax(piece.float(), dim=-1)
+        out[:, start:stop] = part.gather(-1, targets[:, start:stop, None]).squeeze(-1)
+    return out
+
+
 def target_logprobs_from_logits(logits: Any, ids: Any, chunk: int = 1 << 14, head: Any | None = None) -> Any:
     """float32 [B, T-1]: ``log_softmax(logits[:, t]) [ids[:, t+1]]``, computed ``chunk`` positions at a time.
 
@@ -221,14 +281,7 @@ def target_logprobs_from_logits(logits: Any, ids: Any, chunk: int = 1 << 14, hea
 
     if logits.ndim != 3 or logits.shape[:2] != ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] for ids {tuple(ids.shape)}")
-    batch, length, _ = logits.shape
-    out = torch.empty(batch, length - 1, dtype=torch.float32, device=logits.device)
-    for start in range(0, length - 1, chunk):
-        stop = min(length - 1, start + chunk)
-        piece = logits[:, start:stop] if head is None else head(logits[:, start:stop])
-        part = torch.log_softmax(piece.float(), dim=-1)
-        out[:, start:stop] = part.gather(-1, ids[:, start + 1:stop + 1, None]).squeeze(-1)
-    return out
+    return logprobs_of_targets(logits[:, :-1], ids[:, 1:], chunk, head)
 
 
 def check_checkpoint_tokenizer(checkpoint: Path, tokenizer: Any, what: str = "checkpoint") -> None:

@@ -76,3 +76,65 @@ def append_rows(past: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
     if past is None or past.shape[1] == 0:
         return rows
     return torch.cat([past.to(rows.dtype), rows], dim=1)
+
+
+class RowStore:
+    """One row entry of a whole window (e.g. a DSA layer's latent rows), appended chunk by chunk into a buffer that
+    grows to the window's size once (its final length is extrapolated from the first chunks)."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, rows: torch.Tensor, progress: float) -> None:
+        """``rows [B, n, X]``; ``progress``: the share of the window done after this chunk (sizes the buffer)."""
+        needed = self.length + rows.shape[1]
+        if self.buffer is None or needed > self.buffer.shape[1]:
+            capacity = max(needed, int(needed / max(progress, 1e-9)) + 1)
+            grown = rows.new_empty((rows.shape[0], capacity, *rows.shape[2:]))
+            if self.buffer is not None:
+                grown[:, : self.length] = self.buffer[:, : self.length]
+            self.buffer = grown
+        self.buffer[:, self.length: needed] = rows.detach()
+        self.length = needed
+
+    def prefix(self, length: int | None = None) -> torch.Tensor:
+        if self.buffer is None:
+            raise RuntimeError("no rows stored yet")
+        return self.buffer[:, : self.length if length is None else length]
+
+
+class WindowCache:
+    """What a window's chunks have left so far, for running them in order (inference, and the first pass of the
+    chunked training step): the latest carried entries and every row entry.
+
+    ``cache = window.chunk(start, stop)`` gives the :class:`ChunkCache` for the next chunk, ``window.commit(cache)``
+    takes in what it left (detached copies: a present is often a view of a chunk-sized tensor).
+    """
+
+    def __init__(self, num_layers: int, window_len: int) -> None:
+        self.num_layers = num_layers
+        self.window_len = window_len
+        self.carried: dict[tuple[int, str], torch.Tensor] = {}
+        self.rows: dict[tuple[int, str], RowStore] = {}
+
+    def row_lengths(self) -> dict[tuple[int, str], int]:
+        return {key: store.length for key, store in self.rows.items()}
+
+    def chunk(self, start: int, *, aux: bool = False) -> ChunkCache:
+        cache = ChunkCache.empty(self.num_layers, start=start, window_len=self.window_len, aux=aux)
+        for (layer, name), value in self.carried.items():
+            cache.layers[layer].past[name] = value
+        for (layer, name), store in self.rows.items():
+            cache.layers[layer].past[name] = store.prefix()
+        return cache
+
+    def commit(self, cache: ChunkCache, stop: int) -> None:
+        carried = {}
+        for layer, layer_cache in enumerate(cache.layers):
+            for name, value in layer_cache.present.items():
+                if name in ROW_ENTRIES:
+                    self.rows.setdefault((layer, name), RowStore()).append(value, stop / self.window_len)
+                else:
+                    carried[(layer, name)] = value.detach().clone()
+        self.carried = carried

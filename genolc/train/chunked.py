@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from genolc.model.cache import ROW_ENTRIES, ChunkCache, chunk_bounds
+from genolc.model.cache import ROW_ENTRIES, ChunkCache, WindowCache, chunk_bounds
 from genolc.train.balance import add_expert_counts
 from genolc.train.loss import LossParts, LossTerms, micro_batch_loss
 
@@ -41,36 +41,6 @@ class MicroBatchResult:
     tokens_per_expert: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-class RowStore:
-    """One row entry of the whole window (e.g. a DSA layer's latent rows), appended chunk by chunk into a buffer
-    that grows to the window's size once (its final length is extrapolated from the first chunks)."""
-
-    def __init__(self) -> None:
-        self.buffer: torch.Tensor | None = None
-        self.length = 0
-
-    def append(self, rows: torch.Tensor, progress: float) -> None:
-        """``rows [B, n, X]``; ``progress``: the share of the window done after this chunk (sizes the buffer)."""
-        needed = self.length + rows.shape[1]
-        if self.buffer is None or needed > self.buffer.shape[1]:
-            capacity = max(needed, int(needed / max(progress, 1e-9)) + 1)
-            grown = rows.new_empty((rows.shape[0], capacity, *rows.shape[2:]))
-            if self.buffer is not None:
-                grown[:, : self.length] = self.buffer[:, : self.length]
-            self.buffer = grown
-        self.buffer[:, self.length: needed] = rows
-        self.length = needed
-
-    def prefix(self, length: int) -> torch.Tensor:
-        if self.buffer is None:
-            raise RuntimeError("no rows stored yet")
-        return self.buffer[:, :length]
-
-
-def _chunk_cache(model, start: int, window_len: int, aux: bool) -> ChunkCache:
-    return ChunkCache.empty(model.config.num_hidden_layers, start=start, window_len=window_len, aux=aux)
-
-
 def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor, terms: LossTerms,
                              chunk: int, autocast: Callable[[], AbstractContextManager],
                              on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> MicroBatchResult:
@@ -83,39 +53,31 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
     bounds = chunk_bounds(window_len, chunk)
     mode = terms.indexer_mode
 
-    carried: list[dict[EntryKey, torch.Tensor]] = [{} for _ in bounds]
-    rows: dict[EntryKey, RowStore] = {}
-    row_starts: list[dict[EntryKey, int]] = []
+    window = WindowCache(model.config.num_hidden_layers, window_len)
+    carried: list[dict[EntryKey, torch.Tensor]] = []      # the carried entries at each chunk's start
+    row_starts: list[dict[EntryKey, int]] = []            # each row entry's length at each chunk's start
     counts: dict[int, torch.Tensor] = {}
     with torch.no_grad():
-        for j, (start, stop) in enumerate(bounds):
-            cache = _chunk_cache(model, start, window_len, aux=False)
-            for (layer, name), value in carried[j].items():
-                cache.layers[layer].past[name] = value
-            row_starts.append({key: store.length for key, store in rows.items()})
-            for (layer, name), store in rows.items():
-                cache.layers[layer].past[name] = store.prefix(store.length)
+        for start, stop in bounds:
+            carried.append(window.carried)
+            row_starts.append(window.row_lengths())
+            cache = window.chunk(start)
             with autocast():
                 out = model(inputs[:, start:stop], indexer_loss=mode, cache=cache)
             add_expert_counts(counts, out.tokens_per_expert)
-            for layer, layer_cache in enumerate(cache.layers):
-                for name, value in layer_cache.present.items():
-                    if name in ROW_ENTRIES:
-                        rows.setdefault((layer, name), RowStore()).append(value, stop / window_len)
-                    elif j + 1 < len(bounds):
-                        # A copy: the present is often a view of a whole chunk-sized tensor.
-                        carried[j + 1][(layer, name)] = value.clone()
+            window.commit(cache, stop)
             del out, cache
+    rows = window.rows
     fractions = {layer: (c.double() / c.sum().clamp_min(1)).float() for layer, c in counts.items()}
 
-    row_grads = {key: torch.zeros(store.buffer.shape[0], store.length, *store.buffer.shape[2:],
-                                  dtype=torch.float32, device=store.buffer.device) for key, store in rows.items()}
+    row_grads = {key: torch.zeros(store.prefix().shape, dtype=torch.float32, device=store.buffer.device)
+                 for key, store in rows.items()}
     carried_grads: dict[EntryKey, torch.Tensor] = {}
     lm = torch.zeros((), dtype=torch.float64)
     aux: dict[str, torch.Tensor] = {}
     for j in range(len(bounds) - 1, -1, -1):
         start, stop = bounds[j]
-        cache = _chunk_cache(model, start, window_len, aux=True)
+        cache = ChunkCache.empty(model.config.num_hidden_layers, start=start, window_len=window_len, aux=True)
         leaves: dict[EntryKey, torch.Tensor] = {}
         for key, value in carried[j].items():
             leaves[key] = value.detach().requires_grad_(value.is_floating_point())
