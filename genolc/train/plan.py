@@ -68,6 +68,9 @@ from genolc.units import format_length
 GIB = 1024**3
 KDA_CHUNK = 64
 H200_BF16_FLOPS = 989e12
+# The indexer's Triton scoring + top-k at 1M tokens on the H200: 2.2 s for 1.4e14 FLOPs
+# (benchmarks/results/indexer_2026-11-29.json).
+INDEXER_FLOPS_PER_S = 64e12
 # Lengths the fast kernels handle without padding on CUDA: KDA's chunk size (a multiple of the DSA pool size).
 CUDA_SEQ_MULTIPLE = 64
 
@@ -222,14 +225,27 @@ def largest_fitting_chunk(config: ModelConfig, *, seq_len: int, windows: int, bf
     return None
 
 
+def indexer_scoring_flops(config: ModelConfig, seq_len: int) -> float:
+    """FLOPs of one forward's indexer scoring over a window: every query against every causal pool, per layer that
+    runs an indexer (``T^2 / (2 kpool)`` query-pool pairs of ``2 Hi Di`` FLOPs). Quadratic in T: at 4M tokens it is
+    most of a `small` step."""
+    layers = sum(1 for i in config.dsa_layers if config.indexer_types[i] == "full")
+    return layers * seq_len * seq_len / (2 * config.index_kpool) * 2 * config.index_n_heads * config.index_head_dim
+
+
 def estimate_step_seconds(config: ModelConfig, *, seq_len: int, tokens_per_step: int,
-                          peak_flops: float = H200_BF16_FLOPS, mfu: float = 0.3) -> float:
-    """Seconds per optimizer step from the FLOP count in the module docstring."""
+                          peak_flops: float = H200_BF16_FLOPS, mfu: float = 0.3, forwards: int = 1,
+                          indexer_flops_per_s: float = INDEXER_FLOPS_PER_S) -> float:
+    """Seconds per optimizer step: the FLOP count in the module docstring at ``mfu``, plus the indexer's scoring
+    (:func:`indexer_scoring_flops`, once per forward: 2 with recompute or the chunked step) at the rate the Triton
+    scoring kernel reached on the H200."""
     active = parameter_counts(config).active
     keys = min(seq_len, config.index_width)
     attn = sum(12 * config.num_attention_heads * (config.qk_head_dim + config.v_head_dim) * keys
                for _ in config.dsa_layers)
-    return (6 * active + attn) * tokens_per_step / (peak_flops * mfu)
+    windows = tokens_per_step / seq_len
+    indexer = forwards * windows * indexer_scoring_flops(config, seq_len) / indexer_flops_per_s
+    return (6 * active + 2 * active * (forwards - 1) + attn) * tokens_per_step / (peak_flops * mfu) + indexer
 
 
 def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool,

@@ -183,3 +183,35 @@ def test_chunked_plan_within_15_percent_of_the_h200_runs():
         plan = estimate_chunked_memory(preset(row["model"]), seq_len=row["seq_len"], chunk=row["chunk"],
                                        fast_kernels=True)
         assert abs(plan.gib() / row["peak_gpu_gib"] - 1) <= 0.15, (row["seq"], plan.gib(), row["peak_gpu_gib"])
+
+
+def test_step_time_estimate_within_15_percent_of_the_h200_runs():
+    """estimate_step_seconds at `genolc plan`'s default utilisation against the chunked H200 steps (small 512k-4M):
+    the indexer's quadratic scoring is what makes 4M take 17x as long as 512k, not 8x."""
+    import json
+    from pathlib import Path
+
+    from genolc.model import preset
+    from genolc.train.plan_command import MEASURED_MFU
+
+    record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" /
+                         "long_context_2026-11-30.json").read_text())
+    for row in (row for call in record["device_calls"] for row in call["rows"] if row.get("ok")):
+        predicted = estimate_step_seconds(preset(row["model"]), seq_len=row["seq_len"], tokens_per_step=row["seq_len"],
+                                          mfu=MEASURED_MFU, forwards=2)
+        assert abs(predicted / row["step_seconds"][-1] - 1) <= 0.15, (row["seq"], predicted, row["step_seconds"])
+
+
+def test_plan_command_says_what_finetune_would_choose():
+    from click.testing import CliRunner
+
+    from genolc.cli import main
+
+    result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "8k"])
+    assert result.exit_code == 0, result.output
+    assert "--seq 1M: chunked step, --chunk 8k, estimated peak 88" in result.output
+    assert "peak host memory" in result.output and "step time" in result.output
+    result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "off"])
+    assert result.exit_code == 0 and "does not fit" in result.output and "try --chunk 16k" in result.output
+    result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M"])
+    assert "--seq 4M: chunked step, --chunk 32k" in result.output, result.output

@@ -1,0 +1,72 @@
+"""`genolc plan`: what `genolc finetune` would choose for a model and window length, and what it would cost.
+
+Prints the step strategy (genolc/train/strategy.py) that ``--chunk`` would give on the device, the predicted peak
+device memory with its parts, the predicted peak host memory and the step time at a given model-FLOP utilisation.
+The figures are the memory plan's (genolc/train/plan.py; within 5 % of the H200 runs of `small` at 512k-4M,
+benchmarks/results/long_context_2026-11-30.json), not measurements.
+"""
+
+from __future__ import annotations
+
+import click
+
+from genolc.errors import GenolcError
+from genolc.units import format_length, parse_length
+
+# Host memory besides the model: Python, torch and CUDA runtime, dataset maps (2.0-2.2 GiB in the H200 runs).
+HOST_RUNTIME_BYTES = int(2.1 * 1024**3)
+# Utilisation of the dense part measured on the H200 on 2026-11-30 (`small`, chunked; 512k-4M steps within 15 % of
+# estimate_step_seconds at this value, the indexer's quadratic scoring counted apart).
+MEASURED_MFU = 0.03
+
+
+@click.command("plan")
+@click.option("--model", "model", default="small", show_default=True,
+              help="Preset: tiny | small | base | glm-5.3-flash.")
+@click.option("--seq", "seq", required=True, help="Input tokens per window, e.g. 1M.")
+@click.option("--chunk", "chunk", default="auto", show_default=True,
+              help="As finetune's --chunk: auto, off, or a chunk length such as 64k.")
+@click.option("--micro-batch", default=1, show_default=True, type=int, help="Windows per micro-batch.")
+@click.option("--recompute/--no-recompute", default=False, show_default=True,
+              help="Per-layer activation checkpointing (inside each chunk when chunked).")
+@click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]),
+              help="cuda: the fast kernels' activations and bf16; cpu: the reference path in fp32.")
+@click.option("--gpu-memory", default=139.8, show_default=True, type=float,
+              help="GiB the device offers (an H200: 139.8; on cpu: the host's free memory).")
+@click.option("--vocab", default=16, show_default=True, type=int, help="Vocabulary size (char tokenizer: 16).")
+@click.option("--mfu", default=MEASURED_MFU, show_default=True, type=float,
+              help="Model-FLOP utilisation for the step-time estimate (default: measured on the H200).")
+def plan_command(model: str, seq: str, chunk: str, micro_batch: int, recompute: bool, device: str,
+                 gpu_memory: float, vocab: int, mfu: float) -> None:
+    """Predict memory and time of `genolc finetune --model M --seq L` without running it.
+
+    Example: genolc plan --model base --seq 1M --chunk 8k
+    """
+    from genolc.model import parameter_counts, preset
+    from genolc.train.command import parse_chunk
+    from genolc.train.plan import GIB, CUDA_SEQ_MULTIPLE, estimate_step_seconds, format_gib
+    from genolc.train.strategy import choose_strategy
+
+    seq_len = parse_length(seq, what="--seq")
+    config = preset(model, vocab_size=vocab)
+    cuda = device == "cuda"
+    try:
+        strategy = choose_strategy(config, seq_len=seq_len, windows=micro_batch, grad_accum=1,
+                                   chunk=parse_chunk(chunk), recompute=recompute, bf16=cuda, fast_kernels=cuda,
+                                   budget_bytes=int(gpu_memory * GIB), multiple=CUDA_SEQ_MULTIPLE if cuda else 1,
+                                   where=f"--model {model} --seq {format_length(seq_len)}")
+    except GenolcError as error:
+        click.echo(f"does not fit: {error.message}")
+        return
+    params = parameter_counts(config)
+    tokens = seq_len * micro_batch
+    # The chunked step (like recompute) runs two forwards and one backward.
+    forwards = 2 if strategy.chunk is not None or recompute else 1
+    seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards)
+    host = HOST_RUNTIME_BYTES + 4 * params.total    # the model is built in fp32 on the host before it moves
+    click.echo(strategy.describe())
+    click.echo(f"  parameters {params.total:,} ({params.active:,} active); weights + gradients + AdamW "
+               f"{format_gib(16 * params.total)} GiB")
+    click.echo(f"  peak device memory {format_gib(strategy.estimate_bytes)} GiB of {gpu_memory:.1f}")
+    click.echo(f"  peak host memory {format_gib(host)} GiB")
+    click.echo(f"  step time {seconds:.0f} s at {mfu:.1%} MFU ({tokens / seconds:,.0f} tokens/s)")
