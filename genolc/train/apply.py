@@ -12,6 +12,9 @@ after building or loading it and before creating the optimizer. Order, and why:
    the shapes every earlier transform sees only at run time, not their placement.
 (torch.compile, when used, would follow all of these, as in torchtitan.)
 
+The chunk-recurrent step (genolc/train/chunked.py) is not a transform: it is a step strategy
+(genolc/train/strategy.py) that drives the model's chunk interface, and composes with 1 (recompute inside a chunk).
+
 Transforms patch module instances, never module classes or parameter names, so checkpoints saved after a transform
 load into a plain model and vice versa.
 """

@@ -1,16 +1,17 @@
 """`finetune(config) -> Path`: the training loop behind `genolc finetune`.
 
-One optimizer step (see :mod:`genolc.train.schedule` for its shape):
-  1. For each of ``grad_accum`` micro-batches, the sampler's windows for ``(step, micro index)`` are read into
-     ``[B, T + 1]`` token ids; input = ``ids[:, :-1]``, targets = ``ids[:, 1:]``.
-  2. Each target gets a weight: 0 where the target token is ambiguous (N / IUPAC / unknown, by the tokenizer's
-     ``ambiguous_mask``), ``softmask_weight`` where its bases are soft-masked (lower case: repeats) and 1 otherwise.
-     The language-model loss of the step is ``sum(w * CE) / sum(w)`` over all targets of all its micro-batches,
-     so accumulation gives the same gradient as one large batch.
-  3. The model's auxiliary losses are added, averaged over micro-batches: ``moe_balance_coef * moe_balance`` and,
-     when the indexer is trained, ``indexer_kl_coef * indexer_kl`` (forward is called with
-     ``indexer_loss='dense'|'sparse'`` per :func:`genolc.train.schedule.indexer_mode_at`).
-  4. Backward per micro-batch; then the loss and gradient norm are checked (NaN/Inf stops the run with
+One optimizer step (see :mod:`genolc.train.schedule` for its shape), read top to bottom in ``_Trainer._step``:
+  1. For each of ``grad_accum`` micro-batches the sampler's windows are read into ``[B, T + 1]`` token ids and
+     per-target weights (:mod:`genolc.train.batch`: N masked, soft-masked repeats weighted).
+  2. The loss (:mod:`genolc.train.loss`): ``sum(w * CE) / sum(w)`` over all targets of all the step's
+     micro-batches, so accumulation gives the same gradient as one large batch, plus the model's auxiliary losses
+     averaged over micro-batches: ``moe_balance_coef * moe_balance`` and, when the indexer is trained,
+     ``indexer_kl_coef * indexer_kl`` (``indexer_loss='dense'|'sparse'`` per
+     :func:`genolc.train.schedule.indexer_mode_at`).
+  3. Forward and backward of each micro-batch by the step strategy (:mod:`genolc.train.strategy`), chosen from the
+     memory plan before the first step: the whole window at once, or chunk by chunk with exact gradients
+     (:mod:`genolc.train.chunked`, ``--chunk``); a setting that does not fit is refused before any step.
+  4. Then the loss and gradient norm are checked (NaN/Inf stops the run with
      :class:`~genolc.train.state.NonFiniteLossError`, keeping the last good checkpoint), gradients are clipped to
      ``grad_clip`` and AdamW steps with the scheduled learning rate.
   5. Each MoE router's correction bias moves by ``moe_bias_rate`` towards balanced load, from the tokens per expert
