@@ -156,7 +156,8 @@ def write_initial_checkpoint(data: Path, model: str, seed: int, out: Path) -> Pa
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
-    """Run the whole pipeline into ``config.out``; returns where the report is and the per-bucket rows."""
+    """Run the whole pipeline into ``config.out``; returns where the report is, the plan and the evaluation's
+    summary."""
     from genolc.data.prepare import PrepareConfig, prepare
     from genolc.eval.by_position import ByPositionConfig, run_by_position
     from genolc.train.config import TrainConfig
@@ -201,7 +202,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             summary = run_by_position(evaluation, record)
         _say("4/4 report")
         write_report(out, plan, config.seed, summary)
-    return {"report": report, "rows": bucket_table(summary), "gains": comparison_lines(summary), "plan": plan}
+    return {"report": report, "summary": summary, "plan": plan}
 
 
 def write_report(out: Path, plan: DemoPlan, seed: int, summary: dict[str, Any]) -> Path:

@@ -33,10 +33,10 @@ from genolc.data.prepare import PrepareConfig, parse_split, prepare
 @click.option("--force", is_flag=True, help="Keep a held-out split that duplicates training sequence.")
 @click.option("--bpe-sample", "bpe_sample_bases", type=int, default=16_000_000, show_default=True,
               help="Bases of training sequence to learn a BPE vocabulary from.")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
 def prepare_command(genomes: tuple[Path, ...], out: Path | None, train: str | None, heldout: str | None,
                     tokenizer: str, include_bed: Path | None, exclude_bed: Path | None, all_records: bool,
-                    duplication_threshold: float, force: bool, bpe_sample_bases: int, no_progress: bool) -> None:
+                    duplication_threshold: float, force: bool, bpe_sample_bases: int, progress: bool) -> None:
     """Turn genome files into a token dataset for training and evaluation.
 
     GENOMES are FASTA (plain, gzip or bgzip; no index needed), GenBank or 2bit files, read in one streaming pass.
@@ -60,7 +60,7 @@ def prepare_command(genomes: tuple[Path, ...], out: Path | None, train: str | No
         force=force,
         duplication_threshold=duplication_threshold,
         bpe_sample_bases=bpe_sample_bases,
-        progress=not no_progress,
+        progress=progress,
     )
     prepare(config)
 

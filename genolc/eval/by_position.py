@@ -165,9 +165,9 @@ def _overall(bucket_rows: list[dict]) -> dict[str, Any]:
     return {f"{r['series']}/{r['subset']}": r["bits_per_base"] for r in bucket_rows if r["bucket"] == "all"}
 
 
-def _progress(total: int, enabled: bool) -> Any:
+def _progress(total: int, enabled: bool, desc: str = "eval windows", unit: str = "window") -> Any:
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="eval windows", unit="window", leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, leave=False)
