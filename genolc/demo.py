@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from genolc.errors import ConfigError, GenolcError
-from genolc.fsutil import atomic_write_bytes, atomic_write_json
+from genolc.fsutil import atomic_write_bytes, atomic_write_json, output_dir
 from genolc.report import bucket_table, comparison_lines, format_table
 from genolc.runs import run_record
 from genolc.sample import HELDOUT_CHROMS, TRAIN_CHROMS, sample_files
 
 DEMO_MARKER = "genolc-demo.json"
+DEMO_KIND = "demo directory"
 REPORT_FILES = {"by_position.png": "by_position.png", "buckets.csv": "buckets.csv",
                 "comparisons.csv": "comparisons.csv", "summary.json": "eval_summary.json"}
 
@@ -111,13 +112,6 @@ def demo_plan(config: DemoConfig) -> DemoPlan:
     return plan
 
 
-def _claim_out_dir(out: Path) -> None:
-    """Refuse to write into a directory that holds something other than an earlier demo."""
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / DEMO_MARKER).exists())):
-        raise ConfigError("the demo output directory already holds other files", where=str(out),
-                          fix="choose a new or empty directory with --out (an earlier demo's directory is reused)")
-
-
 def equivalent_commands(out: Path | str, plan: DemoPlan, seed: int) -> list[str]:
     """The genolc commands that do what the demo did, writing under ``out`` (a path, or a shell word like "$OUT")."""
     def q(path: Path | str) -> str:
@@ -158,17 +152,21 @@ def write_initial_checkpoint(data: Path, model: str, seed: int, out: Path) -> Pa
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the whole pipeline into ``config.out``; returns where the report is, the plan and the evaluation's
     summary."""
+    out = config.out.absolute()
+    plan = demo_plan(config)
+    if plan.device == "cuda" and not _cuda_available():
+        raise ConfigError("--device cuda was asked for but no CUDA device is visible", fix="use --device cpu or auto")
+    # A new or empty directory, or an earlier demo's (genolc-demo.json marked those before the shared marker).
+    with output_dir(out, DEMO_KIND, legacy=(DEMO_MARKER,)):
+        return _run_stages(config, plan, out)
+
+
+def _run_stages(config: DemoConfig, plan: DemoPlan, out: Path) -> dict[str, Any]:
     from genolc.data.prepare import PrepareConfig, prepare
     from genolc.eval.by_position import ByPositionConfig, run_by_position
     from genolc.train.config import TrainConfig
     from genolc.train.loop import finetune
 
-    out = config.out.absolute()
-    _claim_out_dir(out)
-    plan = demo_plan(config)
-    if plan.device == "cuda" and not _cuda_available():
-        raise ConfigError("--device cuda was asked for but no CUDA device is visible", fix="use --device cpu or auto")
-    out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / DEMO_MARKER, {"plan": asdict(plan), "seed": config.seed})
     # A fresh start, run and evaluation each time: an earlier demo's checkpoints would otherwise be resumed from.
     for stale in ("init", "run", "eval", "report"):
@@ -230,7 +228,9 @@ def write_report(out: Path, plan: DemoPlan, seed: int, summary: dict[str, Any]) 
         "chr22:20,480,001-20,680,000 by preceding-context position. Bits per base; lower is better; a uniform "
         "guess over A, C, G, T scores 2. `baseline` is the same model before training (its seeded random "
         "initialisation); `context:K` scores the fine-tuned model on the same targets with only the last K tokens "
-        "visible (the context control).", "",
+        "visible (the context control). In `by_position.png` the model is the thin solid line drawn over the "
+        "controls (each in its own dashed or dotted style, shifted slightly sideways, so a control equal to the "
+        "model stays visible); the dotted grey line marks the uniform guess, 2 bits.", "",
         f"- model: {plan.model} preset, {train.get('parameters')} parameters, {plan.steps} steps of "
         f"{plan.train_seq}-token windows on {plan.device}; final training loss "
         f"{train.get('final_loss'):.4f} nats/token",

@@ -11,7 +11,7 @@ from genolc.units import parse_length
 
 @click.command("demo")
 @click.option("--out", "-o", default=Path("genolc-demo"), show_default=True, type=click.Path(path_type=Path),
-              help="Output directory (an earlier demo's directory is reused).")
+              help="Output directory: new, empty or an earlier demo's (reused).")
 @click.option("--steps", type=int, default=None, help="Optimizer steps (default: 40 on CPU, 60 on CUDA).")
 @click.option("--seq", default=None, metavar="LENGTH",
               help="Window length in tokens for training and evaluation, e.g. 4k (default: the demo's plan for "

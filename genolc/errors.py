@@ -38,3 +38,7 @@ class InputError(GenolcError):
 
 class ConfigError(GenolcError):
     """An option or configuration value that is invalid or inconsistent."""
+
+
+class RefusedOutputError(InputError):
+    """An output path genolc will not write into: it holds something genolc did not write, or the working directory."""

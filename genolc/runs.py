@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import genolc
-from genolc.errors import GenolcError
-from genolc.fsutil import atomic_write_json, file_md5
+from genolc.errors import GenolcError, RefusedOutputError
+from genolc.fsutil import RUNS_DIRNAME, atomic_write_json, file_md5
 
 RECORD_VERSION = 1
-RUNS_DIRNAME = "runs"
 
 
 def git_sha() -> str | None:
@@ -108,14 +107,18 @@ def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any]) -
 
     The record is written after the block, so a command that builds ``out_dir`` atomically has it in place.
     A failed command whose output directory was never created leaves no directory behind (its error goes to
-    stderr); one that fails after creating it gets a record with status "failed" and the error. A failure to write
-    the record never hides the command's own error.
+    stderr); one that fails after creating it gets a record with status "failed" and the error. A directory genolc
+    refused to write into (:class:`~genolc.errors.RefusedOutputError`: not genolc's) gets no record either. A failure
+    to write the record never hides the command's own error.
     """
     rec = RunRecord(command=command, args={k: _jsonable(v) for k, v in args.items()}, out_dir=Path(out_dir))
     t0 = time.monotonic()
-    status, error = "ok", None
+    status, error, refused = "ok", None, False
     try:
         yield rec
+    except RefusedOutputError as exc:
+        status, error, refused = exc.run_status, exc.message, True
+        raise
     except GenolcError as exc:
         status, error = exc.run_status, exc.message
         raise
@@ -129,7 +132,7 @@ def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any]) -
         stamp = rec.started.replace(":", "").replace("+0000", "Z")
         # Two runs can start within one second: pid and a counter keep their records apart.
         path = _unique_path(rec.out_dir / RUNS_DIRNAME, f"{stamp}_{os.getpid()}", command)
-        if status == "ok" or rec.out_dir.is_dir():
+        if status == "ok" or (rec.out_dir.is_dir() and not refused):
             with contextlib.suppress(OSError):
                 atomic_write_json(path, rec.to_dict(status, error, time.monotonic() - t0))
 

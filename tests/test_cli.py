@@ -136,3 +136,15 @@ def test_deprecated_spellings_still_work_but_say_so(tmp_path):
     assert result.exit_code == 2 and "give the destination once" in result.output
     result = CliRunner().invoke(main, ["convert", str(tmp_path)])
     assert result.exit_code == 2 and "Missing option '-o' / '--out'" in result.output
+
+
+def test_help_describes_held_out_regions_chunking_and_which_output_directories_are_taken():
+    def help_of(name):
+        return " ".join(CliRunner().invoke(main, [name, "--help"]).output.split())
+
+    prepare_help = help_of("prepare")
+    assert "A region NAME:START-END (1-based, inclusive" in prepare_help
+    assert "genolc prepare dm6_chr2R.fa.gz --out data/dm --train chr2R --heldout chr2R:1-5000000" in prepare_help
+    assert "--chunk auto|off|LENGTH" in help_of("finetune")
+    for name in ("prepare", "finetune", "eval", "convert", "demo"):
+        assert "new, empty or an earlier" in help_of(name), f"genolc {name} --out does not say which directories"

@@ -99,7 +99,7 @@ def test_demo_refuses_a_foreign_directory(tmp_path):
     (tmp_path / "mine.txt").write_text("keep me")
     result = CliRunner().invoke(main, ["demo", "--smoke", "--out", str(tmp_path)])
     assert result.exit_code == 2
-    assert "already holds other files" in result.output
+    assert "demo directory already holds files genolc did not write (mine.txt)" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
 
 

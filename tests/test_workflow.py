@@ -68,6 +68,21 @@ def test_cross_references_are_checked_in_one_message(tmp_path):
     assert "Traceback" not in output
 
 
+def test_cross_reference_errors_name_a_configfile_given_on_the_command_line(tmp_path):
+    work = _test_dir(tmp_path)
+    mine = tmp_path / "my.yaml"
+    config = yaml.safe_load((work / "config" / "config.yaml").read_text())
+    config["evals"]["tiny-long"]["baseline"] = "no-such-run"
+    mine.write_text(yaml.safe_dump(config))
+    # the usage the Snakefile's docstring shows: snakemake's --configfile paths are Path objects, not str
+    result = _snakemake(work, "--configfile", str(mine), "-n", timeout=120)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert output.count(f"invalid workflow config ({mine}, config/config.yaml):") == 1, output
+    assert "evals.tiny-long names unknown baseline 'no-such-run'" in output, output
+    assert "TypeError" not in output and "Traceback" not in output
+
+
 def test_dot_test_runs_the_whole_dag_on_cpu(tmp_path):
     work = _test_dir(tmp_path)
     result = _snakemake(work, "--cores", "2")

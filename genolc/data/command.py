@@ -12,13 +12,17 @@ from genolc.data.prepare import PrepareConfig, parse_split, prepare
 @click.command("prepare")
 @click.argument("genomes", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
-              help="Dataset directory to write (default: ./prepared/<first genome's name>).")
+              help="Dataset directory to write: new, empty or an earlier genolc dataset, replaced atomically "
+                   "(default: ./prepared/<first genome's name>).")
 @click.option("--train", default=None,
               help="Training records: comma-separated names or aliases (X, chrX, NC_000023.11), or 'all' (every "
                    "primary record not held out). Default: chr1,chr2 when present, else the run stops and lists "
                    "the records it found.")
 @click.option("--heldout", default=None,
               help="Held-out records (comma-separated), or 'none' for no held-out split. Must not overlap --train. "
+                   "A region NAME:START-END (1-based, inclusive, as samtools; e.g. chr2R:1-5000000) holds out that "
+                   "stretch only: it becomes its own record and the rest of the record is cut around it, so a "
+                   "single-chromosome genome can be trained on and evaluated honestly. "
                    "Default: chr22 when present, else the run stops and lists the records it found.")
 @click.option("--tokenizer", default="char", show_default=True,
               help="char | kmer:K | bpe:VOCAB | byte | path/to/tokenizer.json")
@@ -45,8 +49,9 @@ def prepare_command(genomes: tuple[Path, ...], out: Path | None, train: str | No
     does nothing.
 
     \b
-    Example:
+    Examples:
       genolc prepare hg38.fa.gz --out data/hg38 --train chr1,chr2 --heldout chr22 --tokenizer char
+      genolc prepare dm6_chr2R.fa.gz --out data/dm --train chr2R --heldout chr2R:1-5000000
     """
     config = PrepareConfig(
         genomes=tuple(genomes),

@@ -9,16 +9,19 @@ Because the pass is single, splits are decided per record as it arrives (a query
 its canonical chromosome or an alias of it); queries that matched nothing are reported at the end, with close
 matches, and nothing is written. Bases excluded by BED files are tokenized as N, so no token over them is ever a
 training target or an evaluation position; they are listed in ``nruns`` beside the N runs and counted per record
-as ``excluded_bases``, while ``md5_upper``/``n_bases`` describe the sequence as read.
+as ``excluded_bases``, while ``md5_upper``/``n_bases`` describe the sequence as read. A record with held-out
+regions (``--heldout chr2R:1-5000000``) is written as consecutive pieces, each a manifest record of its own: the
+regions held out, the rest in the record's split (see :func:`_write_pieces`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ from genolc.data import genome
 from genolc.data.duplication import BLOCK_BASES, TrainBlockIndex, heldout_coverage
 from genolc.data.prepare_record import OFFSET_STRIDE, RecordWriter, RegionMask
 from genolc.errors import ConfigError, InputError
-from genolc.fsutil import atomic_dir, atomic_write_json, file_md5
+from genolc.fsutil import atomic_dir, atomic_write_json, check_output_dir, file_md5
 from genolc.runs import RUNS_DIRNAME, run_record
 from genolc.tokenize import make_tokenizer, save_tokenizer
 
@@ -38,6 +41,9 @@ FORMAT_VERSION = 1
 ALL = "all"
 DEFAULT_TRAIN = ("chr1", "chr2")
 DEFAULT_HELDOUT = ("chr22",)
+OUTPUT_KIND = "dataset directory"
+# Datasets written before outputs carried genolc's marker are recognised by their manifest.
+LEGACY_OUTPUT = ("manifest.json",)
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,9 @@ class PrepareConfig:
     """Everything `genolc prepare` does is decided by these fields (and the input files' contents).
 
     ``train``: queries (names or aliases), ``"all"`` for every record not held out, or None for chr1,chr2.
-    ``heldout``: queries, ``()`` for no held-out split, or None for chr22.
+    ``heldout``: queries, ``()`` for no held-out split, or None for chr22. A query may be a region,
+    ``NAME:START-END`` (1-based, inclusive, chromosome coordinates, as samtools writes them): that stretch of the
+    record is held out and the rest of it goes where the record would otherwise go (see :func:`parse_region`).
     """
 
     genomes: tuple[Path, ...]
@@ -71,6 +79,7 @@ class PrepareConfig:
             raise ConfigError(f"chunk size must be a multiple of 8 and at least 65536, got {self.chunk_bases}")
         if self.bpe_sample_bases < 1:
             raise ConfigError(f"the BPE training sample must be positive, got {self.bpe_sample_bases}")
+        _check_regions_disjoint([r for r in map(parse_region, self.heldout or ()) if r is not None])
 
 
 def parse_split(text: str | None, option: str) -> tuple[str, ...] | str | None:
@@ -89,7 +98,62 @@ def parse_split(text: str | None, option: str) -> tuple[str, ...] | str | None:
     queries = tuple(q.strip() for q in value.split(",") if q.strip())
     if not queries:
         raise ConfigError(f"{option} is empty", fix=f"name records, e.g. {option} chr22")
+    for previous, query in zip(queries, queries[1:]):
+        if query.isdigit() and ":" in previous:
+            raise ConfigError(f"{option} {value!r}: commas separate records, so {previous},{query} reads as two",
+                              fix="write region coordinates without thousands separators, e.g. chr2R:1-5000000")
     return queries
+
+
+@dataclass(frozen=True)
+class Region:
+    """A held-out region: record ``name`` (or alias), bases ``start..end`` (1-based, inclusive, chromosome
+    coordinates: a record whose header carries a region starts at its own ``start``, as BED files and evaluation
+    outputs count). ``query`` is the text as given."""
+
+    query: str
+    name: str
+    start: int
+    end: int
+
+    def overlaps(self, other: "Region") -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+
+_REGION_SHAPED = re.compile(r"(?P<name>.+):(?P<span>[^:]*-[^:]*)")
+_REGION_SPAN = re.compile(r"(?P<start>[0-9]+)-(?P<end>[0-9]+)")
+_REGION_FIX = "write NAME:START-END with 1-based inclusive coordinates, e.g. chr2R:1-5000000"
+
+
+def parse_region(query: str) -> Region | None:
+    """``NAME:START-END`` -> :class:`Region`; None for a record name (no ``:…-…`` with digits after the last colon).
+
+    A query that looks like a region but is not a valid one (``chr2R:5-``, ``chr2R:0-10``, ``chr2R:9-3``) is a
+    ConfigError. A record whose own name has that shape (``>22:20000001-21000000``) is still matched whole by it.
+    """
+    shaped = _REGION_SHAPED.fullmatch(query.strip())
+    if shaped is None or not any(c.isdigit() for c in shaped["span"]):
+        return None
+    span = _REGION_SPAN.fullmatch(shaped["span"].strip())
+    if span is None:
+        raise ConfigError(f"--heldout {query!r} is not a region", fix=_REGION_FIX)
+    start, end = int(span["start"]), int(span["end"])
+    if start < 1:
+        raise ConfigError(f"--heldout {query!r}: coordinates are 1-based, so a region starts at base 1 or later",
+                          fix=_REGION_FIX)
+    if start > end:
+        raise ConfigError(f"--heldout {query!r}: the region starts after it ends", fix=_REGION_FIX)
+    return Region(query=query, name=shaped["name"].strip(), start=start, end=end)
+
+
+def _check_regions_disjoint(regions: list[Region], same_record=None) -> None:
+    """ConfigError for two regions that overlap on one record (``same_record``: by canonical name when None)."""
+    same = same_record or (lambda a, b: genome.canonical_chrom(a.name) == genome.canonical_chrom(b.name))
+    for i, a in enumerate(regions):
+        for b in regions[i + 1:]:
+            if same(a, b) and a.overlaps(b):
+                raise ConfigError(f"--heldout regions {a.query} and {b.query} overlap",
+                                  fix="merge them into one region, or make them disjoint")
 
 
 def _say(message: str) -> None:
@@ -115,25 +179,38 @@ class _Selector:
     all_records: bool
     matched: dict[str, set[str]] = field(default_factory=dict)
 
-    def split_of(self, info: genome.RecordInfo, key: str) -> str:
-        held = [q for q in self.heldout if _query_matches(q, info, key)]
+    def plan(self, info: genome.RecordInfo, key: str) -> tuple[str, list[Region]]:
+        """(split of the record, or of what is left of it around its regions; its held-out regions, sorted)."""
+        held, regions = [], []
+        for query in self.heldout:
+            if _query_matches(query, info, key):
+                held.append(query)
+            elif (region := parse_region(query)) is not None and _query_matches(region.name, info, key):
+                regions.append(region)
         named_train = [] if self.train == ALL else [q for q in self.train if _query_matches(q, info, key)]
-        for q in held + named_train:
+        for q in held + named_train + [r.query for r in regions]:
             self.matched.setdefault(q, set()).add(key)
         if held and named_train:
             raise ConfigError(
                 f"record {info.name!r} ({info.chrom}) is selected both for training (by {named_train[0]!r}) "
                 f"and as held out (by {held[0]!r})",
                 where=info.source,
-                fix="a held-out chromosome must not be in train; change --train or --heldout",
+                fix="a held-out chromosome must not be in train; change --train or --heldout "
+                    "(or hold out a region of it: --heldout NAME:START-END)",
             )
+        if held and regions:
+            raise ConfigError(
+                f"record {info.name!r} ({info.chrom}) is held out whole (by {held[0]!r}) and in part "
+                f"(by {regions[0].query!r})", where=info.source, fix="give one of them in --heldout")
+        regions.sort(key=lambda r: r.start)
+        _check_regions_disjoint(regions, same_record=lambda a, b: True)
         if held:
-            return "heldout"
+            return "heldout", []
         if named_train:
-            return "train"
+            return "train", regions
         if self.train == ALL and (self.all_records or genome.is_primary(info.chrom)):
-            return "train"
-        return "unused"
+            return "train", regions
+        return "unused", regions
 
     def unmatched(self, queries: tuple[str, ...] | str) -> list[str]:
         return [] if queries == ALL else [q for q in queries if q not in self.matched]
@@ -223,16 +300,8 @@ def _fingerprint(config: PrepareConfig, paths: list[Path]) -> str:
 
 def _existing_is_current(out: Path, fingerprint: str) -> bool:
     manifest_path = out / "manifest.json"
-    if not out.exists():
-        return False
     if not manifest_path.is_file():
-        if out.is_dir() and not any(out.iterdir()):
-            return False
-        raise InputError(
-            "the output directory exists and is not a genolc dataset; refusing to replace it",
-            where=str(out),
-            fix="choose a new --out directory or remove this one",
-        )
+        return False
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
@@ -260,17 +329,27 @@ def _bpe_sample(config: PrepareConfig, paths: list[Path], selector: _Selector) -
         for stream in reader.records():
             if budget <= 0:
                 return sample
-            if probe.split_of(stream.info, stream.info.chrom) != "train":
+            split, regions = probe.plan(stream.info, stream.info.chrom)
+            if split != "train":
                 continue
-            taken = 0
+            # Held-out regions stay out of the tokenizer's training sample as they stay out of training.
+            held = [(r.start - stream.info.start, r.end - stream.info.start + 1) for r in regions]
+            taken = offset = 0
             for chunk in stream.chunks(1 << 20):
-                bases = np.array(chunk, dtype=np.uint8)
-                if np.count_nonzero((bases | np.uint8(0x20)) == ord("n")) > len(bases) // 2:
-                    continue
-                piece = bases[: min(len(bases), budget, per_record - taken)]
-                sample.append(piece)
-                taken += len(piece)
-                budget -= len(piece)
+                keep = np.ones(len(chunk), dtype=bool)
+                for lo, hi in held:
+                    keep[max(lo - offset, 0):max(hi - offset, 0)] = False
+                offset += len(chunk)
+                for a, b in genome.true_runs(keep).tolist():
+                    bases = np.array(chunk[a:b], dtype=np.uint8)
+                    if np.count_nonzero((bases | np.uint8(0x20)) == ord("n")) > len(bases) // 2:
+                        continue
+                    piece = bases[: min(len(bases), budget, per_record - taken)]
+                    sample.append(piece)
+                    taken += len(piece)
+                    budget -= len(piece)
+                    if taken >= per_record or budget <= 0:
+                        break
                 if taken >= per_record or budget <= 0:
                     break
     return sample
@@ -286,6 +365,62 @@ def _make_tokenizer(config: PrepareConfig, paths: list[Path], selector: _Selecto
         )
     # The sample is already bounded by --bpe-sample; BPE must learn from all of it, not its own smaller default.
     return make_tokenizer(config.tokenizer, sample, max_training_bases=config.bpe_sample_bases)
+
+
+@dataclass
+class _Repeats:
+    """Records of one chromosome given more than once (e.g. chr20 in two input files).
+
+    The same sequence at the same coordinates (md5 of the upper-cased bases, length, start) and split is kept
+    once: the later copy's files are removed and the kept record lists it under ``also_in``. Different sequence
+    under one chromosome name is kept under a new key (chr20_2), as before; both cases are named in one warning each.
+    A record cut at held-out regions is compared piece by piece and kept once only when every piece matches, so a
+    copy is dropped whole or kept whole, never in part.
+    """
+
+    dropped: list[tuple[dict, list[dict]]] = field(default_factory=list)   # (later copy, the entries kept)
+    renamed: list[tuple[list[dict], dict]] = field(default_factory=list)   # (renamed entries, first of that chromosome)
+
+    def drop_if_identical(self, entries: list[dict], earlier: list[dict], tmp: Path, scratch: Path) -> bool:
+        """``entries``: one record's manifest entries (one, or its pieces); ``earlier``: those of records before it."""
+        same_chrom = [r for r in earlier if r["chrom"] == entries[0]["chrom"]]
+        twins = [next((r for r in same_chrom if _identity(r) == _identity(entry)), None) for entry in entries]
+        if None in twins:
+            if same_chrom:
+                self.renamed.append((entries, same_chrom[0]))
+            return False
+        for entry, twin in zip(entries, twins):
+            for part in ("tokens", "softmask", "nruns", "token_offsets"):
+                if entry.get(part):
+                    (tmp / entry[part]).unlink(missing_ok=True)
+            (scratch / f"{entry['key']}.u8").unlink(missing_ok=True)
+            twin.setdefault("also_in", []).append({"source": entry["source"], "name": entry["name"]})
+        self.dropped.append((entries[0], twins))
+        return True
+
+    def warn(self, paths: list[Path]) -> None:
+        def where(r: dict) -> str:
+            return f"'{r['name']}' in {paths[r['source']]}"
+
+        def keys(entries: list[dict]) -> str:
+            return ", ".join(e["key"] for e in entries)
+
+        if self.dropped:
+            shown = "; ".join(f"{where(later)} = {where(kept[0])}, kept once as {keys(kept)}"
+                              for later, kept in self.dropped[:10])
+            more = f" and {len(self.dropped) - 10} more" if len(self.dropped) > 10 else ""
+            _say(f"genolc prepare: warning: {len(self.dropped)} record(s) given twice with identical sequence, "
+                 f"each kept once: {shown}{more}.")
+        if self.renamed:
+            shown = "; ".join(f"{where(entries[0])} is kept as {keys(entries)} ({where(first)} is {first['key']})"
+                              for entries, first in self.renamed[:10])
+            more = f" and {len(self.renamed) - 10} more" if len(self.renamed) > 10 else ""
+            _say(f"genolc prepare: warning: {len(self.renamed)} record(s) name a chromosome already read, with a "
+                 f"different sequence: {shown}{more}. Check that the inputs are meant to hold both.")
+
+
+def _identity(entry: dict) -> tuple:
+    return entry["md5_upper"], entry["length_bases"], entry["start"], entry["split"]
 
 
 def _unique_key(chrom: str, used: set[str]) -> str:
@@ -308,7 +443,7 @@ def prepare(config: PrepareConfig) -> Path:
     """
     paths = _check_inputs(config)
     _check_queries_disjoint(config.train, config.heldout)
-    out = Path(config.out).expanduser().absolute()
+    out = check_output_dir(config.out, OUTPUT_KIND, legacy=LEGACY_OUTPUT)
     fingerprint = _fingerprint(config, paths)
     args = asdict(config)
     if _existing_is_current(out, fingerprint):
@@ -321,7 +456,7 @@ def prepare(config: PrepareConfig) -> Path:
         for p in paths:
             rec.add_input(p)
         previous_runs = out / RUNS_DIRNAME
-        with atomic_dir(out, "output directory") as tmp:
+        with atomic_dir(out, OUTPUT_KIND, legacy=LEGACY_OUTPUT) as tmp:
             manifest = _build(config, paths, tmp, fingerprint)
             if previous_runs.is_dir():
                 shutil.copytree(previous_runs, tmp / RUNS_DIRNAME, dirs_exist_ok=True)
@@ -350,36 +485,27 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
     scratch.mkdir()
 
     records: list[dict] = []
-    used_keys: set[str] = set()
-    bar = _progress(config)
+    out = _Pass(tmp, scratch, tokenizer, dtype, include, exclude, train_index, config.chunk_bases, _progress(config))
+    repeats = _Repeats()
     try:
         for source_index, reader in enumerate(readers):
             # Duplicate names within a file are refused by GenomeReader.records() itself.
             for stream in reader.records():
                 info = stream.info
-                key = _unique_key(info.chrom, used_keys)
-                split = selector.split_of(info, key)
-                writer = RecordWriter(
-                    tmp, key, info, tokenizer, dtype,
-                    write=split != "unused",
-                    mask=RegionMask(include, exclude, info.chrom, info.start),
-                    train_index=train_index if split == "train" else None,
-                    heldout_copy=scratch / f"{key}.u8" if split == "heldout" else None,
-                )
-                try:
-                    bar.set_description_str(f"{key} ({split})")
-                    for chunk in stream.chunks(config.chunk_bases):
-                        writer.add(chunk)
-                        bar.update(len(chunk))
-                    fields = writer.finish()
-                finally:
-                    writer.close()
-                records.append({
-                    "key": key, "name": info.name, "description": info.description, "chrom": info.chrom,
-                    "start": info.start, "source": source_index, "split": split, **fields,
-                })
+                key = _unique_key(info.chrom, out.used_keys)
+                split, regions = selector.plan(info, key)
+                if regions:
+                    entries = _write_pieces(out, stream, key, source_index, split, regions)
+                else:
+                    entries = [_write_whole(out, stream, key, source_index, split)]
+                if repeats.drop_if_identical(entries, records, tmp, scratch):
+                    out.used_keys.discard(key)
+                    out.used_keys.difference_update(e["key"] for e in entries)
+                    continue
+                records.extend(entries)
     finally:
-        bar.close()
+        out.bar.close()
+    repeats.warn(paths)
 
     _check_selection(config, selector, records, train_q, heldout_q)
     _check_masks(config, include, exclude, records)
@@ -414,6 +540,131 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
     return manifest
 
 
+@dataclass
+class _Pass:
+    """Where the records of one prepare pass are written, and the state they share."""
+
+    tmp: Path
+    scratch: Path
+    tokenizer: Any
+    dtype: np.dtype
+    include: dict[str, np.ndarray] | None
+    exclude: dict[str, np.ndarray] | None
+    train_index: TrainBlockIndex | None
+    chunk_bases: int
+    bar: Any
+    used_keys: set[str] = field(default_factory=set)
+
+    def writer(self, key: str, info: genome.RecordInfo, split: str, record_offset: int = 0) -> RecordWriter:
+        return RecordWriter(
+            self.tmp, key, info, self.tokenizer, self.dtype,
+            write=split != "unused",
+            mask=RegionMask(self.include, self.exclude, info.chrom, info.start),
+            train_index=self.train_index if split == "train" else None,
+            heldout_copy=self.scratch / f"{key}.u8" if split == "heldout" else None,
+            record_offset=record_offset,
+        )
+
+
+def _entry(key: str, info: genome.RecordInfo, source: int, split: str, fields: dict) -> dict:
+    return {"key": key, "name": info.name, "description": info.description, "chrom": info.chrom,
+            "start": info.start, "source": source, "split": split, **fields}
+
+
+def _write_whole(out: _Pass, stream: genome.RecordStream, key: str, source: int, split: str) -> dict:
+    writer = out.writer(key, stream.info, split)
+    try:
+        out.bar.set_description_str(f"{key} ({split})")
+        for chunk in stream.chunks(out.chunk_bases):
+            writer.add(chunk)
+            out.bar.update(len(chunk))
+        fields = writer.finish()
+    finally:
+        writer.close()
+    return _entry(key, stream.info, source, split, fields)
+
+
+def _piece_bounds(info: genome.RecordInfo, split: str, regions: list[Region]) -> list[tuple[int, str]]:
+    """(first base, split) of each piece of a record cut at its held-out regions (record offsets, 0-based); a piece
+    ends where the next begins, the last at the record's end (unknown until it is read)."""
+    pieces: list[tuple[int, str]] = []
+    at = 0
+    for region in regions:
+        if region.start < info.start:
+            raise InputError(f"--heldout {region.query} starts before the record's first base, {info.chrom}:"
+                             f"{info.start}", where=info.label,
+                             fix="coordinates count from the chromosome start (the record's header region); give "
+                                 "a region inside the record")
+        lo, hi = region.start - info.start, region.end - info.start + 1
+        if lo > at:
+            pieces.append((at, split))
+        pieces.append((lo, "heldout"))
+        at = hi
+    pieces.append((at, split))
+    return pieces
+
+
+def _write_pieces(out: _Pass, stream: genome.RecordStream, key: str, source: int, split: str,
+                  regions: list[Region]) -> list[dict]:
+    """A record with held-out regions as consecutive manifest records: each region held out, the stretches around
+    it in ``split``. Each piece is a record of its own (tokens, soft-mask, N runs, ``start`` its first base), so no
+    training window can reach into a region; ``region`` gives each piece's span."""
+    info = stream.info
+    bounds = _piece_bounds(info, split, regions)
+    writers: list[RecordWriter] = []
+    try:
+        position, next_piece, piece_end = 0, 0, 0
+        for chunk in stream.chunks(out.chunk_bases):
+            at = 0
+            while at < len(chunk):
+                if next_piece < len(bounds) and position + at >= piece_end:
+                    lo, piece_split = bounds[next_piece]
+                    next_piece += 1
+                    piece_end = bounds[next_piece][0] if next_piece < len(bounds) else None
+                    # Provisional name: the key holds the piece's last base, known only once it is read.
+                    writers.append(out.writer(f"{key}.piece{len(writers)}", replace(info, start=info.start + lo),
+                                              piece_split, record_offset=lo))
+                    out.bar.set_description_str(f"{key} from {info.start + lo:,} ({piece_split})")
+                take = len(chunk) - at if piece_end is None else min(len(chunk) - at, piece_end - position - at)
+                writers[-1].add(chunk[at:at + take])
+                at += take
+            position += len(chunk)
+            out.bar.update(len(chunk))
+        last_base = info.start + position - 1
+        for region in regions:
+            if region.end > last_base:
+                where_it_is = "starts" if region.start > last_base else "ends"
+                raise InputError(f"--heldout {region.query} {where_it_is} after the record's last base, "
+                                 f"{info.chrom}:{last_base}", where=info.label,
+                                 fix=f"the record is {info.chrom}:{info.start}-{last_base} ({position:,} bases); give "
+                                     "a region inside it")
+        entries = []
+        for writer, (lo, piece_split) in zip(writers, bounds):
+            fields = writer.finish()
+            first = info.start + lo
+            span = f"{info.chrom}:{first}-{first + fields['length_bases'] - 1}"
+            final = _unique_key(span, out.used_keys)
+            _rename_record_files(out, writer.key, final, fields)
+            entries.append(_entry(final, writer.info, source, piece_split, fields) | {"region": span})
+        return entries
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+def _rename_record_files(out: _Pass, old: str, new: str, fields: dict) -> None:
+    """Move a record's files (and its held-out scratch copy) from key ``old`` to ``new``; updates ``fields``."""
+    for part in ("tokens", "softmask", "nruns", "token_offsets"):
+        if fields.get(part):
+            folder, name = fields[part].split("/", 1)
+            renamed = f"{folder}/{new}{name[len(old):]}"
+            (out.tmp / fields[part]).rename(out.tmp / renamed)
+            fields[part] = renamed
+    scratch = out.scratch / f"{old}.u8"
+    if scratch.exists():
+        scratch.rename(out.scratch / f"{new}.u8")
+
+
 def _check_selection(config: PrepareConfig, selector: _Selector, records: list[dict],
                      train_q: tuple[str, ...] | str, heldout_q: tuple[str, ...]) -> None:
     found = [{"name": r["name"], "chrom": r["chrom"]} for r in records]
@@ -432,9 +683,15 @@ def _check_selection(config: PrepareConfig, selector: _Selector, records: list[d
                     + (", or --heldout none" if option == "--heldout" else ", or --train all"),
                 )
             continue
+        if option == "--train" and any(_REGION_SHAPED.fullmatch(q) for q in missing):
+            raise InputError(f"--train {', '.join(missing)} matches no record; --train takes whole records",
+                             fix="to keep a region of a record out of training, name the record in --train and "
+                                 "the region in --heldout NAME:START-END")
+        # A region's record is named by the part before its coordinates.
+        names = [region.name if (region := parse_region(q)) is not None else q for q in missing]
         # The genome module owns alias resolution; its error lists the closest names. Say which option it was.
         try:
-            genome.resolve_chroms(missing, available)
+            genome.resolve_chroms(names, available)
         except InputError as exc:
             raise InputError(f"{option}: {exc.what}", where=exc.where, fix=exc.fix) from None
         raise InputError(

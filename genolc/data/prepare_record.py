@@ -118,13 +118,15 @@ class RecordWriter:
     Statistics (length, md5 of the upper-cased sequence, N / IUPAC / soft-mask counts) are always gathered, so an
     unused record is still described in the manifest. ``train_index`` collects 1 kb block hashes of a training
     record; ``heldout_copy`` receives the upper-cased (BED-masked) bases of a held-out record for the duplication
-    check, which reads them back after training blocks are all known.
+    check, which reads them back after training blocks are all known. ``record_offset``: where this piece starts in
+    the file's record when a record is written as several pieces (only error messages count from the record start).
     """
 
     def __init__(self, out_dir: Path, key: str, info: genome.RecordInfo, tokenizer: Tokenizer, dtype: np.dtype,
                  *, write: bool, mask: RegionMask, train_index: TrainBlockIndex | None = None,
-                 heldout_copy: Path | None = None):
+                 heldout_copy: Path | None = None, record_offset: int = 0):
         self.key, self.info, self.tokenizer, self.dtype = key, info, tokenizer, dtype
+        self.record_offset = record_offset
         self.out_dir, self.write, self.mask = out_dir, write, mask
         self.train_index, self.heldout_copy = train_index, heldout_copy
         self.length = 0
@@ -174,7 +176,7 @@ class RecordWriter:
         else:
             unusual = bool(chunk.tobytes().translate(None, _PLAIN_BASES))
         if unusual:
-            genome.check_characters(chunk, self.info, lo)
+            genome.check_characters(chunk, self.info, self.record_offset + lo)
             for letter, count in genome.iupac_counts(chunk).items():
                 self.iupac[letter] = self.iupac.get(letter, 0) + int(count)
         self._md5.update(np.ascontiguousarray(upper).data)

@@ -4,6 +4,11 @@ Flow: open the prepared dataset → resolve records → refuse trained-on record
 mismatches → tile with :func:`genolc.data.sampler.tile_for_eval` (non-overlapping windows of ``seq + 1`` tokens,
 N-heavy spans skipped) → bound the work (``--max-windows``, ``--max-tokens``: evenly spaced windows, whole windows
 only) → score (:mod:`genolc.eval.positions`) → write CSV/JSON/PNG atomically into ``--out`` (:mod:`genolc.eval.report`).
+
+``--out`` is checked first (:func:`genolc.fsutil.check_output_dir`: absent, empty or an earlier evaluation's), so a
+refusal costs no scoring. Ctrl-C (or SIGTERM) while scoring finishes the current window and writes the windows
+scored so far, marked ``"status": "interrupted"`` in summary.json and the run record, then exits with code 130; a
+second Ctrl-C, or one before scoring starts, stops at once and writes nothing (:mod:`genolc.signals`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from genolc.eval.buckets import BLOCK_BASES, FIRST_EDGE, MIN_BLOCKS_FOR_CI, buck
 from genolc.eval.inputs import EvalInputs, check_not_trained, check_window_fits, resolve_records
 from genolc.eval.positions import WindowData, score_windows, summarise
 from genolc.eval.scorer import forward_tokens, load_model_scorer
+from genolc.fsutil import check_output_dir
+from genolc.signals import Interrupted, StopSignals
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,13 +88,28 @@ def window_data(dataset: Any, w: Any) -> WindowData:
     )
 
 
-def _iter_windows(dataset: Any, windows: Sequence[Any]) -> Iterator[WindowData]:
+def _iter_windows(dataset: Any, windows: Sequence[Any], stop: StopSignals) -> Iterator[WindowData]:
     for w in windows:
+        if stop.received is not None:
+            return
         yield window_data(dataset, w)
 
 
 def run_by_position(config: ByPositionConfig, record: Any | None = None) -> dict[str, Any]:
-    """Run the evaluation and write its outputs into ``config.out``; returns the JSON summary."""
+    """Run the evaluation and write its outputs into ``config.out``; returns the JSON summary.
+
+    Raises :class:`genolc.signals.Interrupted` when stopped by a signal, after writing the windows scored so far.
+    """
+    from genolc.eval.report import OUTPUT_KIND
+
+    check_output_dir(config.out, OUTPUT_KIND)
+    try:
+        return _run_by_position(config, record)
+    except KeyboardInterrupt:
+        raise Interrupted.at_once("eval", where=str(config.out)) from None
+
+
+def _run_by_position(config: ByPositionConfig, record: Any | None) -> dict[str, Any]:
     from genolc.data.dataset import PreparedDataset
     from genolc.data.sampler import tile_for_eval
     from genolc.eval.report import write_by_position
@@ -118,22 +140,31 @@ def run_by_position(config: ByPositionConfig, record: Any | None = None) -> dict
         rc_check(rc_tokenizer, first.ids)
     edges = bucket_edges(max(len(w) for w in chosen) - 1, config.first_bucket)
     progress = _progress(len(chosen), config.progress)
-    tables = score_windows(_iter_windows(dataset, chosen), scorers, edges, contexts=config.contexts,
-                           context_block=config.context_block, rc_tokenizer=rc_tokenizer,
-                           keep_targets=config.per_target, progress=progress)
+    with StopSignals("finishing the current window, then writing the windows scored so far") as stop:
+        tables = score_windows(_iter_windows(dataset, chosen, stop), scorers, edges, contexts=config.contexts,
+                               context_block=config.context_block, rc_tokenizer=rc_tokenizer,
+                               keep_targets=config.per_target, progress=progress)
     if progress is not None:
         progress.close()
+    selected, chosen = len(chosen), chosen[:len(tables.window_rows)]
+    interrupted = len(chosen) < selected
+    if interrupted and not chosen:
+        raise Interrupted(f"eval stopped by {stop.name} before the first window was scored; nothing was written",
+                          stop.received, where=str(config.out), fix="run it again")
     bucket_rows, compare_rows = summarise(tables, n_boot=config.n_boot, seed=config.seed)
     model_tokens = sum(forward_tokens(len(w), config.contexts, config.context_block, config.rc_average)
                        for w in chosen)
     summary = {
         "command": "eval --by-position",
+        "status": "interrupted" if interrupted else "ok",
         "config": config.to_dict(),
         "dataset": {"path": str(config.data), "tokenizer": dataset.tokenizer.to_dict()},
         "records": keys,
         "records_skipped_too_short": skipped,
         "training_overlap": overlap,
-        "windows": {"tiled": len(tiled), "scored": len(chosen), "tokens": int(sum(len(w) for w in chosen)),
+        # Interrupted: "scored" are the first of the "selected" windows, in record order.
+        "windows": {"tiled": len(tiled), "selected": selected, "scored": len(chosen),
+                    "tokens": int(sum(len(w) for w in chosen)),
                     "partial": int(sum(bool(getattr(w, "partial", False)) for w in chosen))},
         "buckets": {"edges": edges.tolist(), "labels": tables.labels, "position": "tokens before the target in its "
                     "window"},
@@ -158,6 +189,12 @@ def run_by_position(config: ByPositionConfig, record: Any | None = None) -> dict
     }
     summary["cost"]["seconds"] = round(time.monotonic() - t0, 3)
     write_by_position(config.out, summary, tables, record)
+    if interrupted:
+        raise Interrupted(f"eval stopped by {stop.name} after {len(chosen)} of {selected} windows; their results are "
+                          "written, marked interrupted (summary.json: status, windows.scored)", stop.received,
+                          where=str(config.out), fix="run it again to score every window (the windows scored are "
+                                                     "the first in record order, not a spread over the records)",
+                          kept=summary)
     return summary
 
 

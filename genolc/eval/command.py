@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -54,7 +57,8 @@ _PATH = click.Path(path_type=Path)
               help="auto: bfloat16 on CUDA, float32 on CPU.")
 @click.option("--batch-tokens", default="64k", show_default=True, help="Tokens per forward call (rows x length).")
 @click.option("--out", "-o", type=_PATH, default=None,
-              help="Output directory, replaced atomically (default: ./genolc-eval-<time> or ./genolc-needle-<time>).")
+              help="Output directory: new, empty or an earlier evaluation's, replaced atomically "
+                   "(default: ./genolc-eval-<time> or ./genolc-needle-<time>).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
 @click.option("--quiet", is_flag=True, hidden=True, help="Deprecated spelling of --no-progress.")
 def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts, context_block, first_bucket,
@@ -87,7 +91,6 @@ def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts,
                   batch_tokens=parse_length(batch_tokens, "--batch-tokens"), progress=progress and not quiet)
     if by_position is not None:
         from genolc.eval.by_position import ByPositionConfig, run_by_position
-        from genolc.report import bucket_report
 
         config = ByPositionConfig(
             records=by_position, out=out or Path(f"genolc-eval-{stamp}"), baseline=baseline,
@@ -96,10 +99,10 @@ def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts,
             first_bucket=parse_length(first_bucket, "--first-bucket"), rc_average=rc_average, max_windows=max_windows,
             max_tokens=parse_length(max_tokens, "--max-tokens") if max_tokens else None,
             per_target=per_target, **common)
-        with run_record("eval", config.out, config.to_dict()) as record:
-            summary = run_by_position(config, record)
-        click.echo(f"held-out bits/base by context position ({', '.join(summary['records'])}):")
-        click.echo(bucket_report(summary))
+        with _print_kept(_echo_by_position):
+            with run_record("eval", config.out, config.to_dict()) as record:
+                summary = run_by_position(config, record)
+        _echo_by_position(summary)
         click.echo(f"wrote {config.out}")
         return
     from genolc.eval.needle import NeedleConfig, run_needle
@@ -107,9 +110,40 @@ def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts,
     config = NeedleConfig(records=needle, out=out or Path(f"genolc-needle-{stamp}"), segment_bases=needle_bases,
                           trials=needle_trials,
                           distances=tuple(parse_length(d, "--needle-distance") for d in needle_distances), **common)
-    with run_record("eval-needle", config.out, config.to_dict()) as record:
-        summary = run_needle(config, record)
+    with _print_kept(_echo_needle):
+        with run_record("eval-needle", config.out, config.to_dict()) as record:
+            summary = run_needle(config, record)
+    _echo_needle(summary)
+    click.echo(f"wrote {config.out}")
+
+
+@contextlib.contextmanager
+def _print_kept(echo: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+    """A stop (Ctrl-C) that kept results prints them like a finished run, then its message says what they are."""
+    from genolc.signals import Interrupted
+
+    try:
+        yield
+    except Interrupted as stopped:
+        if stopped.kept is not None:
+            echo(stopped.kept)
+        raise
+
+
+def _echo_by_position(summary: dict[str, Any]) -> None:
+    from genolc.report import bucket_report
+
+    windows = summary["windows"]
+    partial = (f"; INTERRUPTED: {windows['scored']} of {windows['selected']} windows scored"
+               if summary.get("status") == "interrupted" else "")
+    click.echo(f"held-out bits/base by context position ({', '.join(summary['records'])}{partial}):")
+    click.echo(bucket_report(summary))
+
+
+def _echo_needle(summary: dict[str, Any]) -> None:
+    needle = summary["needle"]
+    if summary.get("status") == "interrupted":
+        click.echo(f"INTERRUPTED: {needle['trials_done']} of {needle['trials']} needle trials done")
     for row in summary["per_distance"]:
         click.echo(f"D={row['distance']}: first copy {row['first_bits_per_base']:.3f}, "
                    f"second copy {row['second_bits_per_base']:.3f} bits/base")
-    click.echo(f"wrote {config.out}")

@@ -27,6 +27,8 @@ def resolve_records(dataset: Any, spec: str) -> tuple[list[str], bool]:
     """Dataset keys for ``CHROM[,CHROM…]`` or ``heldout``; (keys, pooled) where pooled means 'heldout'.
 
     Names may be aliases (``22``, ``chr22``, ``NC_000022.11``); unknown names give one error listing the records.
+    A record that prepare cut at held-out regions (``--heldout chr2R:1-5000000``) is named by its held-out pieces:
+    ``chr2R`` gives them, ``chr2R:1-5000000`` or the piece's key gives that piece.
     """
     available = list(dataset.keys())
     words = [w.strip() for w in str(spec).split(",") if w.strip()]
@@ -38,19 +40,29 @@ def resolve_records(dataset: Any, spec: str) -> tuple[list[str], bool]:
             raise InputError("the dataset has no held-out records", where=_where(dataset),
                              fix=f"name records to evaluate, e.g. --by-position {available[0] if available else 'chr22'}")
         return keys, True
-    by_alias: dict[str, str] = {}
+    by_alias: dict[str, list[str]] = {}
+    pieces: dict[str, list[str]] = {}
     for key in available:
         rec = dataset.record(key)
-        for alias in (key, rec.get("chrom"), rec.get("name")):
-            if alias:
-                by_alias.setdefault(str(alias).lower(), key)
+        if rec.get("region"):
+            # A piece of a record cut at held-out regions: its key or span names it alone, the record's names
+            # name its held-out pieces (or all its pieces when none is held out).
+            aliases, record_aliases = (key, rec["region"]), (rec.get("chrom"), rec.get("name"))
+            for alias in filter(None, record_aliases):
+                pieces.setdefault(str(alias).lower(), []).append(key)
+        else:
+            aliases = (key, rec.get("chrom"), rec.get("name"))
+        for alias in filter(None, aliases):
+            by_alias.setdefault(str(alias).lower(), [key])
+    for alias, members in pieces.items():
+        held = [k for k in members if dataset.record(k).get("split") == "heldout"]
+        by_alias.setdefault(alias, held or members)
     keys, unknown = [], []
     for word in words:
-        key = by_alias.get(word.lower()) or by_alias.get(canonical_chrom(word).lower())
-        if key is None:
+        found = by_alias.get(word.lower()) or by_alias.get(canonical_chrom(word).lower())
+        if found is None:
             unknown.append(word)
-        elif key not in keys:
-            keys.append(key)
+        keys.extend(k for k in found or () if k not in keys)
     if unknown:
         listing = ", ".join(f"{k} ({dataset.record(k).get('split', '?')})" for k in available)
         raise InputError(f"record(s) {', '.join(unknown)} not in the dataset", where=_where(dataset),

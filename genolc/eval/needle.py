@@ -9,7 +9,8 @@ first token of the second copy included: nothing announces the repeat), and per 
 percentile intervals from a bootstrap over trials (seeded). The same window and segment serve every D within a
 trial, so differences between distances are paired. Distances default to 1k, 2k, 4k … and the largest that fits
 (``L - S - 1``: the first copy must start at a target position). Cost: ``trials × len(distances)`` forward passes
-of one window.
+of one window. Ctrl-C finishes the current trial and writes the trials done, marked interrupted (as ``--by-position``
+does with windows).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from genolc.eval.inputs import EvalInputs
 from genolc.eval.buckets import FIRST_EDGE, bits_per_base
 from genolc.eval.positions import WindowData
 from genolc.eval.scorer import Scorer, score_full
+from genolc.fsutil import check_output_dir
+from genolc.signals import Interrupted, StopSignals
 
 BASES = np.frombuffer(b"ACGT", dtype=np.uint8)
 
@@ -74,12 +77,14 @@ def plant(ids: np.ndarray, segment: np.ndarray, distance: int) -> tuple[np.ndarr
 
 def needle_trials(scorer: Scorer, hosts: Sequence[WindowData], tokenizer: Any, *, segment_bases: int,
                   trials: int, distances: Sequence[int] | None = None, seed: int = 0,
-                  progress: Callable[[int], Any] | None = None) -> pd.DataFrame:
+                  progress: Callable[[int], Any] | None = None,
+                  stop: Callable[[], bool] | None = None) -> pd.DataFrame:
     """One row per (trial, distance): bits/base on each copy. Hosts are used in turn (trial t -> hosts[t % n]).
 
     ``progress(total)``, when given, returns a bar (``update``, ``close``) for the ``total`` forward passes; every
     trial's segment and distances are drawn and checked before the first one, so the total is exact and a distance
-    that does not fit is refused before any scoring.
+    that does not fit is refused before any scoring. ``stop()`` is asked before each trial is scored; once it says
+    True no further trial starts.
     """
     if not hosts:
         raise ConfigError("no held-out window to plant the needle in")
@@ -99,6 +104,8 @@ def needle_trials(scorer: Scorer, hosts: Sequence[WindowData], tokenizer: Any, *
     rows = []
     try:
         for t, host, segment, chosen in planned:
+            if stop is not None and stop():
+                break
             seg_bases = np.maximum(np.asarray(tokenizer.token_lengths(segment)), 1)
             for d in chosen:
                 ids, first, second = plant(host.ids, segment, d)
@@ -116,6 +123,8 @@ def needle_trials(scorer: Scorer, hosts: Sequence[WindowData], tokenizer: Any, *
         if bar is not None:
             bar.close()
     frame = pd.DataFrame(rows)
+    if not rows:
+        return frame
     frame["delta_bits_per_base"] = frame["second_bits_per_base"] - frame["first_bits_per_base"]
     return frame
 
@@ -162,7 +171,20 @@ class NeedleConfig(EvalInputs):
 
 
 def run_needle(config: NeedleConfig, record: Any | None = None) -> dict[str, Any]:
-    """Run the needle test on held-out windows of ``config.data`` and write its outputs into ``config.out``."""
+    """Run the needle test on held-out windows of ``config.data`` and write its outputs into ``config.out``.
+
+    Raises :class:`genolc.signals.Interrupted` when stopped by a signal, after writing the trials done.
+    """
+    from genolc.eval.report import OUTPUT_KIND
+
+    check_output_dir(config.out, OUTPUT_KIND)
+    try:
+        return _run_needle(config, record)
+    except KeyboardInterrupt:
+        raise Interrupted.at_once("eval", where=str(config.out)) from None
+
+
+def _run_needle(config: NeedleConfig, record: Any | None) -> dict[str, Any]:
     from genolc.data.dataset import PreparedDataset
     from genolc.data.sampler import tile_for_eval
     from genolc.eval.by_position import _progress, select_windows, window_data
@@ -183,12 +205,19 @@ def run_needle(config: NeedleConfig, record: Any | None = None) -> dict[str, Any
         raise ConfigError(f"no full window of {config.seq_len + 1} tokens in {', '.join(keys)} passes the N filter",
                           fix="use a shorter --seq")
     hosts = [window_data(dataset, w) for w in select_windows(tiled, config.trials, None)]
-    trials = needle_trials(scorer, hosts, dataset.tokenizer, segment_bases=config.segment_bases,
-                           trials=config.trials, distances=config.distances or None, seed=config.seed,
-                           progress=lambda total: _progress(total, config.progress, "needle forwards", "forward"))
+    with StopSignals("finishing the current trial, then writing the trials done so far") as stop:
+        trials = needle_trials(scorer, hosts, dataset.tokenizer, segment_bases=config.segment_bases,
+                               trials=config.trials, distances=config.distances or None, seed=config.seed,
+                               progress=lambda total: _progress(total, config.progress, "needle forwards", "forward"),
+                               stop=lambda: stop.received is not None)
+    done = int(trials["trial"].nunique()) if len(trials) else 0
+    if done == 0:
+        raise Interrupted(f"eval stopped by {stop.name} before the first needle trial was done; nothing was written",
+                          stop.received, where=str(config.out), fix="run it again")
     per_distance = summarise_needle(trials, config.n_boot, config.seed)
     summary = {
         "command": "eval --needle",
+        "status": "ok" if done == config.trials else "interrupted",
         "config": config.to_dict(),
         "dataset": {"path": str(config.data), "tokenizer": dataset.tokenizer.to_dict()},
         "records": keys,
@@ -196,11 +225,15 @@ def run_needle(config: NeedleConfig, record: Any | None = None) -> dict[str, Any
         "training_overlap": overlap,
         "needle": {"segment_bases": int(trials["segment_bases"].iloc[0]),
                    "segment_tokens": int(trials["segment_tokens"].iloc[0]),
-                   "trials": config.trials, "host_windows": len(hosts),
+                   "trials": config.trials, "trials_done": done, "host_windows": len(hosts),
                    "distances": sorted(trials["distance"].unique().tolist()),
                    "placement": "second copy ends the window; first copy starts D tokens before it"},
         "per_distance": per_distance.to_dict(orient="records"),
         "seconds": round(time.monotonic() - t0, 3),
     }
     write_needle(config.out, summary, trials, per_distance, record)
+    if done < config.trials:
+        raise Interrupted(f"eval stopped by {stop.name} after {done} of {config.trials} needle trials; their results "
+                          "are written, marked interrupted (summary.json: status, needle.trials_done)", stop.received,
+                          where=str(config.out), fix="run it again to do every trial", kept=summary)
     return summary

@@ -17,18 +17,53 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 
-def _errorbars(ax, frame: pd.DataFrame, x: str, y: str, low: str, high: str, hue: str, order: Sequence[str]) -> None:
-    palette = dict(zip(order, sns.color_palette("colorblind", len(order))))
-    for name in order:
-        part = frame[(frame[hue] == name) & frame[low].notna()]
+UNIFORM_ACGT_BITS = 2.0
+UNIFORM_LABEL = "uniform A/C/G/T (2 bits)"
+# Controls are often indistinguishable from the model (a small model gains nothing from long context), so each series
+# has its own line style and marker, controls are drawn first with wider, lighter lines and large open markers, and
+# the model is drawn last, thin and solid with small filled markers, so both stay visible where they coincide.
+_DODGE = 0.08  # bucket widths between neighbouring series
+_CONTROL_STYLES = [("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1, 1, 1)), "v"), ((0, (1, 3)), "P")]
+
+
+def series_styles(names: Sequence[str]) -> dict[str, dict]:
+    """Matplotlib line keywords per series: ``model`` solid and on top; every other series a distinct style."""
+    colors = dict(zip(names, sns.color_palette("colorblind", len(names))))
+    styles: dict[str, dict] = {}
+    controls = [n for n in names if n != "model"]
+    for i, name in enumerate(controls):
+        linestyle, marker = _CONTROL_STYLES[i % len(_CONTROL_STYLES)]
+        styles[name] = dict(color=colors[name], linestyle=linestyle, marker=marker, linewidth=3.0, alpha=0.8,
+                            markersize=9, markerfacecolor="none", markeredgewidth=1.6, zorder=2 + i)
+    if "model" in names:
+        styles["model"] = dict(color=colors["model"], linestyle="-", marker="o", linewidth=1.6, markersize=5,
+                               zorder=3 + len(controls))
+    return styles
+
+
+def _draw_series(ax, frame: pd.DataFrame, x: str, y: str, low: str, high: str, hue: str,
+                 order: Sequence[str], dodge: float = 0.0) -> None:
+    """One line per ``order`` entry (controls first, model last), with its 95% CI bars; series ``i`` is shifted by
+    ``(i - centre) * dodge`` along x so equal values keep their markers and bars side by side."""
+    styles = series_styles(order)
+    centre = (len(order) - 1) / 2
+    for name in sorted(order, key=lambda n: styles[n]["zorder"]):
+        part = frame[frame[hue] == name].sort_values(x)
         if part.empty:
             continue
-        ax.errorbar(part[x], part[y], yerr=[part[y] - part[low], part[high] - part[y]], fmt="none",
-                    ecolor=palette[name], capsize=3, lw=1)
+        style = styles[name]
+        xs = part[x] + (list(order).index(name) - centre) * dodge
+        ax.plot(xs, part[y], label=name, **style)
+        bars = part[low].notna().to_numpy()
+        if bars.any():
+            ys, lows, highs = part[y][bars], part[low][bars], part[high][bars]
+            ax.errorbar(xs[bars], ys, yerr=[ys - lows, highs - ys], fmt="none", ecolor=style["color"], capsize=3,
+                        lw=1, zorder=style["zorder"])
+    ax.legend()
 
 
-def plot_by_position(buckets: pd.DataFrame, comparisons: pd.DataFrame, path: Path, title: str) -> None:
-    """Top: bits/base per position bucket for each series (95% CI bars); bottom: paired differences."""
+def by_position_figure(buckets: pd.DataFrame, comparisons: pd.DataFrame, title: str):
+    """The by-position figure (see :func:`plot_by_position`), not yet saved."""
     sns.set_theme(style="whitegrid", context="notebook")
     data = buckets[(buckets["subset"] == "all") & (buckets["bucket"] != "all") & ~buckets["empty"]].copy()
     labels = list(dict.fromkeys(buckets.loc[buckets["bucket"] != "all", "bucket"]))
@@ -38,10 +73,11 @@ def plot_by_position(buckets: pd.DataFrame, comparisons: pd.DataFrame, path: Pat
     fig, axes = plt.subplots(2 if has_cmp else 1, 1, figsize=(max(6.0, 0.7 * len(labels) + 3), 7 if has_cmp else 4),
                              squeeze=False, sharex=True)
     ax = axes[0, 0]
+    ax.axhline(UNIFORM_ACGT_BITS, color="0.45", linestyle=(0, (1, 1)), lw=1.2, label=UNIFORM_LABEL, zorder=1)
     if not data.empty:
-        sns.lineplot(data=data, x="x", y="bits_per_base", hue="series", hue_order=series, marker="o", ax=ax,
-                     palette="colorblind", errorbar=None)
-        _errorbars(ax, data, "x", "bits_per_base", "ci_low", "ci_high", "series", series)
+        _draw_series(ax, data, "x", "bits_per_base", "ci_low", "ci_high", "series", series, dodge=_DODGE)
+    else:
+        ax.legend()
     ax.set_ylabel("bits per base")
     ax.set_title(title)
     if has_cmp:
@@ -50,17 +86,23 @@ def plot_by_position(buckets: pd.DataFrame, comparisons: pd.DataFrame, path: Pat
         cmp["x"] = cmp["bucket"].map({b: i for i, b in enumerate(labels)})
         names = list(dict.fromkeys(cmp["comparison"]))
         ax2 = axes[1, 0]
-        if not cmp.empty:
-            sns.lineplot(data=cmp, x="x", y="delta_bits_per_base", hue="comparison", hue_order=names, marker="o",
-                         ax=ax2, palette="colorblind", errorbar=None)
-            _errorbars(ax2, cmp, "x", "delta_bits_per_base", "ci_low", "ci_high", "comparison", names)
         ax2.axhline(0.0, color="0.3", lw=0.8)
+        if not cmp.empty:
+            _draw_series(ax2, cmp, "x", "delta_bits_per_base", "ci_low", "ci_high", "comparison", names,
+                         dodge=_DODGE)
         ax2.set_ylabel("Δ bits per base")
     bottom = axes[-1, 0]
     bottom.set_xticks(range(len(labels)))
     bottom.set_xticklabels(labels, rotation=45, ha="right")
     bottom.set_xlabel("tokens of preceding context (position in window)")
     fig.tight_layout()
+    return fig
+
+
+def plot_by_position(buckets: pd.DataFrame, comparisons: pd.DataFrame, path: Path, title: str) -> None:
+    """Top: bits/base per position bucket for each series (95% CI bars), with the uniform-ACGT 2-bit line;
+    bottom: paired differences. The model is a solid line drawn over the controls, each in its own dashed style."""
+    fig = by_position_figure(buckets, comparisons, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -75,9 +117,7 @@ def plot_needle(summary: pd.DataFrame, path: Path, title: str) -> None:
                        low=summary["second_ci_low"], high=summary["second_ci_high"]),
     ])
     fig, ax = plt.subplots(figsize=(7, 4))
-    sns.lineplot(data=long, x="distance", y="bits", hue="copy", marker="o", ax=ax, palette="colorblind",
-                 errorbar=None)
-    _errorbars(ax, long, "distance", "bits", "low", "high", "copy", ["first copy", "second copy"])
+    _draw_series(ax, long, "distance", "bits", "low", "high", "copy", ["first copy", "second copy"])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("distance between copies D (tokens)")
     ax.set_ylabel("bits per base")

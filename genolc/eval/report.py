@@ -1,7 +1,8 @@
 """Writing evaluation outputs: CSV tables, a JSON summary and a PNG, all at once into ``--out``.
 
 Everything is written into a temporary directory beside ``--out`` that replaces it only when complete
-(:func:`genolc.fsutil.atomic_dir`); the run record (:func:`genolc.runs.run_record`) lands in ``--out/runs/``
+(:func:`genolc.fsutil.atomic_dir`: only an absent or empty ``--out``, or an earlier evaluation's, is replaced); the
+run record (:func:`genolc.runs.run_record`) lands in ``--out/runs/``
 afterwards. Statistics for empty buckets are written as empty CSV cells and JSON ``null``, never NaN.
 
 ``eval --by-position`` writes:
@@ -13,6 +14,8 @@ afterwards. Statistics for empty buckets are written as empty CSV cells and JSON
   targets.csv.gz    (--per-target) per target: record, chromosome position of its first base, position, bits/base
   by_position.png   bits/base per bucket with 95% CIs; paired differences below
 ``eval --needle`` writes summary.json, needle.csv (one row per trial and distance), needle_summary.csv, needle.png.
+An evaluation stopped by Ctrl-C writes what it scored: summary.json says ``"status": "interrupted"`` (else "ok") with
+the windows (trials) scored and selected, and the plot's title says INTERRUPTED.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import numpy as np
 import pandas as pd
 
 from genolc.fsutil import atomic_dir
+
+OUTPUT_KIND = "evaluation output directory"
 
 
 def _clean(value: Any) -> Any:
@@ -64,7 +69,7 @@ def write_by_position(out: Path, summary: dict[str, Any], tables: Any, record: A
             if ckpt:
                 for file in sorted(Path(ckpt).glob("*.safetensors")) + [Path(ckpt) / "config.json"]:
                     record.add_input(file)
-    with atomic_dir(out, what="evaluation output directory") as tmp:
+    with atomic_dir(out, OUTPUT_KIND) as tmp:
         buckets = pd.DataFrame(summary["bucket_stats"])
         comparisons = pd.DataFrame(summary["comparisons"])
         buckets.to_csv(tmp / "buckets.csv", index=False)
@@ -77,8 +82,11 @@ def write_by_position(out: Path, summary: dict[str, Any], tables: Any, record: A
             frame.rename(columns={n: f"{n}_bits_per_base" for n in tables.series}).to_csv(
                 tmp / "targets.csv.gz", index=False, float_format="%.5g", compression="gzip")
         records = ",".join(summary["records"])
+        windows = summary["windows"]
+        shown = (f"{windows['scored']} windows" if summary["status"] == "ok" else
+                 f"INTERRUPTED: {windows['scored']} of {windows['selected']} windows")
         plot_by_position(buckets, comparisons, tmp / "by_position.png",
-                         f"held-out loss by context position ({records}, {summary['windows']['scored']} windows)")
+                         f"held-out loss by context position ({records}, {shown})")
         _write_json(tmp / "summary.json", summary)
         _add_outputs(record, tmp, out)
 
@@ -90,10 +98,13 @@ def write_needle(out: Path, summary: dict[str, Any], trials: pd.DataFrame, per_d
     out = Path(out)
     if record is not None:
         record.add_input(Path(summary["dataset"]["path"]) / "manifest.json")
-    with atomic_dir(out, what="evaluation output directory") as tmp:
+    with atomic_dir(out, OUTPUT_KIND) as tmp:
         trials.to_csv(tmp / "needle.csv", index=False)
         per_distance.to_csv(tmp / "needle_summary.csv", index=False)
+        needle = summary["needle"]
+        shown = ("" if summary["status"] == "ok" else
+                 f" (INTERRUPTED: {needle['trials_done']} of {needle['trials']} trials)")
         plot_needle(per_distance, tmp / "needle.png",
-                    f"needle: {summary['needle']['segment_tokens']}-token segment inserted twice")
+                    f"needle: {needle['segment_tokens']}-token segment inserted twice{shown}")
         _write_json(tmp / "summary.json", summary)
         _add_outputs(record, tmp, out)

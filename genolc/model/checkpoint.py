@@ -7,6 +7,11 @@ Two layouts, both ``config.json`` + safetensors (one ``model.safetensors``, or s
   ``model.language_model.*`` and ``lm_head.weight``; ``model.visual.*`` (the vision tower) is ignored.
 - text-only (flat): text config at the top level; weights ``model.*`` and ``lm_head.weight``. genolc writes this.
 
+transformers has no causal-LM class for either layout, so genolc writes one beside the weights
+(:mod:`genolc.glm5_next_causal_lm`, copied as ``glm5_next_causal_lm.py``) and names it in ``config.json``
+(``architectures`` and ``auto_map``): ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` then
+loads either layout with its LM head. Checkpoints written before (no ``auto_map``) still load here unchanged.
+
 Loading also understands the original GLM release spellings that transformers renames on load (per-expert
 ``mlp.experts.<e>.{gate,up,down}_proj.weight``, separate ``q/k/v_conv1d``, ``self_attn.f_a_proj`` ...,
 ``hc_attn_fn`` ...), and skips multi-token-prediction layers (index >= num_hidden_layers). Anything else that does
@@ -24,12 +29,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import genolc
 from genolc.errors import InputError
 from genolc.fsutil import atomic_dir, atomic_write_json
 from genolc.model.config import ModelConfig
 from genolc.model.model import GenomeLM, build_model
 
 WEIGHTS_NAME = "model.safetensors"
+CAUSAL_LM_CODE = "glm5_next_causal_lm.py"
+# The class transformers' AutoModelForCausalLM builds for each layout (defined in CAUSAL_LM_CODE).
+_CAUSAL_LM_CLASS = {"text": "Glm5NextTextForCausalLM", "multimodal": "Glm5NextForCausalLM"}
 INDEX_NAME = "model.safetensors.index.json"
 LAYOUTS = ("text", "multimodal")
 _PREFIX = {"text": "model.", "multimodal": "model.language_model."}
@@ -202,6 +211,16 @@ def _shards(state: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[s
     return shards
 
 
+def transformers_config(config: ModelConfig, layout: str, vision_config: dict | None = None) -> dict:
+    """``config.json`` for ``layout``: the model fields plus the causal-LM class transformers' auto classes load."""
+    out = config.to_hf(layout, vision_config=vision_config)
+    causal_lm = _CAUSAL_LM_CLASS[layout]
+    if layout == "text":
+        out["architectures"] = [causal_lm]
+    out["auto_map"] = {"AutoModelForCausalLM": f"{Path(CAUSAL_LM_CODE).stem}.{causal_lm}"}
+    return out
+
+
 def write_checkpoint(directory: Path, config: ModelConfig, state: dict[str, torch.Tensor], *, layout: str,
                      max_shard_bytes: int, vision_config: dict | None = None) -> None:
     """Write ``config.json`` + safetensors for GenomeLM-named tensors into an existing directory."""
@@ -216,7 +235,8 @@ def write_checkpoint(directory: Path, config: ModelConfig, state: dict[str, torc
         else:
             stored[_PREFIX[layout] + name] = tensor
     stored = {k: v.detach().to("cpu").contiguous() for k, v in stored.items()}
-    atomic_write_json(directory / "config.json", config.to_hf(layout, vision_config=vision_config))
+    atomic_write_json(directory / "config.json", transformers_config(config, layout, vision_config))
+    shutil.copyfile(Path(genolc.__file__).parent / CAUSAL_LM_CODE, directory / CAUSAL_LM_CODE)
     shards = _shards(stored, max_shard_bytes)
     if len(shards) == 1:
         save_file(shards[0], str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -235,9 +255,10 @@ def save_pretrained(model: GenomeLM, path: str | Path, tokenizer=None, *, dtype:
     """Write ``model`` to ``path`` atomically: config.json, safetensors (sharded above ``max_shard_bytes``) and,
     with a tokenizer, genolc's tokenizer.json. ``dtype`` converts floating weights (fp32-kept ones excepted).
 
-    The text layout loads in transformers as ``Glm5NextTextModel`` (its ``lm_head.weight`` beside it); the
-    multimodal layout as ``Glm5NextForConditionalGeneration`` (with a random vision tower of ``vision_config``,
-    transformers' default when None).
+    Both layouts load in transformers with their LM head through ``AutoModelForCausalLM`` (with
+    ``trust_remote_code=True``: see the module docstring). Natively, the text layout loads as the headless
+    ``Glm5NextTextModel``; the multimodal layout as ``Glm5NextForConditionalGeneration`` (with a random vision tower
+    of ``vision_config``, transformers' default when None).
     """
     state = {}
     for key, tensor in model.state_dict().items():

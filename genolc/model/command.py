@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from genolc.fsutil import check_output_dir
 from genolc.runs import run_record
 
 
@@ -20,7 +21,8 @@ class _UnlistedArgument(click.Argument):
 @click.argument("src", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("legacy_dst", required=False, cls=_UnlistedArgument, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory to write the converted checkpoint to, atomically (required).")
+              help="Directory to write the converted checkpoint to (required): new, empty or an earlier conversion's, "
+                   "replaced atomically.")
 @click.option("--layout", type=click.Choice(["text", "multimodal"]), default="text", show_default=True,
               help="text: flat config + model.* weights (genolc's own); multimodal: Glm5NextForConditionalGeneration "
                    "(text_config, model.language_model.* weights).")
@@ -45,6 +47,8 @@ def convert(src: Path, legacy_dst: Path | None, out: Path | None, layout: str) -
         out = legacy_dst
     if out is None:
         raise click.UsageError("Missing option '-o' / '--out'.")
+    # Refused before the source is read: a large checkpoint is not loaded only to be refused its destination.
+    check_output_dir(out, "checkpoint directory")
     src = resolve_checkpoint(src, "SRC")
     with run_record("convert", out, {"src": str(src), "dst": str(out), "layout": layout}) as record:
         record.add_input(src / "config.json")

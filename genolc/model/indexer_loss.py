@@ -109,43 +109,62 @@ def _sparse_chunk(main_q: torch.Tensor, main_k: torch.Tensor, index_q: torch.Ten
     return _kl_rows(pool_mass, scores, candidate)
 
 
+def window_kl_rows(batch: int, window_len: int, kpool: int) -> int:
+    """Rows ``(b, t)`` of a ``[batch, window_len]`` window that have a candidate pool: ``t + 1 >= kpool``.
+
+    In both modes a query has candidates exactly when it sees a complete pool (the selection keeps a visible pool
+    whenever there is one), so this is the loss's denominator, known before any chunk of the window runs.
+    """
+    return batch * max(0, window_len - kpool + 1)
+
+
 def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, softmax_scale: float,
                     index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
                     index_softmax_scale: float, kpool: int, topk: int, indices: torch.Tensor | None = None,
-                    query_chunk: int | None = None) -> torch.Tensor:
+                    query_chunk: int | None = None, query_offset: int = 0,
+                    row_count: int | None = None) -> torch.Tensor:
     """The indexer KL loss (see the module docstring for the formula), a scalar fp32 tensor.
+
+    For one chunk of a window (queries at positions ``query_offset ..``; keys, pools and index rows cover the
+    window up to the chunk's last query) pass the window's :func:`window_kl_rows` as ``row_count``: the result is
+    then the chunk's share of the window's loss, and the chunks' shares add up to it.
 
     Args:
         mode: ``"dense"`` or ``"sparse"``.
         main_q: ``[B, T, H, Dk]`` main-attention queries (NoPE); detached here.
-        main_k: ``[B, T, H, Dk]`` main-attention keys, or ``[B, T, 1, Dk]`` one key head shared by every query
+        main_k: ``[B, S, H, Dk]`` main-attention keys (``S = query_offset + T``), or ``[B, S, 1, Dk]`` one key head
+            shared by every query
             head (MLA's absorbed form: ``main_q`` = q_lat, ``main_k`` = the latent; same scores, so the same
             loss, with an H-times smaller gather); detached here.
         softmax_scale: the main attention's scale.
         index_q: ``[B, T, Hi, Di]`` indexer queries.
         head_weights: ``[B, T, Hi]`` indexer head weights (times ``Hi ** -0.5``).
-        pooled: ``[B, T // kpool, Di]`` indexer pool keys.
+        pooled: ``[B, S // kpool, Di]`` indexer pool keys.
         index_softmax_scale: the indexer's scale inside the ReLU.
         kpool, topk: the indexer's pool size and token budget.
-        indices: ``[B, T, W]`` the layer's index rows (layout of ``genolc.model.ops.indexer.reference``); required
-            for ``"sparse"``.
+        indices: ``[B, T, W]`` the layer's index rows (layout of ``genolc.model.ops.indexer.reference``, absolute
+            positions); required for ``"sparse"``.
         query_chunk: queries per chunk (default: a size that keeps one chunk near 32M elements).
+        query_offset: absolute position of the first query (0 for a whole window).
+        row_count: the denominator (default: this call's rows with a candidate).
     """
     if mode not in INDEXER_LOSS_MODES:
         raise ValueError(f"indexer loss mode must be one of {INDEXER_LOSS_MODES}, got {mode!r}")
+    batch, seq_len = main_q.shape[:2]
+    keys_len = query_offset + seq_len
     if main_q.dim() != 4 or main_k.dim() != 4 or main_k.shape[2] not in (1, main_q.shape[2]) or (
-            main_k.shape[:2] + main_k.shape[3:] != main_q.shape[:2] + main_q.shape[3:]):
-        raise ValueError(f"main_q must be [B, T, H, D] and main_k [B, T, H or 1, D], got {tuple(main_q.shape)} and "
-                         f"{tuple(main_k.shape)}")
+            (main_k.shape[0], main_k.shape[1], main_k.shape[3]) != (batch, keys_len, main_q.shape[3])):
+        raise ValueError(f"main_q must be [B, T, H, D] and main_k [B, offset + T, H or 1, D], got "
+                         f"{tuple(main_q.shape)} and {tuple(main_k.shape)} (offset {query_offset})")
     batch, seq_len, heads, qk_dim = main_q.shape
     if index_q.dim() != 4 or index_q.shape[:2] != (batch, seq_len) or head_weights.shape != index_q.shape[:3]:
         raise ValueError(f"index_q must be [B={batch}, T={seq_len}, Hi, Di] and head_weights [B, T, Hi], got "
                          f"{tuple(index_q.shape)} and {tuple(head_weights.shape)}")
     if kpool < 1 or topk < kpool or topk % kpool:
         raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool})")
-    if pooled.shape != (batch, seq_len // kpool, index_q.shape[-1]):
-        raise ValueError(f"pooled must be [B={batch}, T // kpool={seq_len // kpool}, Di={index_q.shape[-1]}], got "
-                         f"{tuple(pooled.shape)}")
+    if pooled.shape != (batch, keys_len // kpool, index_q.shape[-1]):
+        raise ValueError(f"pooled must be [B={batch}, (offset + T) // kpool={keys_len // kpool}, "
+                         f"Di={index_q.shape[-1]}], got {tuple(pooled.shape)}")
     if mode == "sparse":
         if indices is None or indices.dim() != 3 or indices.shape[:2] != (batch, seq_len) or indices.shape[-1] < topk:
             got = None if indices is None else tuple(indices.shape)
@@ -154,7 +173,7 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
 
     if query_chunk is None:
         key_heads = main_k.shape[2]
-        per_query = batch * (heads * seq_len if mode == "dense" else indices.shape[-1] * (key_heads * qk_dim + heads))
+        per_query = batch * (heads * keys_len if mode == "dense" else indices.shape[-1] * (key_heads * qk_dim + heads))
         query_chunk = max(1, CHUNK_BUDGET_ELEMENTS // max(per_query, 1))
     if query_chunk < 1:
         raise ValueError(f"query_chunk must be positive, got {query_chunk}")
@@ -162,13 +181,13 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
 
     total = torch.zeros((), dtype=torch.float32, device=main_q.device)
     rows = torch.zeros((), dtype=torch.long, device=main_q.device)
-    if seq_len // kpool == 0:
+    if keys_len // kpool == 0:
         return total  # no complete pool anywhere: no row has a candidate
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
         if mode == "dense":
-            args = (q0, main_q[:, q0:q1], main_k[:, :q1], index_q[:, q0:q1], head_weights[:, q0:q1], pooled,
-                    softmax_scale, index_softmax_scale, kpool)
+            args = (query_offset + q0, main_q[:, q0:q1], main_k[:, :query_offset + q1], index_q[:, q0:q1],
+                    head_weights[:, q0:q1], pooled, softmax_scale, index_softmax_scale, kpool)
             fn = _dense_chunk
         else:
             args = (main_q[:, q0:q1], main_k, index_q[:, q0:q1], head_weights[:, q0:q1], pooled,
@@ -177,4 +196,6 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
         kl_sum, n_rows = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
         total = total + kl_sum
         rows = rows + n_rows
+    if row_count is not None:
+        return total / max(row_count, 1)
     return total / rows.clamp_min(1).to(total.dtype)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from genolc.model.cache import ChunkCache, LayerCache
 from genolc.model.config import ModelConfig
 from genolc.model.layers.kda import KimiDeltaAttention
 from genolc.model.layers.mhc import HyperConnection, collapse_streams, expand_streams, merge_streams
@@ -44,7 +45,8 @@ def _dsa_attention_class():
 
 
 class DecoderLayer(nn.Module):
-    """One layer: ``forward(streams [B, T, N, D], shared_indices) -> (streams, indices, indexer_kl, moe_out)``."""
+    """One layer: ``forward(streams [B, T, N, D], shared_indices, indexer_loss, cache) -> (streams, indices,
+    indexer_kl, moe_out)``; ``cache`` (genolc.model.cache.LayerCache): the streams are one chunk of a window."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -67,15 +69,15 @@ class DecoderLayer(nn.Module):
         self.ffn_hc = HyperConnection(config)
 
     def forward(self, streams: torch.Tensor, shared_indices: torch.Tensor | None = None,
-                indexer_loss: str | None = None):
+                indexer_loss: str | None = None, cache: LayerCache | None = None):
         post, comb, block_in = self.attn_hc(streams)
         block_in = self.input_layernorm(block_in)
         indices = indexer_kl = None
         if self.attention_type == "linear_attention":
-            block_out = self.self_attn(block_in)
+            block_out = self.self_attn(block_in, cache=cache)
         else:
             dsa = self.self_attn(block_in, shared_indices=shared_indices if self.shares_indices else None,
-                                 indexer_loss=indexer_loss)
+                                 indexer_loss=indexer_loss, cache=cache)
             block_out, indices, indexer_kl = dsa.hidden, dsa.indices, dsa.indexer_kl
         streams = merge_streams(block_out, post, comb, streams)
 
@@ -83,7 +85,7 @@ class DecoderLayer(nn.Module):
         block_in = self.post_attention_layernorm(block_in)
         moe_out = None
         if self.mlp_type == "sparse":
-            moe_out = self.mlp(block_in)
+            moe_out = self.mlp(block_in, cache=cache)
             block_out = moe_out.hidden
         else:
             block_out = self.mlp(block_in)
@@ -92,7 +94,11 @@ class DecoderLayer(nn.Module):
 
 
 class GenomeLM(nn.Module):
-    """``forward(input_ids [B, T], *, indexer_loss=None) -> ModelOutput``.
+    """``forward(input_ids [B, T], *, indexer_loss=None, cache=None) -> ModelOutput``.
+
+    ``cache`` (:class:`genolc.model.cache.ChunkCache`): ``input_ids`` are positions ``cache.start ..`` of a longer
+    window; the logits equal those positions' logits of the whole window, and each auxiliary loss is this chunk's
+    share of the window's (see genolc/model/cache.py).
 
     ``indexer_loss``: None (no indexer signal), ``"dense"`` (warm-up: dense attention, indexer KL) or
     ``"sparse"`` (sparse attention, indexer KL with the indexer detached from the LM loss); the modes are the DSA
@@ -110,23 +116,31 @@ class GenomeLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, *, indexer_loss: str | None = None) -> ModelOutput:
+    def forward(self, input_ids: torch.Tensor, *, indexer_loss: str | None = None,
+                cache: ChunkCache | None = None) -> ModelOutput:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T]; got {tuple(input_ids.shape)}")
         if indexer_loss not in INDEXER_LOSS_MODES:
             raise ValueError(f"indexer_loss must be one of {INDEXER_LOSS_MODES}; got {indexer_loss!r}")
+        if cache is not None and (len(cache.layers) != len(self.layers)
+                                  or cache.start + input_ids.shape[1] > cache.window_len):
+            raise ValueError(f"the chunk cache has {len(cache.layers)} layers for a {len(self.layers)}-layer model, "
+                             f"or positions {cache.start}..{cache.start + input_ids.shape[1]} run past its window "
+                             f"of {cache.window_len}")
         streams = expand_streams(self.embed_tokens(input_ids), self.config.hc_mult)
         full_indices = None
         balance, indexer_kls, tokens_per_expert = [], [], {}
         for layer in self.layers:
-            streams, indices, indexer_kl, moe_out = layer(streams, shared_indices=full_indices,
-                                                          indexer_loss=indexer_loss)
+            streams, indices, indexer_kl, moe_out = layer(
+                streams, shared_indices=full_indices, indexer_loss=indexer_loss,
+                cache=None if cache is None else cache.layers[layer.layer_idx])
             if indices is not None and not layer.shares_indices:
                 full_indices = indices
             if indexer_kl is not None:
                 indexer_kls.append(indexer_kl)
             if moe_out is not None:
-                balance.append(moe_out.balance_loss)
+                if moe_out.balance_loss is not None:
+                    balance.append(moe_out.balance_loss)
                 tokens_per_expert[layer.layer_idx] = moe_out.tokens_per_expert
         logits = self.lm_head(self.norm(collapse_streams(streams)))
         aux_losses = {}

@@ -1,4 +1,4 @@
-"""`genolc finetune`: parse options, build a TrainConfig, call genolc.train.loop.finetune."""
+"""`genolc finetune`: parse options, build a TrainConfig, call genolc.train.loop.finetune in a claimed run directory."""
 
 from __future__ import annotations
 
@@ -7,7 +7,22 @@ from pathlib import Path
 import click
 
 from genolc.errors import ConfigError
+from genolc.fsutil import output_dir
 from genolc.units import parse_length
+
+RUN_KIND = "run directory"
+# Run directories written before outputs carried genolc's marker: a training checkpoint or a finetune run record.
+LEGACY_RUN = ("checkpoints/step-*/trainer_state.json", "runs/*_finetune.json")
+
+
+def parse_chunk(text: str) -> int | None:
+    """``--chunk``: 'auto' -> None, 'off' -> 0, else a length such as 64k."""
+    word = text.strip().lower()
+    if word == "auto":
+        return None
+    if word in ("off", "0"):
+        return 0
+    return parse_length(text, what="--chunk")
 
 
 def _lengths(text: str | None) -> tuple[int, ...]:
@@ -25,7 +40,7 @@ def _lengths(text: str | None) -> tuple[int, ...]:
               help="Start from a checkpoint: genolc's or a transformers-layout GLM-5.3-Flash (vocabulary resized), "
                    "or a finetune run directory: its newest checkpoint.")
 @click.option("--out", "-o", "out", default=Path("finetune-out"), type=click.Path(path_type=Path), show_default=True,
-              help="Run directory: checkpoints/, metrics.jsonl, summary.json, runs/.")
+              help="Run directory (new, empty or an earlier run's): checkpoints/, metrics.jsonl, summary.json, runs/.")
 @click.option("--steps", default=80, show_default=True, type=int, help="Optimizer steps.")
 @click.option("--lr", default=3e-4, show_default=True, type=float, help="Peak learning rate.")
 @click.option("--warmup", "warmup_steps", default=10, show_default=True, type=int, help="Linear LR warm-up steps.")
@@ -56,6 +71,9 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @click.option("--reverse-complement/--no-reverse-complement", default=False, show_default=True,
               help="Train on the reverse-complement strand of half the windows.")
 @click.option("--recompute/--no-recompute", default=False, show_default=True, help="Per-layer activation checkpointing.")
+@click.option("--chunk", "chunk", default="auto", show_default=True, metavar="auto|off|LENGTH",
+              help="Train each window in chunks of this many tokens with exact gradients (e.g. 64k), 'off' for the "
+                   "whole window at once, or 'auto': whole when it fits the device, else the longest chunk that does.")
 @click.option("--checkpoint-every", default=0, show_default=True, type=int, help="Save every N steps (0: end only).")
 @click.option("--keep", "keep_checkpoints", default=2, show_default=True, type=int, help="Checkpoints kept.")
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in --out.")
@@ -65,7 +83,7 @@ def _lengths(text: str | None) -> tuple[int, ...]:
               help="auto: bfloat16 autocast on CUDA, float32 on CPU.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
 def finetune_command(data: Path, seq: str, model: str | None, init: Path | None, seq_warmup: str | None,
-                     **options) -> None:
+                     chunk: str, **options) -> None:
     """Fine-tune (or train from scratch) a genome language model on a prepared dataset.
 
     Prints the final checkpoint's directory.
@@ -84,10 +102,12 @@ def finetune_command(data: Path, seq: str, model: str | None, init: Path | None,
     if init is not None:
         init = resolve_checkpoint(init, "--init")
     config = TrainConfig(data=data, seq_len=parse_length(seq, what="--seq"), model=model or "tiny", init=init,
-                         seq_warmup=_lengths(seq_warmup), **options)
+                         seq_warmup=_lengths(seq_warmup), chunk=parse_chunk(chunk), **options)
     if config.warmup_steps >= config.steps:
         click.echo(f"genolc: warning: --warmup {config.warmup_steps} >= --steps {config.steps}: every step is a "
                    f"warm-up step, so the learning rate only ramps up (to {lr_at(config.steps - 1, config):.3g} at "
                    f"the last step; --lr {config.lr:g}) and never decays", err=True)
-    final = finetune(config)
+    # --out is written step by step, not replaced whole: it must be new, empty or an earlier run's.
+    with output_dir(config.out, RUN_KIND, legacy=LEGACY_RUN):
+        final = finetune(config)
     click.echo(str(final))

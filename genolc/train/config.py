@@ -51,6 +51,8 @@ class TrainConfig:
     max_n_fraction: float = 0.1                 # sampler: skip windows with more ambiguous tokens than this
     reverse_complement: bool = False            # sampler: reverse-complement half of the windows
     recompute: bool = False                     # per-layer activation checkpointing (genolc.train.apply)
+    chunk: int | None = None                    # step strategy (genolc.train.strategy): None auto, 0 the whole
+                                                # window at once, N chunks of N tokens (chunk-recurrent, exact)
     checkpoint_every: int = 0                   # save every N steps (0: only at the end)
     keep_checkpoints: int = 2                   # keep the newest N checkpoints
     resume: bool = False                        # continue from the newest checkpoint in out/checkpoints
@@ -71,6 +73,9 @@ class TrainConfig:
         for name in ("seq_len", "steps", "lr", "grad_accum", "micro_batch", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}", where=option_name(name))
+        if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 0):
+            raise ConfigError(f"chunk must be a token count, 0 (off) or None (auto), got {self.chunk!r}",
+                              where="--chunk", fix="use e.g. --chunk 64k, --chunk off or --chunk auto")
         for name in ("warmup_steps", "seq_warmup_steps", "checkpoint_every", "indexer_dense_steps", "seed",
                      "weight_decay", "grad_clip", "moe_balance_coef", "moe_bias_rate", "indexer_kl_coef"):
             if getattr(self, name) < 0:
@@ -140,9 +145,10 @@ def option_name(field: str) -> str:
 
 
 # Fields that may differ between the run that wrote a checkpoint and the one resuming it: where and how long it
-# runs, how often it saves and how it reports. Everything else changes what a step computes.
+# runs, how often it saves and how it reports, and how a step is split into chunks (the same result to rounding).
+# Everything else changes what a step computes.
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
-                               "progress", "device"})
+                               "progress", "device", "chunk"})
 
 
 # Fields added after checkpoints were first written, with the value such older checkpoints were trained with.

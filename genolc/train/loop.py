@@ -35,9 +35,9 @@ embedding rows).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-import os
 import resource
 import signal
 import sys
@@ -49,7 +49,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from genolc.errors import ConfigError, GenolcError, InputError
@@ -58,9 +57,12 @@ from genolc.runs import run_record
 from genolc.train import state as ckpt
 from genolc.train.apply import apply_transforms
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
+from genolc.train.batch import read_micro_batch
 from genolc.train.config import TrainConfig, changed_for_resume
+from genolc.train.loss import LossTerms
 from genolc.train.plan import GIB, oom_error, required_seq_multiple
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
+from genolc.train.strategy import StepStrategy, choose_strategy, device_budget_bytes, run_micro_batch
 from genolc.units import format_length
 
 METRICS = "metrics.jsonl"
@@ -131,6 +133,7 @@ class _Trainer:
         self.applied = apply_transforms(self.model, config)
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
+        self.strategies: dict[tuple[int, int], StepStrategy] = {}
         self.start_step, self.tokens_seen, self.targets_seen = 0, 0, 0
         if self.resume_from is not None:
             saved = ckpt.load_checkpoint(self.resume_from, model=self.model, optimizer=self.optimizer)
@@ -263,66 +266,50 @@ class _Trainer:
                                                  reverse_complement=self.config.reverse_complement)
         return self.samplers[length]
 
-    # ------------------------------------------------------------------------------------------------ data
-    def _micro_batch(self, step: int, shape: StepShape, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(ids [B, T+1] int64, target weights [B, T] float32)`` for micro-batch ``micro`` of ``step``."""
-        sampler = self._sampler(shape.seq_len)
-        ids = np.empty((shape.windows, shape.seq_len + 1), dtype=np.int64)
-        weights = np.empty((shape.windows, shape.seq_len), dtype=np.float32)
-        for b in range(shape.windows):
-            window = sampler.window(step, shape.sampler_micro(micro, b))
-            row = np.asarray(self.dataset.tokens(window.key)[window.start:window.stop])
-            soft = None
-            if self.config.softmask_weight != 1.0:
-                soft = np.asarray(self.dataset.token_softmask(window.key, window.start, window.stop), dtype=bool)
-            if window.reverse_complement:
-                row = self.tokenizer.reverse_complement(row)
-                soft = soft[::-1] if soft is not None else None
-            ids[b] = row
-            w = np.where(np.asarray(self.tokenizer.ambiguous_mask(row[1:]), dtype=bool), 0.0, 1.0)
-            if soft is not None:
-                w = np.where(soft[1:], w * self.config.softmask_weight, w)
-            weights[b] = w
-        return torch.from_numpy(ids), torch.from_numpy(weights)
-
     # ------------------------------------------------------------------------------------------------ steps
+    def _strategy(self, shape: StepShape) -> StepStrategy:
+        """The step strategy for this window length (genolc.train.strategy), chosen and said once per length."""
+        key = (shape.seq_len, shape.windows)
+        if key not in self.strategies:
+            cfg = self.config
+            strategy = choose_strategy(
+                self.model.config, seq_len=shape.seq_len, windows=shape.windows, grad_accum=shape.grad_accum,
+                chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16, fast_kernels=self.device.type == "cuda",
+                budget_bytes=self._device_bytes(), multiple=required_seq_multiple(self.device.type),
+                where=f"--seq {format_length(shape.seq_len)} on {self.device}")
+            self.strategies[key] = strategy
+            if strategy.chunk is not None or cfg.chunk is not None:
+                _say(strategy.describe())
+        return self.strategies[key]
+
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.config
         shape = step_shape(step, cfg)
+        strategy = self._strategy(shape)
         lr = lr_at(step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         mode = indexer_mode_at(step, cfg)
-        batches = [self._micro_batch(step, shape, m) for m in range(shape.grad_accum)]
+        batches = [read_micro_batch(self.dataset, self._sampler(shape.seq_len), step, shape, m,
+                                    self.config.softmask_weight) for m in range(shape.grad_accum)]
         total_weight = float(sum(float(w.sum()) for _, w in batches))
         if total_weight <= 0:
             raise InputError(f"every target of step {step + 1} is ambiguous (N)", where=str(cfg.data),
                              fix="lower --max-n-fraction so windows full of N are skipped")
+        terms = LossTerms(total_weight=total_weight, grad_accum=shape.grad_accum,
+                          moe_balance_coef=cfg.moe_balance_coef, indexer_kl_coef=cfg.indexer_kl_coef,
+                          indexer_mode=mode)
         lm_loss = torch.zeros((), dtype=torch.float64)
         aux_sums: dict[str, float] = {}
         expert_counts: dict[int, torch.Tensor] = {}
         for micro, (ids, weights) in enumerate(batches):
             ids, weights = ids.to(self.device), weights.to(self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                out = self.model(ids[:, :-1], indexer_loss=mode)
-            add_expert_counts(expert_counts, out.tokens_per_expert)
-            logits = out.logits.float()
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
-            main = (ce * weights.reshape(-1)).sum() / total_weight
-            loss = main
-            for name, coef in (("moe_balance", cfg.moe_balance_coef), ("indexer_kl", cfg.indexer_kl_coef)):
-                value = out.aux_losses.get(name) if out.aux_losses else None
-                if value is None:
-                    continue
-                aux_sums[name] = aux_sums.get(name, 0.0) + float(value.detach()) / shape.grad_accum
-                if coef > 0 and (name != "indexer_kl" or mode is not None):
-                    loss = loss + coef * value.float() / shape.grad_accum
-            if self.hooks.on_loss is not None:
-                loss = self.hooks.on_loss(step, micro, loss)
-            if not torch.isfinite(loss.detach()):
-                raise self._diverged(step, f"loss is {float(loss.detach())}")
-            loss.backward()
-            lm_loss += main.detach().double().cpu()
+            result = run_micro_batch(strategy, self.model, ids, weights, terms, self._autocast,
+                                     functools.partial(self._checked_loss, step, micro))
+            add_expert_counts(expert_counts, result.tokens_per_expert)
+            for name, value in result.aux.items():
+                aux_sums[name] = aux_sums.get(name, 0.0) + float(value)
+            lm_loss += result.lm
         clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         if not math.isfinite(grad_norm):
@@ -334,13 +321,25 @@ class _Trainer:
         self.targets_seen += int(sum(int((w > 0).sum()) for _, w in batches))
         metrics: dict[str, Any] = {"step": step + 1, "loss": float(lm_loss), "tokens": self.tokens_seen,
                                    "lr": lr, "grad_norm": grad_norm, "seq_len": shape.seq_len,
-                                   "windows_per_micro": shape.windows}
+                                   "windows_per_micro": shape.windows, "step_strategy": strategy.name}
+        if strategy.chunk is not None:
+            metrics["chunk"] = strategy.chunk
         metrics.update({f"aux_{k}": v for k, v in aux_sums.items()})
         if expert_counts:
             metrics.update(load_balance_metrics(expert_counts))
         if mode is not None:
             metrics["indexer_mode"] = mode
         return metrics
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def _checked_loss(self, step: int, micro: int, loss: torch.Tensor) -> torch.Tensor:
+        if self.hooks.on_loss is not None:
+            loss = self.hooks.on_loss(step, micro, loss)
+        if not torch.isfinite(loss.detach()):
+            raise self._diverged(step, f"loss is {float(loss.detach())}")
+        return loss
 
     def _diverged(self, step: int, what: str) -> ckpt.NonFiniteLossError:
         kept = f"the last good checkpoint is {self.last_good}" if self.last_good else "no checkpoint was saved yet"
@@ -364,20 +363,26 @@ class _Trainer:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB   # Linux reports KiB
 
     def _device_bytes(self) -> int:
-        if self.device.type == "cuda":
-            return torch.cuda.get_device_properties(self.device).total_memory
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return device_budget_bytes(self.device)
 
     def _oom(self, step: int) -> Exception:
         cfg = self.config
-        return oom_error(self.model.config, seq_len=step_shape(step, cfg).seq_len, micro_batch=cfg.micro_batch,
+        shape = step_shape(step, cfg)
+        strategy = self.strategies.get((shape.seq_len, shape.windows))
+        return oom_error(self.model.config, seq_len=shape.seq_len, micro_batch=cfg.micro_batch,
                          grad_accum=cfg.grad_accum, recompute=cfg.recompute, bf16=self.bf16,
                          budget_bytes=self._device_bytes(), where=f"step {step + 1}, {self.device}",
-                         fast_kernels=self.device.type == "cuda")
+                         fast_kernels=self.device.type == "cuda", chunk=strategy.chunk if strategy else None,
+                         chunk_multiple=required_seq_multiple(self.device.type))
 
     # ------------------------------------------------------------------------------------------------ run
     def run(self) -> Path:
         cfg = self.config
+        # Every window length the remaining steps use is planned before the first step: a setting that does not fit
+        # the device is refused now, with the estimate and an option that fits, not found by an out-of-memory kill.
+        stage_starts = [i * cfg.seq_warmup_steps for i in range(len(cfg.seq_warmup) + 1)]
+        for step in sorted({max(start, self.start_step) for start in stage_starts if start < cfg.steps}):
+            self._strategy(step_shape(step, cfg))
         cfg.out.mkdir(parents=True, exist_ok=True)
         metrics_path = cfg.out / METRICS
         # The losses of the steps already done, so a resumed run's summary covers the whole run.
@@ -449,7 +454,8 @@ class _Trainer:
             "seconds": time.monotonic() - self._started,       # this invocation (a resumed run counts from resume)
             "tokens_per_s": self._step_tokens / self._step_seconds if self._step_seconds else None,
             "peak_memory_gib": self._memory_gib(), "device": str(self.device), "bf16": self.bf16,
-            "transforms": self.applied, "parameters": sum(p.numel() for p in self.model.parameters()),
+            "transforms": self.applied,
+            "step_strategies": [strategy.describe() for strategy in self.strategies.values()], "parameters": sum(p.numel() for p in self.model.parameters()),
             "config": cfg.to_dict(),
         }
         atomic_write_json(cfg.out / SUMMARY, summary)

@@ -43,6 +43,14 @@ Functions around stand-in kernels: tests/train/test_train_plan.py)::
 Not yet checked against a GPU run of the whole model; the kernels' own transient workspace (KDA's segment, DSA's
 fp32 latent gradient) is left to the 10 % margin.
 
+The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk's activations (the table above for
+``chunk`` tokens, with or without recompute) plus, for the whole window of ``T`` tokens and ``B`` windows::
+
+    DSA latent rows   B T R (10 n_dsa + 10)      per layer: the rows (fp32), their fp32 gradient, the kernel's bf16
+                                                 copy; one layer's backward adds its leaf's and the kernel's gradient
+    pool keys         B T / kpool * Di * 8 n_dsa  rows and their gradient
+    KDA states        ceil(T / chunk) n_kda B H Dk Dv * 4   one per chunk boundary
+
 Time: ``(6 * active_parameters + 12 * sum over DSA layers of H (d_qk + d_v) min(T, W_idx)) * tokens`` FLOPs per
 step over ``peak_flops * mfu`` (defaults: H200 bf16 dense 989 TFLOP/s, 30 %). That assumes the fast kernels; the
 pure-torch reference path runs orders of magnitude below it (about 230 tokens/s for the small preset at 4k on an
@@ -162,6 +170,52 @@ def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16
                       logits=logits, total=total, per_token_per_layer=kinds)
 
 
+def chunked_cache_bytes(config: ModelConfig, *, seq_len: int, chunk: int, windows: int = 1) -> int:
+    """Bytes the chunk-recurrent step keeps for the whole window besides one chunk's activations (module notes)."""
+    c = config
+    tokens = windows * seq_len
+    n_dsa = len(c.dsa_layers)
+    n_kda = c.num_hidden_layers - n_dsa
+    # Per DSA layer: the latent rows (fp32: an fp32-weighted RMSNorm's output), their fp32 gradient and the kernel's
+    # bf16 copy of the rows up to the chunk; one layer's backward adds its leaf gradient and the kernel's.
+    latent = tokens * c.kv_lora_rank * (10 * n_dsa + 10)
+    pools = tokens // c.index_kpool * c.index_head_dim * 8 * n_dsa
+    boundaries = -(-seq_len // chunk)
+    states = boundaries * n_kda * windows * c.linear_num_heads * c.linear_head_dim * c.linear_head_dim * 4
+    return latent + pools + states
+
+
+def estimate_chunked_memory(config: ModelConfig, *, seq_len: int, chunk: int, windows: int = 1, bf16: bool = True,
+                            recompute: bool = False, fast_kernels: bool = False) -> MemoryPlan:
+    """Peak memory of the chunk-recurrent step (genolc.train.chunked): one chunk's activations as for a window of
+    ``chunk`` tokens, plus :func:`chunked_cache_bytes` for the window (counted with the activations)."""
+    chunk = min(chunk, seq_len)
+    one_chunk = estimate_memory(config, seq_len=chunk, windows=windows, bf16=bf16, recompute=recompute,
+                                fast_kernels=fast_kernels)
+    caches = chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows)
+    activations = one_chunk.activations + caches
+    fixed = one_chunk.weights + one_chunk.gradients + one_chunk.optimizer
+    return MemoryPlan(parameters=one_chunk.parameters, weights=one_chunk.weights, gradients=one_chunk.gradients,
+                      optimizer=one_chunk.optimizer, activations=activations, logits=one_chunk.logits,
+                      total=int((fixed + activations + one_chunk.logits) * 1.10),
+                      per_token_per_layer=one_chunk.per_token_per_layer)
+
+
+def largest_fitting_chunk(config: ModelConfig, *, seq_len: int, windows: int, bf16: bool, recompute: bool,
+                          budget_bytes: int, fast_kernels: bool, multiple: int = 1,
+                          smallest: int = 1024) -> int | None:
+    """The longest chunk (``seq_len`` halved until it is a multiple of ``multiple``, down to ``smallest``) whose
+    chunked step is estimated to fit ``budget_bytes``, or None."""
+    chunk = seq_len // 2
+    while chunk >= min(smallest, seq_len):
+        if chunk % multiple == 0 and estimate_chunked_memory(
+                config, seq_len=seq_len, chunk=chunk, windows=windows, bf16=bf16, recompute=recompute,
+                fast_kernels=fast_kernels).total <= budget_bytes:
+            return chunk
+        chunk //= 2
+    return None
+
+
 def estimate_step_seconds(config: ModelConfig, *, seq_len: int, tokens_per_step: int,
                           peak_flops: float = H200_BF16_FLOPS, mfu: float = 0.3) -> float:
     """Seconds per optimizer step from the FLOP count in the module docstring."""
@@ -173,40 +227,61 @@ def estimate_step_seconds(config: ModelConfig, *, seq_len: int, tokens_per_step:
 
 
 def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool,
-                   bf16: bool, budget_bytes: int, fast_kernels: bool = False) -> str | None:
+                   bf16: bool, budget_bytes: int, fast_kernels: bool = False, chunk: int | None = None,
+                   chunk_multiple: int = 1) -> str | None:
     """The first change that brings the estimate under ``budget_bytes``, as command-line options, or None.
 
     Tried in order of how little they change the run: fewer windows per micro-batch with more accumulation (same
-    tokens per step), then --recompute, then the longest shorter --seq (halving) that fits.
+    tokens per step), then --recompute, then the chunked step (the longest --chunk that fits; same results, two
+    forwards per step), then the longest shorter --seq (halving) that fits. ``chunk``: the run already asked for
+    chunks of this length.
     """
     def fits(seq: int, windows: int, rc: bool) -> bool:
-        return estimate_memory(config, seq_len=seq, windows=windows, bf16=bf16, recompute=rc,
-                               fast_kernels=fast_kernels).total <= budget_bytes
+        if chunk is not None and chunk < seq:
+            plan = estimate_chunked_memory(config, seq_len=seq, chunk=chunk, windows=windows, bf16=bf16,
+                                           recompute=rc, fast_kernels=fast_kernels)
+        else:
+            plan = estimate_memory(config, seq_len=seq, windows=windows, bf16=bf16, recompute=rc,
+                                   fast_kernels=fast_kernels)
+        return plan.total <= budget_bytes
 
     for windows in range(micro_batch - 1, 0, -1):
         if micro_batch * grad_accum % windows == 0 and fits(seq_len, windows, recompute):
             return f"--micro-batch {windows} --grad-accum {micro_batch * grad_accum // windows}"
     if not recompute and fits(seq_len, 1, True):
         return "--recompute" + (f" --micro-batch 1 --grad-accum {micro_batch * grad_accum}" if micro_batch > 1 else "")
+    batch = f" --micro-batch 1 --grad-accum {micro_batch * grad_accum}" if micro_batch > 1 else ""
+    for rc in ((recompute,) if recompute else (False, True)):
+        chosen = largest_fitting_chunk(config, seq_len=seq_len, windows=1, bf16=bf16, recompute=rc,
+                                       budget_bytes=budget_bytes, fast_kernels=fast_kernels,
+                                       multiple=chunk_multiple, smallest=chunk_multiple)
+        if chosen is not None and (chunk is None or chosen < chunk):
+            return f"--chunk {format_length(chosen)}" + (" --recompute" if rc and not recompute else "") + batch
     seq = seq_len // 2
     while seq >= 1:
         if fits(seq, 1, True):
-            options = f"--seq {format_length(seq)}" + ("" if recompute else " --recompute")
-            if micro_batch > 1:
-                options += f" --micro-batch 1 --grad-accum {micro_batch * grad_accum}"
-            return options
+            return f"--seq {format_length(seq)}" + ("" if recompute else " --recompute") + batch
         seq //= 2
     return None
 
 
 def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool, bf16: bool,
-              budget_bytes: int, where: str, fast_kernels: bool = False) -> OutOfMemoryPlanError:
-    """The error raised for a CUDA out-of-memory: the estimate, the device size, and an option that would fit."""
-    plan = estimate_memory(config, seq_len=seq_len, windows=micro_batch, bf16=bf16, recompute=recompute,
-                           fast_kernels=fast_kernels)
+              budget_bytes: int, where: str, fast_kernels: bool = False, chunk: int | None = None,
+              chunk_multiple: int = 1) -> OutOfMemoryPlanError:
+    """The error for a run that does not fit (refused up front, or a device out-of-memory): the estimate, the
+    device size, and an option that would fit."""
+    if chunk is not None and chunk < seq_len:
+        plan = estimate_chunked_memory(config, seq_len=seq_len, chunk=chunk, windows=micro_batch, bf16=bf16,
+                                       recompute=recompute, fast_kernels=fast_kernels)
+        setting = f"--seq {format_length(seq_len)} --chunk {format_length(chunk)}"
+    else:
+        plan = estimate_memory(config, seq_len=seq_len, windows=micro_batch, bf16=bf16, recompute=recompute,
+                               fast_kernels=fast_kernels)
+        setting = f"--seq {format_length(seq_len)}"
     option = fitting_option(config, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum,
-                            recompute=recompute, bf16=bf16, budget_bytes=budget_bytes, fast_kernels=fast_kernels)
-    what = (f"out of device memory at --seq {format_length(seq_len)}: estimated {plan.gib():.1f} GiB "
+                            recompute=recompute, bf16=bf16, budget_bytes=budget_bytes, fast_kernels=fast_kernels,
+                            chunk=chunk, chunk_multiple=chunk_multiple)
+    what = (f"out of device memory at {setting}: estimated {plan.gib():.1f} GiB "
             f"(weights+grads+AdamW {(plan.weights + plan.gradients + plan.optimizer) / GIB:.1f}, activations "
             f"{plan.gib('activations'):.1f}, logits {plan.gib('logits'):.1f}) on a {budget_bytes / GIB:.1f} GiB device")
     if option:

@@ -263,7 +263,7 @@ def test_unwritable_output_dir(tmp_path):
     blocker.write_text("not a directory")
     result = run(fa, "--out", blocker / "ds", "--train", "all", "--heldout", "none")
     assert result.exit_code == 2 and "genolc: error:" in result.output and "Traceback" not in result.output
-    assert "output directory" in result.output and blocker.read_text() == "not a directory"
+    assert "dataset directory" in result.output and blocker.read_text() == "not a directory"
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
@@ -272,7 +272,7 @@ def test_output_dir_on_a_file_system_that_refuses_writes(tmp_path):
     fa = write_fasta(tmp_path / "g.fa", [("chr1", random_bases(2000))])
     result = run(fa, "--out", "/proc/genolc-test-ds", "--train", "all", "--heldout", "none")
     assert result.exit_code == 2 and "genolc: error:" in result.output and "Traceback" not in result.output
-    assert "output directory" in result.output and "/proc" in result.output
+    assert "dataset directory" in result.output and "/proc" in result.output
 
 
 def test_bed_naming_no_used_record(tmp_path):
@@ -297,8 +297,32 @@ def test_existing_non_dataset_directory_is_not_replaced(tmp_path):
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     result = run(fa, "--out", out, "--train", "all", "--heldout", "none")
-    assert result.exit_code == 2 and "not a genolc dataset" in result.output
-    assert (out / "notes.txt").read_text() == "keep me"
+    assert result.exit_code == 2 and "holds files genolc did not write (notes.txt)" in result.output
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
+
+
+def test_the_working_directory_is_never_replaced(tmp_path, monkeypatch):
+    fa = write_fasta(tmp_path / "g.fa", [("chr1", random_bases(2000))])
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = run(fa, "--out", ".", "--train", "all", "--heldout", "none")
+    assert result.exit_code == 2 and "the current directory" in result.output
+    assert not any(work.iterdir()) and sorted(p.name for p in tmp_path.iterdir()) == ["g.fa", "work"]
+
+
+def test_a_failed_prepare_removes_the_folders_it_created(tmp_path, monkeypatch):
+    fa = write_fasta(tmp_path / "g.fa", [("chr1", random_bases(2000))])
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = run(fa, "--train", "chrZ", "--heldout", "none")           # default --out: ./prepared/g
+    assert result.exit_code == 2 and "chrZ" in result.output
+    assert not any(work.iterdir())
+    (work / "mine").mkdir()
+    result = run(fa, "--train", "chrZ", "--heldout", "none", "--out", "mine/a/b")
+    assert result.exit_code == 2 and "chrZ" in result.output
+    assert [p.name for p in work.iterdir()] == ["mine"] and not any((work / "mine").iterdir())
 
 
 def test_invalid_characters_count_and_first_position(tmp_path):

@@ -110,3 +110,90 @@ def test_default_recipe_chr22_heldout(shared_file, tmp_path):
 
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and "nothing to do" in again.output
+
+
+LAMBDA = "other/lambda_phage_NC_001416.1.fa.gz"
+LAMBDA_MD5 = "509bdb356475a21077713babc47a4a35"     # ../shared/data/README.md
+
+
+def _lambda_bases(path) -> bytes:
+    import gzip
+
+    with gzip.open(path, "rb") as fh:
+        return b"".join(line.strip() for line in fh if not line.startswith(b">"))
+
+
+def test_the_same_chromosome_in_two_files_is_kept_once_with_a_warning(shared_file, tmp_path):
+    lam = shared_file(LAMBDA)
+    # The same sequence in another file and format (plain FASTA, 70 bases a line): equal by content, not by bytes.
+    bases = _lambda_bases(lam)
+    copy = tmp_path / "lambda_copy.fa"
+    copy.write_bytes(b">NC_001416.1 copy\n" + b"\n".join(bases[i:i + 70] for i in range(0, len(bases), 70)) + b"\n")
+    out = tmp_path / "ds"
+    result = CliRunner().invoke(main, ["prepare", str(lam), str(copy), "--out", str(out), "--train", "all",
+                                       "--heldout", "none", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "given twice with identical sequence" in result.output
+    assert str(lam) in result.output and str(copy) in result.output and "kept once as NC_001416.1" in result.output
+    ds = PreparedDataset(out)
+    (record,) = ds.manifest["records"]
+    assert record["key"] == "NC_001416.1" and record["md5_upper"] == LAMBDA_MD5 and record["source"] == 0
+    assert record["also_in"] == [{"source": 1, "name": "NC_001416.1"}]
+    assert ds.manifest["splits"]["train"] == ["NC_001416.1"] and len(ds.manifest["sources"]) == 2
+    assert sorted(p.name for p in (out / "tokens").iterdir()) == ["NC_001416.1.bin"]
+
+
+def test_the_same_chromosome_name_with_another_sequence_is_kept_under_a_new_key(shared_file, tmp_path):
+    lam = shared_file(LAMBDA)
+    half = tmp_path / "lambda_second_half.fa"
+    bases = _lambda_bases(lam)
+    half.write_bytes(b">NC_001416.1\n" + bases[len(bases) // 2:] + b"\n")
+    out = tmp_path / "ds"
+    result = CliRunner().invoke(main, ["prepare", str(lam), str(half), "--out", str(out), "--train", "all",
+                                       "--heldout", "none", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "name a chromosome already read, with a different sequence" in result.output
+    assert f"'NC_001416.1' in {half} is kept as NC_001416.1_2" in result.output and str(lam) in result.output
+    ds = PreparedDataset(out)
+    assert ds.manifest["splits"]["train"] == ["NC_001416.1", "NC_001416.1_2"]
+    assert ds.record("NC_001416.1")["md5_upper"] == LAMBDA_MD5
+    assert ds.record("NC_001416.1_2")["length_bases"] == len(bases) - len(bases) // 2
+    assert "also_in" not in ds.record("NC_001416.1")
+
+
+def test_distinct_chromosomes_give_no_repeat_warning(shared_file, tmp_path):
+    out = tmp_path / "ds"
+    result = CliRunner().invoke(main, ["prepare", str(shared_file(LAMBDA)),
+                                       str(shared_file("human/hg38_chr13_chr4_blat_pieces.fa.gz")), "--out", str(out),
+                                       "--train", "all", "--heldout", "none", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.output
+
+
+def test_a_chromosome_cut_at_a_heldout_region_given_twice_is_kept_once_piece_by_piece(shared_file, tmp_path):
+    lam = shared_file(LAMBDA)
+    bases = _lambda_bases(lam)
+    copy = tmp_path / "lambda_copy.fa"
+    copy.write_bytes(b">NC_001416.1 copy\n" + bases + b"\n")
+    other = tmp_path / "lambda_mutated.fa"
+    mutated = bytearray(bases)
+    mutated[40_000] = ord("A") if mutated[40_000] != ord("A") else ord("C")     # outside the region: one piece differs
+    other.write_bytes(b">NC_001416.1\n" + bytes(mutated) + b"\n")
+    out = tmp_path / "ds"
+    result = CliRunner().invoke(main, ["prepare", str(lam), str(copy), str(other), "--out", str(out),
+                                       "--train", "all", "--heldout", "NC_001416.1:10001-20000", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    pieces = ["NC_001416.1_1-10000", "NC_001416.1_10001-20000", f"NC_001416.1_20001-{len(bases)}"]
+    assert f"kept once as {', '.join(pieces)}" in result.output and str(copy) in result.output
+    ds = PreparedDataset(out)
+    kept = [r for r in ds.manifest["records"] if r["source"] == 0]
+    assert [r["key"] for r in kept] == pieces
+    assert all(r["also_in"] == [{"source": 1, "name": "NC_001416.1"}] for r in kept)
+    # a copy that differs in one piece is kept whole, under new keys, with the other warning
+    renamed = [r for r in ds.manifest["records"] if r["source"] == 2]
+    assert [r["key"] for r in renamed] == [f"{k}_2" for k in pieces] and not any("also_in" in r for r in renamed)
+    assert f"'NC_001416.1' in {other} is kept as {', '.join(f'{k}_2' for k in pieces)}" in result.output
+    assert not any(r["source"] == 1 for r in ds.manifest["records"])
+    written = sorted(p.name for p in (out / "tokens").iterdir())
+    assert written == sorted(f"{k}{suffix}.bin" for k in pieces for suffix in ("", "_2"))
+    assert ds.manifest["splits"]["heldout"] == [pieces[1], f"{pieces[1]}_2"]

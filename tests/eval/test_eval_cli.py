@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -206,3 +213,119 @@ def test_needle_progress_bar_counts_every_forward_pass(setup, tmp_path, monkeypa
     rows = len(pd.read_csv(out / "needle.csv"))
     assert rows == 6 and len(bars) == 1
     assert (bars[0].total, bars[0].n, bars[0].closed) == (rows, rows, True)
+
+
+def test_eval_never_replaces_a_directory_genolc_did_not_write(setup, tmp_path, monkeypatch):
+    data, model, _, _ = setup
+    mine = tmp_path / "d"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("important\n")
+    common = ["--data", data, "--checkpoint", model, "--seq", "256", "--max-windows", "1", "--bootstrap", "10",
+              "--no-progress"]
+    for mode in (["--by-position", "chr22"], ["--needle", "chr22", "--needle-bases", "16", "--needle-trials", "1"]):
+        result = _run([*mode, *common, "--out", mine])
+        assert result.exit_code == 2, result.output
+        assert result.output.count("genolc: error:") == 1 and "Traceback" not in result.output
+        assert "holds files genolc did not write (notes.txt)" in result.output and str(mine) in result.output
+        assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "important\n"
+    # --out . : the working directory is never replaced, even when it is empty
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = _run(["--by-position", "chr22", *common, "--out", "."])
+    assert result.exit_code == 2 and "the current directory" in result.output
+    assert not any(work.iterdir()) and sorted(p.name for p in tmp_path.iterdir()) == ["d", "work"]
+    # an earlier evaluation's directory is replaced whole, by a new output with its own run record
+    own = tmp_path / "own"
+    for _ in range(2):
+        result = _run(["--by-position", "chr22", *common, "--out", own])
+        assert result.exit_code == 0, result.output
+    assert (own / "summary.json").is_file() and len(list((own / "runs").glob("*_eval.json"))) == 1
+
+
+def test_eval_stopped_at_once_writes_nothing(setup, tmp_path, monkeypatch):
+    import genolc.eval.by_position as by_position
+
+    data, model, _, _ = setup
+    real, calls = by_position.window_data, []
+
+    def second_ctrl_c(dataset, w):
+        calls.append(w)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(dataset, w)
+
+    monkeypatch.setattr(by_position, "window_data", second_ctrl_c)
+    out = tmp_path / "o"
+    result = _run(["--by-position", "chr22", "--data", data, "--checkpoint", model, "--seq", "256",
+                   "--max-windows", "3", "--out", out, "--no-progress"])
+    assert result.exit_code == 130, result.output
+    assert "eval stopped at once; nothing was written" in result.output and "Aborted" not in result.output
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_in_eval_keeps_the_windows_scored_and_exits_130(setup, tmp_path):
+    data, model, _, _ = setup
+    out = tmp_path / "interrupted"
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "genolc.cli", "eval", "--by-position", "chr22", "--data", str(data), "--checkpoint",
+         str(model), "--seq", "256", "--max-windows", "200", "--bootstrap", "20", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    seen, deadline = b"", time.monotonic() + 240
+    try:
+        # The progress bar (on stderr) shows the first window done: then Ctrl-C.
+        while not re.search(rb"\b[1-9][0-9]*/200\b", seen):
+            chunk = os.read(proc.stderr.fileno(), 4096)
+            assert chunk and time.monotonic() < deadline, seen.decode(errors="replace")
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = (seen + err).decode(errors="replace")
+    assert proc.returncode == 130, stderr
+    assert "SIGINT received: finishing the current window" in stderr
+    message = re.search(r"genolc: error: eval stopped by SIGINT after (\d+) of 200 windows; their results are "
+                        r"written, marked interrupted", stderr)
+    assert message and "Aborted" not in stderr and "Traceback" not in stderr, stderr
+    scored = int(message.group(1))
+    assert 1 <= scored < 200
+    # The windows scored are printed like a finished run's, headed as interrupted.
+    printed = rest.decode()
+    assert f"(chr22; INTERRUPTED: {scored} of 200 windows scored):" in printed, printed
+    assert "model bits/base" in printed and "wrote" not in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["windows"]["scored"] == scored and summary["windows"]["selected"] == 200
+    assert len(pd.read_csv(out / "windows.csv")) == scored and (out / "by_position.png").is_file()
+    record = json.loads(next((out / "runs").glob("*_eval.json")).read_text())
+    assert record["status"] == "interrupted" and f"after {scored} of 200 windows" in record["error"]
+    assert str(out / "summary.json") in record["outputs"]
+
+
+def test_ctrl_c_in_the_needle_prints_the_trials_done(setup, tmp_path, monkeypatch):
+    from genolc.eval import needle
+
+    passes = []
+
+    def uniform_then_ctrl_c(scorer, ids):
+        passes.append(len(ids))
+        if len(passes) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return np.full(len(ids) - 1, np.log(0.25))
+
+    # A uniform guess stands in for the forwards; the first one is followed by a Ctrl-C, so trial 0 finishes alone.
+    monkeypatch.setattr(needle, "score_full", uniform_then_ctrl_c)
+    data, model, _, _ = setup
+    out = tmp_path / "needle"
+    result = _run(["--needle", "--data", data, "--checkpoint", model, "--seq", "4k", "--needle-bases", "16",
+                   "--needle-trials", "3", "--needle-distance", "1k", "--bootstrap", "20", "--out", out,
+                   "--no-progress"])
+    assert result.exit_code == 130, result.output
+    assert result.stdout.splitlines()[0] == "INTERRUPTED: 1 of 3 needle trials done"
+    assert result.stdout.splitlines()[1].startswith("D=1024: first copy 2.000, second copy 2.000 bits/base")
+    assert "eval stopped by SIGINT after 1 of 3 needle trials" in result.stderr and len(passes) == 1
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"

@@ -170,6 +170,31 @@ def test_convert_command_between_layouts(saved, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_convert_never_replaces_a_directory_genolc_did_not_write(saved, tmp_path, monkeypatch):
+    _, path = saved
+    runner = CliRunner()
+    mine = tmp_path / "d"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("important\n")
+    result = runner.invoke(main, ["convert", str(path), "--out", str(mine)])
+    assert result.exit_code == 2 and result.output.count("genolc: error:") == 1, result.output
+    assert "checkpoint directory already holds files genolc did not write (notes.txt)" in result.output
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "important\n"
+    # refused before the source is read: a missing source is not what the message is about
+    result = runner.invoke(main, ["convert", str(tmp_path / "nowhere"), "--out", str(mine)])
+    assert result.exit_code == 2 and "did not write (notes.txt)" in result.output and "not found" not in result.output
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = runner.invoke(main, ["convert", str(path), "-o", "."])
+    assert result.exit_code == 2 and "the current directory" in result.output and not any(work.iterdir())
+    # an earlier conversion is genolc's own checkpoint: replaced
+    for layout in ("multimodal", "text"):
+        result = runner.invoke(main, ["convert", str(path), "--out", str(tmp_path / "converted"), "--layout", layout])
+        assert result.exit_code == 0, result.output
+    assert "text_config" not in json.loads((tmp_path / "converted" / "config.json").read_text())
+
+
 def test_convert_a_finetune_run_directory_takes_its_newest_checkpoint(saved, tmp_path):
     model, path = saved
     for step in ("step-000002", "step-000004"):

@@ -122,11 +122,29 @@ def test_seq_not_a_multiple_of_the_kernel_chunk(char_data, tmp_path, monkeypatch
 
 def test_out_is_a_file_and_options_named_in_errors(char_data, tmp_path):
     (tmp_path / "a-file").write_text("x")
-    assert "--out is a file" in _error("--data", char_data, "--seq", "64", "--out", tmp_path / "a-file")
+    assert "run directory is a file, not a directory" in _error("--data", char_data, "--seq", "64", "--out",
+                                                                 tmp_path / "a-file")
     assert "(--warmup)" in _error("--data", char_data, "--seq", "64", "--warmup", "-1", "--out", tmp_path / "run")
     assert "(--moe-bias-rate)" in _error("--data", char_data, "--seq", "64", "--moe-bias-rate", "-1e-3", "--out",
                                          tmp_path / "run")
     assert "(--keep)" in _error("--data", char_data, "--seq", "64", "--keep", "0", "--out", tmp_path / "run")
+
+
+def test_out_holding_other_files_is_refused_and_a_failed_start_leaves_nothing(char_data, tmp_path, monkeypatch):
+    mine = tmp_path / "d"
+    mine.mkdir()
+    (mine / "summary.json").write_text("my results")
+    for out in (mine, "."):
+        monkeypatch.chdir(mine if out == "." else tmp_path)
+        message = _error("--data", char_data, "--seq", "64", "--steps", "1", "--out", out)
+        assert "run directory already holds files genolc did not write (summary.json)" in message
+        assert str(mine) in message and "refusing to write into it" in message
+        assert [p.name for p in mine.iterdir()] == ["summary.json"]
+        assert (mine / "summary.json").read_text() == "my results"
+    # A run that fails before writing results leaves no directory behind (nor the parents it created).
+    message = _error("--data", char_data, "--seq", "64", "--init", tmp_path / "nowhere",
+                     "--out", tmp_path / "new" / "run")
+    assert "nowhere" in message and not (tmp_path / "new").exists()
 
 
 def test_model_and_init_together(char_data, tmp_path):

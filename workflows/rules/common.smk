@@ -51,7 +51,7 @@ def _cross_check(cfg):
                 problems.append(f"evals.{name}.contexts {k} must be shorter than its seq {spec['seq']}")
     if problems:
         # WorkflowError: Snakemake prints it as one message, without a Python traceback.
-        where = ", ".join(workflow.configfiles) or "the config"
+        where = ", ".join(map(str, workflow.configfiles)) or "the config"
         raise WorkflowError(f"invalid workflow config ({where}):\n- " + "\n- ".join(problems)
                             + "\nFix these entries and run again.")
 

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from genolc.model.cache import LayerCache, append_rows
 from genolc.model.config import ModelConfig, ModelConfigError
-from genolc.model.indexer_loss import INDEXER_LOSS_MODES, indexer_kl_loss
+from genolc.model.indexer_loss import INDEXER_LOSS_MODES, indexer_kl_loss, window_kl_rows
 from genolc.model.layers.norm import RMSNorm
 from genolc.model.ops.dispatch import select_indices, sparse_latent_attention
 from genolc.model.ops.dsa.reference import dense_causal_attention
@@ -90,21 +91,37 @@ class DSAIndexer(nn.Module):
         self.index_kpool_compress_ape = nn.Parameter(torch.zeros(self.kpool, self.head_dim))
         self.index_kpool_compress_gate = nn.Parameter(torch.ones(self.head_dim, config.hidden_size))
 
-    def features(self, hidden: torch.Tensor, q_resid: torch.Tensor) -> IndexerFeatures:
-        """hidden ``[B, T, D]`` and the MLA query latent q_resid ``[B, T, q_lora_rank]`` -> :class:`IndexerFeatures`."""
+    def features(self, hidden: torch.Tensor, q_resid: torch.Tensor,
+                 cache: LayerCache | None = None) -> IndexerFeatures:
+        """hidden ``[B, T, D]`` and the MLA query latent q_resid ``[B, T, q_lora_rank]`` -> :class:`IndexerFeatures`.
+
+        With ``cache`` (one chunk of a window) ``pooled`` covers every complete pool up to the chunk's last token:
+        the earlier pools from ``cache.past["pooled"]``, the pool straddling the chunk's start completed from the
+        keys and gate logits of its earlier tokens (``pool_tail_keys`` / ``pool_tail_gates``).
+        """
         batch, seq_len = hidden.shape[:2]
         queries = self.wq_b(q_resid).view(batch, seq_len, self.n_heads, self.head_dim)
         keys = self.k_norm(self.wk(hidden))
         gate_logits = nn.functional.linear(hidden, self.index_kpool_compress_gate)
-        pooled = pool_keys(keys, gate_logits, self.index_kpool_compress_ape, self.kpool)
         head_weights = self.weights_proj(hidden).float() * self.n_heads ** -0.5
-        return IndexerFeatures(queries, head_weights, pooled)
+        if cache is None:
+            return IndexerFeatures(queries, head_weights,
+                                   pool_keys(keys, gate_logits, self.index_kpool_compress_ape, self.kpool))
+        keys = append_rows(cache.past.get("pool_tail_keys"), keys)
+        gate_logits = append_rows(cache.past.get("pool_tail_gates"), gate_logits)
+        new_pools = pool_keys(keys, gate_logits, self.index_kpool_compress_ape, self.kpool)
+        complete = new_pools.shape[1] * self.kpool
+        cache.present["pooled"] = new_pools
+        cache.present["pool_tail_keys"] = keys[:, complete:]
+        cache.present["pool_tail_gates"] = gate_logits[:, complete:]
+        return IndexerFeatures(queries, head_weights, append_rows(cache.past.get("pooled"), new_pools))
 
 
 class DSAAttention(nn.Module):
     """``forward(hidden [B, T, D], shared_indices=None, indexer_loss=None) -> DSAOutput`` (training / prefill).
 
-    No padding mask and no KV cache: every sequence is a full window starting at position 0.
+    No padding mask: a sequence is a whole window starting at position 0, or one chunk of a window whose earlier
+    positions' rows come in a :class:`genolc.model.cache.LayerCache`.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -138,14 +155,16 @@ class DSAAttention(nn.Module):
         self.sparse_attention_op = sparse_latent_attention
         self.dense_attention_op = dense_causal_attention
 
-    def _select(self, features: IndexerFeatures) -> torch.Tensor:
+    def _select(self, features: IndexerFeatures, cache: LayerCache | None = None) -> torch.Tensor:
         # int32 rows on CUDA (the fast selector takes out_dtype; the CPU reference returns int64 only).
-        row_dtype = {"out_dtype": torch.int32} if features.queries.is_cuda else {}
+        options = {"out_dtype": torch.int32} if features.queries.is_cuda else {}
+        if cache is not None:
+            options.update(query_offset=cache.start, window_len=cache.window_len)
         with torch.no_grad():
             return self.select_op(features.queries.detach(), features.head_weights.detach(),
                                   features.pooled.detach(), kpool=self.kpool, topk=self.topk,
                                   select_tail=self.select_tail, softmax_scale=self.indexer.softmax_scale,
-                                  **row_dtype)
+                                  **options)
 
     def _key_value_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``kv_b_proj``'s weight split per head: ``W_k [H, Dk, R]`` and ``W_v [H, Dv, R]`` (views)."""
@@ -153,7 +172,7 @@ class DSAAttention(nn.Module):
         return weight[:, : self.qk_head_dim], weight[:, self.qk_head_dim:]
 
     def forward(self, hidden: torch.Tensor, shared_indices: torch.Tensor | None = None,
-                indexer_loss: str | None = None) -> DSAOutput:
+                indexer_loss: str | None = None, cache: LayerCache | None = None) -> DSAOutput:
         """Args:
             hidden: ``[B, T, D]`` normed input of the attention block.
             shared_indices: ``[B, T, W]`` index rows of the previous full layer; required by "shared" layers,
@@ -162,6 +181,9 @@ class DSAAttention(nn.Module):
                 dense causal main attention, KL trains the indexer) or ``"sparse"`` (sparse main attention, KL over
                 the selected pools). With a mode the indexer sees detached inputs, so its KL trains only the
                 indexer and the LM loss never reaches it.
+            cache: ``hidden`` is one chunk of a window (genolc.model.cache): queries attend over the latent rows
+                of the earlier positions in ``cache.past["latent"]`` too, index rows hold absolute positions, and
+                ``indexer_kl`` is this chunk's share of the window's loss (None when ``cache.aux`` is off).
         """
         if hidden.dim() != 3:
             raise ValueError(f"hidden must be [B, T, D], got {tuple(hidden.shape)}")
@@ -169,19 +191,27 @@ class DSAAttention(nn.Module):
             raise ModelConfigError(f"unknown indexer_loss {indexer_loss!r}", where=f"DSA layer {self.layer_idx}",
                                    fix=f"use None or one of {', '.join(INDEXER_LOSS_MODES)}")
         batch, seq_len = hidden.shape[:2]
+        start = 0 if cache is None else cache.start
+        keys_len = start + seq_len
 
         q_resid = self.q_a_layernorm(self.q_a_proj(hidden))
         queries = self.q_b_proj(q_resid).view(batch, seq_len, self.num_heads, self.qk_head_dim)
         latent = self.kv_a_layernorm(self.kv_a_proj_with_mqa(hidden)[..., : self.kv_lora_rank])  # [B, T, R]
+        if cache is not None:
+            cache.present["latent"] = latent
+            latent = append_rows(cache.past.get("latent"), latent)                           # [B, start + T, R]
+            if latent.shape[1] != keys_len:
+                raise ValueError(f"DSA layer {self.layer_idx}: the cache holds {latent.shape[1] - seq_len} latent "
+                                 f"rows before a chunk starting at {start}")
 
         features = None
         if self.indexer is not None:
             if indexer_loss is None:
                 with torch.no_grad():
-                    features = self.indexer.features(hidden, q_resid)
+                    features = self.indexer.features(hidden, q_resid, cache)
             else:
-                features = self.indexer.features(hidden.detach(), q_resid.detach())
-            indices = self._select(features)
+                features = self.indexer.features(hidden.detach(), q_resid.detach(), cache)
+            indices = self._select(features, cache)
         else:
             if shared_indices is None:
                 raise ValueError(f"DSA layer {self.layer_idx} is 'shared' and needs shared_indices from the previous "
@@ -191,8 +221,8 @@ class DSAAttention(nn.Module):
                                  f"{tuple(shared_indices.shape)}")
             indices = shared_indices
 
-        if indexer_loss == "dense" or selects_all_causal(seq_len, self.topk, self.kpool, self.select_tail):
-            kv = self.kv_b_proj(latent).view(batch, seq_len, self.num_heads, -1)
+        if indexer_loss == "dense" or selects_all_causal(keys_len, self.topk, self.kpool, self.select_tail):
+            kv = self.kv_b_proj(latent).view(batch, keys_len, self.num_heads, -1)
             keys, values = kv.split([self.qk_head_dim, self.v_head_dim], dim=-1)
             attended = self.dense_attention_op(queries, keys, values, self.softmax_scale)
             main_q, main_k = queries, keys
@@ -206,9 +236,11 @@ class DSAAttention(nn.Module):
         output = self.o_proj(attended.reshape(batch, seq_len, self.num_heads * self.v_head_dim))
 
         kl = None
-        if features is not None and indexer_loss is not None:
+        if features is not None and indexer_loss is not None and (cache is None or cache.aux):
+            window = {} if cache is None else {
+                "query_offset": start, "row_count": window_kl_rows(batch, cache.window_len, self.kpool)}
             kl = indexer_kl_loss(indexer_loss, main_q=main_q, main_k=main_k, softmax_scale=self.softmax_scale,
                                  index_q=features.queries, head_weights=features.head_weights,
                                  pooled=features.pooled, index_softmax_scale=self.indexer.softmax_scale,
-                                 kpool=self.kpool, topk=self.topk, indices=indices)
+                                 kpool=self.kpool, topk=self.topk, indices=indices, **window)
         return DSAOutput(hidden=output, indices=indices, indexer_kl=kl)

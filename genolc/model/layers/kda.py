@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from genolc.model.cache import LayerCache
 from genolc.model.config import ModelConfig
 from genolc.model.layers.norm import GatedRMSNorm
 from genolc.model.ops.dispatch import chunk_kda
@@ -80,23 +81,40 @@ class KimiDeltaAttention(nn.Module):
         self.o_proj = nn.Linear(width, hidden, bias=False)
         self.kda_op = chunk_kda
 
-    def short_conv(self, qkv: torch.Tensor) -> torch.Tensor:
-        """Causal depthwise conv + SiLU over ``[B, T, C]``: output t sees inputs t-K+1 .. t."""
+    def short_conv(self, qkv: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal depthwise conv + SiLU over ``[B, T, C]``: output t sees inputs t-K+1 .. t.
+
+        ``tail [B, <= K-1, C]``: the inputs just before ``qkv`` (a chunk's predecessors); zeros where absent.
+        """
         kernel = self.conv1d.weight.shape[-1]
-        channels_first = F.pad(qkv.transpose(1, 2).to(self.conv1d.weight.dtype), (kernel - 1, 0))
+        known = 0 if tail is None else tail.shape[1]
+        inputs = qkv if not known else torch.cat([tail.to(qkv.dtype), qkv], dim=1)
+        channels_first = F.pad(inputs.transpose(1, 2).to(self.conv1d.weight.dtype), (kernel - 1 - known, 0))
         mixed = F.conv1d(channels_first, self.conv1d.weight, groups=qkv.shape[-1])
         return F.silu(mixed).transpose(1, 2).to(qkv.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        """``x [B, T, D] -> [B, T, D]``; with ``cache`` (genolc.model.cache) x is one chunk of a window: the state
+        and convolution inputs of the positions before it come from ``cache.past``, this chunk's go to
+        ``cache.present``."""
         if x.dim() != 3:
             raise ValueError(f"KDA input must be [B, T, D]; got {tuple(x.shape)}")
         batch, length, _ = x.shape
         heads_shape = (batch, length, self.num_heads, self.head_dim)
-        qkv = self.short_conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1))
+        conv_input = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        conv_tail = None if cache is None else cache.past.get("conv_tail")
+        qkv = self.short_conv(conv_input, conv_tail)
         q, k, v = (t.reshape(heads_shape) for t in qkv.split(self.width, dim=-1))
         gate_input = self.forget_gate.pre_activation(x)
         beta = torch.sigmoid(self.b_proj(x))
-        core, _ = self.kda_op(q, k, v, gate_input, beta, use_qk_l2norm_in_kernel=True,
-                              **self.forget_gate.op_arguments())
+        initial_state = None if cache is None else cache.past.get("state")
+        core, final_state = self.kda_op(q, k, v, gate_input, beta, initial_state=initial_state,
+                                        output_final_state=cache is not None, use_qk_l2norm_in_kernel=True,
+                                        **self.forget_gate.op_arguments())
+        if cache is not None:
+            keep = self.conv1d.weight.shape[-1] - 1
+            seen = conv_input if conv_tail is None else torch.cat([conv_tail.to(conv_input.dtype), conv_input], 1)
+            cache.present["conv_tail"] = seen[:, max(0, seen.shape[1] - keep):]
+            cache.present["state"] = final_state
         gate = self.g_b_proj(self.g_a_proj(x)).view(heads_shape)
         return self.o_proj(self.o_norm(core, gate).reshape(batch, length, self.width))

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from genolc.model.cache import LayerCache
 from genolc.model.config import ModelConfig
 from genolc.model.ops.dispatch import routed_experts
 from genolc.model.ops.moe.reference import clamped_swiglu
@@ -98,23 +99,28 @@ class Experts(nn.Module):
         return routed_experts(x, expert_ids, weights, self.gate_up_proj, self.down_proj, self.swiglu_limit)
 
 
-def balance_loss(routing: Routing, num_experts: int) -> torch.Tensor:
+def balance_loss(routing: Routing, num_experts: int, *, fraction: torch.Tensor | None = None,
+                 total_tokens: int | None = None) -> torch.Tensor:
     """Load-balance loss over the batch: ``E * sum_i f_i * P_i`` (1.0 when perfectly balanced).
 
     ``f_i``: fraction of token slots sent to expert i (no gradient); ``P_i``: mean over tokens of expert i's
     sigmoid score normalised over experts (DeepSeek-V3's complementary balance loss, computed over all tokens).
+    For one chunk of a window, ``fraction`` is the whole window's ``f`` and ``total_tokens`` its token count: the
+    result is then this chunk's share, and the chunks' shares add up to the window's loss.
     """
-    counts = torch.bincount(routing.expert_ids.reshape(-1), minlength=num_experts).float()
-    fraction = counts / counts.sum()
+    if fraction is None:
+        counts = torch.bincount(routing.expert_ids.reshape(-1), minlength=num_experts).float()
+        fraction = counts / counts.sum()
     probs = routing.scores / (routing.scores.sum(-1, keepdim=True) + 1e-20)
-    return num_experts * (fraction * probs.mean(0)).sum()
+    mean_probs = probs.mean(0) if total_tokens is None else probs.sum(0) / total_tokens
+    return num_experts * (fraction.to(mean_probs.dtype) * mean_probs).sum()
 
 
 @dataclass
 class MoEOutput:
     hidden: torch.Tensor               # [B, T, D]
     tokens_per_expert: torch.Tensor    # [E] long
-    balance_loss: torch.Tensor         # scalar
+    balance_loss: torch.Tensor | None  # scalar; None for a chunk that skips the auxiliary losses
 
 
 class MoE(nn.Module):
@@ -129,7 +135,9 @@ class MoE(nn.Module):
             SwiGLUMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, config.swiglu_limit)
             if config.n_shared_experts > 0 else None)
 
-    def forward(self, x: torch.Tensor) -> MoEOutput:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> MoEOutput:
+        """``x [B, T, D]``; with ``cache`` x is one chunk of a window and ``balance_loss`` this chunk's share of the
+        window's (None when ``cache.aux`` is off)."""
         if x.dim() != 3:
             raise ValueError(f"MoE input must be [B, T, D]; got {tuple(x.shape)}")
         flat = x.reshape(-1, x.shape[-1])
@@ -138,5 +146,14 @@ class MoE(nn.Module):
         out = routed.view_as(x)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return MoEOutput(hidden=out, tokens_per_expert=tokens_per_expert,
-                         balance_loss=balance_loss(routing, self.num_experts))
+        if cache is None:
+            balance = balance_loss(routing, self.num_experts)
+        elif not cache.aux:
+            balance = None
+        else:
+            if cache.expert_fraction is None:
+                raise ValueError("a chunk's MoE balance loss needs the window's expert_fraction in its cache "
+                                 "(a first pass over the window counts it), or aux=False")
+            balance = balance_loss(routing, self.num_experts, fraction=cache.expert_fraction,
+                                   total_tokens=x.shape[0] * cache.window_len)
+        return MoEOutput(hidden=out, tokens_per_expert=tokens_per_expert, balance_loss=balance)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 # Upper bound on the elements of one chunk's gathered keys + values when the chunk size is chosen automatically.
@@ -192,23 +193,30 @@ def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
 
 
 def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> torch.Tensor:
-    """Ordinary causal attention: q ``[B, T, H, Dk]``, k ``[B, T, H, Dk]``, v ``[B, T, H, Dv]`` -> ``[B, T, H, Dv]``.
+    """Ordinary causal attention: q ``[B, T, H, Dk]``, k ``[B, S, H, Dk]``, v ``[B, S, H, Dv]`` -> ``[B, T, H, Dv]``.
 
-    Query ``t`` sees keys ``0 .. t``. Equals :func:`sparse_attention` whenever every row selects all causal keys.
+    The queries are the last ``T`` of the ``S >= T`` key positions (a chunk of a window after its predecessors):
+    query ``t`` sees keys ``0 .. S - T + t``. Equals :func:`sparse_attention` whenever every row selects all causal
+    keys.
 
     Memory is O(T): SDPA's fused kernels never build the ``[T, T]`` score matrix, but they need one head size for
     q, k and v (otherwise SDPA falls back to its quadratic math path). When ``Dk != Dv`` the smaller side is
     zero-padded: zero query/key channels add nothing to ``q . k`` and zero value channels are cut off afterwards.
     """
     _check_qkv(q, k, v)
-    if k.shape[1] != q.shape[1]:
-        raise ValueError(f"causal attention needs as many keys as queries, got T={q.shape[1]} and S={k.shape[1]}")
+    if k.shape[1] < q.shape[1]:
+        raise ValueError(f"causal attention needs at least as many keys as queries, got T={q.shape[1]} and "
+                         f"S={k.shape[1]}")
     qk_dim, v_dim = q.shape[-1], v.shape[-1]
     if qk_dim < v_dim:
         q, k = F.pad(q, (0, v_dim - qk_dim)), F.pad(k, (0, v_dim - qk_dim))
     elif v_dim < qk_dim:
         v = F.pad(v, (0, qk_dim - v_dim))
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                         scale=softmax_scale)
+    if k.shape[1] == q.shape[1]:
+        mask = {"is_causal": True}
+    else:
+        mask = {"attn_mask": causal_lower_right(q.shape[1], k.shape[1])}
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         scale=softmax_scale, **mask)
     return out.transpose(1, 2)[..., :v_dim]
 

@@ -133,35 +133,41 @@ def default_query_chunk(n_pools: int) -> int:
 
 def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
                    topk: int, select_tail: bool, softmax_scale: float, query_chunk: int | None = None,
-                   pool_block: int | None = None, out_dtype: torch.dtype = torch.int64) -> torch.Tensor:
+                   pool_block: int | None = None, out_dtype: torch.dtype = torch.int64,
+                   query_offset: int = 0, window_len: int | None = None) -> torch.Tensor:
     """Drop-in for ``reference.select_indices`` on CUDA tensors.
 
     Args:
-        index_q: ``[B, T, H, D]``; head_weights: ``[B, T, H]``; pooled: ``[B, T // kpool, D]``.
+        index_q: ``[B, T, H, D]``; head_weights: ``[B, T, H]``; pooled: ``[B, (query_offset + T) // kpool, D]``.
         kpool, topk, select_tail, softmax_scale: as the reference.
         query_chunk: queries scored per step (default: :func:`default_query_chunk`). pool_block: ignored (the
             kernel tiles pools itself; kept for signature compatibility).
         out_dtype: int64 (the contract) or int32 (half the output memory).
+        query_offset: absolute position of the first query (a chunk of a window), as the reference's.
+        window_len: ignored. The reference pads candidate rows to the window's pool count so that tied scores
+            choose the same pools in a chunk as in the whole window; here ``torch.topk`` over each query chunk's
+            visible pools decides ties, so a chunk may pick other pools among exactly equal scores.
     Returns:
         ``[B, T, W]`` token indices, layout as the reference's, -1 for empty slots.
     """
-    check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk)
+    check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk, query_offset=query_offset)
     if not index_q.is_cuda:
         raise ValueError("genolc.model.ops.indexer.fast needs CUDA tensors; use reference.select_indices on CPU")
     if out_dtype not in (torch.int32, torch.int64):
         raise ValueError(f"out_dtype must be torch.int32 or torch.int64, got {out_dtype}")
     return streamed_select(index_q, head_weights, pooled, kpool=kpool, topk=topk, select_tail=select_tail,
-                           softmax_scale=softmax_scale, query_chunk=query_chunk, out_dtype=out_dtype)
+                           softmax_scale=softmax_scale, query_chunk=query_chunk, out_dtype=out_dtype,
+                           query_offset=query_offset)
 
 
 def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
                     topk: int, select_tail: bool, softmax_scale: float, query_chunk: int | None,
-                    out_dtype: torch.dtype) -> torch.Tensor:
+                    out_dtype: torch.dtype, query_offset: int = 0) -> torch.Tensor:
     """:func:`select_indices` after its input checks, on any device Triton runs on (CUDA, or CPU tensors under
     ``TRITON_INTERPRET=1``, which ``tests/gpu/triton_interpreter_check.py`` uses)."""
     batch, seq_len = index_q.shape[:2]
     device = index_q.device
-    n_pools = seq_len // kpool
+    n_pools = (query_offset + seq_len) // kpool
     query_chunk = default_query_chunk(n_pools) if query_chunk is None else query_chunk
     if query_chunk < 1:
         raise ValueError(f"query_chunk must be positive, got {query_chunk}")
@@ -176,9 +182,9 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
-        positions = torch.arange(q0, q1, device=device)
+        positions = torch.arange(query_offset + q0, query_offset + q1, device=device)
         n_visible = complete_pools_visible(positions, kpool)
-        visible_pools = q1 // kpool                  # the chunk's last query sees the most pools
+        visible_pools = (query_offset + q1) // kpool  # the chunk's last query sees the most pools
         if select_tail and kpool > 1:
             tail = (n_visible * kpool)[:, None] + tail_offsets[None, :]
             tail = tail.masked_fill(tail > positions[:, None], -1)
@@ -188,8 +194,8 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
         kept_count = min(pools_per_row, visible_pools)
         block = scores[: (q1 - q0) * visible_pools].view(q1 - q0, visible_pools)
         for b in range(batch):
-            pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools], q0,
-                             softmax_scale, kpool, block)
+            pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools],
+                             query_offset + q0, softmax_scale, kpool, block)
             best_pools = block.topk(kept_count, dim=-1).indices
             # A non-causal pool is picked only when fewer than pools_per_row are visible: drop it by position.
             valid = best_pools < n_visible[:, None]

@@ -116,44 +116,58 @@ def complete_pools_visible(query_positions: torch.Tensor, kpool: int) -> torch.T
 
 
 def check_selection_inputs(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
-                           topk: int) -> None:
-    """ValueError unless ``index_q [B, T, H, D]``, ``head_weights [B, T, H]``, ``pooled [B, T // kpool, D]`` and
-    ``topk`` a positive multiple of ``kpool`` (shared by the reference and the fast selection)."""
+                           topk: int, query_offset: int = 0) -> None:
+    """ValueError unless ``index_q [B, T, H, D]``, ``head_weights [B, T, H]``,
+    ``pooled [B, (query_offset + T) // kpool, D]`` and ``topk`` a positive multiple of ``kpool`` (shared by the
+    reference and the fast selection)."""
     if index_q.dim() != 4 or head_weights.shape != index_q.shape[:3]:
         raise ValueError(f"index_q must be [B, T, H, D] and head_weights [B, T, H], got {tuple(index_q.shape)} and "
                          f"{tuple(head_weights.shape)}")
     batch, seq_len, _, dim = index_q.shape
     if kpool < 1 or topk < kpool or topk % kpool:
         raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool})")
-    if pooled.shape != (batch, seq_len // kpool, dim):
-        raise ValueError(f"pooled must be [B={batch}, T // kpool={seq_len // kpool}, D={dim}], "
+    if query_offset < 0:
+        raise ValueError(f"query_offset must be zero or positive, got {query_offset}")
+    n_pools = (query_offset + seq_len) // kpool
+    if pooled.shape != (batch, n_pools, dim):
+        raise ValueError(f"pooled must be [B={batch}, (offset + T) // kpool={n_pools}, D={dim}], "
                          f"got {tuple(pooled.shape)}")
 
 
 def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
                    topk: int, select_tail: bool, softmax_scale: float, query_chunk: int = DEFAULT_QUERY_CHUNK,
-                   pool_block: int = DEFAULT_POOL_BLOCK) -> torch.Tensor:
+                   pool_block: int = DEFAULT_POOL_BLOCK, query_offset: int = 0,
+                   window_len: int | None = None) -> torch.Tensor:
     """Causal top-k pool selection, expanded to token indices.
 
     Args:
-        index_q: ``[B, T, H, D]`` indexer queries for positions ``0 .. T-1``.
+        index_q: ``[B, T, H, D]`` indexer queries for positions ``query_offset .. query_offset + T - 1``.
         head_weights: ``[B, T, H]`` head weights (already multiplied by ``H ** -0.5``).
-        pooled: ``[B, T // kpool, D]`` pool keys from :func:`pool_keys` over the same sequence.
+        pooled: ``[B, (query_offset + T) // kpool, D]`` pool keys from :func:`pool_keys` over the sequence up to
+            the last query (a chunk of a window sees the pools of the chunks before it).
         kpool: pool size; ``topk`` must be a multiple of it.
         topk: token budget; ``topk // kpool`` pools are kept per query.
         select_tail: also select the query's own incomplete pool.
         softmax_scale: see :func:`pool_scores`.
         query_chunk, pool_block: working-set sizes (results do not depend on them, ties aside).
+        query_offset: absolute position of the first query (0 for a whole window).
+        window_len: length of the whole window these queries belong to (default: ``query_offset + T``); only
+            shapes the candidate rows, see below.
 
     Returns:
-        ``[B, T, W]`` int64 token indices in the layout described in the module docstring, -1 for empty slots.
-        Among pools with equal scores the choice is unspecified (as in ``torch.topk``).
+        ``[B, T, W]`` int64 absolute token indices in the layout described in the module docstring, -1 for empty slots.
+        Among pools with equal scores (ReLU makes many exactly 0) the choice is ``torch.topk``'s, which depends on
+        the candidate row: each row is scored against whole blocks of ``pool_block`` pools (the last one cut at
+        the window's last pool, ``window_len // kpool``), non-causal pools at -inf, so a query's row, and so its
+        choice, is the same whether it runs in a whole window or in one chunk of it.
     """
-    check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk)
+    check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk, query_offset=query_offset)
     if query_chunk < 1 or pool_block < 1:
         raise ValueError(f"query_chunk and pool_block must be positive, got {query_chunk} and {pool_block}")
     batch, seq_len = index_q.shape[:2]
     device = index_q.device
+    known_pools = pooled.shape[1]
+    window_pools = max(known_pools, (window_len or 0) // kpool)
     pools_per_row = topk // kpool
     width = index_width(topk, kpool, select_tail)
     within_pool = torch.arange(kpool, device=device)
@@ -162,17 +176,18 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
-        positions = torch.arange(q0, q1, device=device)
+        positions = torch.arange(query_offset + q0, query_offset + q1, device=device)
         n_visible = complete_pools_visible(positions, kpool)  # [Cq]
         q_chunk, w_chunk = index_q[:, q0:q1], head_weights[:, q0:q1]
 
         best_scores = torch.empty(batch, q1 - q0, 0, device=device)
         best_pools = torch.empty(batch, q1 - q0, 0, dtype=torch.long, device=device)
-        # Pools beyond the last query's visible range are masked for every query in the chunk: skip them.
+        # Blocks wholly beyond the last query's visible range are masked for every query in the chunk: skip them.
         for p0 in range(0, int(n_visible[-1]), pool_block):
-            p1 = min(int(n_visible[-1]), p0 + pool_block)
+            p1 = min(window_pools, p0 + pool_block)
             block_ids = torch.arange(p0, p1, device=device)
-            scores = pool_scores(q_chunk, w_chunk, pooled[:, p0:p1], softmax_scale)
+            scores = pool_scores(q_chunk, w_chunk, pooled[:, p0:min(p1, known_pools)], softmax_scale)
+            scores = F.pad(scores, (0, p1 - p0 - scores.shape[-1]), value=float("-inf"))
             scores = scores.masked_fill(block_ids[None, None, :] >= n_visible[None, :, None], float("-inf"))
             candidates = torch.cat([best_scores, scores], dim=-1)
             candidate_ids = torch.cat([best_pools, block_ids.expand(batch, q1 - q0, -1)], dim=-1)

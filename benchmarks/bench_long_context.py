@@ -1,0 +1,201 @@
+"""How long a window `genolc finetune` trains on one GPU: peak GPU and host memory and tokens/s per model and length.
+
+    python benchmarks/bench_long_context.py --fasta .gpudata/GRCh37_chrX_1-24000000.fa.gz \
+        --models small,base --lengths 128k,512k,1M,2M,4M --steps 2 [--baseline-lengths 32k,48k,64k]
+
+Each (model, length) runs the real command, ``genolc finetune --seq L --model M --steps N`` (the step strategy left
+to ``--chunk auto`` unless ``--chunk`` is given), in its own process, so one that fails cannot disturb the next;
+lengths go up until one fails (refused by the plan or out of memory), then the next model starts. A row holds what
+the run's summary.json and metrics.jsonl say (the strategy chosen, chunk, peak GPU memory, tokens/s of the last
+step, every step's seconds and loss), the child's peak host RSS, the plan's estimate for that strategy (the
+within-15 % check) and, for failures, the message's last lines. ``--baseline-lengths``: the same model config as
+transformers' ``Glm5NextTextModel`` with an LM head, gradient checkpointing on, bf16 autocast, AdamW, one step per
+length until it runs out of memory (needs transformers with ``glm5_next``).
+
+The dataset is prepared once (char tokenizer) from ``--fasta`` into a temporary directory, or taken from ``--data``.
+Results: ``$OUT/long_context_<date><BENCH_TAG>.json`` (benchmarks/results by default) with command, git SHA, device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from genolc.units import format_length, parse_length  # noqa: E402
+
+BASELINE_SCRIPT = r"""
+import sys, time, torch
+from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextModel
+from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
+from genolc.model import preset
+name, length = sys.argv[1], int(sys.argv[2])
+config = Glm5NextTextConfig(**preset(name).to_hf())
+torch.manual_seed(0)
+body = Glm5NextTextModel(config).cuda()
+head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False).cuda()
+body.gradient_checkpointing_enable()
+body.train()
+params = list(body.parameters()) + list(head.parameters())
+optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+ids = torch.randint(0, 4, (1, length + 1), device="cuda")
+torch.cuda.reset_peak_memory_stats()
+start = time.monotonic()
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    hidden = body(input_ids=ids[:, :-1], use_cache=False).last_hidden_state
+    logits = head(hidden).float()
+loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+loss.backward()
+optimizer.step()
+torch.cuda.synchronize()
+seconds = time.monotonic() - start
+print("RESULT", length / seconds, torch.cuda.max_memory_allocated() / 2**30, float(loss), seconds)
+"""
+
+
+def run_child(argv: list[str], env: dict, timeout: float) -> tuple[int, str, float, float]:
+    """(exit code, last output, wall seconds, peak host RSS GiB) of one child process."""
+    start = time.monotonic()
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        deadline = start + timeout
+        status = None
+        while status is None:
+            pid, wait_status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                status = os.waitstatus_to_exitcode(wait_status)
+                rss = usage.ru_maxrss * 1024 / 2 ** 30
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                _, wait_status, usage = os.wait4(proc.pid, 0)
+                status, rss = 124, usage.ru_maxrss * 1024 / 2 ** 30
+                break
+            time.sleep(0.5)
+        proc.returncode = status
+        log.seek(0)
+        text = log.read()
+    return status, text[-3000:], time.monotonic() - start, rss
+
+
+def finetune_row(data: Path, model: str, length: int, args, env: dict, work: Path) -> dict:
+    out = work / f"{model}-{format_length(length)}"
+    argv = [sys.executable, "-m", "genolc.cli", "finetune", "--data", str(data), "--seq", str(length), "--model",
+            model, "--steps", str(args.steps), "--warmup", "1", "--lr", "1e-4", "--out", str(out), "--no-progress",
+            "--chunk", args.chunk]
+    if args.recompute:
+        argv.append("--recompute")
+    code, tail, wall, rss = run_child(argv, env, args.timeout)
+    row = {"model": model, "seq_len": length, "seq": format_length(length), "exit_code": code,
+           "wall_seconds": round(wall, 1), "host_peak_rss_gib": round(rss, 2)}
+    summary_path, metrics_path = out / "summary.json", out / "metrics.jsonl"
+    if code == 0 and summary_path.is_file():
+        summary = json.loads(summary_path.read_text())
+        steps = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+        row.update(ok=True, peak_gpu_gib=round(summary["peak_memory_gib"], 2),
+                   tokens_per_s=round(steps[-1]["tokens_per_s"], 1),
+                   step_seconds=[round(s["step_seconds"], 2) for s in steps], losses=[s["loss"] for s in steps],
+                   strategy=steps[-1].get("step_strategy"), chunk=steps[-1].get("chunk"),
+                   plan=summary.get("step_strategies"))
+    else:
+        row.update(ok=False, error=tail[-1200:])
+    return row
+
+
+def baseline_row(model: str, length: int, env: dict, timeout: float) -> dict:
+    code, tail, wall, rss = run_child([sys.executable, "-c", BASELINE_SCRIPT, model, str(length)], env, timeout)
+    row = {"model": model, "seq_len": length, "seq": format_length(length), "exit_code": code,
+           "wall_seconds": round(wall, 1), "host_peak_rss_gib": round(rss, 2), "engine": "transformers glm5_next"}
+    lines = [line for line in tail.splitlines() if line.startswith("RESULT ")]
+    if code == 0 and lines:
+        tokens_per_s, peak, loss, seconds = map(float, lines[-1].split()[1:])
+        row.update(ok=True, tokens_per_s=round(tokens_per_s, 1), peak_gpu_gib=round(peak, 2), loss=loss,
+                   step_seconds=round(seconds, 2))
+    else:
+        row.update(ok=False, error=tail[-800:])
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--fasta", type=Path, help="genome to prepare (char tokenizer, every record trains)")
+    source.add_argument("--data", type=Path, help="a prepared dataset")
+    parser.add_argument("--models", default="small,base")
+    parser.add_argument("--lengths", default="128k,512k,1M,2M,4M")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--chunk", default="auto", help="passed to finetune --chunk")
+    parser.add_argument("--recompute", action="store_true", help="pass --recompute")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
+    parser.add_argument("--baseline-lengths", default="", help="transformers baseline lengths, e.g. 32k,48k,64k")
+    parser.add_argument("--baseline-model", default="small")
+    parser.add_argument("--budget", type=float, default=0, help="stop starting runs after this many seconds")
+    args = parser.parse_args()
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    rows: list[dict] = []
+    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="genolc-long-") as tmp:
+        work = Path(tmp)
+        data = args.data
+        if data is None:
+            data = work / "data"
+            prep = subprocess.run([sys.executable, "-m", "genolc.cli", "prepare", str(args.fasta), "--out", str(data),
+                                   "--train", "all", "--heldout", "none", "--tokenizer", "char", "--no-progress"], env=env, cwd=ROOT,
+                                  capture_output=True, text=True)
+            if prep.returncode:
+                sys.exit(f"prepare failed: {prep.stderr[-2000:]}")
+        for model in args.models.split(","):
+            for length in (parse_length(x) for x in args.lengths.split(",")):
+                if args.budget and time.monotonic() - started > args.budget:
+                    rows.append({"model": model, "seq_len": length, "skipped": "time budget"})
+                    continue
+                row = finetune_row(data, model, length, args, env, work)
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
+                if not row["ok"]:
+                    print(row["error"][-600:], flush=True)
+                    break
+                _write(out_dir, rows, args, started)
+        for length in (parse_length(x) for x in args.baseline_lengths.split(",") if x):
+            row = baseline_row(args.baseline_model, length, env, args.timeout)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
+            if not row["ok"]:
+                print(row["error"][-400:], flush=True)
+                break
+    path = _write(out_dir, rows, args, started)
+    print(f"wrote {path}")
+
+
+def _write(out_dir: Path, rows: list[dict], args, started: float) -> Path:
+    import datetime
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_bench_common import git_sha
+
+    path = out_dir / f"long_context_{datetime.date.today().isoformat()}{os.environ.get('BENCH_TAG', '')}.json"
+    record = {"command": "python " + " ".join(sys.argv), "git_sha": git_sha(),
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "host_max_rss_note": "ru_maxrss of each child process",
+              "seconds": round(time.monotonic() - started, 1), "rows": rows}
+    path.write_text(json.dumps(record, indent=1))
+    return path
+
+
+if __name__ == "__main__":
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    main()

@@ -1,0 +1,120 @@
+"""How one micro-batch's forward and backward run: the whole window at once, or chunk by chunk.
+
+Strategies, from the memory plan (genolc/train/plan.py), before the first step and on every device:
+
+- ``whole``: one forward and backward over the window (with per-layer recompute when ``--recompute``): fastest
+  while the window's activations fit;
+- ``chunked``: the chunk-recurrent exact step (genolc/train/chunked.py): one chunk's activations plus the window's
+  caches, two forwards and one backward (within each chunk per-layer recompute again when ``--recompute``).
+
+``--chunk auto`` (the default) takes ``whole`` when its estimate fits the device and otherwise the longest chunk
+that fits; ``--chunk off`` insists on ``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit
+is refused up front with the estimate and an option that fits, never discovered by the kernel's OOM killer.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from genolc.model import ModelConfig
+from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
+from genolc.train.loss import LossTerms, micro_batch_loss
+from genolc.train.plan import (GIB, estimate_chunked_memory, estimate_memory, largest_fitting_chunk, oom_error)
+from genolc.units import format_length
+
+
+@dataclass(frozen=True)
+class StepStrategy:
+    """``chunk`` None: the whole window at once; else chunks of ``chunk`` tokens. ``estimate_bytes``: the plan's
+    peak; ``reason``: why it was chosen (said once when training starts)."""
+
+    seq_len: int
+    chunk: int | None
+    recompute: bool
+    estimate_bytes: int
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return "whole" if self.chunk is None else "chunked"
+
+    def describe(self) -> str:
+        how = "whole-window step" if self.chunk is None else f"chunked step, --chunk {format_length(self.chunk)}"
+        extra = " with per-layer recompute" if self.recompute else ""
+        return (f"--seq {format_length(self.seq_len)}: {how}{extra}, estimated peak "
+                f"{self.estimate_bytes / GIB:.1f} GiB ({self.reason})")
+
+
+def device_budget_bytes(device: torch.device) -> int:
+    """Memory a run may plan for: the GPU's, or on CPU the memory available now (other processes keep theirs)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
+                    recompute: bool, bf16: bool, fast_kernels: bool, budget_bytes: int, multiple: int,
+                    where: str) -> StepStrategy:
+    """The strategy for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
+    ``chunk``: None (auto), 0 (whole window only) or a chunk length. Raises OutOfMemoryPlanError when the asked
+    (or, for auto, every) setting is estimated not to fit ``budget_bytes``."""
+    plan_args = dict(windows=windows, bf16=bf16, recompute=recompute, fast_kernels=fast_kernels)
+    budget = f"{budget_bytes / GIB:.1f} GiB"
+    whole = estimate_memory(model_config, seq_len=seq_len, **plan_args).total
+    if chunk == 0 or (chunk is None and whole <= budget_bytes):
+        if whole > budget_bytes:
+            raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
+                           multiple, where)
+        reason = "--chunk off" if chunk == 0 else f"fits the {budget} device"
+        return StepStrategy(seq_len, None, recompute, whole, reason)
+    if chunk is None:
+        chosen = largest_fitting_chunk(model_config, seq_len=seq_len, budget_bytes=budget_bytes, multiple=multiple,
+                                       **plan_args)
+        if chosen is None:
+            raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
+                           multiple, where)
+        reason = (f"the whole window needs an estimated {whole / GIB:.1f} GiB of the {budget} device; "
+                  f"choose with --chunk")
+        estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chosen, **plan_args).total
+        return StepStrategy(seq_len, chosen, recompute, estimate, reason)
+    if chunk >= seq_len:
+        return StepStrategy(seq_len, None, recompute, whole, f"--chunk {format_length(chunk)} covers the window")
+    estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chunk, **plan_args).total
+    if estimate > budget_bytes:
+        raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
+                       multiple, where, chunk=chunk)
+    return StepStrategy(seq_len, chunk, recompute, estimate, f"--chunk {format_length(chunk)}")
+
+
+def _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes, multiple, where,
+             chunk=None):
+    return oom_error(model_config, seq_len=seq_len, micro_batch=windows, grad_accum=grad_accum, recompute=recompute,
+                     bf16=bf16, budget_bytes=budget_bytes, where=where, fast_kernels=fast_kernels, chunk=chunk,
+                     chunk_multiple=multiple)
+
+
+def run_micro_batch(strategy: StepStrategy, model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor,
+                    terms: LossTerms, autocast: Callable[[], AbstractContextManager],
+                    on_loss: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatchResult:
+    """Forward and backward of ``ids [B, T + 1]`` (target weights ``[B, T]``) by ``strategy``; parameters'
+    ``.grad`` accumulate. ``on_loss`` sees (and may replace, or refuse by raising) each loss before backward."""
+    if strategy.chunk is not None:
+        return chunked_forward_backward(model, ids, weights, terms, strategy.chunk, autocast, on_loss)
+    with autocast():
+        out = model(ids[:, :-1], indexer_loss=terms.indexer_mode)
+    parts = micro_batch_loss(out, ids[:, 1:], weights, terms)
+    loss = on_loss(parts.loss)
+    loss.backward()
+    return MicroBatchResult(lm=parts.lm.double().cpu(), aux=parts.aux, tokens_per_expert=out.tokens_per_expert)
