@@ -150,7 +150,8 @@ def write_initial_checkpoint(data: Path, model: str, seed: int, out: Path) -> Pa
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
-    """Run the whole pipeline into ``config.out``; returns where the report is and the per-bucket rows."""
+    """Run the whole pipeline into ``config.out``; returns where the report is, the plan and the evaluation's
+    summary."""
     out = config.out.absolute()
     plan = demo_plan(config)
     if plan.device == "cuda" and not _cuda_available():
@@ -199,7 +200,7 @@ def _run_stages(config: DemoConfig, plan: DemoPlan, out: Path) -> dict[str, Any]
             summary = run_by_position(evaluation, record)
         _say("4/4 report")
         write_report(out, plan, config.seed, summary)
-    return {"report": report, "rows": bucket_table(summary), "gains": comparison_lines(summary), "plan": plan}
+    return {"report": report, "summary": summary, "plan": plan}
 
 
 def write_report(out: Path, plan: DemoPlan, seed: int, summary: dict[str, Any]) -> Path:

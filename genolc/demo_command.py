@@ -10,24 +10,35 @@ from genolc.units import parse_length
 
 
 @click.command("demo")
-@click.option("--out", default=Path("genolc-demo"), show_default=True, type=click.Path(path_type=Path),
-              help="Output directory (an earlier demo's directory is reused).")
+@click.option("--out", "-o", default=Path("genolc-demo"), show_default=True, type=click.Path(path_type=Path),
+              help="Output directory: new, empty or an earlier demo's (reused).")
 @click.option("--steps", type=int, default=None, help="Optimizer steps (default: 40 on CPU, 60 on CUDA).")
-@click.option("--seq", default=None, help="Window length in tokens for training and evaluation, e.g. 4k.")
+@click.option("--seq", default=None, metavar="LENGTH",
+              help="Window length in tokens for training and evaluation, e.g. 4k (default: the demo's plan for "
+                   "this machine, 2k on CPU, 16k on CUDA).")
 @click.option("--smoke", is_flag=True, help="Smallest end-to-end form (seconds; for CI).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where to train and evaluate (auto: CUDA when visible, else CPU).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed for the initial weights, the training windows and the bootstrap.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars on stderr.")
 def demo_command(out: Path, steps: int | None, seq: str | None, smoke: bool, device: str, seed: int,
                  progress: bool) -> None:
-    """Prepare, fine-tune and evaluate on the real human sample bundled with genolc, then report."""
-    from genolc.demo import DemoConfig, format_table, run_demo
+    """Prepare, fine-tune and evaluate on the real human sample bundled with genolc, then report.
+
+    The demo picks every size for this machine (preset, window length, steps); --steps and --seq override them.
+
+    \b
+    Example:
+      genolc demo --out genolc-demo
+    """
+    from genolc.demo import DemoConfig, run_demo
+    from genolc.report import bucket_report
 
     config = DemoConfig(out=out, steps=steps, seq=parse_length(seq, what="--seq") if seq else None, smoke=smoke,
                         device=device, seed=seed, progress=progress)
     result = run_demo(config)
     click.echo(f"\nheld-out chr22 bits/base by context position ({result['plan'].model} preset; baseline = the "
                "same model untrained; uniform ACGT = 2):")
-    click.echo(format_table(result["rows"]))
-    click.echo("\n".join(["", *result["gains"]]))
+    click.echo(bucket_report(result["summary"]))
     click.echo(f"\nreport: {result['report']}  (README.md, by_position.png, buckets.csv, commands.sh)")

@@ -56,6 +56,12 @@ def comparison_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def bucket_report(summary: dict[str, Any]) -> str:
+    """The per-bucket table and the paired comparisons, as ``genolc eval --by-position`` and ``genolc demo`` print
+    them at the end."""
+    return "\n".join([format_table(bucket_table(summary)), "", *comparison_lines(summary)]).rstrip()
+
+
 def write_workflow_report(out: Path, eval_dirs: list[Path]) -> Path:
     """``out/summary.md`` with one section per evaluation, plots copied to ``out/<name>_<chrom>.png``."""
     out.mkdir(parents=True, exist_ok=True)

@@ -17,13 +17,16 @@ from genolc.errors import GenolcError
 
 
 class Interrupted(GenolcError):
-    """The user stopped the command; the message says what was kept."""
+    """The user stopped the command; the message says what was kept. ``kept`` is the summary of the results written
+    before stopping (None when nothing was), so the command can still print them."""
 
     run_status = "interrupted"
 
-    def __init__(self, what: str, signum: int = signal.SIGINT, where: str | None = None, fix: str | None = None):
+    def __init__(self, what: str, signum: int = signal.SIGINT, where: str | None = None, fix: str | None = None,
+                 kept: dict[str, Any] | None = None):
         super().__init__(what, where=where, fix=fix)
         self.exit_code = 128 + signum       # the shell convention for a process ended by a signal
+        self.kept = kept
 
     @classmethod
     def at_once(cls, command: str, where: str | None = None) -> "Interrupted":

@@ -12,7 +12,8 @@ from genolc.data.prepare import PrepareConfig, parse_split, prepare
 @click.command("prepare")
 @click.argument("genomes", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
-              help="Dataset directory to write (default: ./prepared/<first genome's name>).")
+              help="Dataset directory to write: new, empty or an earlier genolc dataset, replaced atomically "
+                   "(default: ./prepared/<first genome's name>).")
 @click.option("--train", default=None,
               help="Training records: comma-separated names or aliases (X, chrX, NC_000023.11), or 'all' (every "
                    "primary record not held out). Default: chr1,chr2 when present, else the run stops and lists "
@@ -36,10 +37,10 @@ from genolc.data.prepare import PrepareConfig, parse_split, prepare
 @click.option("--force", is_flag=True, help="Keep a held-out split that duplicates training sequence.")
 @click.option("--bpe-sample", "bpe_sample_bases", type=int, default=16_000_000, show_default=True,
               help="Bases of training sequence to learn a BPE vocabulary from.")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
 def prepare_command(genomes: tuple[Path, ...], out: Path | None, train: str | None, heldout: str | None,
                     tokenizer: str, include_bed: Path | None, exclude_bed: Path | None, all_records: bool,
-                    duplication_threshold: float, force: bool, bpe_sample_bases: int, no_progress: bool) -> None:
+                    duplication_threshold: float, force: bool, bpe_sample_bases: int, progress: bool) -> None:
     """Turn genome files into a token dataset for training and evaluation.
 
     GENOMES are FASTA (plain, gzip or bgzip; no index needed), GenBank or 2bit files, read in one streaming pass.
@@ -64,7 +65,7 @@ def prepare_command(genomes: tuple[Path, ...], out: Path | None, train: str | No
         force=force,
         duplication_threshold=duplication_threshold,
         bpe_sample_bases=bpe_sample_bases,
-        progress=not no_progress,
+        progress=progress,
     )
     prepare(config)
 

@@ -193,7 +193,8 @@ def _run_by_position(config: ByPositionConfig, record: Any | None) -> dict[str, 
         raise Interrupted(f"eval stopped by {stop.name} after {len(chosen)} of {selected} windows; their results are "
                           "written, marked interrupted (summary.json: status, windows.scored)", stop.received,
                           where=str(config.out), fix="run it again to score every window (the windows scored are "
-                                                     "the first in record order, not a spread over the records)")
+                                                     "the first in record order, not a spread over the records)",
+                          kept=summary)
     return summary
 
 
@@ -201,9 +202,9 @@ def _overall(bucket_rows: list[dict]) -> dict[str, Any]:
     return {f"{r['series']}/{r['subset']}": r["bits_per_base"] for r in bucket_rows if r["bucket"] == "all"}
 
 
-def _progress(total: int, enabled: bool) -> Any:
+def _progress(total: int, enabled: bool, desc: str = "eval windows", unit: str = "window") -> Any:
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="eval windows", unit="window", leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, leave=False)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,13 +19,19 @@ _PATH = click.Path(path_type=Path)
 
 @click.command("eval")
 @click.option("--by-position", "by_position", metavar="CHROM[,CHROM…]|heldout",
-              help="Held-out loss by preceding-context position on these records (or every held-out record).")
+              help="Held-out loss by preceding-context position on these records (or every held-out record). "
+                   "One of --by-position and --needle is required.")
 @click.option("--needle", is_flag=False, flag_value="heldout", default=None, metavar="[CHROM[,CHROM…]|heldout]",
-              help="Needle test: a random segment planted twice at distance D in held-out windows.")
+              help="Needle test: a random segment planted twice at distance D in held-out windows (alone: every "
+                   "held-out record). One of --by-position and --needle is required.")
 @click.option("--data", required=True, type=_PATH, help="Prepared dataset directory (genolc prepare).")
-@click.option("--checkpoint", required=True, type=_PATH, help="Model checkpoint (save_pretrained or genolc finetune).")
-@click.option("--seq", default="512k", show_default=True, help="Window length in tokens (windows hold seq + 1).")
-@click.option("--baseline", type=_PATH, help="Second checkpoint scored on the same targets; paired deltas.")
+@click.option("--checkpoint", required=True, type=_PATH,
+              help="Model checkpoint (save_pretrained or genolc finetune), or a finetune run directory: its newest "
+                   "checkpoint.")
+@click.option("--seq", required=True, metavar="LENGTH",
+              help="Window length in tokens, e.g. 64k (k = 1024; windows hold seq + 1).")
+@click.option("--baseline", type=_PATH,
+              help="Second checkpoint (or finetune run directory) scored on the same targets; paired deltas.")
 @click.option("--context", "contexts", multiple=True, metavar="K",
               help="Context-truncation control: also score with only the last K tokens visible (repeatable).")
 @click.option("--context-block", default=None, metavar="M",
@@ -42,25 +51,44 @@ _PATH = click.Path(path_type=Path)
 @click.option("--needle-distance", "needle_distances", multiple=True, metavar="D",
               help="Needle distance in tokens (repeatable; default 1k, 2k, … up to the window).")
 @click.option("--force", is_flag=True, help="Score records the checkpoint was trained on anyway.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where to score (auto: CUDA when visible, else CPU).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="auto: bfloat16 on CUDA, float32 on CPU.")
 @click.option("--batch-tokens", default="64k", show_default=True, help="Tokens per forward call (rows x length).")
-@click.option("--out", type=_PATH, default=None,
-              help="Output directory: new, empty or an earlier evaluation's (replaced atomically).")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--out", "-o", type=_PATH, default=None,
+              help="Output directory: new, empty or an earlier evaluation's, replaced atomically "
+                   "(default: ./genolc-eval-<time> or ./genolc-needle-<time>).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
+@click.option("--quiet", is_flag=True, hidden=True, help="Deprecated spelling of --no-progress.")
 def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts, context_block, first_bucket,
                  rc_average,
                  max_windows, max_tokens, max_n_fraction, n_boot, seed, per_target, needle_bases, needle_trials,
-                 needle_distances, force, device, dtype, batch_tokens, out, quiet) -> None:
-    """Evaluate a checkpoint on held-out records: loss by context position (--by-position) or copying (--needle)."""
+                 needle_distances, force, device, dtype, batch_tokens, out, progress, quiet) -> None:
+    """Evaluate a checkpoint on held-out records: loss by context position (--by-position) or copying (--needle).
+
+    Exactly one of --by-position and --needle is required. --by-position ends by printing the per-bucket table
+    (bits/base of the model, the baseline and each context control) and the paired comparisons.
+
+    \b
+    Examples:
+      genolc eval --by-position chr22 --data data/hg38 --checkpoint runs/hg38-512k --seq 512k --context 4096
+      genolc eval --needle --data data/hg38 --checkpoint runs/hg38-512k --seq 64k
+    """
+    from genolc.train.state import resolve_checkpoint
+
+    if quiet:
+        click.echo("genolc: warning: --quiet is deprecated; use --no-progress", err=True)
     if (by_position is None) == (needle is None):
         raise ConfigError("choose exactly one of --by-position CHROM[,CHROM…]|heldout and --needle",
-                          fix="e.g. genolc eval --by-position chr22 --data DIR --checkpoint CKPT")
+                          fix="e.g. genolc eval --by-position chr22 --data DIR --checkpoint CKPT --seq 64k")
+    checkpoint = resolve_checkpoint(checkpoint, "--checkpoint")
+    if baseline is not None:
+        baseline = resolve_checkpoint(baseline, "--baseline")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     common = dict(data=data, checkpoint=checkpoint, seq_len=parse_length(seq, "--seq"), seed=seed, n_boot=n_boot,
                   force=force, device=device, dtype=dtype, max_n_fraction=max_n_fraction,
-                  batch_tokens=parse_length(batch_tokens, "--batch-tokens"), progress=not quiet)
+                  batch_tokens=parse_length(batch_tokens, "--batch-tokens"), progress=progress and not quiet)
     if by_position is not None:
         from genolc.eval.by_position import ByPositionConfig, run_by_position
 
@@ -71,11 +99,10 @@ def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts,
             first_bucket=parse_length(first_bucket, "--first-bucket"), rc_average=rc_average, max_windows=max_windows,
             max_tokens=parse_length(max_tokens, "--max-tokens") if max_tokens else None,
             per_target=per_target, **common)
-        with run_record("eval", config.out, config.to_dict()) as record:
-            summary = run_by_position(config, record)
-        for name, value in summary["overall"].items():
-            if value is not None and name.endswith("/all"):
-                click.echo(f"{name.split('/')[0]}: {value:.4f} bits/base")
+        with _print_kept(_echo_by_position):
+            with run_record("eval", config.out, config.to_dict()) as record:
+                summary = run_by_position(config, record)
+        _echo_by_position(summary)
         click.echo(f"wrote {config.out}")
         return
     from genolc.eval.needle import NeedleConfig, run_needle
@@ -83,9 +110,40 @@ def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts,
     config = NeedleConfig(records=needle, out=out or Path(f"genolc-needle-{stamp}"), segment_bases=needle_bases,
                           trials=needle_trials,
                           distances=tuple(parse_length(d, "--needle-distance") for d in needle_distances), **common)
-    with run_record("eval-needle", config.out, config.to_dict()) as record:
-        summary = run_needle(config, record)
+    with _print_kept(_echo_needle):
+        with run_record("eval-needle", config.out, config.to_dict()) as record:
+            summary = run_needle(config, record)
+    _echo_needle(summary)
+    click.echo(f"wrote {config.out}")
+
+
+@contextlib.contextmanager
+def _print_kept(echo: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+    """A stop (Ctrl-C) that kept results prints them like a finished run, then its message says what they are."""
+    from genolc.signals import Interrupted
+
+    try:
+        yield
+    except Interrupted as stopped:
+        if stopped.kept is not None:
+            echo(stopped.kept)
+        raise
+
+
+def _echo_by_position(summary: dict[str, Any]) -> None:
+    from genolc.report import bucket_report
+
+    windows = summary["windows"]
+    partial = (f"; INTERRUPTED: {windows['scored']} of {windows['selected']} windows scored"
+               if summary.get("status") == "interrupted" else "")
+    click.echo(f"held-out bits/base by context position ({', '.join(summary['records'])}{partial}):")
+    click.echo(bucket_report(summary))
+
+
+def _echo_needle(summary: dict[str, Any]) -> None:
+    needle = summary["needle"]
+    if summary.get("status") == "interrupted":
+        click.echo(f"INTERRUPTED: {needle['trials_done']} of {needle['trials']} needle trials done")
     for row in summary["per_distance"]:
         click.echo(f"D={row['distance']}: first copy {row['first_bits_per_base']:.3f}, "
                    f"second copy {row['second_bits_per_base']:.3f} bits/base")
-    click.echo(f"wrote {config.out}")

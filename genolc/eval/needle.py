@@ -77,38 +77,51 @@ def plant(ids: np.ndarray, segment: np.ndarray, distance: int) -> tuple[np.ndarr
 
 def needle_trials(scorer: Scorer, hosts: Sequence[WindowData], tokenizer: Any, *, segment_bases: int,
                   trials: int, distances: Sequence[int] | None = None, seed: int = 0,
-                  progress: Any = None, stop: Callable[[], bool] | None = None) -> pd.DataFrame:
+                  progress: Callable[[int], Any] | None = None,
+                  stop: Callable[[], bool] | None = None) -> pd.DataFrame:
     """One row per (trial, distance): bits/base on each copy. Hosts are used in turn (trial t -> hosts[t % n]).
 
-    ``stop()`` is asked before each trial; once it says True no further trial starts.
+    ``progress(total)``, when given, returns a bar (``update``, ``close``) for the ``total`` forward passes; every
+    trial's segment and distances are drawn and checked before the first one, so the total is exact and a distance
+    that does not fit is refused before any scoring. ``stop()`` is asked before each trial is scored; once it says
+    True no further trial starts.
     """
     if not hosts:
         raise ConfigError("no held-out window to plant the needle in")
     rng = np.random.default_rng(seed)
-    rows = []
+    planned = []
     for t in range(trials):
-        if stop is not None and stop():
-            break
         host = hosts[t % len(hosts)]
         segment = random_segment(tokenizer, segment_bases, rng)
-        seg_bases = np.maximum(np.asarray(tokenizer.token_lengths(segment)), 1)
         chosen = list(distances) if distances else default_distances(len(host.ids), len(segment))
         for d in chosen:
             if d < len(segment) or len(host.ids) - len(segment) - d < 1:
                 raise ConfigError(f"needle distance {d} does not fit a {len(segment)}-token segment twice in a "
                                   f"{len(host.ids)}-token window",
                                   fix=f"use distances between {len(segment)} and {len(host.ids) - len(segment) - 1}")
-            ids, first, second = plant(host.ids, segment, d)
-            logp = score_full(scorer, ids)
-            rows.append({
-                "trial": t, "distance": int(d), "key": host.key, "window_start": host.start,
-                "chrom_start": host.chrom_start, "segment_tokens": len(segment), "segment_bases": int(seg_bases.sum()),
-                "first_start": first, "second_start": second,
-                "first_bits_per_base": _copy_bits(logp, first, seg_bases),
-                "second_bits_per_base": _copy_bits(logp, second, seg_bases),
-            })
-            if progress is not None:
-                progress.update(1)
+        planned.append((t, host, segment, chosen))
+    bar = progress(sum(len(chosen) for *_, chosen in planned)) if progress is not None else None
+    rows = []
+    try:
+        for t, host, segment, chosen in planned:
+            if stop is not None and stop():
+                break
+            seg_bases = np.maximum(np.asarray(tokenizer.token_lengths(segment)), 1)
+            for d in chosen:
+                ids, first, second = plant(host.ids, segment, d)
+                logp = score_full(scorer, ids)
+                rows.append({
+                    "trial": t, "distance": int(d), "key": host.key, "window_start": host.start,
+                    "chrom_start": host.chrom_start, "segment_tokens": len(segment),
+                    "segment_bases": int(seg_bases.sum()), "first_start": first, "second_start": second,
+                    "first_bits_per_base": _copy_bits(logp, first, seg_bases),
+                    "second_bits_per_base": _copy_bits(logp, second, seg_bases),
+                })
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
     frame = pd.DataFrame(rows)
     if not rows:
         return frame
@@ -192,14 +205,11 @@ def _run_needle(config: NeedleConfig, record: Any | None) -> dict[str, Any]:
         raise ConfigError(f"no full window of {config.seq_len + 1} tokens in {', '.join(keys)} passes the N filter",
                           fix="use a shorter --seq")
     hosts = [window_data(dataset, w) for w in select_windows(tiled, config.trials, None)]
-    n_runs = config.trials * (len(config.distances) or 1)
-    progress = _progress(n_runs, config.progress)
     with StopSignals("finishing the current trial, then writing the trials done so far") as stop:
         trials = needle_trials(scorer, hosts, dataset.tokenizer, segment_bases=config.segment_bases,
                                trials=config.trials, distances=config.distances or None, seed=config.seed,
-                               progress=progress, stop=lambda: stop.received is not None)
-    if progress is not None:
-        progress.close()
+                               progress=lambda total: _progress(total, config.progress, "needle forwards", "forward"),
+                               stop=lambda: stop.received is not None)
     done = int(trials["trial"].nunique()) if len(trials) else 0
     if done == 0:
         raise Interrupted(f"eval stopped by {stop.name} before the first needle trial was done; nothing was written",
@@ -225,5 +235,5 @@ def _run_needle(config: NeedleConfig, record: Any | None) -> dict[str, Any]:
     if done < config.trials:
         raise Interrupted(f"eval stopped by {stop.name} after {done} of {config.trials} needle trials; their results "
                           "are written, marked interrupted (summary.json: status, needle.trials_done)", stop.received,
-                          where=str(config.out), fix="run it again to do every trial")
+                          where=str(config.out), fix="run it again to do every trial", kept=summary)
     return summary

@@ -21,6 +21,7 @@ import json
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -70,6 +71,30 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(root: Path) -> Path | None:
     found = list_checkpoints(root)
     return found[-1][1] if found else None
+
+
+def resolve_checkpoint(path: Path, option: str) -> Path:
+    """The checkpoint ``option`` (e.g. ``--checkpoint``) names: ``path`` itself, or a finetune run's newest one.
+
+    A checkpoint directory (it holds config.json) is returned as given. A finetune run directory (it holds
+    checkpoints/ or metrics.jsonl and no config.json) resolves to its newest complete checkpoint, and one line on
+    stderr names it; a run without a complete checkpoint is an error. Anything else is returned as given, for the
+    model loader to report.
+    """
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    root = checkpoint_root(path)
+    if not (root.is_dir() or (path / "metrics.jsonl").is_file()):
+        return path
+    newest = latest_checkpoint(root)
+    if newest is None:
+        raise InputError(f"{option}: this finetune run directory has no complete checkpoint",
+                         where=str(path),
+                         fix="let the run save one (it saves at the end, and every --checkpoint-every steps) or "
+                             "point at a checkpoint directory")
+    print(f"genolc: {option} {path}: using the run's newest checkpoint {newest}", file=sys.stderr)
+    return newest
 
 
 def sweep_temporaries(root: Path) -> list[Path]:

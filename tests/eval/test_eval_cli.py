@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
@@ -55,7 +56,7 @@ def test_eval_by_position_end_to_end(setup):
     out = root / "by_position"
     result = _run(["--by-position", "22", "--data", data, "--checkpoint", model, "--baseline", baseline, "--seq", "256",
                    "--context", "64", "--context-block", "64", "--rc-average", "--max-windows", "2",
-                   "--first-bucket", "64", "--bootstrap", "100", "--per-target", "--out", out, "--quiet"])
+                   "--first-bucket", "64", "--bootstrap", "100", "--per-target", "--out", out, "--no-progress"])
     assert result.exit_code == 0, result.output
     names = {p.name for p in out.iterdir()}
     assert {"summary.json", "buckets.csv", "comparisons.csv", "windows.csv", "blocks.csv", "targets.csv.gz",
@@ -89,13 +90,25 @@ def test_eval_by_position_end_to_end(setup):
     assert targets["position"].max() == 255                      # RC averaging drops each window's last target
     record = json.loads(next((out / "runs").glob("*_eval.json")).read_text())
     assert record["status"] == "ok" and str(out / "summary.json") in record["outputs"]
+    # The per-bucket table ends the output, as the demo prints it: one row per bucket and one for all targets.
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("bucket "))
+    assert [c.strip() for c in lines[header].split("  ") if c.strip()][:3] == ["bucket", "tokens", "model bits/base"]
+    assert "baseline bits/base" in lines[header] and "context:64 bits/base" in lines[header]
+    rows = {line.split()[0]: line for line in lines[header + 2:header + 6]}
+    assert list(rows) == ["[0,64)", "[64,128)", "[128,256]", "all"]
+    for label, line in rows.items():
+        model_bits = full.loc[(full["series"] == "model") & (full["bucket"] == label), "bits_per_base"].item()
+        assert line.split()[2] == f"{model_bits:.4f}"
+    assert any(line.startswith("- model - baseline: ") for line in lines[header + 6:])
+    assert lines[-1] == f"wrote {out}"
 
 
 def test_eval_pooled_heldout_with_max_tokens(setup):
     data, model, _, root = setup
     out = root / "pooled"
     result = _run(["--by-position", "heldout", "--data", data, "--checkpoint", model, "--seq", "256",
-                   "--max-tokens", "600", "--bootstrap", "20", "--out", out, "--quiet"])
+                   "--max-tokens", "600", "--bootstrap", "20", "--out", out, "--no-progress"])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["records"] == ["chr22"] and summary["config"]["records"] == "heldout"
@@ -110,7 +123,7 @@ def test_eval_needle_end_to_end(setup):
     out = root / "needle"
     result = _run(["--needle", "chr22", "--data", data, "--checkpoint", model, "--seq", "256", "--needle-bases", "16",
                    "--needle-trials", "2", "--needle-distance", "32", "--needle-distance", "200", "--out", out,
-                   "--quiet", "--bootstrap", "50"])
+                   "--no-progress", "--bootstrap", "50"])
     assert result.exit_code == 0, result.output
     assert {"summary.json", "needle.csv", "needle_summary.csv", "needle.png"} <= {p.name for p in out.iterdir()}
     per_d = pd.read_csv(out / "needle_summary.csv")
@@ -118,16 +131,17 @@ def test_eval_needle_end_to_end(setup):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--by-position", "chr21"], "not in the dataset"),
-    (["--by-position", "NC_001416.1"], "train split"),
+    (["--by-position", "chr21", "--seq", "256"], "not in the dataset"),
+    (["--by-position", "NC_001416.1", "--seq", "256"], "train split"),
     (["--by-position", "chr22", "--seq", "2M"], "longer than held-out record"),
-    (["--by-position", "chr22", "--needle"], "exactly one of"),
+    (["--by-position", "chr22", "--needle", "--seq", "256"], "exactly one of"),
     (["--by-position", "chr22", "--context", "300", "--seq", "256"], "--context 300"),
+    (["--by-position", "chr22"], "Missing option '--seq'"),
 ])
 def test_eval_bad_input_one_clear_error(setup, args, message):
     data, model, _, root = setup
     out = root / "bad"
-    result = _run([*args, "--data", data, "--checkpoint", model, "--out", out, "--quiet"])
+    result = _run([*args, "--data", data, "--checkpoint", model, "--out", out, "--no-progress"])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert not out.exists()
@@ -143,8 +157,62 @@ def test_eval_refuses_a_checkpoint_with_another_tokenizer(setup, tmp_path):
     shutil.copytree(model, other)
     save_tokenizer(make_tokenizer("kmer:2"), other / "tokenizer.json")
     result = _run(["--by-position", "chr22", "--data", data, "--checkpoint", other, "--seq", "256",
-                   "--out", tmp_path / "o", "--quiet"])
+                   "--out", tmp_path / "o", "--no-progress"])
     assert result.exit_code == 2 and "tokenizer" in result.output and "differs from the dataset's" in result.output
+
+
+def test_eval_takes_a_finetune_run_directory_as_its_newest_checkpoint(setup, tmp_path):
+    data, model, baseline, _ = setup
+    run = tmp_path / "run"
+    for step, source in ((1, baseline), (3, model)):
+        saved = run / "checkpoints" / f"step-{step:06d}"
+        shutil.copytree(source, saved)
+        (saved / "trainer_state.json").write_text(json.dumps({"version": 1, "step": step,
+                                                               "config": {"data": str(data)}}))
+    out = tmp_path / "eval"
+    result = _run(["--by-position", "chr22", "--data", data, "--checkpoint", run, "--seq", "256", "--max-windows", "1",
+                   "--bootstrap", "20", "--out", out, "--no-progress"])
+    assert result.exit_code == 0, result.output
+    newest = run / "checkpoints" / "step-000003"
+    assert result.stderr.splitlines() == [f"genolc: --checkpoint {run}: using the run's newest checkpoint {newest}"]
+    assert json.loads((out / "summary.json").read_text())["config"]["checkpoint"] == str(newest)
+
+    empty = tmp_path / "empty_run"
+    (empty / "checkpoints").mkdir(parents=True)
+    result = _run(["--by-position", "chr22", "--data", data, "--checkpoint", model, "--baseline", empty, "--seq",
+                   "256", "--out", tmp_path / "never", "--no-progress"])
+    assert result.exit_code == 2 and result.output.count("genolc: error:") == 1
+    assert "--baseline: this finetune run directory has no complete checkpoint" in result.output
+    assert not (tmp_path / "never").exists()
+
+
+def test_needle_progress_bar_counts_every_forward_pass(setup, tmp_path, monkeypatch):
+    from genolc.eval import by_position, needle
+
+    class Bar:
+        def __init__(self, total):
+            self.total, self.n, self.closed = total, 0, False
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+
+        def close(self):
+            self.closed = True
+
+    bars = []
+    monkeypatch.setattr(by_position, "_progress", lambda total, enabled, *args: Bar(total) if enabled else None)
+    # What is counted here is forward passes, not their values: a uniform guess stands in for the 4k-token forwards.
+    monkeypatch.setattr(needle, "score_full", lambda scorer, ids: np.full(len(ids) - 1, np.log(0.25)))
+    data, model, _, _ = setup
+    out = tmp_path / "needle"
+    # Default distances at 4k windows: 1k, 2k and the largest that fits, so three forward passes per trial.
+    result = _run(["--needle", "--data", data, "--checkpoint", model, "--seq", "4k", "--needle-bases", "16",
+                   "--needle-trials", "2", "--bootstrap", "20", "--out", out])
+    assert result.exit_code == 0, result.output
+    rows = len(pd.read_csv(out / "needle.csv"))
+    assert rows == 6 and len(bars) == 1
+    assert (bars[0].total, bars[0].n, bars[0].closed) == (rows, rows, True)
 
 
 def test_eval_never_replaces_a_directory_genolc_did_not_write(setup, tmp_path, monkeypatch):
@@ -153,7 +221,7 @@ def test_eval_never_replaces_a_directory_genolc_did_not_write(setup, tmp_path, m
     mine.mkdir()
     (mine / "notes.txt").write_text("important\n")
     common = ["--data", data, "--checkpoint", model, "--seq", "256", "--max-windows", "1", "--bootstrap", "10",
-              "--quiet"]
+              "--no-progress"]
     for mode in (["--by-position", "chr22"], ["--needle", "chr22", "--needle-bases", "16", "--needle-trials", "1"]):
         result = _run([*mode, *common, "--out", mine])
         assert result.exit_code == 2, result.output
@@ -190,7 +258,7 @@ def test_eval_stopped_at_once_writes_nothing(setup, tmp_path, monkeypatch):
     monkeypatch.setattr(by_position, "window_data", second_ctrl_c)
     out = tmp_path / "o"
     result = _run(["--by-position", "chr22", "--data", data, "--checkpoint", model, "--seq", "256",
-                   "--max-windows", "3", "--out", out, "--quiet"])
+                   "--max-windows", "3", "--out", out, "--no-progress"])
     assert result.exit_code == 130, result.output
     assert "eval stopped at once; nothing was written" in result.output and "Aborted" not in result.output
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
@@ -225,6 +293,10 @@ def test_ctrl_c_in_eval_keeps_the_windows_scored_and_exits_130(setup, tmp_path):
     assert message and "Aborted" not in stderr and "Traceback" not in stderr, stderr
     scored = int(message.group(1))
     assert 1 <= scored < 200
+    # The windows scored are printed like a finished run's, headed as interrupted.
+    printed = rest.decode()
+    assert f"(chr22; INTERRUPTED: {scored} of 200 windows scored):" in printed, printed
+    assert "model bits/base" in printed and "wrote" not in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert summary["windows"]["scored"] == scored and summary["windows"]["selected"] == 200
@@ -232,3 +304,28 @@ def test_ctrl_c_in_eval_keeps_the_windows_scored_and_exits_130(setup, tmp_path):
     record = json.loads(next((out / "runs").glob("*_eval.json")).read_text())
     assert record["status"] == "interrupted" and f"after {scored} of 200 windows" in record["error"]
     assert str(out / "summary.json") in record["outputs"]
+
+
+def test_ctrl_c_in_the_needle_prints_the_trials_done(setup, tmp_path, monkeypatch):
+    from genolc.eval import needle
+
+    passes = []
+
+    def uniform_then_ctrl_c(scorer, ids):
+        passes.append(len(ids))
+        if len(passes) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return np.full(len(ids) - 1, np.log(0.25))
+
+    # A uniform guess stands in for the forwards; the first one is followed by a Ctrl-C, so trial 0 finishes alone.
+    monkeypatch.setattr(needle, "score_full", uniform_then_ctrl_c)
+    data, model, _, _ = setup
+    out = tmp_path / "needle"
+    result = _run(["--needle", "--data", data, "--checkpoint", model, "--seq", "4k", "--needle-bases", "16",
+                   "--needle-trials", "3", "--needle-distance", "1k", "--bootstrap", "20", "--out", out,
+                   "--no-progress"])
+    assert result.exit_code == 130, result.output
+    assert result.stdout.splitlines()[0] == "INTERRUPTED: 1 of 3 needle trials done"
+    assert result.stdout.splitlines()[1].startswith("D=1024: first copy 2.000, second copy 2.000 bits/base")
+    assert "eval stopped by SIGINT after 1 of 3 needle trials" in result.stderr and len(passes) == 1
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"

@@ -154,18 +154,18 @@ def test_save_with_tokenizer(saved, tmp_path):
 def test_convert_command_between_layouts(saved, tmp_path):
     model, path = saved
     runner = CliRunner()
-    result = runner.invoke(main, ["convert", str(path), str(tmp_path / "mm"), "--layout", "multimodal"])
+    result = runner.invoke(main, ["convert", str(path), "--out", str(tmp_path / "mm"), "--layout", "multimodal"])
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "mm" / "config.json").read_text())
     assert config["model_type"] == "glm5_next" and "text_config" in config
     assert any(k.startswith("model.language_model.") for k in load_file(str(tmp_path / "mm" / WEIGHTS_NAME)))
     assert list((tmp_path / "mm" / "runs").glob("*convert*.json"))
-    result = runner.invoke(main, ["convert", str(tmp_path / "mm"), str(tmp_path / "text")])
+    result = runner.invoke(main, ["convert", str(tmp_path / "mm"), "-o", str(tmp_path / "text")])
     assert result.exit_code == 0, result.output
     assert torch.equal(_logits(load_pretrained(tmp_path / "text")), _logits(model))
     assert convert_checkpoint(path, tmp_path / "again")["layout"] == "text"
 
-    result = runner.invoke(main, ["convert", str(tmp_path / "nowhere"), str(tmp_path / "out")])
+    result = runner.invoke(main, ["convert", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "genolc: error: checkpoint directory not found" in result.output
     assert not (tmp_path / "out").exists()
 
@@ -176,33 +176,42 @@ def test_convert_never_replaces_a_directory_genolc_did_not_write(saved, tmp_path
     mine = tmp_path / "d"
     mine.mkdir()
     (mine / "notes.txt").write_text("important\n")
-    result = runner.invoke(main, ["convert", str(path), str(mine)])
+    result = runner.invoke(main, ["convert", str(path), "--out", str(mine)])
     assert result.exit_code == 2 and result.output.count("genolc: error:") == 1, result.output
     assert "checkpoint directory already holds files genolc did not write (notes.txt)" in result.output
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and (mine / "notes.txt").read_text() == "important\n"
     # refused before the source is read: a missing source is not what the message is about
-    result = runner.invoke(main, ["convert", str(tmp_path / "nowhere"), str(mine)])
+    result = runner.invoke(main, ["convert", str(tmp_path / "nowhere"), "--out", str(mine)])
     assert result.exit_code == 2 and "did not write (notes.txt)" in result.output and "not found" not in result.output
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    result = runner.invoke(main, ["convert", str(path), "."])
+    result = runner.invoke(main, ["convert", str(path), "-o", "."])
     assert result.exit_code == 2 and "the current directory" in result.output and not any(work.iterdir())
     # an earlier conversion is genolc's own checkpoint: replaced
     for layout in ("multimodal", "text"):
-        result = runner.invoke(main, ["convert", str(path), str(tmp_path / "converted"), "--layout", layout])
+        result = runner.invoke(main, ["convert", str(path), "--out", str(tmp_path / "converted"), "--layout", layout])
         assert result.exit_code == 0, result.output
     assert "text_config" not in json.loads((tmp_path / "converted" / "config.json").read_text())
 
 
-def test_convert_a_finetune_run_directory_names_its_checkpoint(saved, tmp_path):
-    _, path = saved
+def test_convert_a_finetune_run_directory_takes_its_newest_checkpoint(saved, tmp_path):
+    model, path = saved
     for step in ("step-000002", "step-000004"):
         shutil.copytree(path, tmp_path / "run" / "checkpoints" / step)
-    result = CliRunner().invoke(main, ["convert", str(tmp_path / "run"), str(tmp_path / "out")])
-    assert result.exit_code == 2 and "finetune run directory, not a checkpoint" in result.output
-    assert str(tmp_path / "run" / "checkpoints" / "step-000004") in result.output
-    assert not (tmp_path / "out").exists()
+        (tmp_path / "run" / "checkpoints" / step / "trainer_state.json").write_text("{}")
+    result = CliRunner().invoke(main, ["convert", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    newest = tmp_path / "run" / "checkpoints" / "step-000004"
+    assert result.stderr.splitlines() == [f"genolc: SRC {tmp_path / 'run'}: using the run's newest checkpoint {newest}"]
+    assert torch.equal(_logits(load_pretrained(tmp_path / "out")), _logits(model))
+    record = json.loads(next((tmp_path / "out" / "runs").glob("*convert*.json")).read_text())
+    assert record["args"]["src"] == str(newest)
+    shutil.rmtree(tmp_path / "run" / "checkpoints")
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    result = CliRunner().invoke(main, ["convert", str(tmp_path / "run"), "--out", str(tmp_path / "never")])
+    assert result.exit_code == 2 and "SRC: this finetune run directory has no complete checkpoint" in result.output
+    assert not (tmp_path / "never").exists()
 
 
 def test_text_vocabulary_checkpoint_resized_to_genome_tokens(tmp_path):

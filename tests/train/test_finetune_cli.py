@@ -54,6 +54,29 @@ def test_cli_trains_and_prints_the_checkpoint(char_data, tmp_path):
     assert "lr: saved 0.001, now 0.005" in out
 
 
+def test_warmup_not_shorter_than_the_run_is_one_warning_not_an_error(char_data, tmp_path):
+    result = CliRunner().invoke(main, ["finetune", "--no-progress", "--data", str(char_data), "--seq", "64",
+                                       "--steps", "2", "--warmup", "2", "--lr", "1e-3", "-o", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith("step-000002")
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("genolc: warning:")]
+    assert warnings == ["genolc: warning: --warmup 2 >= --steps 2: every step is a warm-up step, so the learning "
+                        "rate only ramps up (to 0.001 at the last step; --lr 0.001) and never decays"]
+    # --init takes that run directory as its newest checkpoint, says which, and warns of nothing at --warmup 1.
+    result = CliRunner().invoke(main, ["finetune", "--no-progress", "--data", str(char_data), "--seq", "64",
+                                       "--steps", "2", "--warmup", "1", "--init", str(tmp_path / "run"),
+                                       "--out", str(tmp_path / "from_run")])
+    assert result.exit_code == 0, result.output
+    newest = tmp_path / "run" / "checkpoints" / "step-000002"
+    assert result.stderr.splitlines()[0] == f"genolc: --init {tmp_path / 'run'}: using the run's newest checkpoint " \
+                                            f"{newest}"
+    assert "warning" not in result.stderr
+    (tmp_path / "crashed" / "checkpoints").mkdir(parents=True)
+    out = _error("--data", char_data, "--seq", "64", "--init", tmp_path / "crashed", "--out", tmp_path / "never")
+    assert "--init: this finetune run directory has no complete checkpoint" in out
+    assert not (tmp_path / "never").exists()
+
+
 def test_resume_on_a_finished_run_or_another_tokenizer_says_what_to_do(char_data, tmp_path):
     run = ("--seq", "64", "--out", tmp_path / "run", "--lr", "1e-3", "--warmup", "1")
     assert _run("--data", char_data, "--steps", "2", *run)[0] == 0

@@ -88,3 +88,34 @@ def test_keep_last_n_and_sweep(tmp_path):
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(InputError, match="trainer_state.json"):
         st.read_trainer_state(tmp_path)
+
+
+def test_resolve_checkpoint_takes_a_runs_newest_complete_checkpoint_and_says_so(tmp_path, capsys):
+    model, opt = _setup()
+    for step in (2, 10):
+        st.save_checkpoint(tmp_path / "run", step, model=model, optimizer=opt, tokenizer=None, trainer_state={},
+                           keep=5)
+    (tmp_path / "run" / "checkpoints" / ".step-000012.tmp-1").mkdir()        # a save cut short
+    (tmp_path / "run" / "checkpoints" / "step-000011").mkdir()               # no trainer_state.json: incomplete
+    newest = tmp_path / "run" / "checkpoints" / "step-000010"
+    assert st.resolve_checkpoint(tmp_path / "run", "--checkpoint") == newest
+    said = capsys.readouterr().err.splitlines()
+    assert said == [f"genolc: --checkpoint {tmp_path / 'run'}: using the run's newest checkpoint {newest}"]
+    # A checkpoint directory, or something that is neither (left for the model loader to report), is kept quietly.
+    (newest / "config.json").write_text("{}")
+    assert st.resolve_checkpoint(newest, "--checkpoint") == newest
+    assert st.resolve_checkpoint(tmp_path / "nowhere", "--init") == tmp_path / "nowhere"
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("leftover", ["checkpoints", "metrics.jsonl"])
+def test_resolve_checkpoint_refuses_a_run_without_a_checkpoint(tmp_path, leftover):
+    run = tmp_path / "run"
+    run.mkdir()
+    if leftover == "checkpoints":
+        (run / "checkpoints" / ".step-000004.tmp-7").mkdir(parents=True)
+    else:
+        (run / "metrics.jsonl").write_text("")
+    with pytest.raises(InputError, match="finetune run directory has no complete checkpoint") as info:
+        st.resolve_checkpoint(run, "--init")
+    assert "--init" in info.value.message and str(run) in info.value.message

@@ -32,4 +32,4 @@ rule eval:
     shell:
         "{params.genolc} eval --by-position {wildcards.chrom:q} --data {params.data:q} "
         "--checkpoint {params.checkpoint:q} --seq {params.seq} {params.controls} {params.extra} "
-        "--quiet --out {output:q} > {log:q} 2>&1"
+        "--no-progress --out {output:q} > {log:q} 2>&1"
