@@ -1,7 +1,8 @@
 """How long a window `genolc finetune` trains on one GPU: peak GPU and host memory and tokens/s per model and length.
 
     python benchmarks/bench_long_context.py --fasta .gpudata/GRCh37_chrX_1-24000000.fa.gz \
-        --models small,base --lengths 128k,512k,1M,2M,4M --steps 2 [--baseline-lengths 32k,48k,64k]
+        --models small,base --lengths 128k,512k,1M,2M,4M --steps 2 [--baseline-lengths 32k,48k,64k] \
+        [--heldout X:1-8000000 --eval-lengths 1M,4M --eval-models base]
 
 Each (model, length) runs the real command, ``genolc finetune --seq L --model M --steps N`` (the step strategy left
 to ``--chunk auto`` unless ``--chunk`` is given), in its own process, so one that fails cannot disturb the next;
@@ -10,7 +11,9 @@ the run's summary.json and metrics.jsonl say (the strategy chosen, chunk, peak G
 step, every step's seconds and loss), the child's peak host RSS, the plan's estimate for that strategy (the
 within-15 % check) and, for failures, the message's last lines. ``--baseline-lengths``: the same model config as
 transformers' ``Glm5NextTextModel`` with an LM head, gradient checkpointing on, bf16 autocast, AdamW, one step per
-length until it runs out of memory (needs transformers with ``glm5_next``).
+length until it runs out of memory (needs transformers with ``glm5_next``). ``--eval-lengths``: ``genolc eval
+--by-position heldout`` of a freshly initialised checkpoint, one window per length (needs ``--heldout``), with its
+peak GPU memory.
 
 The dataset is prepared once (char tokenizer) from ``--fasta`` into a temporary directory, or taken from ``--data``.
 Results: ``$OUT/long_context_<date><BENCH_TAG>.json`` (benchmarks/results by default) with command, git SHA, device.
@@ -125,6 +128,44 @@ def baseline_row(model: str, length: int, env: dict, timeout: float) -> dict:
     return row
 
 
+EVAL_CHECKPOINT_SCRIPT = r"""
+import sys, torch
+from genolc.data.dataset import PreparedDataset
+from genolc.model import build_model, preset
+data, name, out = sys.argv[1:4]
+tokenizer = PreparedDataset(data).tokenizer
+torch.manual_seed(0)
+build_model(preset(name, vocab_size=tokenizer.vocab_size)).save_pretrained(out, tokenizer=tokenizer)
+"""
+
+
+def eval_row(data: Path, model: str, length: int, record: str, env: dict, work: Path, timeout: float) -> dict:
+    """`genolc eval --by-position RECORD --seq L` of a freshly initialised checkpoint (what is measured is memory
+    and time: eval's chunked scoring, not what the model knows), one window."""
+    checkpoint = work / f"eval-{model}-checkpoint"
+    if not checkpoint.exists():
+        made = subprocess.run([sys.executable, "-c", EVAL_CHECKPOINT_SCRIPT, str(data), model, str(checkpoint)],
+                              env=env, cwd=ROOT, capture_output=True, text=True)
+        if made.returncode:
+            return {"model": model, "seq_len": length, "ok": False, "error": made.stderr[-1200:], "engine": "eval"}
+    out = work / f"eval-{model}-{format_length(length)}"
+    probe = ("import torch, runpy, sys; sys.argv = sys.argv[1:]; "
+             "import atexit; atexit.register(lambda: print('PEAK_GPU_GIB', torch.cuda.max_memory_allocated() / 2**30)); "
+             "runpy.run_module('genolc.cli', run_name='__main__')")
+    argv = [sys.executable, "-c", probe, "genolc", "eval", "--by-position", record, "--data", str(data),
+            "--checkpoint", str(checkpoint), "--seq", str(length), "--max-windows", "1", "--bootstrap", "10",
+            "--out", str(out), "--no-progress"]
+    code, tail, wall, rss = run_child(argv, env, timeout)
+    row = {"model": model, "seq_len": length, "seq": format_length(length), "engine": "eval --by-position",
+           "exit_code": code, "wall_seconds": round(wall, 1), "host_peak_rss_gib": round(rss, 2), "ok": code == 0}
+    peaks = [line for line in tail.splitlines() if line.startswith("PEAK_GPU_GIB ")]
+    if peaks:
+        row["peak_gpu_gib"] = round(float(peaks[-1].split()[1]), 2)
+    if code != 0:
+        row["error"] = tail[-1200:]
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -139,6 +180,9 @@ def main() -> None:
     parser.add_argument("--baseline-lengths", default="", help="transformers baseline lengths, e.g. 32k,48k,64k")
     parser.add_argument("--baseline-model", default="small")
     parser.add_argument("--budget", type=float, default=0, help="stop starting runs after this many seconds")
+    parser.add_argument("--heldout", default="none", help="prepare's --heldout (e.g. X:1-8000000, for --eval-lengths)")
+    parser.add_argument("--eval-lengths", default="", help="genolc eval --by-position window lengths, e.g. 1M,4M")
+    parser.add_argument("--eval-models", default="base", help="models for --eval-lengths")
     args = parser.parse_args()
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -152,16 +196,26 @@ def main() -> None:
         if data is None:
             data = work / "data"
             prep = subprocess.run([sys.executable, "-m", "genolc.cli", "prepare", str(args.fasta), "--out", str(data),
-                                   "--train", "all", "--heldout", "none", "--tokenizer", "char", "--no-progress"], env=env, cwd=ROOT,
+                                   "--train", "all", "--heldout", args.heldout, "--tokenizer", "char", "--no-progress"],
+                                  env=env, cwd=ROOT,
                                   capture_output=True, text=True)
             if prep.returncode:
                 sys.exit(f"prepare failed: {prep.stderr[-2000:]}")
-        for model in args.models.split(","):
+        for model in args.models.split(",") if args.lengths else ():
             for length in (parse_length(x) for x in args.lengths.split(",")):
                 if args.budget and time.monotonic() - started > args.budget:
                     rows.append({"model": model, "seq_len": length, "skipped": "time budget"})
                     continue
                 row = finetune_row(data, model, length, args, env, work)
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
+                if not row["ok"]:
+                    print(row["error"][-600:], flush=True)
+                    break
+                _write(out_dir, rows, args, started)
+        for model in args.eval_models.split(",") if args.eval_lengths else ():
+            for length in (parse_length(x) for x in args.eval_lengths.split(",")):
+                row = eval_row(data, model, length, "heldout", env, work, args.timeout)
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
                 if not row["ok"]:
