@@ -123,3 +123,15 @@ def test_prepare_does_not_import_torch(shared_file, tmp_path):
     assert result.stdout.strip().splitlines()[-1] == "False"
     run = json.loads(next((tmp_path / "ds" / "runs").glob("*.json")).read_text())
     assert run["host"]["torch"]
+
+
+def test_without_isal_inflate_falls_back_to_zlib(shared_file):
+    genome = shared_file("other/lambda_phage_NC_001416.1.fa.gz")
+    script = ("import sys; sys.modules['isal'] = None\n"
+              "from genolc.data import _fasta, genome\n"
+              f"stream = next(genome.open_genome({str(genome)!r}).records())\n"
+              "print(_fasta.INFLATE_LIBRARY, sum(len(c) for c in stream.chunks(1 << 16)))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["zlib", "48502"]
