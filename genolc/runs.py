@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import importlib.metadata
 import os
 import platform
 import socket
@@ -52,14 +53,18 @@ def host_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
     }
-    try:
-        import torch
-
+    # Importing torch costs a second; a command that has not imported it (prepare) records its version from the
+    # package metadata and has no GPUs to list.
+    torch = sys.modules.get("torch")
+    if torch is not None:
         info["torch"] = torch.__version__
         if torch.cuda.is_available():
             info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    except ImportError:
-        pass
+    else:
+        try:
+            info["torch"] = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            pass
     return info
 
 
