@@ -63,6 +63,18 @@ class EmbedConfig:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
 
+def _refuse_overwriting_inputs(outputs: list[Path | None], inputs: list[Path]) -> None:
+    """ConfigError when an output path names an input (or another output): writing it would destroy it."""
+    taken = {p.resolve(): f"the input {p}" for p in inputs}
+    for out in outputs:
+        if out is None:
+            continue
+        if out.resolve() in taken:
+            raise ConfigError(f"the output would overwrite {taken[out.resolve()]}", where=str(out),
+                              fix="choose another output path")
+        taken[out.resolve()] = f"the other output {out}"
+
+
 def score_columns(labels: tuple[str, ...]) -> list[str]:
     return ["score"] if len(labels) == 1 else [f"score_{label}" for label in labels]
 
@@ -88,6 +100,7 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
         if config.out.is_dir():
             raise ConfigError("--out names a directory; it should be the TSV file to write", where=str(config.out),
                               fix="e.g. --out scores.tsv")
+        _refuse_overwriting_inputs([config.out, config.vcf_out], [config.vcf, config.genome])
         settings = ScoreSettings(windows=config.windows, placement=config.placement, rc_average=config.rc_average,
                                  reduce=config.reduce)
         contents = read_vcf(config.vcf)
@@ -174,6 +187,8 @@ def run_embed(config: EmbedConfig) -> dict[str, Any]:
         elif config.out.suffix.lower() != ".npy":
             raise ConfigError("--out must end in .npy or .parquet", where=str(config.out),
                               fix="e.g. --out regions.npy (a names file regions.npy.names.tsv is written beside it)")
+        _refuse_overwriting_inputs([config.out, config.out.with_name(config.out.name + ".names.tsv")],
+                                   [config.bed, config.genome])
         regions = read_regions(config.bed)
         record.add_input(config.bed)
         with Reference(config.genome) as reference:

@@ -19,6 +19,8 @@ REGION_START = 20000001
 LENGTH = 40_000
 SKIP = 100_000          # start inside the piece, past any leading N run
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory) -> bytes:
@@ -97,7 +99,7 @@ def vcf(bases, tmp_path_factory):
 
 
 def _score(args, expect=0):
-    result = CliRunner().invoke(main, ["score", "--no-progress", "--window", "256", *map(str, args)])
+    result = CliRunner().invoke(main, ["score", "--no-progress", "--window", "128", *map(str, args)])
     assert result.exit_code == expect, result.output + repr(result.exception)
     return result
 
@@ -148,15 +150,15 @@ def test_bgzip_vcf_and_bgzip_genome_give_the_same_scores_deterministically(genom
 def test_vcf_output_carries_the_score_in_info(genome, vcf, checkpoint, tmp_path):
     out, vcf_out = tmp_path / "s.tsv", tmp_path / "s.vcf"
     _score(["--vcf", vcf, "--genome", genome, "--checkpoint", checkpoint, "--out", out, "--vcf-out", vcf_out,
-            "--windows", "64,256"])
+            "--windows", "64,128"])
     rows = _rows(out)
     lines = [line for line in vcf_out.read_text().splitlines() if not line.startswith("#")]
     assert len(lines) == len(rows)
     assert '##INFO=<ID=GENOLC_LLR_64,' in vcf_out.read_text()
     first = lines[0].split("\t")[7]
-    assert first == f"DP=10;GENOLC_LLR_64={rows[0]['score_64']};GENOLC_LLR_256={rows[0]['score_256']}"
+    assert first == f"DP=10;GENOLC_LLR_64={rows[0]['score_64']};GENOLC_LLR_128={rows[0]['score_128']}"
     assert lines[6].split("\t")[7] == "DP=10;GENOLC_STATUS=ref_mismatch"
-    assert rows[0]["score_64"] != rows[0]["score_256"]
+    assert rows[0]["score_64"] != rows[0]["score_128"]
 
 
 def test_malformed_line_is_one_message_with_its_line_number_and_no_output(genome, vcf, checkpoint, tmp_path):
@@ -168,6 +170,8 @@ def test_malformed_line_is_one_message_with_its_line_number_and_no_output(genome
     result = _score(["--vcf", broken, "--genome", genome, "--checkpoint", checkpoint, "--out", out], expect=2)
     assert "line 5" in result.output and "Traceback" not in result.output
     assert not out.exists()
+    result = _score(["--vcf", vcf, "--genome", genome, "--checkpoint", checkpoint, "--out", vcf], expect=2)
+    assert "would overwrite the input" in result.output
     bad_pos = tmp_path / "bad_pos.vcf"
     bad_pos.write_text("chr22\tten\t.\tA\tG\t.\t.\t.\n")
     result = _score(["--vcf", bad_pos, "--genome", genome, "--checkpoint", checkpoint, "--out", out], expect=2)
@@ -206,7 +210,7 @@ def test_rc_average_is_strand_symmetric(bases, checkpoint, tmp_path, placement):
     reverse = pd.DataFrame({"chrom": "chr22", "pos": [LENGTH - o for o in offsets], "ref": [comp[r] for r in ref],
                             "alt": [comp[alt_of[r]] for r in ref]})
     model = load(checkpoint, device="cpu")
-    kwargs = dict(windows=(301,), placement=placement)
+    kwargs = dict(windows=(151,), placement=placement)
     a = model.score_variants(forward, fwd, rc_average=True, **kwargs)
     b = model.score_variants(reverse, rev, rc_average=True, **kwargs)
     assert list(a.status) == ["ok"] * 4 and list(b.status) == ["ok"] * 4
