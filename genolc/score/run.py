@@ -115,7 +115,7 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
                     fix="score against the genome the VCF was called on (aliases such as 22/chr22 work)")
             loaded = load(config.checkpoint, device=config.device, dtype=config.dtype,
                           batch_tokens=config.batch_tokens)
-            with _progress_bar(config.progress, len(contents.variants), "variant") as bar:
+            with _progress_bar(config.progress, len(contents.variants) * len(config.windows), "window") as bar:
                 statuses, scores = score_variants(loaded.scorer, loaded.tokenizer, reference, contents.variants,
                                                   settings, progress=bar.update)
         counts = Counter(statuses)

@@ -116,35 +116,35 @@ def score_variants(scorer: Any, tokenizer: Any, reference: Reference, variants: 
     scores = np.full((len(variants), len(settings.windows)), np.nan)
     strands = 2 if settings.rc_average else 1
     todo = [i for i, s in enumerate(statuses) if s == "ok"]
+    if progress is not None:
+        progress((len(variants) - len(todo)) * len(settings.windows))
     for w, window in enumerate(settings.windows):
-        rows_per_call = max(1, int(scorer.batch_tokens) // max(window, 1)) * 2 * strands
-        block = max(1, rows_per_call // (2 * strands))
+        # Enough variants per block to fill every forward: each gives 2 * strands rows of about `window` tokens.
+        block = max(1, int(scorer.batch_tokens) // max(window, 1))
         for start in range(0, len(todo), block):
             members = todo[start:start + block]
             rows: list[np.ndarray] = []
-            owners: list[int] = []
+            row_pairs: dict[int, list[tuple[int, int]]] = {}
             for i in members:
+                pairs = []
                 for ref_bases, alt_bases in window_sequences(reference, variants[i], window, settings.placement,
                                                              strands):
-                    rows.extend([tokenizer.encode(ref_bases), tokenizer.encode(alt_bases)])
-                    owners.extend([i, i])
-            short = {owner for owner, row in zip(owners, rows) if len(row) < 2}
-            kept = [k for k, owner in enumerate(owners) if owner not in short]
-            for i in short:
-                statuses[i] = "edge"
-            logp = score_rows(scorer, [rows[k] for k in kept]) if kept else []
-            totals = {}
-            for k, row_logp in zip(kept, logp):
+                    ref_ids, alt_ids = tokenizer.encode(ref_bases), tokenizer.encode(alt_bases)
+                    if len(ref_ids) < 2 or len(alt_ids) < 2:
+                        statuses[i] = "edge"
+                        break
+                    pairs.append((len(rows), len(rows) + 1))
+                    rows.extend([ref_ids, alt_ids])
+                else:
+                    row_pairs[i] = pairs
+            totals = []
+            for row_logp in (score_rows(scorer, rows) if rows else []):
                 value = float(np.sum(row_logp))
-                totals[k] = value / len(row_logp) if settings.reduce == "mean" else value
-            for i in members:
-                if i in short:
-                    continue
-                ks = [k for k, owner in enumerate(owners) if owner == i]
-                # ks = [ref, alt] per strand, in order
-                per_strand = [totals[ks[j + 1]] - totals[ks[j]] for j in range(0, len(ks), 2)]
-                scores[i, w] = float(np.mean(per_strand))
-            if progress is not None and w == len(settings.windows) - 1:
+                totals.append(value / len(row_logp) if settings.reduce == "mean" else value)
+            for i, pairs in row_pairs.items():
+                if statuses[i] == "ok":
+                    scores[i, w] = float(np.mean([totals[alt] - totals[ref] for ref, alt in pairs]))
+            if progress is not None:
                 progress(len(members))
     for i, status in enumerate(statuses):
         if status != "ok":

@@ -316,3 +316,18 @@ def test_unreadable_vcf_is_an_input_error(tmp_path):
     empty.write_text("##fileformat=VCFv4.2\n")
     with pytest.raises(InputError, match="no variant records"):
         read_vcf(empty)
+
+
+def test_window_cut_at_the_record_start(genome, bases, checkpoint):
+    """A variant on the record's first base: causal-end has no upstream (status 'edge'); center keeps one flank."""
+    import pandas as pd
+
+    from genolc.score.api import load
+
+    model = load(checkpoint, device="cpu")
+    ref = chr(bases[0]).upper()
+    table = pd.DataFrame({"chrom": ["chr22"], "pos": [_pos(0)], "ref": [ref], "alt": ["A" if ref != "A" else "C"]})
+    causal = model.score_variants(table, genome, windows=(64,), placement="causal-end")
+    assert list(causal.status) == ["edge"] and np.isnan(causal.score[0])
+    center = model.score_variants(table, genome, windows=(64,), placement="center")
+    assert list(center.status) == ["ok"] and np.isfinite(center.score[0])
