@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "eval": ("genolc.eval.command", "eval_command", "Held-out loss by context position, needle tests."),
     "convert": ("genolc.model.command", "convert", "Convert checkpoints between transformers layouts."),
     "plan": ("genolc.train.plan_command", "plan_command", "Predict finetune's memory and step time for a window."),
+    "score": ("genolc.score.command", "score_command", "Score variants (VCF) by the model's log-likelihood ratio."),
+    "embed": ("genolc.score.command", "embed_command", "Hidden-state embeddings of BED regions."),
     "demo": ("genolc.demo_command", "demo_command", "Run the whole pipeline on bundled real human DNA."),
 }
 

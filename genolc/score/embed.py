@@ -1,0 +1,149 @@
+"""Region embeddings: a model's hidden states over reference regions, pooled (mean) or per token.
+
+Which hidden state: by default the final norm's output (what the LM head reads, ``[T, D]``); with ``layer=N`` the
+output of decoder layer ``N`` (0-based), whose hyper-connection streams ``[T, N_streams, D]`` are averaged over
+streams as the model itself does before its final norm. Both are captured with forward hooks, so the model is used
+unchanged. A region longer than ``window_chunk`` tokens runs chunk by chunk through the model's chunk interface
+(:class:`genolc.model.cache.WindowCache`), so every token still sees the whole region before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from genolc.data.genome import canonical_chrom
+from genolc.errors import ConfigError, InputError
+from genolc.score.reference import Reference
+
+POOLS = ("mean", "none")
+
+
+@dataclass(frozen=True)
+class Region:
+    line: int  # 1-based line in the BED file
+    chrom: str  # as written in the BED file
+    start: int  # 0-based, BED convention
+    end: int  # exclusive
+    name: str  # the BED name column, or chrom:start-end (1-based inclusive) when there is none
+
+
+def read_regions(path: str | Path) -> list[Region]:
+    """BED intervals in file order (``track``/``browser``/``#`` lines skipped); InputError naming the line."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("BED file not found", where=str(p), fix="check the path")
+    regions: list[Region] = []
+    import gzip
+
+    with open(p, "rb") as probe:
+        opener = gzip.open if probe.read(2) == b"\x1f\x8b" else open
+    try:
+        with opener(p, "rt", encoding="utf-8") as fh:
+            for number, raw in enumerate(fh, start=1):
+                line = raw.rstrip("\r\n")
+                if not line.strip() or line.startswith(("#", "track", "browser")):
+                    continue
+                cols = line.split("\t") if "\t" in line else line.split()
+                where = f"{p}, line {number}"
+                if len(cols) < 3 or not cols[1].isdigit() or not cols[2].isdigit():
+                    raise InputError("a BED line needs chrom, start and end (non-negative integers)", where=where,
+                                     fix="fix the line (BED is 0-based, end exclusive)")
+                start, end = int(cols[1]), int(cols[2])
+                if end <= start:
+                    raise InputError(f"empty or reversed interval {start}-{end}", where=where,
+                                     fix="BED end must be greater than start")
+                name = cols[3] if len(cols) > 3 and cols[3] else f"{cols[0]}:{start + 1}-{end}"
+                regions.append(Region(number, cols[0], start, end, name))
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the BED file ({exc})", where=str(p), fix="check the file") from None
+    if not regions:
+        raise InputError("the BED file holds no intervals", where=str(p), fix="check the file")
+    return regions
+
+
+def region_bases(reference: Reference, region: Region, source: str) -> np.ndarray:
+    """The region's bases; InputError when the reference does not hold all of it."""
+    where = f"{source}, line {region.line}"
+    span = reference.span(region.chrom)
+    if span is None:
+        shown = ", ".join(reference.chrom_names()[:20])
+        raise InputError(f"unknown chromosome '{region.chrom}'", where=where,
+                         fix=f"use one of the reference's chromosomes ({shown}); aliases such as 22/chr22 work")
+    record = reference.locate(region.chrom, region.start + 1, region.end)
+    if record is None:
+        raise InputError(
+            f"interval {canonical_chrom(region.chrom)}:{region.start}-{region.end} (BED) lies outside the reference, "
+            f"which holds {canonical_chrom(region.chrom)}:{span[0] - 1}-{span[1]} (BED coordinates)",
+            where=where, fix="clip or drop the interval")
+    return reference.fetch(record, region.start + 1 - record.start, region.end + 1 - record.start)
+
+
+class HiddenStates:
+    """``hidden(ids) -> float32 [B, T, D]`` of one layer (or the final norm) of a GenomeLM, through forward hooks."""
+
+    def __init__(self, model: Any, layer: int | None = None, window_chunk: int | None = None) -> None:
+        import torch
+
+        self.model = model
+        n_layers = len(model.layers)
+        if layer is not None and not -n_layers <= layer < n_layers:
+            raise ConfigError(f"--layer {layer} is out of range: the model has {n_layers} layers",
+                              fix=f"choose 0..{n_layers - 1} (or -1 for the last), or leave it out for the final norm")
+        self.module = model.norm if layer is None else model.layers[layer]
+        self.is_layer = layer is not None
+        self.window_chunk = window_chunk
+        self.device = next(model.parameters()).device
+        self._torch = torch
+
+    def _capture(self, captured: list) -> Any:
+        from genolc.model.layers.mhc import collapse_streams
+
+        def hook(_module, _inputs, output):
+            tensor = output[0] if isinstance(output, tuple) else output
+            captured.append((collapse_streams(tensor) if self.is_layer else tensor).float())
+        return self.module.register_forward_hook(hook)
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        torch = self._torch
+        from genolc.model.cache import WindowCache, chunk_bounds
+
+        x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
+        if x.ndim == 1:
+            x = x[None]
+        captured: list = []
+        handle = self._capture(captured)
+        head = self.model.lm_head
+        # The logits are not needed: skipping the head saves a [T, V] matmul per chunk.
+        self.model.lm_head = torch.nn.Identity()
+        try:
+            with torch.no_grad():
+                length = x.shape[1]
+                if self.window_chunk and length > self.window_chunk:
+                    window = WindowCache(self.model.config.num_hidden_layers, length)
+                    for start, stop in chunk_bounds(length, self.window_chunk):
+                        cache = window.chunk(start)
+                        self.model(x[:, start:stop], cache=cache)
+                        window.commit(cache, stop)
+                else:
+                    self.model(x)
+        finally:
+            self.model.lm_head = head
+            handle.remove()
+        return torch.cat(captured, dim=1).cpu().numpy()
+
+
+def embed_regions(hidden: HiddenStates, tokenizer: Any, sequences: Iterator[np.ndarray] | list[np.ndarray],
+                  pool: str) -> list[np.ndarray]:
+    """Per sequence: ``float32 [D]`` (pool 'mean', over the sequence's tokens) or ``[T, D]`` (pool 'none')."""
+    if pool not in POOLS:
+        raise ConfigError(f"unknown pooling {pool!r}", fix="choose mean or none")
+    out = []
+    for bases in sequences:
+        ids = tokenizer.encode(np.asarray(bases, dtype=np.uint8))
+        states = hidden(ids[None])[0]
+        out.append(states.mean(axis=0) if pool == "mean" else states)
+    return out

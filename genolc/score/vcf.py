@@ -1,0 +1,123 @@
+"""VCF reading for scoring: plain or gzip/bgzip text, no dependency beyond the standard library.
+
+Each data line becomes one :class:`Variant` per ALT allele (multi-allelic records are split; ``allele_index`` says
+which ALT it was, from 1). Alleles are classified here, before any model runs:
+
+* ``symbolic`` — ``<DEL>``, ``<INS:ME>``, breakends (``N[chr1:123[``), the spanning deletion ``*`` and a missing
+  ALT ``.``: skipped and counted;
+* ``too_long`` — REF or ALT longer than ``max_allele`` bases (not a small indel): skipped and counted;
+* otherwise ``ok`` (the reference checks happen in :mod:`genolc.score.variants`).
+
+A line that is not a VCF data line (fewer than 8 tab-separated columns, a POS that is not a positive integer, a REF
+or ALT with characters other than bases) is an :class:`~genolc.errors.InputError` naming the file and line number.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from genolc.errors import InputError
+
+FIXED_COLUMNS = ("CHROM", "POS", "ID", "REF", "ALT", "QUAL", "FILTER", "INFO")
+DEFAULT_MAX_ALLELE = 50
+_BASES_RE = re.compile(r"[ACGTNacgtn]+")
+_SYMBOLIC_RE = re.compile(r"^<.*>$|[\[\]]|^\*$|^\.$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    line: int  # 1-based line number in the VCF
+    fields: tuple[str, ...]  # the record's 8 fixed columns, ALT replaced by this allele
+    chrom: str
+    pos: int  # 1-based position of REF's first base
+    ref: str
+    alt: str
+    allele_index: int  # which ALT of the record, from 1
+    status: str  # "ok", "symbolic" or "too_long" here; variants.py adds reference checks
+
+    @property
+    def key(self) -> str:
+        return f"{self.chrom}:{self.pos}:{self.ref}>{self.alt}"
+
+
+@dataclass(frozen=True)
+class VcfContents:
+    path: Path
+    header: list[str]  # meta lines ('##…') as read, without line ends
+    columns: tuple[str, ...]  # the 8 fixed columns' names
+    variants: list[Variant]
+    records: int  # data lines read
+
+
+def _open_text(path: Path):
+    with open(path, "rb") as fh:
+        gzipped = fh.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gzipped else open
+    return opener(path, "rt", encoding="utf-8", newline="")
+
+
+def read_vcf(path: str | Path, *, max_allele: int = DEFAULT_MAX_ALLELE) -> VcfContents:
+    """All variants of a VCF (one per ALT allele), classified; InputError for a file or line that is not VCF."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("VCF file not found", where=str(p), fix="check the path")
+    header: list[str] = []
+    variants: list[Variant] = []
+    records = 0
+    try:
+        with _open_text(p) as fh:
+            for number, raw in enumerate(fh, start=1):
+                line = raw.rstrip("\r\n")
+                if line.startswith("##"):
+                    header.append(line)
+                    continue
+                if line.startswith("#") or not line.strip():
+                    continue
+                records += 1
+                variants.extend(_parse_line(line, number, p, max_allele))
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the VCF ({exc})", where=str(p),
+                         fix="check the file is a complete plain, gzip or bgzip VCF") from None
+    if records == 0:
+        raise InputError("the VCF holds no variant records", where=str(p), fix="check the file")
+    return VcfContents(p, header, FIXED_COLUMNS, variants, records)
+
+
+def allele_status(ref: str, alt: str, max_allele: int = DEFAULT_MAX_ALLELE) -> str | None:
+    """'ok', 'symbolic' or 'too_long' for a REF that is bases; None when ALT is neither bases nor symbolic."""
+    if _SYMBOLIC_RE.search(alt):
+        return "symbolic"
+    if not _BASES_RE.fullmatch(alt):
+        return None
+    return "too_long" if max(len(ref), len(alt)) > max_allele else "ok"
+
+
+def is_bases(text: str) -> bool:
+    return _BASES_RE.fullmatch(text) is not None
+
+
+def _parse_line(line: str, number: int, path: Path, max_allele: int) -> Iterator[Variant]:
+    where = f"{path}, line {number}"
+    cols = line.split("\t")
+    if len(cols) < 8:
+        cols = line.split()
+    if len(cols) < 8:
+        raise InputError(f"a VCF data line needs 8 tab-separated columns (CHROM … INFO), this one has {len(cols)}",
+                         where=where, fix="check the file is VCF and its columns are separated by tabs")
+    chrom, pos_text, _, ref, alts = cols[:5]
+    if not pos_text.isdigit() or int(pos_text) < 1:
+        raise InputError(f"POS must be a positive integer, got {pos_text!r}", where=where, fix="fix the line")
+    if not is_bases(ref):
+        raise InputError(f"REF must be bases (A, C, G, T, N), got {ref[:40]!r}", where=where, fix="fix the line")
+    fixed = tuple(cols[:8])
+    for index, alt in enumerate(alts.split(","), start=1):
+        status = allele_status(ref, alt, max_allele)
+        if status is None:
+            raise InputError(f"ALT allele {index} must be bases, a symbolic allele (<…>), a breakend, '*' or '.', "
+                             f"got {alt[:40]!r}", where=where, fix="fix the line")
+        fields = fixed[:4] + (alt,) + fixed[5:]
+        yield Variant(number, fields, chrom, int(pos_text), ref.upper(), alt.upper(), index, status)
