@@ -14,7 +14,7 @@ timing; the forward pass was always identical. Deterministic mode:
 - one CPU thread unless ``--threads`` says otherwise (genolc.threads): results depend on the thread count, so it
   must not follow the machine's load. Runs with the same ``--threads N`` agree bit for bit with each other.
 
-Kernels outside torch that cannot be deterministic are named in one message when training starts (see
+Kernels outside torch that are not deterministic are named in one message when training starts (see
 :func:`nondeterministic_kernels`); the run record and ``summary.json`` say ``deterministic: true`` only when the
 mode was on and no such kernel or op ran.
 """
@@ -120,9 +120,9 @@ def note_kernels(report: DeterminismReport, device_type: str, layer_types: tuple
     for kernel in kernels:
         report.add(kernel)
     if kernels:
-        say("--deterministic: these kernels cannot be made deterministic, so runs on " + device_type + " may differ "
-            "in the last bits: " + "; ".join(kernels) + ". Every other op runs torch's deterministic algorithms "
-            "(recorded in summary.json: nondeterministic_ops)")
+        say("--deterministic: these kernels are not deterministic, so runs on " + device_type + " may differ in the "
+            "last bits: " + "; ".join(kernels) + ". Every other op runs torch's deterministic algorithms (recorded in "
+            "summary.json: nondeterministic_ops)")
 
 
 @dataclass

@@ -87,8 +87,8 @@ def _lengths(text: str | None) -> tuple[int, ...]:
                    "cores free now: affinity mask and cgroup quota less current load).")
 @click.option("--deterministic", is_flag=True,
               help="Bitwise-reproducible training: torch's deterministic algorithms and one CPU thread unless "
-                   "--threads is given (runs with the same --threads agree). Kernels that cannot be deterministic "
-                   "(DSA and fla's KDA on CUDA) are named when training starts; summary.json records the outcome.")
+                   "--threads is given (runs with the same --threads agree). Kernels that are not deterministic (on "
+                   "CUDA: DSA's backward, fla's KDA) are named when training starts; summary.json records the outcome.")
 def finetune_command(data: Path, seq: str, model: str | None, init: Path | None, seq_warmup: str | None,
                      chunk: str, **options) -> None:
     """Fine-tune (or train from scratch) a genome language model on a prepared dataset.
