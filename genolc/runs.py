@@ -1,8 +1,10 @@
 """Run records: every command leaves a small JSON beside its output saying how it ran.
 
 A record holds the command, its resolved arguments, genolc's version (and git SHA when run from a checkout),
-md5s of its inputs, host and GPU, start and end times, exit status and the error if it failed. Records live in
-``<output>/runs/<start>_<pid>_<command>.json``; :func:`run_record` writes one whether the command succeeds or fails.
+md5s of its inputs, how it computed (``compute``: CPU threads and the rule that chose them, whether the run was
+deterministic; finetune and eval), host and GPU, start and end times, exit status and the error if it failed.
+Records live in ``<output>/runs/<start>_<pid>_<command>.json``; :func:`run_record` writes one whether the command
+succeeds or fails.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class RunRecord:
     out_dir: Path
     inputs: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, Any] = field(default_factory=dict)
+    compute: dict[str, Any] = field(default_factory=dict)    # CPU threads, deterministic mode (genolc.threads)
     started: str = field(default_factory=_now)
 
     def add_input(self, path: str | os.PathLike) -> None:
@@ -97,6 +100,7 @@ class RunRecord:
             "argv": sys.argv,
             "inputs": self.inputs,
             "outputs": self.outputs,
+            **({"compute": self.compute} if self.compute else {}),
             "host": host_info(),
             "started": self.started,
             "ended": _now(),

@@ -58,13 +58,20 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="module")
 def one_thread():
     """Run a module's torch work on one thread: the CI box has 2 shared cores that pytest-xdist already keeps busy,
-    and tiny-model matmuls run several times faster single-threaded under that contention."""
+    and tiny-model matmuls run several times faster single-threaded under that contention. OMP_NUM_THREADS=1 makes
+    finetune and eval (genolc.threads), in this process and in the subprocesses it starts, keep to one thread too:
+    tests that compare runs bit for bit need the same count in every run, not one that follows the load."""
     import torch
 
-    previous = torch.get_num_threads()
+    previous, previous_env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
     yield
     torch.set_num_threads(previous)
+    if previous_env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = previous_env
 
 
 def poison_cuda_cache(gib: float = 4.0) -> None:

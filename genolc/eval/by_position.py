@@ -27,6 +27,7 @@ from genolc.eval.positions import WindowData, score_windows, summarise
 from genolc.eval.scorer import forward_tokens, load_model_scorer
 from genolc.fsutil import check_output_dir
 from genolc.signals import Interrupted, StopSignals
+from genolc.threads import ThreadChoice, run_threads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,12 +105,13 @@ def run_by_position(config: ByPositionConfig, record: Any | None = None) -> dict
 
     check_output_dir(config.out, OUTPUT_KIND)
     try:
-        return _run_by_position(config, record)
+        with run_threads(config.threads, record) as threads:
+            return _run_by_position(config, record, threads)
     except KeyboardInterrupt:
         raise Interrupted.at_once("eval", where=str(config.out)) from None
 
 
-def _run_by_position(config: ByPositionConfig, record: Any | None) -> dict[str, Any]:
+def _run_by_position(config: ByPositionConfig, record: Any | None, threads: ThreadChoice) -> dict[str, Any]:
     from genolc.data.dataset import PreparedDataset
     from genolc.data.sampler import tile_for_eval
     from genolc.eval.report import write_by_position
@@ -179,6 +181,7 @@ def _run_by_position(config: ByPositionConfig, record: Any | None) -> dict[str, 
             "visible_tokens": "between K and K + block - 1 (targets with at most K tokens before them keep their "
                               "full-context score)"},
         "rc_average": config.rc_average,
+        **threads.to_dict(),
         "cost": {"model_forward_tokens": int(model_tokens),
                  "baseline_forward_tokens": int(sum(len(w) for w in chosen) * (2 if config.rc_average else 1))
                  if config.baseline else 0,

@@ -61,10 +61,12 @@ _PATH = click.Path(path_type=Path)
                    "(default: ./genolc-eval-<time> or ./genolc-needle-<time>).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
 @click.option("--quiet", is_flag=True, hidden=True, help="Deprecated spelling of --no-progress.")
+@click.option("--threads", type=int, default=None, metavar="N",
+              help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else the cores free now).")
 def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts, context_block, first_bucket,
                  rc_average,
                  max_windows, max_tokens, max_n_fraction, n_boot, seed, per_target, needle_bases, needle_trials,
-                 needle_distances, force, device, dtype, batch_tokens, out, progress, quiet) -> None:
+                 needle_distances, force, device, dtype, batch_tokens, out, progress, quiet, threads) -> None:
     """Evaluate a checkpoint on held-out records: loss by context position (--by-position) or copying (--needle).
 
     Exactly one of --by-position and --needle is required. --by-position ends by printing the per-bucket table
@@ -88,7 +90,8 @@ def eval_command(by_position, needle, data, checkpoint, seq, baseline, contexts,
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     common = dict(data=data, checkpoint=checkpoint, seq_len=parse_length(seq, "--seq"), seed=seed, n_boot=n_boot,
                   force=force, device=device, dtype=dtype, max_n_fraction=max_n_fraction,
-                  batch_tokens=parse_length(batch_tokens, "--batch-tokens"), progress=progress and not quiet)
+                  batch_tokens=parse_length(batch_tokens, "--batch-tokens"), progress=progress and not quiet,
+                  threads=threads)
     if by_position is not None:
         from genolc.eval.by_position import ByPositionConfig, run_by_position
 

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from genolc.data.genome import canonical_chrom
 from genolc.errors import ConfigError, InputError
+from genolc.threads import check_threads
 
 TRAINER_STATE = "trainer_state.json"
 MAX_INIT_CHAIN = 8
@@ -211,10 +212,12 @@ class EvalInputs:
     dtype: str = "auto"
     batch_tokens: int = 1 << 16
     progress: bool = True
+    threads: int | None = None               # CPU threads for torch; None: genolc.threads' rule
 
     def __post_init__(self) -> None:
         for name in ("data", "checkpoint", "out"):
             object.__setattr__(self, name, Path(getattr(self, name)))
+        check_threads(self.threads)
         if self.seq_len < 1:
             raise ConfigError(f"--seq must be positive, got {self.seq_len}")
         if self.n_boot < 1:

@@ -30,6 +30,7 @@ from genolc.eval.positions import WindowData
 from genolc.eval.scorer import Scorer, score_full
 from genolc.fsutil import check_output_dir
 from genolc.signals import Interrupted, StopSignals
+from genolc.threads import ThreadChoice, run_threads
 
 BASES = np.frombuffer(b"ACGT", dtype=np.uint8)
 
@@ -179,12 +180,13 @@ def run_needle(config: NeedleConfig, record: Any | None = None) -> dict[str, Any
 
     check_output_dir(config.out, OUTPUT_KIND)
     try:
-        return _run_needle(config, record)
+        with run_threads(config.threads, record) as threads:
+            return _run_needle(config, record, threads)
     except KeyboardInterrupt:
         raise Interrupted.at_once("eval", where=str(config.out)) from None
 
 
-def _run_needle(config: NeedleConfig, record: Any | None) -> dict[str, Any]:
+def _run_needle(config: NeedleConfig, record: Any | None, threads: ThreadChoice) -> dict[str, Any]:
     from genolc.data.dataset import PreparedDataset
     from genolc.data.sampler import tile_for_eval
     from genolc.eval.by_position import _progress, select_windows, window_data
@@ -229,6 +231,7 @@ def _run_needle(config: NeedleConfig, record: Any | None) -> dict[str, Any]:
                    "distances": sorted(trials["distance"].unique().tolist()),
                    "placement": "second copy ends the window; first copy starts D tokens before it"},
         "per_distance": per_distance.to_dict(orient="records"),
+        **threads.to_dict(),
         "seconds": round(time.monotonic() - t0, 3),
     }
     write_needle(config.out, summary, trials, per_distance, record)

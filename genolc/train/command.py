@@ -82,6 +82,13 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16"]),
               help="auto: bfloat16 autocast on CUDA, float32 on CPU.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
+@click.option("--threads", default=None, type=int, metavar="N",
+              help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else 1 with --deterministic, else the "
+                   "cores free now: affinity mask and cgroup quota less current load).")
+@click.option("--deterministic", is_flag=True,
+              help="Bitwise-reproducible training: torch's deterministic algorithms and one CPU thread unless "
+                   "--threads is given (runs with the same --threads agree). Kernels that are not deterministic (on "
+                   "CUDA: DSA's backward, fla's KDA) are named when training starts; summary.json records the outcome.")
 def finetune_command(data: Path, seq: str, model: str | None, init: Path | None, seq_warmup: str | None,
                      chunk: str, **options) -> None:
     """Fine-tune (or train from scratch) a genome language model on a prepared dataset.

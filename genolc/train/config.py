@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from genolc.errors import ConfigError
+from genolc.threads import check_threads
 
 INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
 DEVICES = ("auto", "cpu", "cuda")
@@ -59,6 +60,9 @@ class TrainConfig:
     device: str = "auto"                        # auto | cpu | cuda
     dtype: str = "auto"                         # auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16
     progress: bool = True                       # tqdm progress bar on stderr
+    threads: int | None = None                  # CPU threads for torch; None: genolc.threads' rule (cores free now,
+                                                # 1 with deterministic)
+    deterministic: bool = False                 # torch's deterministic algorithms (genolc.determinism)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", Path(self.data))
@@ -73,6 +77,7 @@ class TrainConfig:
         for name in ("seq_len", "steps", "lr", "grad_accum", "micro_batch", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}", where=option_name(name))
+        check_threads(self.threads)
         if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 0):
             raise ConfigError(f"chunk must be a token count, 0 (off) or None (auto), got {self.chunk!r}",
                               where="--chunk", fix="use e.g. --chunk 64k, --chunk off or --chunk auto")
@@ -145,10 +150,10 @@ def option_name(field: str) -> str:
 
 
 # Fields that may differ between the run that wrote a checkpoint and the one resuming it: where and how long it
-# runs, how often it saves and how it reports, and how a step is split into chunks (the same result to rounding).
-# Everything else changes what a step computes.
+# runs, how often it saves and how it reports, and how a step is split into chunks, over how many threads and with
+# which reduction order (the same result to rounding). Everything else changes what a step computes.
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
-                               "progress", "device", "chunk"})
+                               "progress", "device", "chunk", "threads", "deterministic"})
 
 
 # Fields added after checkpoints were first written, with the value such older checkpoints were trained with.

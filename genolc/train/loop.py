@@ -16,7 +16,9 @@ One optimizer step (see :mod:`genolc.train.schedule` for its shape), read top to
      ``grad_clip`` and AdamW steps with the scheduled learning rate.
   5. Each MoE router's correction bias moves by ``moe_bias_rate`` towards balanced load, from the tokens per expert
      summed over the step's micro-batches (auxiliary-loss-free balancing, :mod:`genolc.train.balance`).
-Compute: bf16 autocast on CUDA (fp32 master weights and optimizer), fp32 on CPU.
+Compute: bf16 autocast on CUDA (fp32 master weights and optimizer), fp32 on CPU; torch's CPU threads and
+deterministic mode per ``config.threads`` / ``config.deterministic`` (:mod:`genolc.threads`,
+:mod:`genolc.determinism`), both recorded in ``summary.json`` and the run record.
 
 Stopping: the first SIGINT (Ctrl-C) or SIGTERM lets the current step finish, saves a checkpoint of it, writes
 ``summary.json`` with status "interrupted" and raises :class:`TrainingInterrupted` (exit code 128 + signal number,
@@ -52,6 +54,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from genolc.determinism import ComputeSettings, compute_settings, note_kernels
 from genolc.errors import ConfigError, GenolcError, InputError
 from genolc.fsutil import atomic_write_json, ensure_writable_parent
 from genolc.runs import run_record
@@ -84,8 +87,9 @@ class TrainHooks:
 
 def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
     """Train per ``config`` and return the final checkpoint directory (see the module docstring)."""
-    with run_record("finetune", config.out, config.to_dict()) as record:
-        trainer = _Trainer(config, hooks or TrainHooks())
+    with run_record("finetune", config.out, config.to_dict()) as record, \
+            compute_settings(config.threads, config.deterministic, _say, record) as compute:
+        trainer = _Trainer(config, hooks or TrainHooks(), compute)
         record.add_input(config.data / "manifest.json")
         final = trainer.run()
         record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
@@ -112,9 +116,10 @@ def _describe_tokenizer(tokenizer: Any) -> str:
 
 
 class _Trainer:
-    def __init__(self, config: TrainConfig, hooks: TrainHooks) -> None:
+    def __init__(self, config: TrainConfig, hooks: TrainHooks, compute: ComputeSettings) -> None:
         self.config = config
         self.hooks = hooks
+        self.compute = compute
         self.device = resolve_device(config.device)
         self.bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and self.device.type == "cuda")
         from genolc.data.dataset import PreparedDataset
@@ -131,6 +136,10 @@ class _Trainer:
             _say(f"removed a half-written checkpoint left by an interrupted save: {stale.name}")
         self.resume_from = self._find_resume_point()
         self.model = self._build_model()
+        note_kernels(compute.determinism, self.device.type, self.model.config.layer_types, _say)
+        if self.device.type == "cpu":
+            threads = compute.threads.threads
+            _say(f"{threads} CPU thread{'s' if threads > 1 else ''} ({compute.threads.rule})")
         self.applied = apply_transforms(self.model, config)
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
@@ -455,6 +464,7 @@ class _Trainer:
             "seconds": time.monotonic() - self._started,       # this invocation (a resumed run counts from resume)
             "tokens_per_s": self._step_tokens / self._step_seconds if self._step_seconds else None,
             "peak_memory_gib": self._memory_gib(), "device": str(self.device), "bf16": self.bf16,
+            **self.compute.to_dict(),
             "transforms": self.applied,
             "step_strategies": [strategy.describe() for strategy in self.strategies.values()], "parameters": sum(p.numel() for p in self.model.parameters()),
             "config": cfg.to_dict(),

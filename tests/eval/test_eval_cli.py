@@ -108,10 +108,13 @@ def test_eval_pooled_heldout_with_max_tokens(setup):
     data, model, _, root = setup
     out = root / "pooled"
     result = _run(["--by-position", "heldout", "--data", data, "--checkpoint", model, "--seq", "256",
-                   "--max-tokens", "600", "--bootstrap", "20", "--out", out, "--no-progress"])
+                   "--max-tokens", "600", "--bootstrap", "20", "--out", out, "--no-progress", "--threads", "1"])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["records"] == ["chr22"] and summary["config"]["records"] == "heldout"
+    # The thread count asked for is the one used, and both outputs say so (genolc.threads).
+    record = json.loads(next((out / "runs").glob("*_eval.json")).read_text())
+    assert (summary["threads"], summary["threads_rule"]) == (1, "--threads") == tuple(record["compute"].values())
     # 600 tokens hold two whole windows of 257; they are spread over the tiling, not its first two
     assert summary["windows"]["scored"] == 2 and summary["windows"]["tokens"] == 514
     starts = pd.read_csv(out / "windows.csv")["chrom_start"].tolist()
@@ -128,6 +131,8 @@ def test_eval_needle_end_to_end(setup):
     assert {"summary.json", "needle.csv", "needle_summary.csv", "needle.png"} <= {p.name for p in out.iterdir()}
     per_d = pd.read_csv(out / "needle_summary.csv")
     assert per_d["distance"].tolist() == [32, 200] and per_d["trials"].tolist() == [2, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["threads"] >= 1 and summary["threads_rule"]              # chosen by the rule, and why
 
 
 @pytest.mark.parametrize("args,message", [
