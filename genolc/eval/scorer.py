@@ -277,8 +277,6 @@ def target_logprobs_from_logits(logits: Any, ids: Any, chunk: int = 1 << 14, hea
     logits: [B, T, V] (any float dtype); ids: int64 [B, T]. With ``head`` (a module), ``logits`` are hidden states
     [B, T, H] and each chunk's logits are ``head(hidden[:, chunk])``.
     """
-    import torch
-
     if logits.ndim != 3 or logits.shape[:2] != ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] for ids {tuple(ids.shape)}")
     return logprobs_of_targets(logits[:, :-1], ids[:, 1:], chunk, head)

@@ -44,7 +44,6 @@ import math
 import resource
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +57,7 @@ from genolc.determinism import ComputeSettings, compute_settings, note_kernels
 from genolc.errors import ConfigError, GenolcError, InputError
 from genolc.fsutil import atomic_write_json, ensure_writable_parent
 from genolc.runs import run_record
+from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt
 from genolc.train.apply import apply_transforms
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
@@ -408,7 +408,7 @@ class _Trainer:
                    desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step
         try:
-            with open(metrics_path, "a") as log, bar, StopSignals() as stop:
+            with open(metrics_path, "a") as log, bar, StopSignals("stopping after the current step and saving a checkpoint") as stop:
                 for step in range(self.start_step, cfg.steps):
                     metrics = self._timed_step(step)
                     log.write(json.dumps(metrics) + "\n")
@@ -487,58 +487,17 @@ class _Trainer:
         return kept
 
 
-# ---------------------------------------------------------------------------------------------------- stopping
-class TrainingInterrupted(GenolcError):
+class TrainingInterrupted(Interrupted):
     """The run was stopped by SIGINT (Ctrl-C) or SIGTERM; it resumes from the checkpoint the message names."""
-
-    run_status = "interrupted"
 
     @classmethod
     def after_step(cls, signum: int, done: int, steps: int, checkpoint: Path) -> "TrainingInterrupted":
-        error = cls(f"stopped by {signal.Signals(signum).name} after step {done} of {steps}; saved {checkpoint}",
-                    fix="continue with the same command plus --resume")
-        error.exit_code = 128 + signum       # the shell convention for a process ended by a signal
-        return error
+        return cls(f"stopped by {signal.Signals(signum).name} after step {done} of {steps}; saved {checkpoint}",
+                   signum, fix="continue with the same command plus --resume")
 
     @classmethod
     def during_step(cls, step: int, last_good: Path | None, where: str) -> "TrainingInterrupted":
         kept = f"the last checkpoint is {last_good}" if last_good else "no checkpoint was saved yet"
-        error = cls(f"stopped at once during step {step} without saving; {kept}", where=where,
-                    fix="continue with the same command plus --resume" if last_good else
-                        "run it again (a single Ctrl-C stops after the current step and saves a checkpoint)")
-        error.exit_code = 128 + signal.SIGINT
-        return error
-
-
-class StopSignals:
-    """While active, the first SIGINT or SIGTERM only sets ``received``: the loop finishes the step it is in, saves
-    a checkpoint and stops cleanly. A second one raises KeyboardInterrupt (stop at once, without saving).
-
-    Installed only in the main thread (Python delivers signals there) and not over a signal the parent process
-    set to be ignored (e.g. SIGINT for a background job).
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                if signal.getsignal(sig) is not signal.SIG_IGN:
-                    self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            if handler is not None:          # None: a handler installed outside Python, which cannot be put back
-                signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is not None:
-            raise KeyboardInterrupt
-        self.received = signum
-        _say(f"{signal.Signals(signum).name} received: stopping after the current step and saving a checkpoint "
-             "(send it again to stop at once without saving)")
+        return cls(f"stopped at once during step {step} without saving; {kept}", signal.SIGINT, where=where,
+                   fix="continue with the same command plus --resume" if last_good else
+                       "run it again (a single Ctrl-C stops after the current step and saves a checkpoint)")
