@@ -201,34 +201,25 @@ def main() -> None:
                                   capture_output=True, text=True)
             if prep.returncode:
                 sys.exit(f"prepare failed: {prep.stderr[-2000:]}")
-        for model in args.models.split(",") if args.lengths else ():
-            for length in (parse_length(x) for x in args.lengths.split(",")):
+        def series(lengths: str, make_row) -> None:
+            """Rows for ``lengths`` in order, until one fails or the time budget is spent."""
+            for length in (parse_length(x) for x in lengths.split(",") if x):
                 if args.budget and time.monotonic() - started > args.budget:
-                    rows.append({"model": model, "seq_len": length, "skipped": "time budget"})
+                    rows.append({"seq_len": length, "skipped": "time budget"})
                     continue
-                row = finetune_row(data, model, length, args, env, work)
+                row = make_row(length)
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
                 if not row["ok"]:
                     print(row["error"][-600:], flush=True)
                     break
                 _write(out_dir, rows, args, started)
+
+        for model in args.models.split(",") if args.lengths else ():
+            series(args.lengths, lambda length: finetune_row(data, model, length, args, env, work))
         for model in args.eval_models.split(",") if args.eval_lengths else ():
-            for length in (parse_length(x) for x in args.eval_lengths.split(",")):
-                row = eval_row(data, model, length, "heldout", env, work, args.timeout)
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
-                if not row["ok"]:
-                    print(row["error"][-600:], flush=True)
-                    break
-                _write(out_dir, rows, args, started)
-        for length in (parse_length(x) for x in args.baseline_lengths.split(",") if x):
-            row = baseline_row(args.baseline_model, length, env, args.timeout)
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
-            if not row["ok"]:
-                print(row["error"][-400:], flush=True)
-                break
+            series(args.eval_lengths, lambda length: eval_row(data, model, length, "heldout", env, work, args.timeout))
+        series(args.baseline_lengths, lambda length: baseline_row(args.baseline_model, length, env, args.timeout))
     path = _write(out_dir, rows, args, started)
     print(f"wrote {path}")
 
