@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "eval": ("genolc.eval.command", "eval_command", "Held-out loss by context position, needle tests."),
     "convert": ("genolc.model.command", "convert", "Convert checkpoints between transformers layouts."),
     "plan": ("genolc.train.plan_command", "plan_command", "Predict finetune's memory and step time for a window."),
+    "runs": ("genolc.runs_command", "runs_command", "List, show and compare run records (failures included)."),
     "demo": ("genolc.demo_command", "demo_command", "Run the whole pipeline on bundled real human DNA."),
 }
 

@@ -17,6 +17,7 @@ from genolc.errors import ConfigError
 INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
+DASHBOARDS = ("tensorboard", "wandb")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class TrainConfig:
     device: str = "auto"                        # auto | cpu | cuda
     dtype: str = "auto"                         # auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16
     progress: bool = True                       # tqdm progress bar on stderr
+    log: tuple[str, ...] = ()                   # dashboards beside metrics.jsonl: tensorboard, wandb (offline)
+    routing_group: int = 65536                  # tokens per dispatch group for the routing drop shares
+                                                # (genolc.routing); only what is reported, not what is trained
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", Path(self.data))
@@ -67,6 +71,7 @@ class TrainConfig:
             object.__setattr__(self, "init", Path(self.init))
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         object.__setattr__(self, "seq_warmup", tuple(int(s) for s in self.seq_warmup))
+        object.__setattr__(self, "log", tuple(dict.fromkeys(self.log)))
         self._validate()
 
     def _validate(self) -> None:
@@ -93,6 +98,12 @@ class TrainConfig:
             raise ConfigError(f"unknown indexer mode {self.indexer!r}", fix=f"choose one of {', '.join(INDEXER_MODES)}")
         if self.device not in DEVICES:
             raise ConfigError(f"unknown device {self.device!r}", fix=f"choose one of {', '.join(DEVICES)}")
+        unknown = [name for name in self.log if name not in DASHBOARDS]
+        if unknown:
+            raise ConfigError(f"unknown --log {', '.join(unknown)}", where="--log",
+                              fix=f"choose from {', '.join(DASHBOARDS)}")
+        if self.routing_group <= 0:
+            raise ConfigError(f"routing_group must be positive, got {self.routing_group}", where="--routing-group")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"choose one of {', '.join(DTYPES)}")
         stages = list(self.seq_warmup)
@@ -148,7 +159,7 @@ def option_name(field: str) -> str:
 # runs, how often it saves and how it reports, and how a step is split into chunks (the same result to rounding).
 # Everything else changes what a step computes.
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
-                               "progress", "device", "chunk"})
+                               "progress", "device", "chunk", "log", "routing_group"})
 
 
 # Fields added after checkpoints were first written, with the value such older checkpoints were trained with.

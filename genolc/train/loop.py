@@ -60,6 +60,7 @@ from genolc.train.apply import apply_transforms
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
 from genolc.train.config import TrainConfig, changed_for_resume
+from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
 from genolc.train.plan import GIB, oom_error, required_seq_multiple
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
@@ -89,7 +90,7 @@ def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
         record.add_input(config.data / "manifest.json")
         final = trainer.run()
         record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
-                               "metrics": str(config.out / METRICS)})
+                               "metrics": str(config.out / METRICS), "routing": trainer.monitor.run_routing})
         return final
 
 
@@ -132,6 +133,7 @@ class _Trainer:
         self.resume_from = self._find_resume_point()
         self.model = self._build_model()
         self.applied = apply_transforms(self.model, config)
+        self.monitor = StepMonitor(config, self.model)
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
         self.strategies: dict[tuple[int, int], StepStrategy] = {}
@@ -399,9 +401,11 @@ class _Trainer:
                    desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step
         try:
-            with open(metrics_path, "a") as log, bar, StopSignals() as stop:
+            with open(metrics_path, "a") as log, bar, StopSignals() as stop, self.monitor:
                 for step in range(self.start_step, cfg.steps):
-                    metrics = self._timed_step(step)
+                    with self.monitor.capture():
+                        metrics = self._timed_step(step)
+                    self.monitor.log(metrics)
                     log.write(json.dumps(metrics) + "\n")
                     log.flush()
                     losses.append(metrics["loss"])
