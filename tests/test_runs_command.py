@@ -3,8 +3,8 @@ per-step routing figures and TensorBoard log."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -28,7 +28,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     data = prepare(PrepareConfig(genomes=(shared_file("other/lambda_phage_NC_001416.1.fa.gz"),), out=root / "ds",
                                  train="all", heldout=(), progress=False))
-    finetune(_config(data, root / "ok", log=("tensorboard",)))
+    tensorboard = importlib.util.find_spec("tensorboard") is not None
+    finetune(_config(data, root / "ok", log=("tensorboard",) if tensorboard else ()))
 
     def stop(step, metrics):
         raise KeyboardInterrupt
@@ -91,6 +92,7 @@ def test_finetune_logs_routing_per_step_and_to_tensorboard(runs):
     [record] = (runs / "ok" / "runs").glob("*_finetune.json")
     routing = json.loads(record.read_text())["outputs"]["routing"]
     assert all(figures["tokens"] == 2 * 64 for figures in routing.values())
+    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     [events] = (runs / "ok" / "tensorboard").glob("events.out.tfevents.*")
@@ -100,3 +102,17 @@ def test_finetune_logs_routing_per_step_and_to_tensorboard(runs):
     assert {"loss", "lr", "tokens_per_s", "memory_gib"} <= set(tags)
     assert any(t.startswith("moe_load_max_over_mean/layer_") for t in tags)
     assert [e.value for e in board.Scalars("loss")] == pytest.approx([m["loss"] for m in lines])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
+def test_log_wandb_without_wandb_says_how_to_install_it_and_leaves_nothing(runs):
+    result = CliRunner().invoke(main, ["finetune", "--data", str(runs / "ds"), "--seq", "64", "--steps", "1",
+                                       "--log", "wandb", "--out", str(runs / "wandb-run"), "--no-progress"])
+    assert result.exit_code == 2 and "pip install wandb" in result.output
+    assert not (runs / "wandb-run").exists()
+
+
+def test_log_wandb_writes_an_offline_run(runs):
+    pytest.importorskip("wandb")
+    finetune(_config(runs / "ds", runs / "wandb-ok", log=("wandb",)))
+    assert any((runs / "wandb-ok" / "wandb").rglob("*.wandb"))

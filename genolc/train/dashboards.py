@@ -13,6 +13,7 @@ scalars to TensorBoard (``out/tensorboard/``, ``--log tensorboard``) and/or Weig
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from typing import Any, Iterator
 
@@ -24,24 +25,28 @@ TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
 
 
+def check_dashboards(config: TrainConfig) -> None:
+    """Refuse a ``--log`` whose package is missing, saying how to install it (before anything is written)."""
+    packages = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb"}
+    for name in config.log:
+        try:
+            importlib.import_module(packages[name])
+        except ImportError:
+            raise ConfigError(f"--log {name} needs the {name} package, which is not installed", where="--log",
+                              fix=f"pip install {name} (or leave out --log {name}: metrics.jsonl has every number)"
+                              ) from None
+
+
 def open_dashboards(config: TrainConfig) -> list[Any]:
-    """Writers for ``config.log``; a missing package is refused before the first step with how to install it."""
+    """Writers for ``config.log`` (checked by :func:`check_dashboards`)."""
     writers = []
     if "tensorboard" in config.log:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ConfigError("--log tensorboard needs the tensorboard package, which is not installed",
-                              where="--log", fix="pip install tensorboard (or leave out --log tensorboard: "
-                                                 "metrics.jsonl has every number)") from None
+        from torch.utils.tensorboard import SummaryWriter
+
         writers.append(_TensorBoard(SummaryWriter(str(config.out / TENSORBOARD_DIR))))
     if "wandb" in config.log:
-        try:
-            import wandb
-        except ImportError:
-            raise ConfigError("--log wandb needs the wandb package, which is not installed", where="--log",
-                              fix="pip install wandb (or leave out --log wandb: metrics.jsonl has every number)"
-                              ) from None
+        import wandb
+
         os.environ.setdefault("WANDB_MODE", "offline")
         (config.out / WANDB_DIR).mkdir(parents=True, exist_ok=True)
         run = wandb.init(project="genolc", dir=str(config.out / WANDB_DIR), mode=os.environ["WANDB_MODE"],
@@ -92,6 +97,7 @@ class StepMonitor:
     """Routing tallies per step and for the run, and the dashboards (see the module docstring)."""
 
     def __init__(self, config: TrainConfig, model: Any) -> None:
+        check_dashboards(config)
         self.config = config
         self.model = model
         self.writers: list[Any] = []
