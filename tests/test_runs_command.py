@@ -116,3 +116,14 @@ def test_log_wandb_writes_an_offline_run(runs):
     pytest.importorskip("wandb")
     finetune(_config(runs / "ds", runs / "wandb-ok", log=("wandb",)))
     assert any((runs / "wandb-ok" / "wandb").rglob("*.wandb"))
+
+
+@pytest.mark.parametrize("changes", [dict(chunk=32), dict(recompute=True)], ids=["chunked", "recompute"])
+def test_routing_counts_each_token_once_with_chunks_and_recompute(runs, tmp_path, changes):
+    # The chunked step's fill pass runs without grad and recompute replays layers in backward: neither is tallied.
+    finetune(_config(runs / "ds", tmp_path / "run", steps=1, **changes))
+    [metrics] = [json.loads(line) for line in (tmp_path / "run" / METRICS).read_text().splitlines()]
+    assert ("chunk" in metrics) == ("chunk" in changes)
+    assert metrics["routing_busiest_over_mean"] == pytest.approx(metrics["moe_load_max_over_mean"])
+    [record] = (tmp_path / "run" / "runs").glob("*_finetune.json")
+    assert all(f["tokens"] == 64 for f in json.loads(record.read_text())["outputs"]["routing"].values())
