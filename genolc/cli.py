@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": ("genolc.train.plan_command", "plan_command", "Predict finetune's memory and step time for a window."),
     "score": ("genolc.score.command", "score_command", "Score variants (VCF) by the model's log-likelihood ratio."),
     "embed": ("genolc.score.command", "embed_command", "Hidden-state embeddings of BED regions."),
+    "runs": ("genolc.runs_command", "runs_command", "List, show and compare run records (failures included)."),
     "demo": ("genolc.demo_command", "demo_command", "Run the whole pipeline on bundled real human DNA."),
 }
 

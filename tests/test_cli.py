@@ -119,7 +119,7 @@ def test_shared_options_are_spelled_alike(name):
 
 def test_eval_help_says_one_of_by_position_or_needle_is_required_and_convert_help_has_an_example():
     eval_help = CliRunner().invoke(main, ["eval", "--help"]).output
-    assert "Exactly one of --by-position and --needle is required" in " ".join(eval_help.split())
+    assert "Exactly one of --by-position, --needle and --routing is required" in " ".join(eval_help.split())
     convert_help = CliRunner().invoke(main, ["convert", "--help"]).output
     assert "genolc convert " in convert_help.split("Example")[1]
 

@@ -89,8 +89,14 @@ def _lengths(text: str | None) -> tuple[int, ...]:
               help="Bitwise-reproducible training: torch's deterministic algorithms and one CPU thread unless "
                    "--threads is given (runs with the same --threads agree). Kernels that are not deterministic (on "
                    "CUDA: DSA's backward, fla's KDA) are named when training starts; summary.json records the outcome.")
+@click.option("--log", "log", multiple=True, type=click.Choice(["tensorboard", "wandb"]),
+              help="Also log each step to a dashboard (repeatable): tensorboard (out/tensorboard/; needs `pip install "
+                   "tensorboard`) or wandb (offline, out/wandb/; needs `pip install wandb`). metrics.jsonl is always "
+                   "written and stays the record.")
+@click.option("--routing-group", "routing_group", default="64k", show_default=True, metavar="N",
+              help="Tokens per dispatch group for the MoE routing figures logged each step (capacity drop shares).")
 def finetune_command(data: Path, seq: str, model: str | None, init: Path | None, seq_warmup: str | None,
-                     chunk: str, **options) -> None:
+                     chunk: str, routing_group: str, **options) -> None:
     """Fine-tune (or train from scratch) a genome language model on a prepared dataset.
 
     Prints the final checkpoint's directory.
@@ -109,7 +115,8 @@ def finetune_command(data: Path, seq: str, model: str | None, init: Path | None,
     if init is not None:
         init = resolve_checkpoint(init, "--init")
     config = TrainConfig(data=data, seq_len=parse_length(seq, what="--seq"), model=model or "tiny", init=init,
-                         seq_warmup=_lengths(seq_warmup), chunk=parse_chunk(chunk), **options)
+                         seq_warmup=_lengths(seq_warmup), chunk=parse_chunk(chunk),
+                         routing_group=parse_length(routing_group, what="--routing-group"), **options)
     if config.warmup_steps >= config.steps:
         click.echo(f"genolc: warning: --warmup {config.warmup_steps} >= --steps {config.steps}: every step is a "
                    f"warm-up step, so the learning rate only ramps up (to {lr_at(config.steps - 1, config):.3g} at "

@@ -18,6 +18,7 @@ from genolc.threads import check_threads
 INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
+DASHBOARDS = ("tensorboard", "wandb")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class TrainConfig:
     threads: int | None = None                  # CPU threads for torch; None: genolc.threads' rule (cores free now,
                                                 # 1 with deterministic)
     deterministic: bool = False                 # torch's deterministic algorithms (genolc.determinism)
+    log: tuple[str, ...] = ()                   # dashboards beside metrics.jsonl: tensorboard, wandb (offline)
+    routing_group: int = 65536                  # tokens per dispatch group for the routing drop shares
+                                                # (genolc.routing); only what is reported, not what is trained
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", Path(self.data))
@@ -71,6 +75,7 @@ class TrainConfig:
             object.__setattr__(self, "init", Path(self.init))
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         object.__setattr__(self, "seq_warmup", tuple(int(s) for s in self.seq_warmup))
+        object.__setattr__(self, "log", tuple(dict.fromkeys(self.log)))
         self._validate()
 
     def _validate(self) -> None:
@@ -98,6 +103,12 @@ class TrainConfig:
             raise ConfigError(f"unknown indexer mode {self.indexer!r}", fix=f"choose one of {', '.join(INDEXER_MODES)}")
         if self.device not in DEVICES:
             raise ConfigError(f"unknown device {self.device!r}", fix=f"choose one of {', '.join(DEVICES)}")
+        unknown = [name for name in self.log if name not in DASHBOARDS]
+        if unknown:
+            raise ConfigError(f"unknown --log {', '.join(unknown)}", where="--log",
+                              fix=f"choose from {', '.join(DASHBOARDS)}")
+        if self.routing_group <= 0:
+            raise ConfigError(f"routing_group must be positive, got {self.routing_group}", where="--routing-group")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"choose one of {', '.join(DTYPES)}")
         stages = list(self.seq_warmup)
@@ -153,7 +164,7 @@ def option_name(field: str) -> str:
 # runs, how often it saves and how it reports, and how a step is split into chunks, over how many threads and with
 # which reduction order (the same result to rounding). Everything else changes what a step computes.
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
-                               "progress", "device", "chunk", "threads", "deterministic"})
+                               "progress", "device", "chunk", "threads", "deterministic", "log", "routing_group"})
 
 
 # Fields added after checkpoints were first written, with the value such older checkpoints were trained with.

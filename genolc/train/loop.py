@@ -63,6 +63,7 @@ from genolc.train.apply import apply_transforms
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
 from genolc.train.config import TrainConfig, changed_for_resume
+from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
 from genolc.train.plan import GIB, oom_error, required_seq_multiple
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
@@ -93,7 +94,7 @@ def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
         record.add_input(config.data / "manifest.json")
         final = trainer.run()
         record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
-                               "metrics": str(config.out / METRICS)})
+                               "metrics": str(config.out / METRICS), "routing": trainer.monitor.run_routing})
         return final
 
 
@@ -141,6 +142,7 @@ class _Trainer:
             threads = compute.threads.threads
             _say(f"{threads} CPU thread{'s' if threads > 1 else ''} ({compute.threads.rule})")
         self.applied = apply_transforms(self.model, config)
+        self.monitor = StepMonitor(config, self.model)
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
         self.strategies: dict[tuple[int, int], StepStrategy] = {}
@@ -408,9 +410,12 @@ class _Trainer:
                    desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step
         try:
-            with open(metrics_path, "a") as log, bar, StopSignals("stopping after the current step and saving a checkpoint") as stop:
+            with open(metrics_path, "a") as log, bar, \
+                    StopSignals("stopping after the current step and saving a checkpoint") as stop, self.monitor:
                 for step in range(self.start_step, cfg.steps):
-                    metrics = self._timed_step(step)
+                    with self.monitor.capture():
+                        metrics = self._timed_step(step)
+                    self.monitor.log(metrics)
                     log.write(json.dumps(metrics) + "\n")
                     log.flush()
                     losses.append(metrics["loss"])

@@ -1,0 +1,219 @@
+"""MoE routing diagnostics: how unevenly each MoE layer's router spreads tokens, and what a capacity would drop.
+
+genolc's MoE is dropless (every token reaches its top-k experts), but a capacity-based dispatcher, or simply the
+memory of the busiest device in expert parallelism, is not. These figures say what the real routing would cost:
+
+* ``tokens_per_expert``: token slots (token, chosen expert) each expert received; a token counts once per chosen
+  expert, so the counts of a layer add up to ``tokens * top_k``.
+* ``busiest_over_mean``: the busiest expert's slots over the mean (1.0 = balanced, ``E / top_k`` at worst).
+* ``router_entropy``: the mean over tokens of the entropy (nats) of the router's sigmoid scores normalised to sum to
+  1 over the experts; ``log(E)`` is the most (a router that cannot tell experts apart), 0 the least.
+* ``drop_share[c]``: the share of token slots a capacity factor ``c`` would drop (see :func:`drop_shares`).
+
+Routing is captured without touching the model: a forward hook on each MoE layer's ``gate`` (the
+:class:`~genolc.model.layers.moe.TopKRouter`, whose output holds ``expert_ids [N, K]`` and ``scores [N, E]``) feeds
+a :class:`RoutingTally` per layer. Tokens are grouped into dispatch groups in the order the layer routes them: a
+forward of ``[B, T]`` routes window after window, so a group of 64k tokens holds 16 windows of 4k or one of 64k.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+CAPACITY_FACTORS = (1.0, 1.25, 1.5, 2.0)
+DEFAULT_GROUP_TOKENS = 64 * 1024
+_GATE_NAME = re.compile(r"^(?:.*\.)?layers\.(\d+)\.mlp\.gate$")
+
+
+def drop_shares(group_counts: np.ndarray, group_tokens: Sequence[int], top_k: int,
+                factors: Sequence[float] = CAPACITY_FACTORS) -> dict[str, float]:
+    """Share of token slots a capacity-based dispatcher would drop, per capacity factor.
+
+    Each dispatch group ``g`` holds ``group_tokens[g]`` tokens (a fixed budget; only the last group of a run may
+    hold fewer, and its capacity is then scaled to the tokens it holds, as a dispatcher given a shorter batch would).
+    For capacity factor ``c`` every expert may take ``capacity = floor(c * group_tokens[g] * top_k / E)`` slots in
+    group ``g``; an expert given ``n`` slots there drops ``max(0, n - capacity)`` of them (which ones does not change
+    the count). The share is the dropped slots summed over groups and experts over all slots (``tokens * top_k``).
+
+    Args:
+        group_counts: ``[G, E]`` token slots per group and expert.
+        group_tokens: tokens in each of the G groups.
+        top_k: experts per token.
+    Returns:
+        ``{str(c): share}`` for each factor, shares in [0, 1].
+    """
+    counts = np.asarray(group_counts, dtype=np.int64)
+    tokens = np.asarray(group_tokens, dtype=np.int64)
+    if counts.ndim != 2 or counts.shape[0] != tokens.shape[0]:
+        raise ValueError(f"group_counts must be [G, E] with one token count per group; got {counts.shape} and "
+                         f"{tokens.shape[0]} groups")
+    if (counts.sum(1) != tokens * top_k).any():
+        raise ValueError("each group's slots must add up to its tokens * top_k")
+    slots = int(tokens.sum()) * top_k
+    n_experts = counts.shape[1]
+    shares: dict[str, float] = {}
+    for factor in factors:
+        capacity = np.floor(factor * tokens * top_k / n_experts).astype(np.int64)
+        dropped = np.clip(counts - capacity[:, None], 0, None).sum()
+        shares[f"{factor:g}"] = float(dropped) / slots if slots else 0.0
+    return shares
+
+
+@dataclass
+class RoutingTally:
+    """One MoE layer's routing, accumulated call by call and cut into dispatch groups of ``group_tokens``."""
+
+    n_experts: int
+    top_k: int
+    group_tokens: int = DEFAULT_GROUP_TOKENS
+    groups: list[np.ndarray] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    entropy_sum: float = 0.0
+    tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self._open = np.zeros(self.n_experts, dtype=np.int64)
+        self._open_tokens = 0
+
+    def add(self, expert_ids: Any, scores: Any) -> None:
+        """Add N routed tokens: ``expert_ids [N, K]`` and ``scores [N, E]`` (torch tensors, any device)."""
+        import torch
+
+        with torch.no_grad():
+            probs = scores.float() / (scores.float().sum(-1, keepdim=True) + 1e-20)
+            self.entropy_sum += float(-(probs * torch.log(probs.clamp_min(1e-30))).sum())
+            start, n = 0, expert_ids.shape[0]
+            while start < n:
+                take = min(n - start, self.group_tokens - self._open_tokens)
+                piece = expert_ids[start:start + take].reshape(-1)
+                self._open += torch.bincount(piece, minlength=self.n_experts).cpu().numpy()
+                self._open_tokens += take
+                start += take
+                if self._open_tokens == self.group_tokens:
+                    self._close()
+        self.tokens += n
+
+    def merge(self, other: "RoutingTally") -> None:
+        """Add another tally of the same layer (e.g. the next training step): groups never span the two, so each
+        one's last, partial group stays a group of its own."""
+        if self._open_tokens:
+            self._close()
+        self.groups.extend(other.groups)
+        self.sizes.extend(other.sizes)
+        if other._open_tokens:
+            self.groups.append(other._open.copy())
+            self.sizes.append(other._open_tokens)
+        self.entropy_sum += other.entropy_sum
+        self.tokens += other.tokens
+
+    def _close(self) -> None:
+        self.groups.append(self._open)
+        self.sizes.append(self._open_tokens)
+        self._open = np.zeros(self.n_experts, dtype=np.int64)
+        self._open_tokens = 0
+
+    def summary(self, factors: Sequence[float] = CAPACITY_FACTORS) -> dict[str, Any]:
+        """The layer's figures (module docstring), the open last group counted at its own size."""
+        groups, sizes = list(self.groups), list(self.sizes)
+        if self._open_tokens:
+            groups.append(self._open)
+            sizes.append(self._open_tokens)
+        if not groups:
+            return {"tokens": 0}
+        per_group = np.stack(groups)
+        load = per_group.sum(0)
+        mean = load.mean()
+        return {"tokens": self.tokens, "groups": len(groups), "tokens_per_expert": load.tolist(),
+                "busiest_over_mean": float(load.max() / mean) if mean else 0.0,
+                "router_entropy": self.entropy_sum / self.tokens if self.tokens else 0.0,
+                "max_entropy": math.log(self.n_experts),
+                "drop_share": drop_shares(per_group, sizes, self.top_k, factors)}
+
+
+def moe_gates(model: Any) -> dict[int, Any]:
+    """Layer index -> that layer's MoE router module (found by its transformers-compatible name)."""
+    found = {}
+    for name, module in model.named_modules():
+        match = _GATE_NAME.match(name)
+        if match and hasattr(module, "num_experts") and hasattr(module, "top_k"):
+            found[int(match.group(1))] = module
+    return found
+
+
+@contextlib.contextmanager
+def capture_routing(model: Any, group_tokens: int = DEFAULT_GROUP_TOKENS, *,
+                    training: bool = False) -> Iterator[dict[int, RoutingTally]]:
+    """Tally every MoE layer's routing while the block runs: yields ``layer -> RoutingTally`` (empty without MoE).
+
+    With ``training=True`` only forwards that build a graph count: a chunked step's no-grad fill pass and the
+    replay of checkpointed layers (recompute) during backward route the same tokens again and are skipped.
+    """
+    import torch
+
+    tallies: dict[int, RoutingTally] = {}
+    handles = []
+
+    def hook_for(layer: int):
+        def record(module: Any, inputs: Any, routing: Any) -> None:
+            if training and (not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1):
+                return
+            tallies[layer].add(routing.expert_ids.detach(), routing.scores.detach())
+        return record
+
+    for layer, gate in moe_gates(model).items():
+        tallies[layer] = RoutingTally(int(gate.num_experts), int(gate.top_k), int(group_tokens))
+        handles.append(gate.register_forward_hook(hook_for(layer)))
+    try:
+        yield tallies
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def routing_summary(tallies: dict[int, RoutingTally]) -> dict[str, Any]:
+    """``{layer: figures}`` (layer indices as strings, JSON keys) for layers that routed at least one token."""
+    return {str(layer): tally.summary() for layer, tally in sorted(tallies.items()) if tally.tokens}
+
+
+def flat_metrics(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """A routing summary as metrics.jsonl keys: ``routing_<figure>`` -> ``{layer: value}``."""
+    out: dict[str, dict[str, float]] = {"routing_busiest_over_mean": {}, "routing_entropy": {}}
+    for layer, figures in summary.items():
+        out["routing_busiest_over_mean"][layer] = figures["busiest_over_mean"]
+        out["routing_entropy"][layer] = figures["router_entropy"]
+        for factor, share in figures["drop_share"].items():
+            out.setdefault(f"routing_drop_c{factor}", {})[layer] = share
+    return out
+
+
+def plot_load_heatmap(by_length: dict[str, dict[str, Any]], path: Any, title: str) -> None:
+    """One seaborn heatmap per context length: MoE layer x expert, each expert's load over the layer's mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    lengths = list(by_length)
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths) + 1, 3.5), squeeze=False)
+    top = max((max(l["tokens_per_expert"]) / np.mean(l["tokens_per_expert"])
+               for figures in by_length.values() for l in figures.values()), default=2.0)
+    for ax, length in zip(axes[0], lengths):
+        layers = by_length[length]
+        rows = [np.asarray(layers[k]["tokens_per_expert"], dtype=float) for k in layers]
+        grid = np.stack([r / r.mean() for r in rows]) if rows else np.zeros((0, 0))
+        sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=0, vmax=max(top, 1.0), yticklabels=list(layers),
+                    cbar_kws={"label": "load / mean"})
+        ax.set_xlabel("expert")
+        ax.set_ylabel("MoE layer")
+        ax.set_title(length)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
