@@ -277,7 +277,9 @@ def test_ctrl_c_in_eval_keeps_the_windows_scored_and_exits_130(setup, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "genolc.cli", "eval", "--by-position", "chr22", "--data", str(data), "--checkpoint",
          str(model), "--seq", "256", "--max-windows", "200", "--bootstrap", "20", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        # As from an interactive shell: a test runner started in the background passes SIGINT on as ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen, deadline = b"", time.monotonic() + 240
     try:
         # The progress bar (on stderr) shows the first window done: then Ctrl-C.
@@ -324,6 +326,8 @@ def test_ctrl_c_in_the_needle_prints_the_trials_done(setup, tmp_path, monkeypatc
 
     # A uniform guess stands in for the forwards; the first one is followed by a Ctrl-C, so trial 0 finishes alone.
     monkeypatch.setattr(needle, "score_full", uniform_then_ctrl_c)
+    # As in an interactive shell: a test runner started in the background inherits SIGINT as ignored.
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.default_int_handler)
     data, model, _, _ = setup
     out = tmp_path / "needle"
     result = _run(["--needle", "--data", data, "--checkpoint", model, "--seq", "4k", "--needle-bases", "16",

