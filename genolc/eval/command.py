@@ -99,7 +99,7 @@ def eval_command(by_position, needle, routing, routing_group, data, checkpoint, 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if routing is not None:
         _eval_routing(routing, data, checkpoint, seq, routing_group, max_tokens, max_n_fraction, force, device, dtype,
-                      batch_tokens, out or Path(f"genolc-routing-{stamp}"), progress and not quiet)
+                      batch_tokens, out or Path(f"genolc-routing-{stamp}"), progress and not quiet, threads)
         return
     if baseline is not None:
         baseline = resolve_checkpoint(baseline, "--baseline")
@@ -136,8 +136,9 @@ def eval_command(by_position, needle, routing, routing_group, data, checkpoint, 
 
 
 def _eval_routing(records, data, checkpoint, seq, group, max_tokens, max_n_fraction, force, device, dtype,
-                  batch_tokens, out, progress) -> None:
+                  batch_tokens, out, progress, threads) -> None:
     from genolc.eval.routing import RoutingConfig, routing_table, run_routing
+    from genolc.threads import run_threads
 
     config = RoutingConfig(data=data, checkpoint=checkpoint, out=out, records=records,
                            lengths=tuple(parse_length(part, "--seq") for part in seq.split(",") if part.strip()),
@@ -145,7 +146,7 @@ def _eval_routing(records, data, checkpoint, seq, group, max_tokens, max_n_fract
                            max_tokens=parse_length(max_tokens, "--max-tokens") if max_tokens else None,
                            max_n_fraction=max_n_fraction, force=force, device=device, dtype=dtype,
                            batch_tokens=parse_length(batch_tokens, "--batch-tokens"), progress=progress)
-    with run_record("eval-routing", config.out, config.to_dict()) as record:
+    with run_record("eval-routing", config.out, config.to_dict()) as record, run_threads(threads, record):
         summary = run_routing(config, record)
     click.echo(f"MoE routing by context length ({summary['tokens_per_length']} tokens each):")
     click.echo(routing_table(summary["routing"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
