@@ -25,7 +25,7 @@ def find_records(root: Path) -> list[Path]:
         raise InputError("no such directory to search for run records", where=str(root),
                          fix="pass a directory that holds genolc outputs (each has a runs/ folder)")
     found = [p for p in root.rglob(f"{RUNS_DIRNAME}/*.json") if _load(p, strict=False) is not None]
-    return sorted(found, key=lambda p: (_load(p)["started"], str(p)))
+    return sorted(found, key=lambda p: (_load(p).get("started", ""), str(p)))
 
 
 def _load(path: Path, strict: bool = True) -> dict[str, Any] | None:
@@ -48,7 +48,7 @@ def resolve_record(run: Path) -> Path:
         _load(run)
         return run
     if (run / RUNS_DIRNAME).is_dir():
-        records = sorted((run / RUNS_DIRNAME).glob("*.json"), key=lambda p: (_load(p)["started"], p.name))
+        records = sorted((run / RUNS_DIRNAME).glob("*.json"), key=lambda p: (_load(p).get("started", ""), p.name))
         if records:
             return records[-1]
     raise InputError("no run record found", where=str(run),
@@ -67,7 +67,7 @@ def key_figures(path: Path, record: dict[str, Any]) -> dict[str, Any]:
     elif record["command"] == "eval" and summary:
         figures["bits_per_base"] = (summary.get("overall") or {}).get("model/all")
     elif record["command"] == "eval-routing":
-        worst = [(length, max(f["busiest_over_mean"] for f in layers.values()))
+        worst = [(length, max((f.get("busiest_over_mean", 0.0) for f in layers.values()), default=0.0))
                  for length, layers in (record.get("outputs", {}).get("routing") or {}).items() if layers]
         if worst:
             figures["busiest_over_mean"] = ", ".join(f"{length}: {value:.2f}" for length, value in worst)
@@ -141,7 +141,7 @@ def runs_ls(directory: Path) -> None:
         record = _load(path)
         figures = key_figures(path, record)
         seconds = figures.get("seconds")
-        rows.append((record["command"], record["started"], record["status"],
+        rows.append((record["command"], record.get("started", ""), record.get("status", "?"),
                      f"{seconds:.1f}s" if isinstance(seconds, (int, float)) else "-",
                      _figure_text(figures) or (record.get("error") or "")[:60], str(path.parent.parent)))
     if not rows:

@@ -49,7 +49,8 @@ def read_regions(path: str | Path) -> list[Region]:
                     continue
                 cols = line.split("\t") if "\t" in line else line.split()
                 where = f"{p}, line {number}"
-                if len(cols) < 3 or not cols[1].isdigit() or not cols[2].isdigit():
+                # isascii: str.isdigit accepts digits such as '²' that int() refuses.
+                if len(cols) < 3 or not all(c.isascii() and c.isdigit() for c in cols[1:3]):
                     raise InputError("a BED line needs chrom, start and end (non-negative integers)", where=where,
                                      fix="fix the line (BED is 0-based, end exclusive)")
                 start, end = int(cols[1]), int(cols[2])

@@ -63,15 +63,23 @@ class EmbedConfig:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
 
-def _refuse_overwriting_inputs(outputs: list[Path | None], inputs: list[Path]) -> None:
-    """ConfigError when an output path names an input (or another output): writing it would destroy it."""
+def _refuse_overwriting_inputs(outputs: list[Path | None], inputs: list[Path], checkpoint: Path) -> None:
+    """ConfigError when an output path names an input or another output, lies inside the checkpoint, or exists
+    already: a file genolc did not just write is never replaced (a single file carries no ownership marker)."""
     taken = {p.resolve(): f"the input {p}" for p in inputs}
+    inside = Path(checkpoint).resolve()
     for out in outputs:
         if out is None:
             continue
         if out.resolve() in taken:
             raise ConfigError(f"the output would overwrite {taken[out.resolve()]}", where=str(out),
                               fix="choose another output path")
+        if inside in out.resolve().parents:
+            raise ConfigError("the output would be written into the checkpoint", where=str(out),
+                              fix="choose an output path outside the checkpoint directory")
+        if out.exists():
+            raise ConfigError("the output file already exists; genolc does not replace files", where=str(out),
+                              fix="choose another output path, or move the existing file away first")
         taken[out.resolve()] = f"the other output {out}"
 
 
@@ -100,7 +108,7 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
         if config.out.is_dir():
             raise ConfigError("--out names a directory; it should be the TSV file to write", where=str(config.out),
                               fix="e.g. --out scores.tsv")
-        _refuse_overwriting_inputs([config.out, config.vcf_out], [config.vcf, config.genome])
+        _refuse_overwriting_inputs([config.out, config.vcf_out], [config.vcf, config.genome], config.checkpoint)
         settings = ScoreSettings(windows=config.windows, placement=config.placement, rc_average=config.rc_average,
                                  reduce=config.reduce)
         contents = read_vcf(config.vcf)
@@ -188,7 +196,7 @@ def run_embed(config: EmbedConfig) -> dict[str, Any]:
             raise ConfigError("--out must end in .npy or .parquet", where=str(config.out),
                               fix="e.g. --out regions.npy (a names file regions.npy.names.tsv is written beside it)")
         _refuse_overwriting_inputs([config.out, config.out.with_name(config.out.name + ".names.tsv")],
-                                   [config.bed, config.genome])
+                                   [config.bed, config.genome], config.checkpoint)
         regions = read_regions(config.bed)
         record.add_input(config.bed)
         with Reference(config.genome) as reference:

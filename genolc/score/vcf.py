@@ -109,7 +109,8 @@ def _parse_line(line: str, number: int, path: Path, max_allele: int) -> Iterator
         raise InputError(f"a VCF data line needs 8 tab-separated columns (CHROM … INFO), this one has {len(cols)}",
                          where=where, fix="check the file is VCF and its columns are separated by tabs")
     chrom, pos_text, _, ref, alts = cols[:5]
-    if not pos_text.isdigit() or int(pos_text) < 1:
+    # isascii: str.isdigit accepts digits such as '²' that int() refuses.
+    if not (pos_text.isascii() and pos_text.isdigit()) or int(pos_text) < 1:
         raise InputError(f"POS must be a positive integer, got {pos_text!r}", where=where, fix="fix the line")
     if not is_bases(ref):
         raise InputError(f"REF must be bases (A, C, G, T, N), got {ref[:40]!r}", where=where, fix="fix the line")

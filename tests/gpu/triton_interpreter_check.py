@@ -50,15 +50,19 @@ def selected_scores(index_q, weights, pooled, rows, topk, kpool, scale) -> torch
     return scores.masked_fill(pools < 0, float("-inf")).sort(-1, descending=True).values
 
 
-def check_indexer(batch, length, heads, dim, topk, kpool, tail, dtype, query_chunk, out_dtype) -> list[str]:
+def check_indexer(batch, length, heads, dim, topk, kpool, tail, dtype, query_chunk, out_dtype,
+                  offset=0) -> list[str]:
+    """``offset``: the queries are the window's last ``length - offset`` positions, as one chunk of a window is."""
     gen = torch.Generator().manual_seed(length * 31 + kpool)
     index_q = torch.randn(batch, length, heads, dim, generator=gen).to(dtype)
     weights = torch.randn(batch, length, heads, generator=gen) * heads ** -0.5
     pooled = torch.randn(batch, length // kpool, dim, generator=gen).to(dtype)
     kwargs = dict(kpool=kpool, topk=topk, select_tail=tail, softmax_scale=dim ** -0.5)
     expected = indexer_reference.select_indices(index_q, weights, pooled, **kwargs)
-    got = indexer_fast.streamed_select(index_q, weights, pooled, query_chunk=query_chunk, out_dtype=out_dtype,
-                                       **kwargs)
+    got = indexer_fast.streamed_select(index_q[:, offset:], weights[:, offset:], pooled, query_chunk=query_chunk,
+                                       out_dtype=out_dtype, query_offset=offset, **kwargs)
+    if offset:
+        got = torch.cat([expected[:, :offset].to(out_dtype), got], dim=1)
     problems = []
     if got.shape != expected.shape or got.dtype != out_dtype:
         return [f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(expected.shape)} {out_dtype}"]
@@ -166,6 +170,9 @@ def main() -> int:
         (2, 203, 2, 16, 32, 16, False, torch.float32, None, torch.int64),
         (1, 203, 2, 32, 8, 1, False, torch.float32, 70, torch.int64),
         (2, 37, 2, 16, 16, 16, True, torch.float32, None, torch.int64),
+        # [, offset]: the queries of one chunk of a window (offsets off the pool grid and the query-chunk grid)
+        (2, 203, 3, 24, 32, 4, True, torch.float32, 64, torch.int32, 97),
+        (1, 203, 2, 16, 32, 16, False, torch.float32, None, torch.int64, 130),
     ]
     dsa_cases = [
         # batch, length, heads, rank, topk, kpool, index dtype[, strided indices]

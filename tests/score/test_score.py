@@ -331,3 +331,19 @@ def test_window_cut_at_the_record_start(genome, bases, checkpoint):
     assert list(causal.status) == ["edge"] and np.isnan(causal.score[0])
     center = model.score_variants(table, genome, windows=(64,), placement="center")
     assert list(center.status) == ["ok"] and np.isfinite(center.score[0])
+
+
+def test_outputs_never_replace_an_existing_file_or_land_in_the_checkpoint(tmp_path):
+    from genolc.errors import ConfigError
+    from genolc.score.run import _refuse_overwriting_inputs
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    existing = tmp_path / "scores.tsv"
+    existing.write_text("MY PRECIOUS")
+    with pytest.raises(ConfigError, match="already exists"):
+        _refuse_overwriting_inputs([existing], [], checkpoint)
+    with pytest.raises(ConfigError, match="into the checkpoint"):
+        _refuse_overwriting_inputs([checkpoint / "model.safetensors"], [], checkpoint)
+    assert existing.read_text() == "MY PRECIOUS"
+    _refuse_overwriting_inputs([tmp_path / "new.tsv"], [], checkpoint)
