@@ -30,8 +30,10 @@ class Interrupted(GenolcError):
 
     @classmethod
     def at_once(cls, command: str, where: str | None = None) -> "Interrupted":
-        return cls(f"{command} stopped at once; nothing was written", where=where,
-                   fix="run it again (a single Ctrl-C stops after the current piece of work and keeps what is done)")
+        return cls(f"{command} stopped at once (a second Ctrl-C, or one before the first piece of work finished); "
+                   "nothing was written", where=where,
+                   fix="run it again (once work is under way, a single Ctrl-C stops after the current piece of work "
+                       "and keeps what is done)")
 
 
 class StopSignals:

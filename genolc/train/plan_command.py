@@ -64,6 +64,9 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, recompute: 
     forwards = 2 if strategy.chunk is not None or recompute else 1
     seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards)
     host = HOST_RUNTIME_BYTES + 4 * params.total    # the model is built in fp32 on the host before it moves
+    device_text = (f"a {gpu_memory:.1f} GiB CUDA device (bf16, fast kernels)" if cuda else
+                   f"the CPU with {gpu_memory:.1f} GiB (fp32, reference ops)")
+    click.echo(f"planned for {device_text}; --device and --gpu-memory change that")
     click.echo(strategy.describe())
     click.echo(f"  parameters {params.total:,} ({params.active:,} active); weights + gradients + AdamW "
                f"{format_gib(16 * params.total)} GiB")

@@ -100,7 +100,7 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
     if estimate > budget_bytes:
         raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                        multiple, where, chunk=chunk)
-    return StepStrategy(seq_len, chunk, recompute, estimate, f"--chunk {format_length(chunk)}")
+    return StepStrategy(seq_len, chunk, recompute, estimate, "as asked")
 
 
 def _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes, multiple, where,
