@@ -1,0 +1,143 @@
+"""Where a chunk-recurrent training step spends its time, on the GPU.
+
+    python benchmarks/profile_chunked_step.py --model base --seq 256k --chunks 8k,32k --profile-chunk 8k
+
+One chunked forward+backward (genolc.train.chunked, bf16 autocast, fast kernels, indexer KL "sparse" and the MoE
+balance loss on, as finetune runs it) per entry of ``--chunks``, timed wall to wall after a warm-up step at
+``--warmup-seq`` that compiles the kernels; then one step at ``--profile-chunk`` under torch.profiler, whose table
+(top ops by device time, and the forward time of each layer class, fill and backward passes together) goes into
+the result. Results (JSON with command, git SHA, device) are written to $OUT (or benchmarks/results/) after every
+phase, so a run stopped at its time limit keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpu_bench_common import git_sha  # noqa: E402
+
+from genolc.model import build_model, preset  # noqa: E402
+from genolc.train.chunked import chunked_forward_backward  # noqa: E402
+from genolc.train.loss import LossTerms  # noqa: E402
+from genolc.units import format_length, parse_length  # noqa: E402
+
+PROFILED_CLASSES = ("KimiDeltaAttention", "DSAAttention", "DSAIndexer", "MoE", "HyperConnection", "DecoderLayer")
+
+
+def _window(length: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 4, (1, length + 1), generator=generator).to(device)
+    return ids, torch.ones(1, length, device=device)
+
+
+def _step(model, length: int, chunk: int) -> dict:
+    ids, weights = _window(length, "cuda")
+    terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=0.01, indexer_kl_coef=1.0,
+                      indexer_mode="sparse")
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    result = chunked_forward_backward(model, ids, weights, terms, chunk,
+                                      lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    return {"seq": format_length(length), "chunk": format_length(chunk), "seconds": round(seconds, 2),
+            "tokens_per_s": round(length / seconds, 1), "lm": float(result.lm),
+            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)}
+
+
+def _label_forwards(model) -> list:
+    """record_function ranges around every forward of the PROFILED_CLASSES modules (fill and backward passes)."""
+    handles, open_ranges = [], {}
+
+    def before(module, args):
+        context = torch.profiler.record_function(f"forward:{type(module).__name__}")
+        context.__enter__()
+        open_ranges.setdefault(id(module), []).append(context)
+
+    def after(module, args, output):
+        open_ranges[id(module)].pop().__exit__(None, None, None)
+
+    for module in model.modules():
+        if type(module).__name__ in PROFILED_CLASSES:
+            handles.append(module.register_forward_pre_hook(before))
+            handles.append(module.register_forward_hook(after))
+    return handles
+
+
+def _profiled_step(model, length: int, chunk: int, top: int) -> dict:
+    handles = _label_forwards(model)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    try:
+        with torch.profiler.profile(activities=activities) as profiler:
+            row = _step(model, length, chunk)
+    finally:
+        for handle in handles:
+            handle.remove()
+    events = profiler.key_averages()
+
+    def device_us(event) -> float:
+        return float(getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0))
+
+    def entry(event) -> dict:
+        return {"name": event.key[:120], "calls": event.count, "device_ms": round(device_us(event) / 1e3, 1),
+                "cpu_ms": round(event.cpu_time_total / 1e3, 1),
+                "self_cpu_ms": round(event.self_cpu_time_total / 1e3, 1)}
+
+    ranges = [entry(e) for e in events if e.key.startswith("forward:")]
+    ops = sorted((e for e in events if not e.key.startswith("forward:")), key=device_us, reverse=True)
+    by_cpu = sorted((e for e in events if not e.key.startswith("forward:")),
+                    key=lambda e: e.self_cpu_time_total, reverse=True)
+    row.update(forward_ranges=sorted(ranges, key=lambda r: -r["device_ms"]),
+               top_device_ops=[entry(e) for e in ops[:top]], top_self_cpu_ops=[entry(e) for e in by_cpu[:top]])
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="base")
+    parser.add_argument("--seq", default="256k")
+    parser.add_argument("--chunks", default="8k,32k", help="one timed step per chunk length")
+    parser.add_argument("--profile-chunk", default="8k", help="chunk length of the profiled step ('' for none)")
+    parser.add_argument("--profile-seq", default="", help="window of the profiled step (default: --seq)")
+    parser.add_argument("--warmup-seq", default="32k")
+    parser.add_argument("--top", type=int, default=30)
+    args = parser.parse_args()
+    out_dir = Path(os.environ.get("OUT", Path(__file__).resolve().parent / "results"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"command": "python benchmarks/profile_chunked_step.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+              "steps": []}
+    path = out_dir / f"profile_chunked_{args.model}_{args.seq}.json"
+
+    def save(row: dict) -> None:
+        record["steps"].append(row)
+        path.write_text(json.dumps(record, indent=1))
+        print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}), flush=True)
+
+    torch.manual_seed(0)
+    model = build_model(preset(args.model)).cuda()
+    seq = parse_length(args.seq)
+    chunks = [parse_length(c) for c in args.chunks.split(",") if c]
+    save({"phase": "warm-up (compiles)", **_step(model, parse_length(args.warmup_seq), min(chunks or [8192]))})
+    for chunk in chunks:
+        save({"phase": "timed", **_step(model, seq, chunk)})
+    if args.profile_chunk:
+        profile_seq = parse_length(args.profile_seq or args.seq)
+        save({"phase": "profiled", **_profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top)})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
