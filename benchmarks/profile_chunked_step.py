@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpu_bench_common import git_sha  # noqa: E402
 
 from genolc.model import build_model, preset  # noqa: E402
+from genolc.train.apply import apply_recompute  # noqa: E402
 from genolc.train.chunked import chunked_forward_backward  # noqa: E402
 from genolc.train.loss import LossTerms  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
@@ -113,12 +114,13 @@ def main() -> None:
     parser.add_argument("--profile-seq", default="", help="window of the profiled step (default: --seq)")
     parser.add_argument("--warmup-seq", default="32k")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--recompute", action="store_true", help="per-layer recompute inside the chunks")
     args = parser.parse_args()
     out_dir = Path(os.environ.get("OUT", Path(__file__).resolve().parent / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"command": "python benchmarks/profile_chunked_step.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
-              "steps": []}
+              "recompute": args.recompute, "steps": []}
     path = out_dir / f"profile_chunked_{args.model}_{args.seq}.json"
 
     def save(row: dict) -> None:
@@ -128,6 +130,8 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = build_model(preset(args.model)).cuda()
+    if args.recompute:
+        apply_recompute(model)
     seq = parse_length(args.seq)
     chunks = [parse_length(c) for c in args.chunks.split(",") if c]
     save({"phase": "warm-up (compiles)", **_step(model, parse_length(args.warmup_seq), min(chunks or [8192]))})
