@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from genolc.model.presets import parameter_counts, preset
 from genolc.train.plan import (GIB, activation_bytes_per_token, estimate_memory, estimate_step_seconds,
                                fast_activation_bytes_per_token, fitting_option, oom_error, required_seq_multiple)
@@ -165,28 +167,46 @@ def test_oom_advice_on_cuda_uses_the_fast_path_table():
     assert f"{estimate_memory(cfg, seq_len=2 * seq, fast_kernels=True).gib():.1f} GiB" in err.message
 
 
-def test_chunked_plan_within_15_percent_of_the_h200_runs():
-    """The chunked step's estimate against the peaks measured on the H200 (benchmarks/results, 2026-11-30):
-    `genolc finetune --model small` at 512k..4M with --chunk auto (32k chunks), bf16, fast kernels."""
+def _h200_chunked_rows(recompute: bool) -> list[dict]:
+    """The chunked `genolc finetune` steps measured on the H200 (benchmarks/results/long_context_2026-11-30.json)."""
     import json
     from pathlib import Path
 
+    record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" /
+                         "long_context_2026-11-30.json").read_text())
+    return [row for call in record["device_calls"] for row in call["rows"]
+            if row.get("ok") and row.get("strategy") == "chunked" and row.get("recompute", False) == recompute]
+
+
+def _plan_gib(row: dict) -> float:
     from genolc.model import preset
     from genolc.train.plan import estimate_chunked_memory
 
-    record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" /
-                         "long_context_2026-11-30.json").read_text())
-    measured = [row for call in record["device_calls"] for row in call["rows"]
-                if row.get("ok") and row.get("strategy") == "chunked"]
+    return estimate_chunked_memory(preset(row["model"]), seq_len=row["seq_len"], chunk=row["chunk"],
+                                   recompute=row.get("recompute", False), fast_kernels=True).gib()
+
+
+def test_chunked_plan_within_15_percent_of_the_h200_runs():
+    """The chunked step's estimate against the peaks measured on the H200: `genolc finetune --model small` at
+    512k..4M with --chunk auto (32k chunks), bf16, fast kernels."""
+    measured = _h200_chunked_rows(recompute=False)
     assert {row["seq"] for row in measured} >= {"512k", "1M", "2M", "4M"}
     for row in measured:
-        plan = estimate_chunked_memory(preset(row["model"]), seq_len=row["seq_len"], chunk=row["chunk"],
-                                       fast_kernels=True)
-        assert abs(plan.gib() / row["peak_gpu_gib"] - 1) <= 0.15, (row["seq"], plan.gib(), row["peak_gpu_gib"])
+        assert abs(_plan_gib(row) / row["peak_gpu_gib"] - 1) <= 0.15, (row["seq"], _plan_gib(row), row["peak_gpu_gib"])
+
+
+@pytest.mark.xfail(strict=True, reason="known miss (issue 12): with recompute inside 32k chunks `base` at 1M peaked "
+                   "at 92.0 GiB on the H200 against a plan of 69.6 GiB; the recompute term misses ~1 MB/token")
+def test_chunked_recompute_plan_within_15_percent_of_the_h200_runs():
+    measured = _h200_chunked_rows(recompute=True)
+    assert measured
+    for row in measured:
+        assert abs(_plan_gib(row) / row["peak_gpu_gib"] - 1) <= 0.15, (row["seq"], _plan_gib(row), row["peak_gpu_gib"])
 
 
 def test_step_time_estimate_within_15_percent_of_the_h200_runs():
-    """estimate_step_seconds at `genolc plan`'s default utilisation against the chunked H200 steps (small 512k-4M):
+    """estimate_step_seconds at `genolc plan`'s default utilisation against the chunked H200 steps (small 512k-4M,
+    base 1M):
     the indexer's quadratic scoring is what makes 4M take 17x as long as 512k, not 8x."""
     import json
     from pathlib import Path
@@ -196,7 +216,8 @@ def test_step_time_estimate_within_15_percent_of_the_h200_runs():
 
     record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" /
                          "long_context_2026-11-30.json").read_text())
-    for row in (row for call in record["device_calls"] for row in call["rows"] if row.get("ok")):
+    steps = [row for call in record["device_calls"] for row in call["rows"] if row.get("ok") and "step_seconds" in row]
+    for row in steps:
         predicted = estimate_step_seconds(preset(row["model"]), seq_len=row["seq_len"], tokens_per_step=row["seq_len"],
                                           mfu=MEASURED_MFU, forwards=2)
         assert abs(predicted / row["step_seconds"][-1] - 1) <= 0.15, (row["seq"], predicted, row["step_seconds"])
