@@ -4,7 +4,9 @@
 
 One chunked forward+backward (genolc.train.chunked, bf16 autocast, fast kernels, indexer KL "sparse" and the MoE
 balance loss on, as finetune runs it) per entry of ``--chunks``, timed wall to wall after a warm-up step at
-``--warmup-seq`` that compiles the kernels; then one step at ``--profile-chunk`` under torch.profiler, whose table
+``--warmup-seq`` that compiles the kernels; optionally one step at ``--memory-chunk`` with the CUDA allocator's
+history recorded (the peak and what was alive then, by the genolc source line that allocated it); then one step at
+``--profile-chunk`` under torch.profiler, whose table
 (top ops by device time, and the forward time of each layer class, fill and backward passes together) goes into
 the result. Results (JSON with command, git SHA, device) are written to $OUT (or benchmarks/results/) after every
 phase, so a run stopped at its time limit keeps what it measured.
@@ -56,6 +58,51 @@ def _step(model, length: int, chunk: int) -> dict:
     return {"seq": format_length(length), "chunk": format_length(chunk), "seconds": round(seconds, 2),
             "tokens_per_s": round(length / seconds, 1), "lm": float(result.lm),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)}
+
+
+def peak_allocations(snapshot: dict, top: int) -> dict:
+    """From a CUDA memory snapshot with history (torch.cuda.memory._snapshot()), the moment the most bytes were
+    allocated and what was alive then, summed by the innermost genolc source line that allocated it."""
+    trace = [event for events in snapshot.get("device_traces", []) for event in events]
+    live, total, peak, peak_at = {}, 0, 0, -1
+    for index, event in enumerate(trace):
+        if event["action"] == "alloc":
+            live[event["addr"]] = event["size"]
+            total += event["size"]
+            if total > peak:
+                peak, peak_at = total, index
+        elif event["action"] in ("free_completed",) and event["addr"] in live:
+            total -= live.pop(event["addr"])
+    alive: dict[int, dict] = {}
+    for event in trace[: peak_at + 1]:
+        if event["action"] == "alloc":
+            alive[event["addr"]] = event
+        elif event["action"] == "free_completed":
+            alive.pop(event["addr"], None)
+    by_line: dict[str, list[int]] = {}
+    for event in alive.values():
+        frames = event.get("frames") or []
+        ours = [f for f in frames if "/genolc/" in f.get("filename", "") or "benchmarks/" in f.get("filename", "")]
+        where = ours[0] if ours else (frames[0] if frames else {"filename": "?", "line": 0, "name": "?"})
+        key = f"{where['filename'].split('/genolc/')[-1]}:{where['line']} {where['name']}"
+        entry = by_line.setdefault(key, [0, 0])
+        entry[0] += event["size"]
+        entry[1] += 1
+    ranked = sorted(by_line.items(), key=lambda item: -item[1][0])[:top]
+    # Bytes allocated before recording started are not in the trace: the result is what the recorded step added.
+    return {"peak_recorded_gib": round(peak / 2 ** 30, 2),
+            "alive_at_peak": [{"where": k, "gib": round(v[0] / 2 ** 30, 3), "blocks": v[1]} for k, v in ranked]}
+
+
+def _memory_step(model, length: int, chunk: int, top: int) -> dict:
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=2_000_000)
+    try:
+        row = _step(model, length, chunk)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    row.update(peak_allocations(snapshot, top))
+    return row
 
 
 def _label_forwards(model) -> list:
@@ -115,6 +162,8 @@ def main() -> None:
     parser.add_argument("--warmup-seq", default="32k")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--recompute", action="store_true", help="per-layer recompute inside the chunks")
+    parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
+                        "recorded: what was alive at its peak, by allocating source line ('' for none)")
     args = parser.parse_args()
     out_dir = Path(os.environ.get("OUT", Path(__file__).resolve().parent / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +186,8 @@ def main() -> None:
     save({"phase": "warm-up (compiles)", **_step(model, parse_length(args.warmup_seq), min(chunks or [8192]))})
     for chunk in chunks:
         save({"phase": "timed", **_step(model, seq, chunk)})
+    if args.memory_chunk:
+        save({"phase": "memory", **_memory_step(model, seq, parse_length(args.memory_chunk), args.top)})
     if args.profile_chunk:
         profile_seq = parse_length(args.profile_seq or args.seq)
         save({"phase": "profiled", **_profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top)})
