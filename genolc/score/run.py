@@ -102,6 +102,7 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
     with run_record("score", config.out.parent, config.to_dict()) as record:
         from genolc.score.api import load
         from genolc.score.reference import Reference
+        from genolc.score.shared import ForwardCount
         from genolc.score.variants import score_variants
         from genolc.score.vcf import read_vcf
 
@@ -123,9 +124,10 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
                     fix="score against the genome the VCF was called on (aliases such as 22/chr22 work)")
             loaded = load(config.checkpoint, device=config.device, dtype=config.dtype,
                           batch_tokens=config.batch_tokens)
+            count = ForwardCount()
             with _progress_bar(config.progress, len(contents.variants) * len(config.windows), "window") as bar:
                 statuses, scores = score_variants(loaded.scorer, loaded.tokenizer, reference, contents.variants,
-                                                  settings, progress=bar.update)
+                                                  settings, progress=bar.update, count=count)
         counts = Counter(statuses)
         labels = config.window_labels
         atomic_write_bytes(config.out, _score_tsv(contents, statuses, scores, labels))
@@ -134,9 +136,11 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
             atomic_write_bytes(config.vcf_out, _score_vcf(contents, statuses, scores, labels, config))
             outputs["vcf"] = str(config.vcf_out)
         summary = {"records": contents.records, "variants": len(contents.variants),
-                   "by_status": dict(sorted(counts.items())), "unknown_chromosomes": unknown, "outputs": outputs}
+                   "by_status": dict(sorted(counts.items())), "unknown_chromosomes": unknown, "outputs": outputs,
+                   "forwards": count.to_dict()}
         record.outputs.update(outputs)
         record.outputs["by_status"] = summary["by_status"]
+        record.outputs["forwards"] = summary["forwards"]
         return summary
 
 

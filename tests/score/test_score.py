@@ -128,6 +128,8 @@ def test_statuses_split_and_counts(genome, vcf, checkpoint, tmp_path):
     assert "chr7" in result.output
     record = json.loads(next((tmp_path / "runs").glob("*score.json")).read_text())
     assert record["status"] == "ok" and record["outputs"]["by_status"]["ok"] == 5
+    assert record["outputs"]["forwards"]["shared_ref_windows"] == 1       # rs2's two scored alleles share a REF
+    assert record["outputs"]["forwards"]["saved_forward_tokens"] > 0 and "saved by sharing" in result.output
 
 
 def test_bgzip_vcf_and_bgzip_genome_give_the_same_scores_deterministically(genome, vcf, bases, checkpoint, tmp_path):
