@@ -92,18 +92,21 @@ def run_routing(config: RoutingConfig, record: Any | None = None) -> dict[str, A
                                batch_tokens=config.batch_tokens)
     spans = [np.asarray(dataset.tokens(w.key)[w.start:w.start + longest], dtype=np.int64) for w in stretches]
     by_length: dict[str, dict[str, Any]] = {}
+    seconds_by_length: dict[str, float] = {}
     for length in config.lengths:
+        started = time.monotonic()
         with capture_routing(scorer.model, config.group_tokens) as tallies:
             for span in spans:
                 scorer(span.reshape(-1, length))
         by_length[format_length(length)] = routing_summary(tallies)
+        seconds_by_length[format_length(length)] = round(time.monotonic() - started, 3)
     if not any(by_length.values()):
         raise ConfigError("the checkpoint has no MoE layer: there is no routing to report",
                           where=str(config.checkpoint), fix="evaluate a checkpoint of an MoE preset")
     summary = {"status": "ok", "config": config.to_dict(), "records": keys, "tokens_per_length": config.budget,
                "stretches": [{"key": w.key, "start": w.start, "stop": w.start + longest} for w in stretches],
                "dataset": {"path": str(config.data)}, "routing": by_length,
-               "seconds": time.monotonic() - t0}
+               "seconds_by_length": seconds_by_length, "seconds": time.monotonic() - t0}
     if record is not None:
         record.add_input(Path(config.data) / "manifest.json")
         for file in sorted(Path(config.checkpoint).glob("*.safetensors")) + [Path(config.checkpoint) / "config.json"]:
