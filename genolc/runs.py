@@ -71,7 +71,8 @@ def host_info() -> dict[str, Any]:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    # Milliseconds: runs started within one second (a resume right after an interruption) keep their order.
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 @dataclass
@@ -138,7 +139,7 @@ def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any]) -
         status, error = "crashed", "".join(traceback.format_exception_only(type(exc), exc)).strip()
         raise
     finally:
-        stamp = rec.started.replace(":", "").replace("+0000", "Z")
+        stamp = rec.started.split(".")[0].replace(":", "") + "Z"
         # Two runs can start within one second: pid and a counter keep their records apart.
         path = _unique_path(rec.out_dir / RUNS_DIRNAME, f"{stamp}_{os.getpid()}", command)
         if status == "ok" or (rec.out_dir.is_dir() and not refused):
