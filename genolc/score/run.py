@@ -1,7 +1,8 @@
 """``genolc score`` and ``genolc embed`` end to end: configs, reading inputs, scoring, writing outputs atomically.
 
 Outputs are built in memory and written with :func:`genolc.fsutil.atomic_write_bytes`, so a failed or interrupted
-run never leaves a half-written file. A run record goes to ``runs/`` beside the output file.
+run never leaves a half-written file. A successful run's record goes to ``runs/`` beside the output file; a failed
+or interrupted one leaves nothing there (the output folder is usually shared with other files, so no record).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _progress_bar(enabled: bool, total: int, unit: str):
 
 def run_score(config: ScoreConfig) -> dict[str, Any]:
     """Score every variant of ``config.vcf``; returns the summary (counts by status, outputs)."""
-    with run_record("score", config.out.parent, config.to_dict()) as record:
+    with run_record("score", config.out.parent, config.to_dict(), keep_failed=False) as record:
         from genolc.score.api import load
         from genolc.score.reference import Reference
         from genolc.score.shared import ForwardCount
@@ -184,7 +185,7 @@ def _info_ids(labels: tuple[str, ...]) -> list[str]:
 
 def run_embed(config: EmbedConfig) -> dict[str, Any]:
     """Embed every BED interval; writes ``out`` (.npy plus ``<out>.names.tsv``, or .parquet)."""
-    with run_record("embed", config.out.parent, config.to_dict()) as record:
+    with run_record("embed", config.out.parent, config.to_dict(), keep_failed=False) as record:
         from genolc.score.api import load
         from genolc.score.embed import HiddenStates, embed_regions, read_regions, region_bases
         from genolc.score.reference import Reference

@@ -171,7 +171,7 @@ def test_malformed_line_is_one_message_with_its_line_number_and_no_output(genome
     out = tmp_path / "scores.tsv"
     result = _score(["--vcf", broken, "--genome", genome, "--checkpoint", checkpoint, "--out", out], expect=2)
     assert "line 5" in result.output and "Traceback" not in result.output
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "runs").exists()      # no run record beside --out either
     result = _score(["--vcf", vcf, "--genome", genome, "--checkpoint", checkpoint, "--out", vcf], expect=2)
     assert "would overwrite the input" in result.output
     bad_pos = tmp_path / "bad_pos.vcf"
@@ -298,7 +298,7 @@ def test_embed_interval_outside_the_chromosome_is_a_clear_error(genome, checkpoi
     result = CliRunner().invoke(main, ["embed", "--no-progress", "--bed", str(bed), "--genome", str(genome),
                                        "--checkpoint", str(checkpoint), "--out", str(out)])
     assert result.exit_code == 2 and f"{bed}:2" in result.output and "outside the reference" in result.output
-    assert not out.exists() and not (tmp_path / "e.npy.names.tsv").exists()
+    assert not out.exists() and not (tmp_path / "e.npy.names.tsv").exists() and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("line", ["chr22\t100\n", "chr22\tabc\t200\n", "chr22\t1_000\t2000\n", "chr22\t\u0663\t9\n",
