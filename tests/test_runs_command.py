@@ -142,6 +142,30 @@ def test_log_wandb_without_wandb_says_how_to_install_it_and_leaves_nothing(runs)
     assert not (runs / "wandb-run").exists()
 
 
+def test_a_failing_wandb_init_is_one_clear_error(runs, tmp_path, monkeypatch):
+    """wandb.init raising (here a stand-in module: bad settings, no network for online mode) is one message naming
+    the wandb folder and the way out, exit 2, no traceback; the new run directory is not left behind."""
+    import sys
+    import types
+
+    class UsageError(Exception):
+        pass
+
+    def init(**kwargs):
+        raise UsageError("Invalid project name 'genolc': cannot reach the server\nmore detail")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    out = tmp_path / "wandb-broken"
+    result = CliRunner().invoke(main, ["finetune", "--data", str(runs / "ds"), "--seq", "64", "--steps", "1",
+                                       "--log", "wandb", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 2, result.output + repr(result.exception)
+    message = result.output.strip().splitlines()[-1]
+    assert message.startswith("genolc: error: --log wandb: wandb.init failed (UsageError: Invalid project name")
+    assert "more detail" not in message and "--log tensorboard" in message and "WANDB_" in message
+    assert str(out / "wandb") in message and "Traceback" not in result.output
+    assert not out.exists()
+
+
 def test_log_wandb_writes_an_offline_run(runs):
     pytest.importorskip("wandb")
     finetune(_config(runs / "ds", runs / "wandb-ok", log=("wandb",)))

@@ -416,8 +416,9 @@ class _Trainer:
                    desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step
         try:
-            with open(metrics_path, "a") as log, bar, \
-                    StopSignals("stopping after the current step and saving a checkpoint") as stop, self.monitor:
+            # The dashboards open first: one that fails leaves no metrics file behind.
+            with self.monitor, open(metrics_path, "a") as log, bar, \
+                    StopSignals("stopping after the current step and saving a checkpoint") as stop:
                 for step in range(self.start_step, cfg.steps):
                     with self.monitor.capture():
                         metrics = self._timed_step(step)
@@ -496,7 +497,8 @@ class _Trainer:
                         kept.append(entry)
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue
-        path.write_text("".join(json.dumps(entry) + "\n" for entry in kept))
+        if kept or path.exists():       # a new run's file is made when its steps start (after the dashboards open)
+            path.write_text("".join(json.dumps(entry) + "\n" for entry in kept))
         return kept
 
 
