@@ -1,6 +1,7 @@
 """The ``genolc`` command line. Commands stay thin: parse options, build a config, call one function.
 
-Errors a user can cause (:class:`genolc.errors.GenolcError`) are printed as one message and exit with code 2.
+Errors a user can cause (:class:`genolc.errors.GenolcError`) are printed as one message and exit with code 2; a
+Ctrl-C that no command handles itself (e.g. during start-up) prints one line and exits with 130.
 Each stage owns its command in ``genolc/<stage>/command.py``; this file only lists them. Commands are imported when
 they run, so ``genolc --help`` does not pay for importing torch.
 """
@@ -46,12 +47,27 @@ class GenolcGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def make_context(self, *args, **kwargs) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            _interrupted()
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except GenolcError as exc:
             click.echo(f"genolc: error: {exc.message}", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            # Ctrl-C outside a command's own stop handling (start-up: importing torch, loading inputs): one line and
+            # the shell's exit code for SIGINT, not click's "Aborted!" and exit code 1.
+            _interrupted()
+
+
+def _interrupted() -> None:
+    click.echo("genolc: interrupted (Ctrl-C)", err=True)
+    sys.exit(130)
 
 
 @click.group(cls=GenolcGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -71,7 +71,8 @@ def host_info() -> dict[str, Any]:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    # Milliseconds: runs started within one second (a resume right after an interruption) keep their order.
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 @dataclass
@@ -111,14 +112,17 @@ class RunRecord:
 
 
 @contextlib.contextmanager
-def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any]) -> Iterator[RunRecord]:
+def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any], *,
+               keep_failed: bool = True) -> Iterator[RunRecord]:
     """Write ``<out_dir>/runs/<start>_<pid>_<command>.json`` when the block ends, with its status and any error.
 
     The record is written after the block, so a command that builds ``out_dir`` atomically has it in place.
     A failed command whose output directory was never created leaves no directory behind (its error goes to
     stderr); one that fails after creating it gets a record with status "failed" and the error. A directory genolc
     refused to write into (:class:`~genolc.errors.RefusedOutputError`: not genolc's) gets no record either. A failure
-    to write the record never hides the command's own error.
+    to write the record never hides the command's own error. ``keep_failed=False`` (commands whose outputs are
+    files in a folder that is not theirs, such as ``score --out scores.tsv``): a run that does not succeed leaves
+    nothing there, its record included.
     """
     rec = RunRecord(command=command, args={k: _jsonable(v) for k, v in args.items()}, out_dir=Path(out_dir))
     t0 = time.monotonic()
@@ -138,10 +142,10 @@ def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any]) -
         status, error = "crashed", "".join(traceback.format_exception_only(type(exc), exc)).strip()
         raise
     finally:
-        stamp = rec.started.replace(":", "").replace("+0000", "Z")
+        stamp = rec.started.split(".")[0].replace(":", "") + "Z"
         # Two runs can start within one second: pid and a counter keep their records apart.
         path = _unique_path(rec.out_dir / RUNS_DIRNAME, f"{stamp}_{os.getpid()}", command)
-        if status == "ok" or (rec.out_dir.is_dir() and not refused):
+        if status == "ok" or (keep_failed and rec.out_dir.is_dir() and not refused):
             with contextlib.suppress(OSError):
                 atomic_write_json(path, rec.to_dict(status, error, time.monotonic() - t0))
 

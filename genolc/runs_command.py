@@ -7,6 +7,7 @@ summary beside it (finetune's ``summary.json``: final loss; eval's: bits per bas
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,17 @@ def find_records(root: Path) -> list[Path]:
         raise InputError("no such directory to search for run records", where=str(root),
                          fix="pass a directory that holds genolc outputs (each has a runs/ folder)")
     found = [p for p in root.rglob(f"{RUNS_DIRNAME}/*.json") if _load(p, strict=False) is not None]
-    return sorted(found, key=lambda p: (_load(p).get("started", ""), str(p)))
+    return sorted(found, key=_start_order)
+
+
+def _start_order(path: Path) -> tuple[str, int, str]:
+    """Start time, then (two runs started within one second: ``started`` is in whole seconds) the time the record
+    was written, at the command's end."""
+    try:
+        written = path.stat().st_mtime_ns
+    except OSError:
+        written = 0
+    return (_load(path).get("started", ""), written, str(path))
 
 
 def _load(path: Path, strict: bool = True) -> dict[str, Any] | None:
@@ -48,7 +59,8 @@ def resolve_record(run: Path) -> Path:
         _load(run)
         return run
     if (run / RUNS_DIRNAME).is_dir():
-        records = sorted((run / RUNS_DIRNAME).glob("*.json"), key=lambda p: (_load(p).get("started", ""), p.name))
+        records = sorted((p for p in (run / RUNS_DIRNAME).glob("*.json") if _load(p, strict=False) is not None),
+                         key=_start_order)
         if records:
             return records[-1]
     raise InputError("no run record found", where=str(run),
@@ -60,10 +72,15 @@ def key_figures(path: Path, record: dict[str, Any]) -> dict[str, Any]:
     """The figures ``ls`` shows: duration, and what the command's summary says it achieved."""
     figures: dict[str, Any] = {"seconds": record.get("seconds")}
     out_dir = path.parent.parent
-    summary = _summary(out_dir / "summary.json")
-    if record["command"] == "finetune" and summary:
-        figures["steps"] = f"{summary.get('steps_done')}/{summary.get('steps')}"
-        figures["final_loss"] = summary.get("final_loss")
+    # summary.json holds the figures of the output's latest invocation (a --resume or a rerun rewrites it), so
+    # it speaks for a record only when that record is the output's newest; finetune records carry their own.
+    summary = _summary(out_dir / "summary.json") if _is_newest(path, record) else None
+    own = (record.get("outputs") or {}).get("figures")
+    if record["command"] == "finetune" and (own or summary):
+        source = own or summary
+        figures["steps"] = f"{source.get('steps_done')}/{source.get('steps')}"
+        figures["final_loss"] = source.get("final_loss")
+        figures["tokens"] = source.get("tokens_seen")
     elif record["command"] == "eval" and summary:
         figures["bits_per_base"] = (summary.get("overall") or {}).get("model/all")
     elif record["command"] == "eval-routing":
@@ -72,6 +89,20 @@ def key_figures(path: Path, record: dict[str, Any]) -> dict[str, Any]:
         if worst:
             figures["busiest_over_mean"] = ", ".join(f"{length}: {value:.2f}" for length, value in worst)
     return figures
+
+
+def _is_newest(path: Path, record: dict[str, Any]) -> bool:
+    """Whether ``path`` is the newest record of its command in its runs/ folder, and the summary beside the output
+    was written after it started (a run that failed before writing one must not show an earlier run's)."""
+    same = [p for p in path.parent.glob(f"*_{record['command']}.json") if _load(p, strict=False) is not None]
+    if same and max(same, key=_start_order) != path:
+        return False
+    try:
+        started = dt.datetime.fromisoformat(str(record.get("started"))).timestamp()
+        written = (path.parent.parent / "summary.json").stat().st_mtime
+    except (ValueError, OSError):
+        return False
+    return written >= started
 
 
 def _summary(path: Path) -> dict[str, Any] | None:

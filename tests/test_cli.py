@@ -32,6 +32,37 @@ def test_top_level_help_does_not_import_torch():
     assert out.strip().splitlines()[-1] == "False"
 
 
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
+    """A real SIGINT while a command is being imported (start-up), and a KeyboardInterrupt inside a command that
+    does not handle it: one 'interrupted' line and exit code 130, not click's 'Aborted!' and exit code 1."""
+    code = ("import importlib, os, signal, sys\n"
+            "real = importlib.import_module\n"
+            "def slow_start(name, *args):\n"
+            "    if name.startswith('genolc.') and name.endswith('command'):\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *args)\n"
+            "importlib.import_module = slow_start\n"
+            "from genolc.cli import main\n"
+            "sys.argv = ['genolc', 'runs', 'ls', sys.argv[1]]\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "genolc: interrupted (Ctrl-C)" and "Aborted" not in done.stdout + done.stderr
+
+    import genolc.runs_command
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    original = genolc.runs_command.find_records
+    genolc.runs_command.find_records = interrupted
+    try:
+        result = CliRunner().invoke(main, ["runs", "ls", str(tmp_path)])
+    finally:
+        genolc.runs_command.find_records = original
+    assert result.exit_code == 130 and result.output.strip() == "genolc: interrupted (Ctrl-C)"
+
+
 def test_unknown_command_is_a_usage_error():
     result = CliRunner().invoke(main, ["prepar"])
     assert result.exit_code == 2

@@ -58,6 +58,36 @@ def test_runs_ls_lists_successful_failed_and_interrupted_runs(runs):
     assert " failed " in rows["failed"] and "not a genolc dataset" in rows["failed"]
 
 
+def test_runs_ls_keeps_an_interrupted_record_s_own_figures_after_a_resume(runs, tmp_path):
+    """The interrupted invocation's row shows where it stopped (step, loss, tokens), not the resumed run's summary."""
+    out = tmp_path / "resumed"
+
+    def stop(step, metrics):
+        raise KeyboardInterrupt
+    with pytest.raises(TrainingInterrupted):
+        finetune(_config(runs / "ds", out, steps=3, checkpoint_every=1), TrainHooks(on_step_end=stop))
+    first = [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+    finetune(_config(runs / "ds", out, steps=3, checkpoint_every=1, resume=True))
+    steps = [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+    result = CliRunner().invoke(main, ["runs", "ls", str(out)])
+    assert result.exit_code == 0, result.output
+    interrupted, resumed = result.output.splitlines()[1:]
+    assert " interrupted " in interrupted and "steps 1/3" in interrupted
+    assert f"final_loss {first[-1]['loss']:.4g}" in interrupted and f"tokens {first[-1]['tokens']}" in interrupted
+    assert " ok " in resumed and "steps 3/3" in resumed
+    assert f"final_loss {steps[-1]['loss']:.4g}" in resumed and f"tokens {steps[-1]['tokens']}" in resumed
+    from genolc.runs_command import find_records
+
+    shown = CliRunner().invoke(main, ["runs", "show", str(find_records(out)[0])])
+    assert "figures:  steps 1/3" in shown.output
+    # A run that fails before it writes a summary shows none, not the earlier run's.
+    failed = CliRunner().invoke(main, ["finetune", "--data", str(runs / "ds"), "--seq", "64", "--steps", "3",
+                                       "--resume", "--lr", "1", "--out", str(out), "--no-progress"])
+    assert failed.exit_code == 2, failed.output
+    last = CliRunner().invoke(main, ["runs", "ls", str(out)]).output.splitlines()[-1]
+    assert " failed " in last and "steps" not in last and "final_loss" not in last
+
+
 def test_runs_show_prints_one_record(runs):
     result = CliRunner().invoke(main, ["runs", "show", str(runs / "failed")])
     assert result.exit_code == 0, result.output
@@ -110,6 +140,30 @@ def test_log_wandb_without_wandb_says_how_to_install_it_and_leaves_nothing(runs)
                                        "--log", "wandb", "--out", str(runs / "wandb-run"), "--no-progress"])
     assert result.exit_code == 2 and "pip install wandb" in result.output
     assert not (runs / "wandb-run").exists()
+
+
+def test_a_failing_wandb_init_is_one_clear_error(runs, tmp_path, monkeypatch):
+    """wandb.init raising (here a stand-in module: bad settings, no network for online mode) is one message naming
+    the wandb folder and the way out, exit 2, no traceback; the new run directory is not left behind."""
+    import sys
+    import types
+
+    class UsageError(Exception):
+        pass
+
+    def init(**kwargs):
+        raise UsageError("Invalid project name 'genolc': cannot reach the server\nmore detail")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    out = tmp_path / "wandb-broken"
+    result = CliRunner().invoke(main, ["finetune", "--data", str(runs / "ds"), "--seq", "64", "--steps", "1",
+                                       "--log", "wandb", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 2, result.output + repr(result.exception)
+    message = result.output.strip().splitlines()[-1]
+    assert message.startswith("genolc: error: --log wandb: wandb.init failed (UsageError: Invalid project name")
+    assert "more detail" not in message and "--log tensorboard" in message and "WANDB_" in message
+    assert str(out / "wandb") in message and "Traceback" not in result.output
+    assert not out.exists()
 
 
 def test_log_wandb_writes_an_offline_run(runs):

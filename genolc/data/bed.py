@@ -10,26 +10,39 @@ from __future__ import annotations
 
 import gzip
 import io
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
+from genolc.data.genome import canonical_chrom
 from genolc.errors import InputError
 
+_INTEGER = re.compile(r"-?[0-9]+")
 _FIX = "BED lines are 'chrom<TAB>start<TAB>end' with 0-based start < end; comment other lines out with '#'"
 
 
-def read_bed(path: str | Path) -> dict[str, np.ndarray]:
-    """Intervals per canonical chromosome name, sorted and merged; InputError naming ``file:line`` for a bad line."""
-    from genolc.data.genome import canonical_chrom, merge_intervals
+@dataclass(frozen=True)
+class BedLine:
+    lineno: int          # 1-based line in the file
+    fields: list[str]    # every column as written
+    chrom: str           # as written (not canonical)
+    start: int           # 0-based
+    end: int             # exclusive; start <= end
+    where: str           # "file:line", for messages
 
+
+def bed_lines(path: str | Path) -> Iterator[BedLine]:
+    """The data lines of a BED file in file order (header, comment and blank lines skipped), each checked:
+    InputError naming ``file:line`` for a line without three columns, non-numeric or invalid coordinates or an
+    empty chromosome name; for a missing file, a directory or an unreadable one."""
     p = Path(path)
     if not p.exists():
         raise InputError("BED file not found", where=str(p), fix="check the path")
     if p.is_dir():
         raise InputError("expected a BED file but got a directory", where=str(p), fix="give the .bed file inside it")
-    starts: dict[str, list[int]] = {}
-    ends: dict[str, list[int]] = {}
     for lineno, line in _lines(p):
         text = line.strip()
         if not text or text.startswith("#") or text.split(None, 1)[0] in ("track", "browser"):
@@ -38,19 +51,29 @@ def read_bed(path: str | Path) -> dict[str, np.ndarray]:
         where = f"{p}:{lineno}"
         if len(fields) < 3:
             raise InputError(f"BED line has {len(fields)} column(s), needs at least 3: {text[:80]!r}", where=where, fix=_FIX)
-        try:
-            start, end = int(fields[1]), int(fields[2])
-        except ValueError:
+        # ASCII digits only: int() also takes '1_000', ' 12' and digits of other scripts.
+        if not all(_INTEGER.fullmatch(f) for f in fields[1:3]):
             raise InputError(
-                f"BED start/end are not whole numbers: {fields[1][:20]!r}, {fields[2][:20]!r}", where=where, fix=_FIX
-            ) from None
+                f"BED start/end are not whole numbers: {fields[1][:20]!r}, {fields[2][:20]!r}", where=where, fix=_FIX)
+        start, end = int(fields[1]), int(fields[2])
         if start < 0 or end < start:
             raise InputError(f"BED interval {start}-{end} is invalid (needs 0 <= start <= end)", where=where, fix=_FIX)
-        chrom = canonical_chrom(fields[0].strip())
-        if not chrom:
+        chrom = fields[0].strip()
+        if not canonical_chrom(chrom):
             raise InputError("BED line has an empty chromosome name", where=where, fix=_FIX)
-        starts.setdefault(chrom, []).append(start)
-        ends.setdefault(chrom, []).append(end)
+        yield BedLine(lineno, fields, chrom, start, end, where)
+
+
+def read_bed(path: str | Path) -> dict[str, np.ndarray]:
+    """Intervals per canonical chromosome name, sorted and merged; InputError naming ``file:line`` for a bad line."""
+    from genolc.data.genome import merge_intervals
+
+    starts: dict[str, list[int]] = {}
+    ends: dict[str, list[int]] = {}
+    for line in bed_lines(path):
+        chrom = canonical_chrom(line.chrom)
+        starts.setdefault(chrom, []).append(line.start)
+        ends.setdefault(chrom, []).append(line.end)
     return {
         chrom: merge_intervals(np.stack([np.asarray(starts[chrom], np.int64), np.asarray(ends[chrom], np.int64)], axis=1))
         for chrom in starts

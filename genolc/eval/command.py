@@ -137,7 +137,7 @@ def eval_command(by_position, needle, routing, routing_group, data, checkpoint, 
 
 def _eval_routing(records, data, checkpoint, seq, group, max_tokens, max_n_fraction, force, device, dtype,
                   batch_tokens, out, progress, threads) -> None:
-    from genolc.eval.routing import RoutingConfig, routing_table, run_routing
+    from genolc.eval.routing import RoutingConfig, run_routing
     from genolc.threads import run_threads
 
     config = RoutingConfig(data=data, checkpoint=checkpoint, out=out, records=records,
@@ -146,11 +146,21 @@ def _eval_routing(records, data, checkpoint, seq, group, max_tokens, max_n_fract
                            max_tokens=parse_length(max_tokens, "--max-tokens") if max_tokens else None,
                            max_n_fraction=max_n_fraction, force=force, device=device, dtype=dtype,
                            batch_tokens=parse_length(batch_tokens, "--batch-tokens"), progress=progress)
-    with run_record("eval-routing", config.out, config.to_dict()) as record, run_threads(threads, record):
-        summary = run_routing(config, record)
-    click.echo(f"MoE routing by context length ({summary['tokens_per_length']} tokens each):")
-    click.echo(routing_table(summary["routing"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    with _print_kept(_echo_routing):
+        with run_record("eval-routing", config.out, config.to_dict()) as record, run_threads(threads, record):
+            summary = run_routing(config, record)
+    _echo_routing(summary)
     click.echo(f"wrote {config.out}")
+
+
+def _echo_routing(summary: dict[str, Any]) -> None:
+    from genolc.eval.routing import routing_table
+
+    lengths = summary["lengths"]
+    partial = (f"; INTERRUPTED: {len(lengths['routed'])} of {len(lengths['asked'])} context lengths routed"
+               if summary.get("status") == "interrupted" else "")
+    click.echo(f"MoE routing by context length ({summary['tokens_per_length']} tokens each{partial}):")
+    click.echo(routing_table(summary["routing"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import numpy as np
 
 from genolc.errors import ConfigError
 from genolc.routing import DEFAULT_GROUP_TOKENS, capture_routing, plot_load_heatmap, routing_summary
+from genolc.signals import Interrupted, StopSignals
 from genolc.units import format_length
 
 
@@ -66,16 +67,31 @@ class RoutingConfig:
 
 
 def run_routing(config: RoutingConfig, record: Any | None = None) -> dict[str, Any]:
-    """Route ``config.budget`` held-out tokens at each length and write the report into ``config.out``."""
+    """Route ``config.budget`` held-out tokens at each length and write the report into ``config.out``.
+
+    Raises :class:`genolc.signals.Interrupted` when stopped by a signal: the first finishes the current stretch;
+    the context lengths whose stretches are all routed are written, marked interrupted (a length cut short would
+    not route the same bases as the others, so it is left out). A second signal stops at once, writing nothing.
+    """
+    from genolc.eval.report import OUTPUT_KIND
+    from genolc.fsutil import check_output_dir
+
+    check_output_dir(config.out, OUTPUT_KIND)
+    try:
+        return _run_routing(config, record)
+    except KeyboardInterrupt:
+        raise Interrupted.at_once("eval --routing", where=str(config.out)) from None
+
+
+def _run_routing(config: RoutingConfig, record: Any | None) -> dict[str, Any]:
     from genolc.data.dataset import PreparedDataset
     from genolc.data.sampler import tile_for_eval
     from genolc.eval.inputs import check_not_trained, check_window_fits, resolve_records
     from genolc.eval.report import OUTPUT_KIND
     from genolc.eval.scorer import load_model_scorer
-    from genolc.fsutil import atomic_dir, check_output_dir
+    from genolc.fsutil import atomic_dir
 
     t0 = time.monotonic()
-    check_output_dir(config.out, OUTPUT_KIND)
     dataset = PreparedDataset(config.data)
     keys, pooled = resolve_records(dataset, config.records)
     check_not_trained(dataset, keys, [("checkpoint", config.checkpoint)], config.force)
@@ -92,18 +108,36 @@ def run_routing(config: RoutingConfig, record: Any | None = None) -> dict[str, A
                                batch_tokens=config.batch_tokens)
     spans = [np.asarray(dataset.tokens(w.key)[w.start:w.start + longest], dtype=np.int64) for w in stretches]
     by_length: dict[str, dict[str, Any]] = {}
-    for length in config.lengths:
-        with capture_routing(scorer.model, config.group_tokens) as tallies:
-            for span in spans:
-                scorer(span.reshape(-1, length))
-        by_length[format_length(length)] = routing_summary(tallies)
+    seconds_by_length: dict[str, float] = {}
+    with StopSignals("finishing the current stretch, then writing the context lengths routed so far") as stop:
+        for length in config.lengths:
+            if stop.received is not None:
+                break
+            started, routed = time.monotonic(), 0
+            with capture_routing(scorer.model, config.group_tokens) as tallies:
+                for span in spans:
+                    scorer(span.reshape(-1, length))
+                    routed += 1
+                    if stop.received is not None:
+                        break
+            if routed < len(spans):
+                break
+            by_length[format_length(length)] = routing_summary(tallies)
+            seconds_by_length[format_length(length)] = round(time.monotonic() - started, 3)
+    interrupted = len(by_length) < len(config.lengths)
+    if interrupted and not by_length:
+        raise Interrupted(f"eval --routing stopped by {stop.name} before the first context length was routed; "
+                          "nothing was written", stop.received, where=str(config.out), fix="run it again")
     if not any(by_length.values()):
         raise ConfigError("the checkpoint has no MoE layer: there is no routing to report",
                           where=str(config.checkpoint), fix="evaluate a checkpoint of an MoE preset")
-    summary = {"status": "ok", "config": config.to_dict(), "records": keys, "tokens_per_length": config.budget,
+    summary = {"status": "interrupted" if interrupted else "ok", "config": config.to_dict(), "records": keys,
+               "tokens_per_length": config.budget,
+               # Interrupted: the first of the asked lengths, each routed over every stretch.
+               "lengths": {"asked": [format_length(n) for n in config.lengths], "routed": list(by_length)},
                "stretches": [{"key": w.key, "start": w.start, "stop": w.start + longest} for w in stretches],
                "dataset": {"path": str(config.data)}, "routing": by_length,
-               "seconds": time.monotonic() - t0}
+               "seconds_by_length": seconds_by_length, "seconds": time.monotonic() - t0}
     if record is not None:
         record.add_input(Path(config.data) / "manifest.json")
         for file in sorted(Path(config.checkpoint).glob("*.safetensors")) + [Path(config.checkpoint) / "config.json"]:
@@ -113,8 +147,13 @@ def run_routing(config: RoutingConfig, record: Any | None = None) -> dict[str, A
         (tmp / "routing.json").write_text(json.dumps(summary, indent=2) + "\n")
         routing_table(by_length).to_csv(tmp / "routing.csv", index=False)
         plot_load_heatmap(by_length, tmp / "routing_load.png",
-                          f"expert load by context length ({config.budget} tokens each, "
-                          f"dispatch group {format_length(config.group_tokens)})")
+                          f"{'INTERRUPTED: ' if interrupted else ''}expert load by context length "
+                          f"({config.budget} tokens each, dispatch group {format_length(config.group_tokens)})")
+    if interrupted:
+        raise Interrupted(f"eval --routing stopped by {stop.name} after {len(by_length)} of {len(config.lengths)} "
+                          "context lengths; their routing is written, marked interrupted (routing.json: status, "
+                          "lengths.routed)", stop.received, where=str(config.out),
+                          fix="run it again to route every length", kept=summary)
     return summary
 
 

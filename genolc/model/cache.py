@@ -138,3 +138,17 @@ class WindowCache:
                 else:
                     carried[(layer, name)] = value.detach().clone()
         self.carried = carried
+
+    def fork(self, batch_rows: torch.Tensor, window_len: int) -> "WindowCache":
+        """A copy that holds only batch rows ``batch_rows`` (in that order) of what the chunks so far left, for
+        continuing those rows, possibly repeated, as windows of ``window_len`` tokens that share this prefix."""
+        if window_len < max((store.length for store in self.rows.values()), default=0):
+            raise ValueError(f"a fork's window ({window_len}) must hold the prefix it continues")
+        fork = WindowCache(self.num_layers, window_len)
+        fork.carried = {key: value.index_select(0, batch_rows.to(value.device)) for key, value in self.carried.items()}
+        for key, store in self.rows.items():
+            copy = RowStore()
+            copy.buffer = store.prefix().index_select(0, batch_rows.to(store.buffer.device))
+            copy.length = store.length
+            fork.rows[key] = copy
+        return fork

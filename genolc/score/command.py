@@ -78,6 +78,11 @@ def score_command(vcf, genome, checkpoint, window, windows, placement, rc_averag
     summary = run_score(config)
     counts = ", ".join(f"{n} {status}" for status, n in summary["by_status"].items())
     click.echo(f"{summary['variants']} alleles from {summary['records']} records: {counts}")
+    forwards = summary["forwards"]
+    if forwards["unshared_forward_tokens"]:
+        click.echo(f"forward tokens: {forwards['forward_tokens']:,} ({forwards['saved_forward_tokens']:,} saved by "
+                   f"sharing REF windows and prefixes: {forwards['shared_ref_windows']} REF windows reused, "
+                   f"{forwards['alt_rows_from_ref_prefix']} ALT windows continued from their REF's prefix)")
     if summary["unknown_chromosomes"]:
         click.echo(f"chromosomes not in the genome (skipped): {', '.join(summary['unknown_chromosomes'][:20])}")
     for path in summary["outputs"].values():

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from genolc.data.bed import bed_lines
 from genolc.data.genome import canonical_chrom
 from genolc.errors import ConfigError, InputError
 from genolc.score.reference import Reference
@@ -32,43 +33,24 @@ class Region:
 
 
 def read_regions(path: str | Path) -> list[Region]:
-    """BED intervals in file order (``track``/``browser``/``#`` lines skipped); InputError naming the line."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("BED file not found", where=str(p), fix="check the path")
+    """BED intervals in file order, read and checked by :func:`genolc.data.bed.bed_lines` (the messages of every
+    BED input of genolc), plus: an empty interval is refused, and so is a file without intervals."""
     regions: list[Region] = []
-    import gzip
-
-    with open(p, "rb") as probe:
-        opener = gzip.open if probe.read(2) == b"\x1f\x8b" else open
-    try:
-        with opener(p, "rt", encoding="utf-8") as fh:
-            for number, raw in enumerate(fh, start=1):
-                line = raw.rstrip("\r\n")
-                if not line.strip() or line.startswith(("#", "track", "browser")):
-                    continue
-                cols = line.split("\t") if "\t" in line else line.split()
-                where = f"{p}, line {number}"
-                # isascii: str.isdigit accepts digits such as '²' that int() refuses.
-                if len(cols) < 3 or not all(c.isascii() and c.isdigit() for c in cols[1:3]):
-                    raise InputError("a BED line needs chrom, start and end (non-negative integers)", where=where,
-                                     fix="fix the line (BED is 0-based, end exclusive)")
-                start, end = int(cols[1]), int(cols[2])
-                if end <= start:
-                    raise InputError(f"empty or reversed interval {start}-{end}", where=where,
-                                     fix="BED end must be greater than start")
-                name = cols[3] if len(cols) > 3 and cols[3] else f"{cols[0]}:{start + 1}-{end}"
-                regions.append(Region(number, cols[0], start, end, name))
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the BED file ({exc})", where=str(p), fix="check the file") from None
+    for line in bed_lines(path):
+        if line.end == line.start:
+            raise InputError(f"BED interval {line.start}-{line.end} is empty: there is nothing to embed",
+                             where=line.where, fix="give the region's bases: BED end must be greater than start")
+        fields = line.fields
+        name = fields[3] if len(fields) > 3 and fields[3] else f"{line.chrom}:{line.start + 1}-{line.end}"
+        regions.append(Region(line.lineno, line.chrom, line.start, line.end, name))
     if not regions:
-        raise InputError("the BED file holds no intervals", where=str(p), fix="check the file")
+        raise InputError("the BED file holds no intervals", where=str(path), fix="check the file")
     return regions
 
 
 def region_bases(reference: Reference, region: Region, source: str) -> np.ndarray:
     """The region's bases; InputError when the reference does not hold all of it."""
-    where = f"{source}, line {region.line}"
+    where = f"{source}:{region.line}"
     span = reference.span(region.chrom)
     if span is None:
         shown = ", ".join(reference.chrom_names()[:20])

@@ -1,7 +1,8 @@
 """``genolc score`` and ``genolc embed`` end to end: configs, reading inputs, scoring, writing outputs atomically.
 
 Outputs are built in memory and written with :func:`genolc.fsutil.atomic_write_bytes`, so a failed or interrupted
-run never leaves a half-written file. A run record goes to ``runs/`` beside the output file.
+run never leaves a half-written file. A successful run's record goes to ``runs/`` beside the output file; a failed
+or interrupted one leaves nothing there (the output folder is usually shared with other files, so no record).
 """
 
 from __future__ import annotations
@@ -99,9 +100,10 @@ def _progress_bar(enabled: bool, total: int, unit: str):
 
 def run_score(config: ScoreConfig) -> dict[str, Any]:
     """Score every variant of ``config.vcf``; returns the summary (counts by status, outputs)."""
-    with run_record("score", config.out.parent, config.to_dict()) as record:
+    with run_record("score", config.out.parent, config.to_dict(), keep_failed=False) as record:
         from genolc.score.api import load
         from genolc.score.reference import Reference
+        from genolc.score.shared import ForwardCount
         from genolc.score.variants import score_variants
         from genolc.score.vcf import read_vcf
 
@@ -123,9 +125,10 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
                     fix="score against the genome the VCF was called on (aliases such as 22/chr22 work)")
             loaded = load(config.checkpoint, device=config.device, dtype=config.dtype,
                           batch_tokens=config.batch_tokens)
+            count = ForwardCount()
             with _progress_bar(config.progress, len(contents.variants) * len(config.windows), "window") as bar:
                 statuses, scores = score_variants(loaded.scorer, loaded.tokenizer, reference, contents.variants,
-                                                  settings, progress=bar.update)
+                                                  settings, progress=bar.update, count=count)
         counts = Counter(statuses)
         labels = config.window_labels
         atomic_write_bytes(config.out, _score_tsv(contents, statuses, scores, labels))
@@ -134,9 +137,11 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
             atomic_write_bytes(config.vcf_out, _score_vcf(contents, statuses, scores, labels, config))
             outputs["vcf"] = str(config.vcf_out)
         summary = {"records": contents.records, "variants": len(contents.variants),
-                   "by_status": dict(sorted(counts.items())), "unknown_chromosomes": unknown, "outputs": outputs}
+                   "by_status": dict(sorted(counts.items())), "unknown_chromosomes": unknown, "outputs": outputs,
+                   "forwards": count.to_dict()}
         record.outputs.update(outputs)
         record.outputs["by_status"] = summary["by_status"]
+        record.outputs["forwards"] = summary["forwards"]
         return summary
 
 
@@ -180,7 +185,7 @@ def _info_ids(labels: tuple[str, ...]) -> list[str]:
 
 def run_embed(config: EmbedConfig) -> dict[str, Any]:
     """Embed every BED interval; writes ``out`` (.npy plus ``<out>.names.tsv``, or .parquet)."""
-    with run_record("embed", config.out.parent, config.to_dict()) as record:
+    with run_record("embed", config.out.parent, config.to_dict(), keep_failed=False) as record:
         from genolc.score.api import load
         from genolc.score.embed import HiddenStates, embed_regions, read_regions, region_bases
         from genolc.score.reference import Reference

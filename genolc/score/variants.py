@@ -29,11 +29,13 @@ tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from genolc.data.genome import canonical_chrom
 from genolc.score.reference import Reference
+from genolc.score.shared import ForwardCount, score_ref_alt
 from genolc.score.vcf import Variant
 from genolc.tokenize.base import reverse_complement_bases
 
@@ -103,15 +105,15 @@ def window_sequences(reference: Reference, variant: Variant, window: int, placem
 
 
 def score_variants(scorer: Any, tokenizer: Any, reference: Reference, variants: Sequence[Variant],
-                   settings: ScoreSettings, progress: Callable[[int], None] | None = None
-                   ) -> tuple[list[str], np.ndarray]:
+                   settings: ScoreSettings, progress: Callable[[int], None] | None = None,
+                   count: ForwardCount | None = None) -> tuple[list[str], np.ndarray]:
     """Statuses (one per variant) and scores ``float64 [n_variants, n_windows]`` (NaN where not scored).
 
-    REF and ALT rows (and both strands) of a block of variants go to the scorer together; rows of equal token
-    length share a forward (:func:`genolc.eval.scorer.score_rows`), so an SNV's REF and ALT run in one batch.
+    REF and ALT rows (and both strands) of a block of variants go to the scorer together, through
+    :func:`genolc.score.shared.score_ref_alt`: alleles of one site share their REF window's forward, each ALT
+    continues from its REF's cached prefix (a GenomeLM scorer), and rows of equal token length share a batch.
+    ``count`` (optional) receives the forward tokens run and saved.
     """
-    from genolc.eval.scorer import score_rows
-
     statuses = [check_variant(reference, v) for v in variants]
     scores = np.full((len(variants), len(settings.windows)), np.nan)
     strands = 2 if settings.rc_average else 1
@@ -121,32 +123,59 @@ def score_variants(scorer: Any, tokenizer: Any, reference: Reference, variants: 
     for w, window in enumerate(settings.windows):
         # Enough variants per block to fill every forward: each gives 2 * strands rows of about `window` tokens.
         block = max(1, int(scorer.batch_tokens) // max(window, 1))
-        for start in range(0, len(todo), block):
-            members = todo[start:start + block]
-            rows: list[np.ndarray] = []
-            row_pairs: dict[int, list[tuple[int, int]]] = {}
+        for members in _blocks(todo, variants, block):
+            refs: list[np.ndarray] = []
+            alts: list[list[np.ndarray]] = []
+            ref_index: dict[bytes, int] = {}
+            pairs: dict[int, list[tuple[int, int]]] = {}   # variant -> [(ref row, its alt slot)] per strand
             for i in members:
-                pairs = []
+                encoded = []
                 for ref_bases, alt_bases in window_sequences(reference, variants[i], window, settings.placement,
                                                              strands):
                     ref_ids, alt_ids = tokenizer.encode(ref_bases), tokenizer.encode(alt_bases)
                     if len(ref_ids) < 2 or len(alt_ids) < 2:
                         statuses[i] = "edge"
                         break
-                    pairs.append((len(rows), len(rows) + 1))
-                    rows.extend([ref_ids, alt_ids])
+                    encoded.append((ref_ids, alt_ids))
                 else:
-                    row_pairs[i] = pairs
-            totals = []
-            for row_logp in (score_rows(scorer, rows) if rows else []):
-                value = float(np.sum(row_logp))
-                totals.append(value / len(row_logp) if settings.reduce == "mean" else value)
-            for i, pairs in row_pairs.items():
-                if statuses[i] == "ok":
-                    scores[i, w] = float(np.mean([totals[alt] - totals[ref] for ref, alt in pairs]))
+                    pairs[i] = []
+                    for ref_ids, alt_ids in encoded:
+                        key = np.asarray(ref_ids, dtype=np.int64).tobytes()
+                        if key not in ref_index:
+                            ref_index[key] = len(refs)
+                            refs.append(ref_ids)
+                            alts.append([])
+                        r = ref_index[key]
+                        pairs[i].append((r, len(alts[r])))
+                        alts[r].append(alt_ids)
+            ref_logp, alt_logp = score_ref_alt(scorer, refs, alts, count) if refs else ([], [])
+
+            def total(logp: np.ndarray) -> float:
+                value = float(np.sum(logp))
+                return value / len(logp) if settings.reduce == "mean" else value
+
+            for i, strand_pairs in pairs.items():
+                scores[i, w] = float(np.mean([total(alt_logp[r][a]) - total(ref_logp[r]) for r, a in strand_pairs]))
             if progress is not None:
                 progress(len(members))
     for i, status in enumerate(statuses):
         if status != "ok":
             scores[i] = np.nan
     return statuses, scores
+
+
+def _blocks(todo: list[int], variants: Sequence[Variant], size: int) -> Iterator[list[int]]:
+    """``todo`` in runs of about ``size`` variants; alleles of one site (same chromosome, position and REF) stay in
+    one run, so that they share their REF window."""
+    members: list[int] = []
+    for i in todo:
+        if len(members) >= size and _site(variants[i]) != _site(variants[members[-1]]):
+            yield members
+            members = []
+        members.append(i)
+    if members:
+        yield members
+
+
+def _site(variant: Variant) -> tuple[str, int, str]:
+    return canonical_chrom(variant.chrom), variant.pos, variant.ref

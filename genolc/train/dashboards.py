@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shutil
 from typing import Any, Iterator
 
 from genolc.errors import ConfigError
@@ -40,6 +41,10 @@ def check_dashboards(config: TrainConfig) -> None:
 def open_dashboards(config: TrainConfig) -> list[Any]:
     """Writers for ``config.log`` (checked by :func:`check_dashboards`)."""
     writers = []
+    # Folders this call makes, removed again if a dashboard fails to open (a resumed run's earlier ones stay).
+    created = [config.out / name for name, on in ((TENSORBOARD_DIR, "tensorboard" in config.log),
+                                                  (WANDB_DIR, "wandb" in config.log))
+               if on and not (config.out / name).exists()]
     if "tensorboard" in config.log:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -49,8 +54,21 @@ def open_dashboards(config: TrainConfig) -> list[Any]:
 
         os.environ.setdefault("WANDB_MODE", "offline")
         (config.out / WANDB_DIR).mkdir(parents=True, exist_ok=True)
-        run = wandb.init(project="genolc", dir=str(config.out / WANDB_DIR), mode=os.environ["WANDB_MODE"],
-                         config=config.to_dict(), name=config.out.name)
+        try:
+            run = wandb.init(project="genolc", dir=str(config.out / WANDB_DIR), mode=os.environ["WANDB_MODE"],
+                             config=config.to_dict(), name=config.out.name)
+        except Exception as exc:   # wandb raises its own errors, and plain ones (e.g. a timeout), from many places
+            for writer in writers:
+                writer.close()
+            for folder in created:
+                shutil.rmtree(folder, ignore_errors=True)
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(
+                f"--log wandb: wandb.init failed ({type(exc).__name__}: {first_line})",
+                where=f"{config.out / WANDB_DIR} (WANDB_MODE={os.environ['WANDB_MODE']})",
+                fix="use --log tensorboard (or leave out --log: metrics.jsonl has every number), or check the WANDB_* "
+                    "settings (WANDB_MODE offline needs no account; online needs WANDB_API_KEY and the network)"
+            ) from None
         writers.append(_Wandb(run))
     return writers
 

@@ -92,7 +92,12 @@ def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
             compute_settings(config.threads, config.deterministic, _say, record) as compute:
         trainer = _Trainer(config, hooks or TrainHooks(), compute)
         record.add_input(config.data / "manifest.json")
-        final = trainer.run()
+        try:
+            final = trainer.run()
+        finally:
+            # This invocation's own figures: a later --resume rewrites summary.json, not this record.
+            if trainer.figures:
+                record.outputs["figures"] = trainer.figures
         record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
                                "metrics": str(config.out / METRICS), "routing": trainer.monitor.run_routing})
         return final
@@ -121,6 +126,7 @@ class _Trainer:
         self.config = config
         self.hooks = hooks
         self.compute = compute
+        self.figures: dict[str, Any] = {}   # the last summary's key figures, for the run record
         self.device = resolve_device(config.device)
         self.bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and self.device.type == "cuda")
         from genolc.data.dataset import PreparedDataset
@@ -410,8 +416,9 @@ class _Trainer:
                    desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step
         try:
-            with open(metrics_path, "a") as log, bar, \
-                    StopSignals("stopping after the current step and saving a checkpoint") as stop, self.monitor:
+            # The dashboards open first: one that fails leaves no metrics file behind.
+            with self.monitor, open(metrics_path, "a") as log, bar, \
+                    StopSignals("stopping after the current step and saving a checkpoint") as stop:
                 for step in range(self.start_step, cfg.steps):
                     with self.monitor.capture():
                         metrics = self._timed_step(step)
@@ -475,6 +482,8 @@ class _Trainer:
             "config": cfg.to_dict(),
         }
         atomic_write_json(cfg.out / SUMMARY, summary)
+        self.figures = {key: summary[key] for key in ("status", "steps", "steps_done", "resumed_from_step",
+                                                      "tokens_seen", "final_loss")}
 
     def _truncate_metrics(self, path: Path) -> list[dict[str, Any]]:
         """Keep only lines for steps already in the checkpoint we resume from (a fresh run starts an empty log);
@@ -488,7 +497,8 @@ class _Trainer:
                         kept.append(entry)
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue
-        path.write_text("".join(json.dumps(entry) + "\n" for entry in kept))
+        if kept or path.exists():       # a new run's file is made when its steps start (after the dashboards open)
+            path.write_text("".join(json.dumps(entry) + "\n" for entry in kept))
         return kept
 
 

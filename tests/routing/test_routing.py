@@ -112,3 +112,48 @@ def test_eval_routing_refuses_lengths_that_do_not_cut_the_same_dna(tiny_setup):
                                        "--out", root / "bad", "--no-progress"])
     assert result.exit_code == 2 and "do not divide the longest" in result.output
     assert not (root / "bad").exists()
+
+
+def test_ctrl_c_keeps_the_context_lengths_routed_and_prints_them(tiny_setup, monkeypatch):
+    """A Ctrl-C during the 4k length's first of two stretches: that stretch finishes, the 4k length (cut short, so not
+    the same bases as 1k) is left out, the 1k length is written and printed, marked interrupted; exit 130."""
+    import os
+    import signal
+
+    from genolc.eval import scorer as eval_scorer
+
+    load = eval_scorer.load_model_scorer
+    calls = []
+
+    class CtrlCOnThirdForward:
+        def __init__(self, scorer):
+            self.scorer, self.model = scorer, scorer.model
+
+        def __call__(self, ids):
+            calls.append(ids.shape)
+            out = self.scorer(ids)
+            if len(calls) == 3:                      # 1k: stretches 1 and 2; 4k: stretch 1
+                os.kill(os.getpid(), signal.SIGINT)
+            return out
+
+    monkeypatch.setattr(eval_scorer, "load_model_scorer", lambda *a, **k: CtrlCOnThirdForward(load(*a, **k)))
+    # As in an interactive shell: a test runner started in the background inherits SIGINT as ignored.
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.default_int_handler)
+    data, model, root = tiny_setup
+    out = root / "interrupted"
+    result = CliRunner().invoke(main, ["eval", "--routing", "--data", data, "--checkpoint", model, "--seq", "1k,4k",
+                                       "--routing-group", "4k", "--max-tokens", "8k", "--out", out, "--no-progress"])
+    assert result.exit_code == 130, result.output
+    assert len(calls) == 3 and [c[1] for c in calls] == [1024, 1024, 4096]
+    assert result.stdout.splitlines()[0] == ("MoE routing by context length (8192 tokens each; INTERRUPTED: 1 of 2 "
+                                             "context lengths routed):")
+    assert "busiest_over_mean" in result.stdout and "wrote" not in result.stdout
+    assert "eval --routing stopped by SIGINT after 1 of 2 context lengths" in result.stderr
+    report = json.loads((out / "routing.json").read_text())
+    assert report["status"] == "interrupted" and list(report["routing"]) == ["1k"]
+    assert report["lengths"] == {"asked": ["1k", "4k"], "routed": ["1k"]}
+    assert all(figures["tokens"] == 8192 for figures in report["routing"]["1k"].values())
+    [record] = (out / "runs").glob("*_eval-routing.json")
+    record = json.loads(record.read_text())
+    assert record["status"] == "interrupted" and list(record["outputs"]["routing"]) == ["1k"]
+    assert (out / "routing_load.png").stat().st_size > 0

@@ -128,6 +128,8 @@ def test_statuses_split_and_counts(genome, vcf, checkpoint, tmp_path):
     assert "chr7" in result.output
     record = json.loads(next((tmp_path / "runs").glob("*score.json")).read_text())
     assert record["status"] == "ok" and record["outputs"]["by_status"]["ok"] == 5
+    assert record["outputs"]["forwards"]["shared_ref_windows"] == 1       # rs2's two scored alleles share a REF
+    assert record["outputs"]["forwards"]["saved_forward_tokens"] > 0 and "saved by sharing" in result.output
 
 
 def test_bgzip_vcf_and_bgzip_genome_give_the_same_scores_deterministically(genome, vcf, bases, checkpoint, tmp_path):
@@ -169,7 +171,7 @@ def test_malformed_line_is_one_message_with_its_line_number_and_no_output(genome
     out = tmp_path / "scores.tsv"
     result = _score(["--vcf", broken, "--genome", genome, "--checkpoint", checkpoint, "--out", out], expect=2)
     assert "line 5" in result.output and "Traceback" not in result.output
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "runs").exists()      # no run record beside --out either
     result = _score(["--vcf", vcf, "--genome", genome, "--checkpoint", checkpoint, "--out", vcf], expect=2)
     assert "would overwrite the input" in result.output
     bad_pos = tmp_path / "bad_pos.vcf"
@@ -295,8 +297,27 @@ def test_embed_interval_outside_the_chromosome_is_a_clear_error(genome, checkpoi
     out = tmp_path / "e.npy"
     result = CliRunner().invoke(main, ["embed", "--no-progress", "--bed", str(bed), "--genome", str(genome),
                                        "--checkpoint", str(checkpoint), "--out", str(out)])
-    assert result.exit_code == 2 and "line 2" in result.output and "outside the reference" in result.output
-    assert not out.exists() and not (tmp_path / "e.npy.names.tsv").exists()
+    assert result.exit_code == 2 and f"{bed}:2" in result.output and "outside the reference" in result.output
+    assert not out.exists() and not (tmp_path / "e.npy.names.tsv").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("line", ["chr22\t100\n", "chr22\tabc\t200\n", "chr22\t1_000\t2000\n", "chr22\t\u0663\t9\n",
+                                  "chr22\t-5\t10\n", "chr22\t300\t200\n"])
+def test_embed_reads_bed_with_the_bed_reader_and_its_messages(tmp_path, line):
+    """embed's regions come from genolc.data.bed.bed_lines: each bad line gets read_bed's message and file:line."""
+    from genolc.data.bed import read_bed
+    from genolc.score.embed import read_regions
+
+    path = _bed(tmp_path, ["track name=x\n", "chr22\t0\t10\tfirst\n", line])
+    with pytest.raises(InputError) as from_bed:
+        read_bed(path)
+    with pytest.raises(InputError) as from_embed:
+        read_regions(path)
+    assert str(from_embed.value) == str(from_bed.value) and from_embed.value.where == f"{path}:3"
+    empty = _bed(tmp_path, ["chr22\t5\t5\n"])
+    with pytest.raises(InputError, match="is empty") as err:
+        read_regions(empty)
+    assert err.value.where == f"{empty}:1"
 
 
 def test_reference_resolves_aliases_and_region_offsets(genome, bases):
