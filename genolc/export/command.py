@@ -36,6 +36,9 @@ from genolc.units import parse_length
 @click.option("--gpus-per-node", default=8, show_default=True, type=int, help="GPUs in each node.")
 @click.option("--gpu-memory", "gpu_memory_gib", default=139.0, show_default=True, type=float, metavar="GIB",
               help="Memory of each GPU in GiB (H200: 139, B200: 178).")
+@click.option("--max-context-parallel", default=1, show_default=True, type=int, metavar="N",
+              help="Largest context-parallel size to consider; 1 because SkyRL 0.4.0's KDA layers and megatron-core "
+                   "0.16.1's DSA refuse context parallelism.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
 def export_command(dataset: Path, format_: str, seq: str, **options) -> None:
     """Export DATASET (a prepared dataset) for training by SkyRL or Megatron-core.

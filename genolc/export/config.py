@@ -28,7 +28,8 @@ class ExportConfig:
     model_path: str = DEFAULT_MODEL_PATH
     gpus: int = 64
     gpus_per_node: int = 8
-    gpu_memory_gib: float = 141.0
+    gpu_memory_gib: float = 139.0
+    max_context_parallel: int = 1
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -45,6 +46,8 @@ class ExportConfig:
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
             raise ConfigError(f"--gpus {self.gpus} is not a whole number of {self.gpus_per_node}-GPU nodes",
                               where="--gpus", fix="use a multiple of --gpus-per-node (SkyRL places whole nodes)")
+        if self.max_context_parallel < 1:
+            raise ConfigError(f"--max-context-parallel must be at least 1, got {self.max_context_parallel}")
         if not self.gpu_memory_gib > 0:
             raise ConfigError(f"--gpu-memory must be positive, got {self.gpu_memory_gib}")
 

@@ -110,6 +110,8 @@ def provider_kwargs(config: ModelConfig, seq_tokens: int, layout: ParallelLayout
             pipeline_model_parallel_size=layout.pipeline_parallel,
             sequence_parallel=layout.tensor_parallel > 1,
         )
+        if layout.first_stage_layers is not None:
+            transformer["num_layers_in_first_pipeline_stage"] = layout.first_stage_layers
     extension = {
         "enable_mhc_connections": True,
         "mhc_num_residual_streams": c.hc_mult,

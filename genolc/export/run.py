@@ -70,7 +70,8 @@ def export(config: ExportConfig) -> dict[str, Any]:
                            reverse_complement=config.reverse_complement)
     builder = RowBuilder(dataset, sampler, text)
     model, checkpoint = resolve_model(config, builder.vocab_size)
-    layout = choose_layout(model, sampler.window_tokens, config.gpus, config.gpus_per_node, config.gpu_memory_gib)
+    layout = choose_layout(model, sampler.window_tokens, config.gpus, config.gpus_per_node, config.gpu_memory_gib,
+                           config.max_context_parallel)
     parallel = layout.to_dict()
 
     with atomic_dir(out, EXPORT_KIND) as tmp:
@@ -141,7 +142,8 @@ def _progress(config: ExportConfig):
 
 def summary_line(manifest: dict[str, Any], out: Path) -> str:
     p = manifest["parallel"]
-    layout = (f"TP {p['tensor_parallel']}, CP {p['context_parallel']}, EP {p['expert_parallel']}, "
+    layout = (f"TP {p['tensor_parallel']}, PP {p['pipeline_parallel']}, CP {p['context_parallel']}, "
+              f"EP {p['expert_parallel']}, "
               f"DP {p['data_parallel']}{', optimizer on CPU' if p['optimizer_offload'] else ''}; "
               f"{p['memory_gib']['total']:g} GiB/GPU by genolc's memory model")
     c = manifest["counts"]

@@ -12,8 +12,9 @@ Choices, each for a reason:
 
 - ``strategy: megatron`` with full recompute (``recompute_granularity: full``, ``recompute_method: uniform``,
   ``recompute_num_layers: 1``): a 512k-1M window's activations only fit recomputed layer by layer;
-- TP/CP/EP from :func:`genolc.export.layout.choose_layout`; ``expert_tensor_parallel_size: 1`` as SkyRL recommends
-  with EP > 1; pipeline parallelism 1;
+- TP/PP/CP/EP from :func:`genolc.export.layout.choose_layout` (CP 1: SkyRL 0.4.0's KDA refuses context
+  parallelism); ``expert_tensor_parallel_size: 1`` as SkyRL recommends with EP > 1; when 45 layers do not split
+  evenly over the pipeline stages the first stage takes fewer (``num_layers_in_first_pipeline_stage``);
 - ``moe_router_score_function: sigmoid`` and ``moe_router_enable_expert_bias: true``: GLM-5.3-Flash's router;
   ``moe_router_load_balancing_type: none``: SkyRL's bridge freezes the bias update (``moe_router_bias_update_rate``
   0), and the aux loss is off by default;
@@ -53,6 +54,12 @@ def sft_config(*, model_path: str, data_dir: Path, seq_tokens: int, rows: int, l
     batch = layout.data_parallel
     steps = max(1, rows // batch)
     offload = layout.optimizer_offload
+    transformer_kwargs: dict[str, Any] = {
+        "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1,
+        "gradient_accumulation_fusion": False,
+    }
+    if layout.first_stage_layers is not None:
+        transformer_kwargs["num_layers_in_first_pipeline_stage"] = layout.first_stage_layers
     return {
         "strategy": "megatron",
         "model": {"path": model_path},
@@ -73,10 +80,7 @@ def sft_config(*, model_path: str, data_dir: Path, seq_tokens: int, rows: int, l
             "moe_router_score_function": "sigmoid",
             "moe_router_enable_expert_bias": True,
             "freeze_dsa_indexer": True,
-            "transformer_config_kwargs": {
-                "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1,
-                "gradient_accumulation_fusion": False,
-            },
+            "transformer_config_kwargs": transformer_kwargs,
             "optimizer_config_kwargs": {
                 "optimizer_cpu_offload": offload, "optimizer_offload_fraction": 1.0 if offload else 0.0,
                 "overlap_cpu_optimizer_d2h_h2d": offload, "use_precision_aware_optimizer": False,
