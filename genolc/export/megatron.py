@@ -110,6 +110,8 @@ def provider_kwargs(config: ModelConfig, seq_tokens: int, layout: ParallelLayout
             pipeline_model_parallel_size=layout.pipeline_parallel,
             sequence_parallel=layout.tensor_parallel > 1,
         )
+        if layout.pipeline_parallel > 1:
+            transformer["pipeline_dtype"] = "bfloat16"  # a torch dtype name; see mla_transformer_config
         if layout.first_stage_layers is not None:
             transformer["num_layers_in_first_pipeline_stage"] = layout.first_stage_layers
     extension = {
@@ -136,6 +138,19 @@ def provider_kwargs(config: ModelConfig, seq_tokens: int, layout: ParallelLayout
         "position_embedding_type": "none",
     }
     return {"transformer_config": transformer, "glm5_next_extension": extension, "gpt_model": other}
+
+
+def mla_transformer_config(transformer_config: dict[str, Any]):
+    """megatron-core's ``MLATransformerConfig`` from :func:`provider_kwargs`' ``transformer_config`` (dtype names, which
+    JSON keeps as strings, become torch dtypes)."""
+    import torch
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    kwargs = dict(transformer_config)
+    for key in ("pipeline_dtype", "params_dtype"):
+        if isinstance(kwargs.get(key), str):
+            kwargs[key] = getattr(torch, kwargs[key])
+    return MLATransformerConfig(**kwargs)
 
 
 class MegatronWindowDataset:
