@@ -65,8 +65,6 @@ def prepare_and_export(work: Path, seq_len: int, windows: int) -> tuple[Path, Pa
 def model_config(args, vocab_size: int, seq_len: int):
     import dataclasses
 
-    import torch
-
     from genolc.export.megatron import mla_transformer_config, provider_kwargs
     from genolc.model.presets import tiny
 

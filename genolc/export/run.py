@@ -15,7 +15,7 @@ from typing import Any
 from genolc.errors import ConfigError
 from genolc.export import skyrl as skyrl_export
 from genolc.export.config import DEFAULT_MODEL_PATH, ExportConfig
-from genolc.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, check_output_dir
+from genolc.fsutil import atomic_dir, atomic_write_bytes, atomic_write_json, check_output_dir, file_md5
 
 EXPORT_KIND = "export directory"
 MEGATRON_NAME = "megatron.json"
@@ -85,7 +85,6 @@ def export(config: ExportConfig) -> dict[str, Any]:
                                              on_row=lambda row: (lines.append(skyrl_export.window_line(row)),
                                                                  progress.update(1)))
             files["data"] = f"{skyrl_export.DATA_DIR}/{skyrl_export.PARQUET_NAME}"
-            from genolc.fsutil import file_md5
             files["data_md5"] = file_md5(parquet)
             sft = sft_config(model_path=checkpoint, data_dir=out / skyrl_export.DATA_DIR,
                              seq_tokens=sampler.window_tokens, rows=counts["rows"], layout=layout,

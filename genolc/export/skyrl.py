@@ -32,7 +32,7 @@ import numpy as np
 
 import genolc
 from genolc.errors import ConfigError, InputError
-from genolc.fsutil import atomic_write_bytes, atomic_write_json, file_md5
+from genolc.fsutil import atomic_write_bytes, file_md5
 
 SKYRL_VERSION = "0.4.0"
 EXPORT_FORMAT_VERSION = 1
