@@ -379,3 +379,25 @@ def test_finetune_backend_skyrl_builds_the_run_config_from_the_export(dataset, t
     assert validate_sft(config) == []
     with pytest.raises(GenolcError, match="not a genolc export"):
         config_for_run(tmp_path, run, {})
+
+
+def test_readme_scaling_out_commands_parse():
+    """Every `genolc export` and `genolc finetune --backend skyrl` line of the README's "Scaling out" section names
+    options the commands have (parsed by click, not run)."""
+    import shlex
+
+    from genolc.export.command import export_command
+    from genolc.train.command import finetune_command
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## Scaling out", 1)[1].split("\n## ", 1)[0]
+    commands = {"export": export_command, "finetune": finetune_command}
+    seen = set()
+    for line in section.replace("\\\n", " ").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line.startswith(("genolc export", "genolc finetune")):
+            continue
+        words = shlex.split(line)
+        commands[words[1]].make_context(words[1], words[2:])
+        seen.add(words[1])
+    assert seen == {"export", "finetune"}
