@@ -8,11 +8,15 @@ They come in two groups:
 
 - ``transformer_config``: fields of megatron-core 0.16.1's ``MLATransformerConfig`` (a test constructs one from
   them);
-- ``glm5_next_extension``: fields only SkyRL's ``Glm5NextModelProvider`` (``glm5_next/provider.py``) and its
-  vendored Megatron-LM additions know: Manifold-Constrained Hyper-Connections, the KDA gate bound, the DSA
-  indexer's k-pool. megatron-core 0.16.1 alone has neither the KDA module nor mHC, so building the whole model takes
-  ``Glm5NextModelProvider(**transformer_config, **glm5_next_extension)`` from SkyRL's package (with
-  megatron-bridge); the same arguments then drive ``torchrun`` + Megatron without SkyRL's Ray trainer.
+- ``glm5_next_extension``: fields megatron-core 0.16.1 lacks, which SkyRL's bridge sets on its
+  ``Glm5NextModelProvider`` (``glm5_next/provider.py``): Manifold-Constrained Hyper-Connections, the KDA gate bound,
+  the DSA indexer's k-pool (provider fields) and the newer DSA indexer knobs (fields of megatron-core 0.19.2, which
+  SkyRL 0.4.0's unpinned ``megatron-core`` resolves to on Python 3.12);
+- ``gpt_model``: Megatron-Bridge ``GPTModelProvider`` fields (vocabulary, sequence length, tied embeddings).
+
+megatron-core 0.16.1 alone has neither the KDA module nor mHC, so building the whole model takes
+``Glm5NextModelProvider(**transformer_config, **glm5_next_extension, **gpt_model)`` from SkyRL's package (with
+megatron-bridge); the same arguments then drive ``torchrun`` + Megatron without SkyRL's Ray trainer.
 
 :class:`MegatronWindowDataset` yields, for index ``i``, genolc's training window for step ``i`` (micro-batch 0, one
 data-parallel rank; the rows ``genolc export --format skyrl`` writes), as Megatron's ``GPTDataset`` does with
@@ -130,12 +134,13 @@ def provider_kwargs(config: ModelConfig, seq_tokens: int, layout: ParallelLayout
         "dsa_indexer_topk_freq": 1,
         "dsa_indexer_skip_topk_offset": 0,
     }
+    # Fields of Megatron-Bridge's GPTModelProvider (megatron-bridge 0.3.1, models/gpt_provider.py lines 125-196);
+    # "rope" as its MLA providers set it, inert here (qk_rope_head_dim 0: NoPE).
     other = {
         "vocab_size": c.vocab_size,
         "seq_length": seq_tokens,
-        "max_position_embeddings": c.max_position_embeddings,
         "share_embeddings_and_output_weights": c.tie_word_embeddings,
-        "position_embedding_type": "none",
+        "position_embedding_type": "rope",
     }
     return {"transformer_config": transformer, "glm5_next_extension": extension, "gpt_model": other}
 

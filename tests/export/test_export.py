@@ -218,6 +218,23 @@ def test_megatron_provider_arguments_build_megatron_cores_config(name, gpus):
     assert kwargs["glm5_next_extension"]["mhc_num_residual_streams"] == config.hc_mult
 
 
+# Where each extension field is defined, read from the sources: SkyRL 0.4.0's glm5_next/provider.py
+# (Glm5NextModelProvider's own fields) and megatron-core 0.19.2's transformer/transformer_config.py (the DSA indexer
+# knobs SkyRL's bridge sets, absent from 0.16.1).
+GLM5_NEXT_PROVIDER_FIELDS = {"enable_mhc_connections", "mhc_num_residual_streams", "mhc_sinkhorn_iterations",
+                             "mhc_init_gating_factor", "use_fused_mhc", "mhc_fused_backend", "mhc_norm_eps",
+                             "mhc_norm_eps_inside_sqrt", "kda_gate_lower_bound", "dsa_indexer_kpool",
+                             "dsa_indexer_kpool_always_select_tail"}
+MEGATRON_CORE_0_19_DSA_FIELDS = {"dsa_indexer_rotate_activation", "dsa_indexer_scoring_relu",
+                                 "dsa_indexer_k_norm_epsilon", "dsa_indexer_rope_interleaved",
+                                 "dsa_indexer_topk_freq", "dsa_indexer_skip_topk_offset"}
+
+
+def test_extension_fields_exist_where_skyrl_builds_the_model():
+    extension = provider_kwargs(glm_5_3_flash(), SEQ)["glm5_next_extension"]
+    assert set(extension) <= GLM5_NEXT_PROVIDER_FIELDS | MEGATRON_CORE_0_19_DSA_FIELDS
+
+
 def test_megatron_core_refuses_context_parallel_dsa_which_is_why_cp_stays_1():
     pytest.importorskip("megatron.core.transformer.transformer_config")
     layout = choose_layout(glm_5_3_flash(), (1 << 20) + 1, 64, 8, 178.0, max_context_parallel=64)
