@@ -10,8 +10,8 @@ They come in two groups:
   them);
 - ``glm5_next_extension``: fields megatron-core 0.16.1 lacks, which SkyRL's bridge sets on its
   ``Glm5NextModelProvider`` (``glm5_next/provider.py``): Manifold-Constrained Hyper-Connections, the KDA gate bound,
-  the DSA indexer's k-pool (provider fields) and the newer DSA indexer knobs (fields of megatron-core 0.19.2, which
-  SkyRL 0.4.0's unpinned ``megatron-core`` resolves to on Python 3.12);
+  the DSA indexer's k-pool (provider fields) and newer DSA indexer knobs (fields of megatron-core 0.19.2, the
+  newest on PyPI for Python 3.12; SkyRL 0.4.0 does not pin megatron-core);
 - ``gpt_model``: Megatron-Bridge ``GPTModelProvider`` fields (vocabulary, sequence length, tied embeddings).
 
 megatron-core 0.16.1 alone has neither the KDA module nor mHC, so building the whole model takes
