@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "embed": ("genolc.score.command", "embed_command", "Hidden-state embeddings of BED regions."),
     "runs": ("genolc.runs_command", "runs_command", "List, show and compare run records (failures included)."),
     "demo": ("genolc.demo_command", "demo_command", "Run the whole pipeline on bundled real human DNA."),
+    "export": ("genolc.export.command", "export_command", "Export windows and configs for SkyRL or Megatron-core."),
 }
 
 

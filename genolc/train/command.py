@@ -93,10 +93,14 @@ def _lengths(text: str | None) -> tuple[int, ...]:
               help="Also log each step to a dashboard (repeatable): tensorboard (out/tensorboard/; needs `pip install "
                    "tensorboard`) or wandb (offline, out/wandb/; needs `pip install wandb`). metrics.jsonl is always "
                    "written and stays the record.")
+@click.option("--backend", default="genolc", show_default=True, type=click.Choice(["genolc", "skyrl"]),
+              help="genolc: this trainer. skyrl: SkyRL 0.4.0's SFT entry point (Megatron) on a `genolc export "
+                   "--format skyrl` directory given as --data; needs SkyRL installed here (Python 3.12).")
 @click.option("--routing-group", "routing_group", default="64k", show_default=True, metavar="N",
               help="Tokens per dispatch group for the MoE routing figures logged each step (capacity drop shares).")
-def finetune_command(data: Path, seq: str, model: str | None, init: Path | None, seq_warmup: str | None,
-                     chunk: str, routing_group: str, **options) -> None:
+@click.pass_context
+def finetune_command(ctx: click.Context, data: Path, seq: str, model: str | None, init: Path | None,
+                     seq_warmup: str | None, chunk: str, routing_group: str, backend: str, **options) -> None:
     """Fine-tune (or train from scratch) a genome language model on a prepared dataset.
 
     Prints the final checkpoint's directory.
@@ -104,7 +108,11 @@ def finetune_command(data: Path, seq: str, model: str | None, init: Path | None,
     \b
     Example:
       genolc finetune --data data/hg38 --seq 512k --model small --steps 80 --out runs/hg38-512k
+      genolc finetune --backend skyrl --data export/hg38-512k --seq 512k --out runs/hg38-skyrl
     """
+    if backend == "skyrl":
+        _finetune_with_skyrl(ctx, data, seq, init, options)
+        return
     from genolc.train.config import TrainConfig
     from genolc.train.loop import finetune
     from genolc.train.schedule import lr_at
@@ -125,3 +133,38 @@ def finetune_command(data: Path, seq: str, model: str | None, init: Path | None,
     with output_dir(config.out, RUN_KIND, legacy=LEGACY_RUN):
         final = finetune(config)
     click.echo(str(final))
+
+
+# Options --backend skyrl passes on to SkyRL's config; any other option given explicitly is refused, not ignored.
+SKYRL_OPTIONS = ("steps", "lr", "warmup_steps", "weight_decay", "grad_clip", "seed")
+
+
+def _finetune_with_skyrl(ctx: click.Context, data: Path, seq: str, init: Path | None, options: dict) -> None:
+    from genolc.errors import GenolcError
+    from genolc.export.skyrl import load_export_manifest
+    from genolc.export.skyrl_config import config_for_run, require_skyrl, run_skyrl_sft, to_yaml
+
+    require_skyrl()
+    given = {name for name in ctx.params
+             if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)}
+    unsupported = sorted(given - set(SKYRL_OPTIONS) - {"data", "seq", "init", "out", "backend", "progress"})
+    if unsupported:
+        names = ", ".join("--" + name.replace("_", "-") for name in unsupported)
+        raise ConfigError(f"{names} do(es) not apply to --backend skyrl", where="--backend skyrl",
+                          fix="SkyRL takes the window, model and parallel layout from the export; set the rest in "
+                              "its skyrl_sft.yaml")
+    manifest = load_export_manifest(data)
+    if manifest.get("seq_len") != parse_length(seq, what="--seq"):
+        raise ConfigError(f"--seq {seq} differs from the export's {manifest.get('seq_len')} tokens", where=str(data),
+                          fix="give the export's --seq, or export again at this length")
+    overrides = {name: options[name] for name in SKYRL_OPTIONS if name in given}
+    overrides["init"] = init
+    out = options["out"]
+    with output_dir(out, RUN_KIND, legacy=LEGACY_RUN) as run_dir:
+        config = config_for_run(data, run_dir.absolute(), overrides)
+        (run_dir / "skyrl_sft.yaml").write_text(to_yaml(config, f"SkyRL SFT config run by genolc finetune from {data}"))
+        code = run_skyrl_sft(config)
+        if code != 0:
+            raise GenolcError(f"SkyRL's SFT run failed (exit code {code})", where=str(run_dir),
+                              fix="see SkyRL's output above")
+    click.echo(str(Path(out) / "hf"))
