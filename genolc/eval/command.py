@@ -167,7 +167,7 @@ def _print_kept(echo: Callable[[dict[str, Any]], None]) -> Iterator[None]:
 
 
 def _echo_by_position(summary: dict[str, Any]) -> None:
-    from genolc.report import bucket_report
+    from genolc.eval.report import bucket_report
 
     windows = summary["windows"]
     partial = (f"; INTERRUPTED: {windows['scored']} of {windows['selected']} windows scored"

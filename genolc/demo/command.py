@@ -1,4 +1,4 @@
-"""`genolc demo`: parse options, build a DemoConfig, call genolc.demo.run_demo, print the report's place and table."""
+"""`genolc demo`: parse options, build a DemoConfig, call genolc.demo.pipeline.run_demo, print the report."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def demo_command(out: Path, steps: int | None, seq: str | None, smoke: bool, dev
     Example:
       genolc demo --out genolc-demo
     """
-    from genolc.demo import DemoConfig, run_demo
-    from genolc.report import bucket_report
+    from genolc.demo.pipeline import DemoConfig, run_demo
+    from genolc.eval.report import bucket_report
 
     config = DemoConfig(out=out, steps=steps, seq=parse_length(seq, what="--seq") if seq else None, smoke=smoke,
                         device=device, seed=seed, progress=progress)

@@ -34,7 +34,7 @@ from typing import Any
 
 from genolc.errors import ConfigError, GenolcError
 from genolc.fsutil import atomic_write_bytes, atomic_write_json, output_dir
-from genolc.report import bucket_table, comparison_lines, format_table
+from genolc.eval.report import bucket_table, comparison_lines, format_table
 from genolc.runs import run_record
 from genolc.sample import HELDOUT_CHROMS, TRAIN_CHROMS, sample_files
 
@@ -269,6 +269,3 @@ def main(argv: list[str] | None = None) -> None:
     except GenolcError as exc:
         sys.exit(f"python -m genolc.demo: error: {exc.message}")
 
-
-if __name__ == "__main__":
-    main()
