@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from genolc.data.genome import canonical_chrom, merge_intervals
 from genolc.errors import InputError
 
 _FIX = "BED lines are 'chrom<TAB>start<TAB>end' with 0-based start < end; comment other lines out with '#'"
@@ -21,8 +22,6 @@ _FIX = "BED lines are 'chrom<TAB>start<TAB>end' with 0-based start < end; commen
 
 def read_bed(path: str | Path) -> dict[str, np.ndarray]:
     """Intervals per canonical chromosome name, sorted and merged; InputError naming ``file:line`` for a bad line."""
-    from genolc.data.genome import canonical_chrom, merge_intervals
-
     p = Path(path)
     if not p.exists():
         raise InputError("BED file not found", where=str(p), fix="check the path")

@@ -547,10 +547,3 @@ def _sniff_text(head: bytes, path: Path, what_to_give: str) -> str:
             fix="add a header line such as '>chr1' before the sequence",
         )
     raise InputError(f"not a FASTA, GenBank or 2bit file (it starts with '{shown}')", where=str(path), fix=what_to_give)
-
-
-def read_bed(path: str | Path) -> dict[str, np.ndarray]:
-    """``{chrom: int64[k, 2]}`` 0-based half-open, aliases resolved, sorted and merged; see :mod:`genolc.data.bed`."""
-    from genolc.data.bed import read_bed as _read_bed
-
-    return _read_bed(path)

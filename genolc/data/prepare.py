@@ -30,6 +30,7 @@ import numpy as np
 
 import genolc
 from genolc.data import genome
+from genolc.data.bed import read_bed
 from genolc.data.duplication import BLOCK_BASES, TrainBlockIndex, heldout_coverage
 from genolc.data.prepare_record import OFFSET_STRIDE, RecordWriter, RegionMask
 from genolc.errors import ConfigError, InputError
@@ -474,8 +475,8 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
     train_q, heldout_q = _split_queries(config)
     selector = _Selector(train_q, heldout_q, config.all_records)
     readers = _open_all(paths)
-    include = genome.read_bed(config.include_bed) if config.include_bed else None
-    exclude = genome.read_bed(config.exclude_bed) if config.exclude_bed else None
+    include = read_bed(config.include_bed) if config.include_bed else None
+    exclude = read_bed(config.exclude_bed) if config.exclude_bed else None
 
     tokenizer = _make_tokenizer(config, paths, selector)
     save_tokenizer(tokenizer, tmp / "tokenizer.json")

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from genolc.errors import GenolcError, InputError
 from genolc.fsutil import atomic_dir, atomic_write_json
+from genolc.model.config import ModelConfig
 
 STATE_VERSION = 1
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -145,7 +146,7 @@ def _bytes_tensor(text: str) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- model weights
 def _is_genome_lm(model: torch.nn.Module) -> bool:
-    return hasattr(model, "save_pretrained") and hasattr(model, "config")
+    return isinstance(getattr(model, "config", None), ModelConfig)
 
 
 def save_model(model: torch.nn.Module, directory: Path, tokenizer: Any | None) -> None:
