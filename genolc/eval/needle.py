@@ -16,16 +16,14 @@ does with windows).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from genolc.errors import ConfigError
-from genolc.eval.inputs import EvalInputs
 from genolc.eval.buckets import FIRST_EDGE, bits_per_base
+from genolc.eval.config import NeedleConfig
 from genolc.eval.positions import WindowData
 from genolc.eval.scorer import Scorer, score_full
 from genolc.fsutil import check_output_dir
@@ -152,23 +150,6 @@ def summarise_needle(trials: pd.DataFrame, n_boot: int = 1000, seed: int = 0, le
             row[f"{name}_ci_low"], row[f"{name}_ci_high"] = float(lo), float(hi)
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-@dataclass(frozen=True, kw_only=True)
-class NeedleConfig(EvalInputs):
-    """What ``genolc eval --needle`` plants and scores (shared options: EvalInputs)."""
-
-    out: Path = Path("genolc-needle")
-    segment_bases: int = 256
-    trials: int = 8
-    distances: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "distances", tuple(sorted(set(int(d) for d in self.distances))))
-        for name, option in (("segment_bases", "--needle-bases"), ("trials", "--needle-trials")):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{option} must be positive, got {getattr(self, name)}")
 
 
 def run_needle(config: NeedleConfig, record: Any | None = None) -> dict[str, Any]:

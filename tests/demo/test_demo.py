@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from genolc.cli import main
-from genolc.demo.pipeline import DemoConfig, demo_plan
+from genolc.demo.config import DemoConfig
+from genolc.demo.pipeline import demo_plan
 from genolc.demo.pipeline import main as demo_main
 from genolc.sample import SAMPLE_DIR, sample_files
 
