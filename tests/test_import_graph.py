@@ -113,3 +113,16 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
     edges = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert edges == {"genolc.a": {"genolc.b": 1}, "genolc.b": {"genolc.a": 2}, "genolc.c": {}}
     assert _cycles(edges) == [["genolc.a", "genolc.b"]]
+
+
+def test_layers_reach_kernels_through_dispatch_and_backends_are_named_by_what_they_are():
+    """A layer takes an op from ``ops/dispatch.py`` and its helpers from modules named for them, never from a
+    ``reference.py`` (the pure-torch definition of an op, for CPU and for tests); no op module is a vague ``fast``."""
+    modules = _modules()
+    for name, path in modules.items():
+        if name.startswith("genolc.model.layers."):
+            from_reference = sorted(t for t in _imports(name, path, modules) if t.endswith(".reference"))
+            assert not from_reference, f"{name} imports {from_reference}"
+    vague = sorted(name for name in modules if name.startswith("genolc.model.ops.") and name.rsplit(".", 1)[1]
+                   in ("fast", "tilelang_fwd", "tilelang_bwd"))
+    assert not vague, vague
