@@ -54,8 +54,6 @@ class RecordInfo:
         return f"{self.source}, record #{self.index + 1} '{self.name}'"
 
 
-# ---------------------------------------------------------------------------------------------- chromosome names
-
 _CHROM_RE = re.compile(r"(?:chr)?([1-9][0-9]?|X|Y|M|MT)", re.IGNORECASE)
 _REFSEQ_HUMAN_RE = re.compile(r"NC_0000([0-9]{2})(?:\.[0-9]+)?")
 _REFSEQ_MITO_RE = re.compile(r"NC_(?:012920|001807)(?:\.[0-9]+)?")
@@ -177,9 +175,6 @@ def parse_header(index: int, header: str, source: str) -> RecordInfo:
     return RecordInfo(index, name, description, chrom, region_start or 1, source)
 
 
-# ------------------------------------------------------------------------------------------------ chunk helpers
-
-
 def softmask_flags(chunk: np.ndarray) -> np.ndarray:
     """bool[n]: True where the base is lower case (soft-masked). Assumes characters were checked."""
     return chunk >= 0x61
@@ -260,9 +255,6 @@ def check_characters(chunk: np.ndarray, info: RecordInfo, offset: int = 0) -> No
         where=info.label,
         fix=fix,
     )
-
-
-# -------------------------------------------------------------------------------------------------- streams
 
 
 class RecordStream:
@@ -469,8 +461,6 @@ def _chrom_from_genbank_source(info: RecordInfo, record) -> RecordInfo:
             return RecordInfo(info.index, info.name, info.description, canonical_chrom(chromosome), 1, info.source)
     return info
 
-
-# -------------------------------------------------------------------------------------------------- sniffing
 
 _OTHER_COMPRESSION = {
     b"BZh": "bzip2",

@@ -161,9 +161,6 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
-# --------------------------------------------------------------------------------------------------- selection
-
-
 def _query_matches(query: str, info: genome.RecordInfo, key: str) -> bool:
     if query in (info.name, info.chrom, key):
         return True
@@ -254,9 +251,6 @@ def _records_listing(found: list[dict]) -> str:
     shown = [f"{r['name']} ({r['chrom']})" if r["name"] != r["chrom"] else r["name"] for r in found[:30]]
     more = f" and {len(found) - 30} more" if len(found) > 30 else ""
     return ", ".join(shown) + more
-
-
-# --------------------------------------------------------------------------------------------------- inputs
 
 
 def _check_inputs(config: PrepareConfig) -> list[Path]:
@@ -432,9 +426,6 @@ def _unique_key(chrom: str, used: set[str]) -> str:
         key = f"{safe}_{n}"
     used.add(key)
     return key
-
-
-# --------------------------------------------------------------------------------------------------- the pass
 
 
 def prepare(config: PrepareConfig) -> Path:

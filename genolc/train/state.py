@@ -109,7 +109,6 @@ def sweep_temporaries(root: Path) -> list[Path]:
     return removed
 
 
-# ---------------------------------------------------------------------------------------------------- RNG states
 def capture_rng() -> dict[str, Any]:
     """Python, numpy, torch CPU (and CUDA when present) generator states as JSON-able values."""
     version, internal, gauss = random.getstate()
@@ -144,7 +143,6 @@ def _bytes_tensor(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
-# ---------------------------------------------------------------------------------------------------- model weights
 def _is_genome_lm(model: torch.nn.Module) -> bool:
     return isinstance(getattr(model, "config", None), ModelConfig)
 
@@ -186,7 +184,6 @@ def load_model_weights(model: torch.nn.Module, directory: Path) -> None:
                          where=str(directory), fix="resume with the model the checkpoint was trained with") from None
 
 
-# ---------------------------------------------------------------------------------------------------- save / load
 def save_checkpoint(
     out: Path,
     step: int,

@@ -82,9 +82,6 @@ def test_launch_configs(no_tilelang):
         config_cls(64, 2, 96).check(256)
 
 
-# --- backward (tilelang_backward): input checks, launch configs, the autograd op's CPU refusal -----------------------
-
-
 @pytest.fixture(name="no_tilelang_backward")
 def no_tilelang_bwd_fixture(no_tilelang):
     """tilelang_backward reloaded while ``import tilelang`` is blocked (after tilelang_forward, which it imports)."""
