@@ -39,15 +39,11 @@ CONFIGS: dict[str, list[tuple[str, str]]] = {
     "embed": [("genolc.score.run", "EmbedConfig")],
     "demo": [("genolc.demo.config", "DemoConfig")],
 }
-FIELD_OF: dict[tuple[str, str], str] = {
-    ("eval", "needle_bases"): "segment_bases",
-    ("eval", "needle_trials"): "trials",
-    ("eval", "needle_distances"): "distances",
-    ("eval", "routing_group"): "group_tokens",
-    ("eval", "seq"): "seq_len",
-    ("finetune", "seq"): "seq_len",
-    ("score", "window"): "window_labels",
-    ("embed", "chunk"): "window_chunk",
+FIELD_OF: dict[str, dict[str, str]] = {
+    "eval": {"needle_bases": "segment_bases", "needle_trials": "trials", "needle_distances": "distances",
+             "routing_group": "group_tokens"},
+    "score": {"window": "window_labels"},
+    "embed": {"chunk": "window_chunk"},
 }
 AS_VALUE: dict[tuple[str, str], Callable[[Any], Any]] = {
     ("finetune", "chunk"): _chunk,
@@ -58,8 +54,8 @@ AS_VALUE: dict[tuple[str, str], Callable[[Any], Any]] = {
 NOT_THE_CONFIGS: dict[tuple[str, str], str] = {
     ("finetune", "model"): "None tells --model from --init; the command then uses TrainConfig.model",
     ("eval", "out"): "genolc-eval-<time>, genolc-needle-<time> or genolc-routing-<time> by mode",
-    ("eval", "seq"): "required",
-    ("finetune", "seq"): "required",
+    ("eval", "seq"): "required: the window is the user's choice",
+    ("finetune", "seq"): "required: the window is the user's choice",
     ("score", "windows"): "None: the one --window",
 }
 
@@ -97,7 +93,7 @@ def mapped_options() -> list[tuple[str, click.Option, type, str]]:
         for option in getattr(importlib.import_module(module), attribute).params:
             if not isinstance(option, click.Option) or (command, option.name) in NOT_THE_CONFIGS:
                 continue
-            name = FIELD_OF.get((command, option.name), option.name)
+            name = FIELD_OF.get(command, {}).get(option.name, option.name)
             for cls, fields in _config_fields(command):
                 if name in fields and _field_default(fields[name]) is not dataclasses.MISSING:
                     rows.append((command, option, cls, name))

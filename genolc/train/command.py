@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from genolc.config_defaults import config_default
+from genolc.config_defaults import config_default, config_option
 from genolc.errors import ConfigError
 from genolc.fsutil import output_dir
 from genolc.train.config import DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES, TrainConfig
@@ -16,7 +16,7 @@ from genolc.units import format_length, parse_length
 RUN_KIND = "run directory"
 # Run directories written before outputs carried genolc's marker: a training checkpoint or a finetune run record.
 LEGACY_RUN = ("checkpoints/step-*/trainer_state.json", "runs/*_finetune.json")
-_default = partial(config_default, TrainConfig)
+_option = partial(config_option, TrainConfig)
 
 
 def parse_chunk(text: str) -> int | None:
@@ -45,67 +45,47 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @click.option("--seq", "seq", required=True, metavar="LENGTH",
               help="Input tokens per window, e.g. 512k (k = 1024).")
 @click.option("--model", "model", default=None,
-              help=f"Preset to train from scratch: tiny | small | base | glm-5.3-flash (default: {_default('model')}).")
+              help=f"Preset to train from scratch: tiny | small | base | glm-5.3-flash (default: {TrainConfig.model}).")
 @click.option("--init", "init", default=None, type=click.Path(path_type=Path),
               help="Start from a checkpoint: genolc's or a transformers-layout GLM-5.3-Flash (vocabulary resized), "
                    "or a finetune run directory: its newest checkpoint.")
 @click.option("--out", "-o", "out", default=Path("finetune-out"), type=click.Path(path_type=Path), show_default=True,
               help="Run directory (new, empty or an earlier run's): checkpoints/, metrics.jsonl, summary.json, runs/.")
-@click.option("--steps", default=_default("steps"), show_default=True, type=int, help="Optimizer steps.")
-@click.option("--lr", default=_default("lr"), show_default=True, type=float, help="Peak learning rate.")
-@click.option("--warmup", "warmup_steps", default=_default("warmup_steps"), show_default=True, type=int,
-              help="Linear LR warm-up steps.")
-@click.option("--min-lr-ratio", default=_default("min_lr_ratio"), show_default=True, type=float,
-              help="Cosine floor as a fraction of --lr.")
-@click.option("--weight-decay", default=_default("weight_decay"), show_default=True, type=float,
-              help="AdamW weight decay.")
-@click.option("--grad-clip", default=_default("grad_clip"), show_default=True, type=float,
-              help="Max gradient norm (0: off).")
-@click.option("--grad-accum", default=_default("grad_accum"), show_default=True, type=int,
-              help="Micro-batches per optimizer step.")
-@click.option("--micro-batch", default=_default("micro_batch"), show_default=True, type=int,
-              help="Windows per micro-batch.")
-@click.option("--seed", default=_default("seed"), show_default=True, type=int,
-              help="Seed for the initial weights (with --model) and the training windows.")
+@_option("--steps", help="Optimizer steps.")
+@_option("--lr", help="Peak learning rate.")
+@_option("--warmup", "warmup_steps", help="Linear LR warm-up steps.")
+@_option("--min-lr-ratio", help="Cosine floor as a fraction of --lr.")
+@_option("--weight-decay", help="AdamW weight decay.")
+@_option("--grad-clip", help="Max gradient norm (0: off).")
+@_option("--grad-accum", help="Micro-batches per optimizer step.")
+@_option("--micro-batch", help="Windows per micro-batch.")
+@_option("--seed", help="Seed for the initial weights (with --model) and the training windows.")
 @click.option("--seq-warmup", default=None, help="Shorter window lengths to train first, e.g. 128k,256k.")
-@click.option("--seq-warmup-steps", default=_default("seq_warmup_steps"), show_default=True, type=int,
-              help="Steps per --seq-warmup stage.")
-@click.option("--softmask-weight", default=_default("softmask_weight"), show_default=True, type=float,
-              help="Loss weight of soft-masked (repeat) targets; Evo 2 uses 0.1.")
-@click.option("--moe-balance", "moe_balance_coef", default=_default("moe_balance_coef"), show_default=True, type=float,
-              help="Weight of the MoE balancing loss.")
-@click.option("--moe-bias-rate", "moe_bias_rate", default=_default("moe_bias_rate"), show_default=True, type=float,
-              help="Aux-loss-free MoE balancing: router bias step per optimizer step (DeepSeek-V3: 1e-3; 0: off).")
-@click.option("--indexer", default=_default("indexer"), show_default=True,
-              type=click.Choice(INDEXER_MODES),
-              help="DSA indexer KL training (from scratch: dense-then-sparse).")
-@click.option("--indexer-dense-steps", default=_default("indexer_dense_steps"), show_default=True, type=int,
-              help="With dense-then-sparse: dense warm-up steps.")
-@click.option("--indexer-kl-coef", default=_default("indexer_kl_coef"), show_default=True, type=float,
-              help="Weight of the indexer KL loss (with --indexer).")
-@click.option("--max-n-fraction", default=_default("max_n_fraction"), show_default=True, type=float,
-              help="Skip windows with more ambiguous (N) tokens than this.")
-@click.option("--reverse-complement/--no-reverse-complement", default=_default("reverse_complement"), show_default=True,
-              help="Train on the reverse-complement strand of half the windows.")
-@click.option("--recompute/--no-recompute", default=_default("recompute"), show_default=True,
-              help="Per-layer activation checkpointing.")
-@click.option("--chunk", "chunk", default=_chunk_text(_default("chunk")), show_default=True, metavar="auto|off|LENGTH",
-              help="Train each window in chunks of this many tokens with exact gradients (e.g. 64k), 'off' for the "
-                   "whole window at once, or 'auto': whole when it fits the device, else the longest chunk that does.")
-@click.option("--checkpoint-every", default=_default("checkpoint_every"), show_default=True, type=int,
-              help="Save every N steps (0: end only).")
-@click.option("--keep", "keep_checkpoints", default=_default("keep_checkpoints"), show_default=True, type=int,
-              help="Checkpoints kept.")
+@_option("--seq-warmup-steps", help="Steps per --seq-warmup stage.")
+@_option("--softmask-weight", help="Loss weight of soft-masked (repeat) targets; Evo 2 uses 0.1.")
+@_option("--moe-balance", "moe_balance_coef", help="Weight of the MoE balancing loss.")
+@_option("--moe-bias-rate", "moe_bias_rate",
+         help="Aux-loss-free MoE balancing: router bias step per optimizer step (DeepSeek-V3: 1e-3; 0: off).")
+@_option("--indexer", type=click.Choice(INDEXER_MODES),
+         help="DSA indexer KL training (from scratch: dense-then-sparse).")
+@_option("--indexer-dense-steps", help="With dense-then-sparse: dense warm-up steps.")
+@_option("--indexer-kl-coef", help="Weight of the indexer KL loss (with --indexer).")
+@_option("--max-n-fraction", help="Skip windows with more ambiguous (N) tokens than this.")
+@_option("--reverse-complement/--no-reverse-complement",
+         help="Train on the reverse-complement strand of half the windows.")
+@_option("--recompute/--no-recompute", help="Per-layer activation checkpointing.")
+@_option("--chunk", "chunk", default=_chunk_text(config_default(TrainConfig, "chunk")), metavar="auto|off|LENGTH",
+         help="Train each window in chunks of this many tokens with exact gradients (e.g. 64k), 'off' for the "
+              "whole window at once, or 'auto': whole when it fits the device, else the longest chunk that does.")
+@_option("--checkpoint-every", help="Save every N steps (0: end only).")
+@_option("--keep", "keep_checkpoints", help="Checkpoints kept.")
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in --out.")
-@click.option("--device", default=_default("device"), show_default=True, type=click.Choice(DEVICES),
-              help="Where to train (auto: CUDA when visible, else CPU).")
-@click.option("--dtype", default=_default("dtype"), show_default=True, type=click.Choice(DTYPES),
-              help="auto: bfloat16 autocast on CUDA, float32 on CPU.")
-@click.option("--progress/--no-progress", default=_default("progress"), show_default=True,
-              help="Show a progress bar on stderr.")
-@click.option("--threads", default=_default("threads"), type=int, metavar="N",
-              help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else 1 with --deterministic, else the "
-                   "cores free now: affinity mask and cgroup quota less current load).")
+@_option("--device", type=click.Choice(DEVICES), help="Where to train (auto: CUDA when visible, else CPU).")
+@_option("--dtype", type=click.Choice(DTYPES), help="auto: bfloat16 autocast on CUDA, float32 on CPU.")
+@_option("--progress/--no-progress", help="Show a progress bar on stderr.")
+@_option("--threads", type=int, metavar="N", show_default=False,
+         help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else 1 with --deterministic, else the "
+              "cores free now: affinity mask and cgroup quota less current load).")
 @click.option("--deterministic", is_flag=True,
               help="Bitwise-reproducible training: torch's deterministic algorithms and one CPU thread unless "
                    "--threads is given (runs with the same --threads agree). Kernels that are not deterministic (on "
@@ -114,9 +94,8 @@ def _lengths(text: str | None) -> tuple[int, ...]:
               help="Also log each step to a dashboard (repeatable): tensorboard (out/tensorboard/; needs `pip install "
                    "tensorboard`) or wandb (offline, out/wandb/; needs `pip install wandb`). metrics.jsonl is always "
                    "written and stays the record.")
-@click.option("--routing-group", "routing_group", default=_default("routing_group", format_length), show_default=True,
-              metavar="N",
-              help="Tokens per dispatch group for the MoE routing figures logged each step (capacity drop shares).")
+@_option("--routing-group", "routing_group", as_text=format_length, metavar="N",
+         help="Tokens per dispatch group for the MoE routing figures logged each step (capacity drop shares).")
 def finetune_command(data: Path, seq: str, model: str | None, init: Path | None, seq_warmup: str | None,
                      chunk: str, routing_group: str, **options) -> None:
     """Fine-tune (or train from scratch) a genome language model on a prepared dataset.
