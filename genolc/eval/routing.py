@@ -25,20 +25,16 @@ from genolc.units import format_length
 
 def run_routing(config: RoutingConfig, record: Any | None = None) -> dict[str, Any]:
     """Route ``config.budget`` held-out tokens at each length and write the report into ``config.out``."""
-    from genolc.data.dataset import PreparedDataset
     from genolc.data.sampler import tile_for_eval
-    from genolc.eval.inputs import check_not_trained, check_window_fits, resolve_records
     from genolc.eval.report import OUTPUT_KIND
-    from genolc.eval.scorer import load_model_scorer
+    from genolc.eval.setup import load_scorers, open_records
     from genolc.fsutil import atomic_dir, check_output_dir
 
     t0 = time.monotonic()
     check_output_dir(config.out, OUTPUT_KIND)
-    dataset = PreparedDataset(config.data)
-    keys, pooled = resolve_records(dataset, config.records)
-    check_not_trained(dataset, keys, [("checkpoint", config.checkpoint)], config.force)
     longest = config.lengths[-1]
-    keys, _ = check_window_fits(dataset, keys, longest, pooled)
+    opened = open_records(config, longest)
+    dataset, keys = opened.dataset, opened.keys
     stretches = [w for w in tile_for_eval(dataset, keys, longest, max_n_fraction=config.max_n_fraction)
                  if not w.partial][: config.budget // longest]
     if len(stretches) < config.budget // longest:
@@ -46,8 +42,7 @@ def run_routing(config: RoutingConfig, record: Any | None = None) -> dict[str, A
                           f"{', '.join(keys)} pass the N filter; {config.budget // longest} are needed for "
                           f"{config.budget} tokens per length", where="--max-tokens",
                           fix="lower --max-tokens or the longest --seq length")
-    scorer = load_model_scorer(config.checkpoint, dataset.tokenizer, device=config.device, dtype=config.dtype,
-                               batch_tokens=config.batch_tokens)
+    scorer = load_scorers(config, dataset.tokenizer)["model"]
     spans = [np.asarray(dataset.tokens(w.key)[w.start:w.start + longest], dtype=np.int64) for w in stretches]
     by_length: dict[str, dict[str, Any]] = {}
     for length in config.lengths:
