@@ -83,7 +83,7 @@ def test_launch_configs(no_tilelang):
 
 
 @pytest.fixture(name="no_tilelang_backward")
-def no_tilelang_bwd_fixture(no_tilelang):
+def no_tilelang_backward_fixture(no_tilelang):
     """tilelang_backward reloaded while ``import tilelang`` is blocked (after tilelang_forward, which it imports)."""
     from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
 
