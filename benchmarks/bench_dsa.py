@@ -2,7 +2,7 @@
 
 DSA sparse attention in MLA's absorbed form, fwd+bwd and fwd-only, B=1, bf16, index rows 2051 wide (topk 2048 +
 kpool 4 - 1, int32), for the presets' shapes (small H=8, R=kv_lora_rank=256; base H=12, R=384): the fused Triton
-op (genolc.model.ops.dsa.fast.sparse_latent_attention) and, at 64k for small only, the pure-torch reference.
+op (genolc.model.ops.dsa.triton.sparse_latent_attention) and, at 64k for small only, the pure-torch reference.
 Index rows: 512 distinct causal pools per query drawn at random over all visible pools (uniformly spread: the
 worst case for cache reuse), plus the tail. Counts written down (T queries, W slots, H heads, R latent rank):
   FLOPs  fwd 4*T*W*H*R (S = Q C^T and P C), bwd 10*T*W*H*R (S, dP, dQ, dS^T Q, P^T dO): 14*T*W*H*R fwd+bwd;
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
-from genolc.model.ops.dsa import fast, reference
+from genolc.model.ops.dsa import reference, triton as dsa_triton
 
 SHAPES = {"small": (8, 256), "base": (12, 384)}  # (heads, kv_lora_rank)
 QK_HEAD_DIM, TOPK, KPOOL = 128, 2048, 4
@@ -83,7 +83,7 @@ def main() -> None:
             flops = 14 * pairs * heads * rank
             gathered_fwd = pairs * rank * 2
             gathered = pairs * rank * (2 + 2 + 4)
-            variants = [("fused", fast.sparse_latent_attention, 3 if length < SIZES["1M"] else 1)]
+            variants = [("fused", dsa_triton.sparse_latent_attention, 3 if length < SIZES["1M"] else 1)]
             if length <= SIZES["64k"] and preset == "small":
                 variants.append(("reference", reference.sparse_latent_attention, 1))
             for name, op, repeats in variants:

@@ -1,7 +1,7 @@
 """python bench_dsa_tilelang.py [--sizes 64k,256k,1M] [--presets small,base]   (from benchmarks/, on the H200)
 
-The DSA sparse latent attention (absorbed MLA form) in TileLang (genolc.model.ops.dsa.tilelang_fwd forward,
-tilelang_bwd backward) against the Triton one (genolc.model.ops.dsa.fast): the comparison behind issue 5's "TileLang,
+The DSA sparse latent attention (absorbed MLA form) in TileLang (genolc.model.ops.dsa.tilelang.forward forward,
+tilelang_backward backward) against the Triton one (genolc.model.ops.dsa.triton): the comparison behind issue 5's "TileLang,
 or Triton if it serves better".
 
 1. Correctness at an odd shape (T = S = 3001, W = 515, random index rows with -1 slots and one empty row) for each
@@ -12,7 +12,7 @@ or Triton if it serves better".
    launch configs are timed and the fastest is used above; its output is checked against Triton's.
    Counts: FLOPs 4*T*W*H*R (scores + weighted latent rows); gathered bytes T*W*R*2 (one latent row per slot,
    shared by all heads).
-3. Backward: at the check shape, d_q_lat and d_latent of TileLang's autograd op (tilelang_bwd.sparse_latent_attention)
+3. Backward: at the check shape, d_q_lat and d_latent of TileLang's autograd op (tilelang_backward.sparse_latent_attention)
    and of Triton's vs the fp32 reference's autograd gradients (same bf16 inputs upcast, a bf16 d_out), and against
    each other. Then forward+backward timing (torch.autograd.grad of the op's output) at the same sizes, Triton
    before any TileLang code, 1 timed repeat at 1M. Counts: FLOPs 14*T*W*H*R (forward 4, backward 10); bytes
@@ -34,7 +34,7 @@ from dataclasses import astuple
 import torch
 
 from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
-from genolc.model.ops.dsa import fast, reference
+from genolc.model.ops.dsa import reference, triton as dsa_triton
 from genolc.model.presets import PRESETS
 
 RESULT_NAME = "dsa_tilelang"
@@ -137,17 +137,17 @@ def lse_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def tilelang_configs(rank: int) -> list:
     """The rank's default launch config first, then the other candidates timed at the first size."""
-    from genolc.model.ops.dsa import tilelang_fwd
+    from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
 
-    default = tilelang_fwd.default_config(rank)
-    others = [tilelang_fwd.KernelConfig(*entry) for entry in TILELANG_CONFIGS]
+    default = tilelang_forward.default_config(rank)
+    others = [tilelang_forward.KernelConfig(*entry) for entry in TILELANG_CONFIGS]
     return [default] + [config for config in others if config != default]
 
 
 def run_tilelang(q_lat, latent, indices, scale, config=None):
-    from genolc.model.ops.dsa import tilelang_fwd
+    from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
 
-    return tilelang_fwd.sparse_latent_attention_forward(q_lat, latent, indices, scale, config=config)
+    return tilelang_forward.sparse_latent_attention_forward(q_lat, latent, indices, scale, config=config)
 
 
 def cuda_alive() -> bool:
@@ -245,11 +245,11 @@ def triton_phase(sizes, presets, shapes, rows, notes, triton_outputs) -> None:
             shape, scale = shapes[preset], shapes[preset]["scale"]
             q_lat, latent, indices = timing_inputs(size, shape, cache)
             try:
-                triton_outputs[(size, preset)] = fast.sparse_latent_attention_forward(q_lat, latent, indices,
+                triton_outputs[(size, preset)] = dsa_triton.sparse_latent_attention_forward(q_lat, latent, indices,
                                                                                       scale)[0]
             except Exception as error:  # noqa: BLE001
                 notes.setdefault("errors", []).append(f"triton {preset} {size}: {error_text(error)[:300]}")
-            result = measure_safely(lambda: fast.sparse_latent_attention_forward(q_lat, latent, indices, scale),
+            result = measure_safely(lambda: dsa_triton.sparse_latent_attention_forward(q_lat, latent, indices, scale),
                                     repeats_for(size))
             rows.append(timing_row(preset, shape, size, "triton", None, result))
             print(rows[-1], flush=True)
@@ -307,9 +307,9 @@ def tilelang_phase(sizes, presets, shapes, rows, notes, triton_outputs) -> None:
 
 
 def run_tilelang_autograd(q_lat, latent, indices, scale):
-    from genolc.model.ops.dsa import tilelang_bwd
+    from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
 
-    return tilelang_bwd.sparse_latent_attention(q_lat, latent, indices, scale)
+    return tilelang_backward.sparse_latent_attention(q_lat, latent, indices, scale)
 
 
 def fwd_bwd(op, q_lat, latent, indices, scale, d_out):
@@ -404,12 +404,12 @@ def main() -> None:
              "bwd_budget_s": BWD_BUDGET_S}
     saved: dict = {}
     for preset in presets:
-        correctness(preset, shapes[preset], "triton", fast.sparse_latent_attention_forward, rows, notes, saved)
+        correctness(preset, shapes[preset], "triton", dsa_triton.sparse_latent_attention_forward, rows, notes, saved)
     triton_outputs: dict = {}
     triton_phase(sizes, presets, shapes, rows, notes, triton_outputs)
     for preset in presets:
-        backward_correctness(preset, shapes[preset], "triton", fast.sparse_latent_attention, rows, notes, saved)
-    fwd_bwd_phase("triton", fast.sparse_latent_attention, sizes, presets, shapes, rows, notes, TRITON_BWD_BUDGET_S)
+        backward_correctness(preset, shapes[preset], "triton", dsa_triton.sparse_latent_attention, rows, notes, saved)
+    fwd_bwd_phase("triton", dsa_triton.sparse_latent_attention, sizes, presets, shapes, rows, notes, TRITON_BWD_BUDGET_S)
     try:
         import tilelang
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
-from genolc.model.ops.indexer import fast, reference
+from genolc.model.ops.indexer import reference, triton as indexer_triton
 
 HEADS, DIM, KPOOL, TOPK = 8, 64, 4, 2048
 
@@ -32,12 +32,12 @@ def main() -> None:
         weights = torch.randn(1, length, HEADS, device="cuda") * HEADS ** -0.5
         pooled = torch.randn(1, length // KPOOL, DIM, device="cuda", dtype=torch.bfloat16)
         pairs = length * (length // KPOOL) / 2
-        variants = [("streamed", fast.select_indices, torch.int32)]
+        variants = [("streamed", indexer_triton.select_indices, torch.int32)]
         if length <= SIZES["256k"]:
             variants.append(("reference", reference.select_indices, torch.int64))
         for name, op, row_dtype in variants:
             output_gib = length * (TOPK + KPOOL - 1) * row_dtype.itemsize / 2 ** 30
-            dtype_arg = {"out_dtype": row_dtype} if op is fast.select_indices else {}
+            dtype_arg = {"out_dtype": row_dtype} if op is indexer_triton.select_indices else {}
 
             def step():
                 op(index_q, weights, pooled, kpool=KPOOL, topk=TOPK, select_tail=True, softmax_scale=DIM ** -0.5,

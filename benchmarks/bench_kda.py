@@ -3,7 +3,7 @@
 KDA fwd+bwd (B=1, D=128, bf16 q/k/v/beta, l2norm in kernel) for the presets' head counts (small H=8, base H=12):
 genolc's segment-wise fla op (segments of 64k and 32k) vs fla unsegmented (T <= 256k), each with a finished fp32
 decay g and with the layer's form ("gate": bf16 raw gate, decay formed inside fla; "-safe": fla's safe_gate path).
-"gate-32k-safe" is what the model runs (fast.chunk_kda's defaults with the layer's gate).
+"gate-32k-safe" is what the model runs (kda_fla.chunk_kda's defaults with the layer's gate).
 The pure-torch reference's figures (small, 64k; it does not fit beyond) are carried in the notes. Reports tokens/s,
 an estimated TFLOP/s and peak memory (total, and above the inputs).
 FLOP estimate (chunk C=64, per token and head): forward ~ 8*C*Dk + 6*Dk*Dv (intra-chunk Aqk/Akk and solve, state
@@ -19,13 +19,13 @@ from __future__ import annotations
 import torch
 
 from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
-from genolc.model.ops.kda import fast
+from genolc.model.ops.kda import fla as kda_fla
 
 HEADS = {"small": 8, "base": 12}
 DIM = 128
 
 RESULT_NAME = "kda"
-NOTES = {"flops_fwd_bwd_per_token_head": 3 * (8 * 64 * DIM + 6 * DIM * DIM), "segment_len": fast.DEFAULT_SEGMENT_LEN,
+NOTES = {"flops_fwd_bwd_per_token_head": 3 * (8 * 64 * DIM + 6 * DIM * DIM), "segment_len": kda_fla.DEFAULT_SEGMENT_LEN,
          # The pure-torch reference is not re-run here (it needs ~54 GiB and 5.5 s at 64k, so 256k and 1M do not
          # fit in 141 GiB); measured on this H200 with the same op code at c2380e7 (kda_2026-11-29 first record):
          "reference_small_64k": {"ms": 5483.4, "peak_above_inputs_gib": 53.9, "Mtok_s": 0.012},
@@ -33,7 +33,7 @@ NOTES = {"flops_fwd_bwd_per_token_head": 3 * (8 * 64 * DIM + 6 * DIM * DIM), "se
 
 
 def _variants(length: int) -> list[tuple[str, dict, bool, int]]:
-    """(name, fast.chunk_kda keyword arguments, gate in the kernel?, timed repeats). "gate" variants take the layer's
+    """(name, kda_fla.chunk_kda keyword arguments, gate in the kernel?, timed repeats). "gate" variants take the layer's
     form: the raw gate pre-activation in bf16 with A_log/dt_bias/lower_bound, the decay formed inside fla."""
     variants = [("segmented", {"segment_len": 65536}, False, 3), ("segmented-32k", {"segment_len": 32768}, False, 2),
                 ("gate", {"segment_len": 65536, "safe_gate": False}, True, 3),
@@ -69,7 +69,7 @@ def main() -> None:
                     leaves = (q, k, v, g, beta)
 
                 def step():
-                    out, _ = fast.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, **kwargs)
+                    out, _ = kda_fla.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, **kwargs)
                     torch.autograd.grad(out, leaves, d_out)
 
                 result = try_measure(step, repeats)

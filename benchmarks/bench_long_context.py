@@ -131,11 +131,11 @@ def baseline_row(model: str, length: int, env: dict, timeout: float) -> dict:
 EVAL_CHECKPOINT_SCRIPT = r"""
 import sys, torch
 from genolc.data.dataset import PreparedDataset
-from genolc.model import build_model, preset
+from genolc.model import build_model, preset, save_pretrained
 data, name, out = sys.argv[1:4]
 tokenizer = PreparedDataset(data).tokenizer
 torch.manual_seed(0)
-build_model(preset(name, vocab_size=tokenizer.vocab_size)).save_pretrained(out, tokenizer=tokenizer)
+save_pretrained(build_model(preset(name, vocab_size=tokenizer.vocab_size)), out, tokenizer=tokenizer)
 """
 
 

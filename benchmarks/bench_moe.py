@@ -13,8 +13,8 @@ import torch
 
 from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
 from genolc.model.layers.moe import Experts
+from genolc.model.ops.moe.grouped_mm import grouped_experts
 from genolc.model.ops.moe.reference import routed_experts
-from genolc.model.ops.moe.fast import grouped_experts
 from genolc.model.presets import base, small
 
 PRESETS = {"small": small, "base": base}

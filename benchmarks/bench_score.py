@@ -39,12 +39,12 @@ from genolc.units import format_length, parse_length  # noqa: E402
 
 CHECKPOINT_SCRIPT = r"""
 import sys, torch
-from genolc.model import build_model, preset
+from genolc.model import build_model, preset, save_pretrained
 from genolc.tokenize import CharTokenizer
 name, out = sys.argv[1:3]
 tokenizer = CharTokenizer()
 torch.manual_seed(0)
-build_model(preset(name, vocab_size=tokenizer.vocab_size)).save_pretrained(out, tokenizer=tokenizer)
+save_pretrained(build_model(preset(name, vocab_size=tokenizer.vocab_size)), out, tokenizer=tokenizer)
 """
 
 # Runs the genolc CLI in this child, timing the scoring/embedding function alone and printing the peak GPU memory.

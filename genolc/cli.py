@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "score": ("genolc.score.command", "score_command", "Score variants (VCF) by the model's log-likelihood ratio."),
     "embed": ("genolc.score.command", "embed_command", "Hidden-state embeddings of BED regions."),
     "runs": ("genolc.runs_command", "runs_command", "List, show and compare run records (failures included)."),
-    "demo": ("genolc.demo_command", "demo_command", "Run the whole pipeline on bundled real human DNA."),
+    "demo": ("genolc.demo.command", "demo_command", "Run the whole pipeline on bundled real human DNA."),
     "export": ("genolc.export.command", "export_command", "Export windows and configs for SkyRL or Megatron-core."),
 }
 

@@ -69,7 +69,6 @@ def test_unknown_command_is_a_usage_error():
     assert "No such command" in result.output
 
 
-# --- the documented command-line surface -------------------------------------------------------------------------
 # tests/cli_options.json lists every command's options and arguments as `--help` spells them ("-o, --out",
 # "--progress / --no-progress"; "(hidden)" marks a deprecated alias kept working but not shown). Adding, removing or
 # respelling one is a deliberate change: update the list in the same commit (the failure prints the entry to paste).

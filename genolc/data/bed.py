@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from genolc.data.genome import canonical_chrom
+from genolc.data.genome import canonical_chrom, merge_intervals
 from genolc.errors import InputError
 
 _INTEGER = re.compile(r"-?[0-9]+")
@@ -66,8 +66,6 @@ def bed_lines(path: str | Path) -> Iterator[BedLine]:
 
 def read_bed(path: str | Path) -> dict[str, np.ndarray]:
     """Intervals per canonical chromosome name, sorted and merged; InputError naming ``file:line`` for a bad line."""
-    from genolc.data.genome import merge_intervals
-
     starts: dict[str, list[int]] = {}
     ends: dict[str, list[int]] = {}
     for line in bed_lines(path):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from genolc.config_defaults import config_default
 from genolc.data.prepare import PrepareConfig, parse_split, prepare
 
 
@@ -24,7 +25,7 @@ from genolc.data.prepare import PrepareConfig, parse_split, prepare
                    "stretch only: it becomes its own record and the rest of the record is cut around it, so a "
                    "single-chromosome genome can be trained on and evaluated honestly. "
                    "Default: chr22 when present, else the run stops and lists the records it found.")
-@click.option("--tokenizer", default="char", show_default=True,
+@click.option("--tokenizer", default=config_default(PrepareConfig, "tokenizer"), show_default=True,
               help="char | kmer:K | bpe:VOCAB | byte | path/to/tokenizer.json")
 @click.option("--include-bed", type=click.Path(path_type=Path), default=None,
               help="Keep only these intervals (0-based half-open); other bases are tokenized as N.")
@@ -32,12 +33,15 @@ from genolc.data.prepare import PrepareConfig, parse_split, prepare
               help="Mask these intervals (blacklist, gaps): tokenized as N, never a training target.")
 @click.option("--all-records", is_flag=True,
               help="Also use non-primary records (_alt, _random, chrUn, ...) with --train all.")
-@click.option("--duplication-threshold", type=float, default=0.05, show_default=True,
+@click.option("--duplication-threshold", type=float, default=config_default(PrepareConfig, "duplication_threshold"),
+              show_default=True,
               help="Refuse when more than this share of held-out 1 kb blocks is found verbatim in training.")
 @click.option("--force", is_flag=True, help="Keep a held-out split that duplicates training sequence.")
-@click.option("--bpe-sample", "bpe_sample_bases", type=int, default=16_000_000, show_default=True,
+@click.option("--bpe-sample", "bpe_sample_bases", type=int, default=config_default(PrepareConfig, "bpe_sample_bases"),
+              show_default=True,
               help="Bases of training sequence to learn a BPE vocabulary from.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
+@click.option("--progress/--no-progress", default=config_default(PrepareConfig, "progress"), show_default=True,
+              help="Show a progress bar on stderr.")
 def prepare_command(genomes: tuple[Path, ...], out: Path | None, train: str | None, heldout: str | None,
                     tokenizer: str, include_bed: Path | None, exclude_bed: Path | None, all_records: bool,
                     duplication_threshold: float, force: bool, bpe_sample_bases: int, progress: bool) -> None:

@@ -61,7 +61,6 @@ class PreparedDataset:
     def __repr__(self) -> str:
         return f"PreparedDataset({str(self.path)!r}, train={self.keys('train')}, heldout={self.keys('heldout')})"
 
-    # ------------------------------------------------------------------------------------------ records
     def keys(self, split: str | None = None) -> list[str]:
         """Record keys in manifest order; with ``split``, only those of that split (train/heldout/unused)."""
         if split is not None and split not in SPLITS:
@@ -86,7 +85,6 @@ class PreparedDataset:
                              fix="the dataset is incomplete; prepare it again")
         return path
 
-    # ------------------------------------------------------------------------------------------ tokens
     def tokens(self, key: str) -> np.memmap:
         """Read-only memmap of the record's token ids (dtype from the manifest)."""
         if key not in self._tokens:

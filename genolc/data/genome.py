@@ -54,8 +54,6 @@ class RecordInfo:
         return f"{self.source}, record #{self.index + 1} '{self.name}'"
 
 
-# ---------------------------------------------------------------------------------------------- chromosome names
-
 _CHROM_RE = re.compile(r"(?:chr)?([1-9][0-9]?|X|Y|M|MT)", re.IGNORECASE)
 _REFSEQ_HUMAN_RE = re.compile(r"NC_0000([0-9]{2})(?:\.[0-9]+)?")
 _REFSEQ_MITO_RE = re.compile(r"NC_(?:012920|001807)(?:\.[0-9]+)?")
@@ -177,9 +175,6 @@ def parse_header(index: int, header: str, source: str) -> RecordInfo:
     return RecordInfo(index, name, description, chrom, region_start or 1, source)
 
 
-# ------------------------------------------------------------------------------------------------ chunk helpers
-
-
 def softmask_flags(chunk: np.ndarray) -> np.ndarray:
     """bool[n]: True where the base is lower case (soft-masked). Assumes characters were checked."""
     return chunk >= 0x61
@@ -260,9 +255,6 @@ def check_characters(chunk: np.ndarray, info: RecordInfo, offset: int = 0) -> No
         where=info.label,
         fix=fix,
     )
-
-
-# -------------------------------------------------------------------------------------------------- streams
 
 
 class RecordStream:
@@ -470,8 +462,6 @@ def _chrom_from_genbank_source(info: RecordInfo, record) -> RecordInfo:
     return info
 
 
-# -------------------------------------------------------------------------------------------------- sniffing
-
 _OTHER_COMPRESSION = {
     b"BZh": "bzip2",
     b"\xfd7zXZ\x00": "xz",
@@ -547,10 +537,3 @@ def _sniff_text(head: bytes, path: Path, what_to_give: str) -> str:
             fix="add a header line such as '>chr1' before the sequence",
         )
     raise InputError(f"not a FASTA, GenBank or 2bit file (it starts with '{shown}')", where=str(path), fix=what_to_give)
-
-
-def read_bed(path: str | Path) -> dict[str, np.ndarray]:
-    """``{chrom: int64[k, 2]}`` 0-based half-open, aliases resolved, sorted and merged; see :mod:`genolc.data.bed`."""
-    from genolc.data.bed import read_bed as _read_bed
-
-    return _read_bed(path)

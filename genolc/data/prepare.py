@@ -30,6 +30,7 @@ import numpy as np
 
 import genolc
 from genolc.data import genome
+from genolc.data.bed import read_bed
 from genolc.data.duplication import BLOCK_BASES, TrainBlockIndex, heldout_coverage
 from genolc.data.prepare_record import OFFSET_STRIDE, RecordWriter, RegionMask
 from genolc.errors import ConfigError, InputError
@@ -160,9 +161,6 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
-# --------------------------------------------------------------------------------------------------- selection
-
-
 def _query_matches(query: str, info: genome.RecordInfo, key: str) -> bool:
     if query in (info.name, info.chrom, key):
         return True
@@ -253,9 +251,6 @@ def _records_listing(found: list[dict]) -> str:
     shown = [f"{r['name']} ({r['chrom']})" if r["name"] != r["chrom"] else r["name"] for r in found[:30]]
     more = f" and {len(found) - 30} more" if len(found) > 30 else ""
     return ", ".join(shown) + more
-
-
-# --------------------------------------------------------------------------------------------------- inputs
 
 
 def _check_inputs(config: PrepareConfig) -> list[Path]:
@@ -433,9 +428,6 @@ def _unique_key(chrom: str, used: set[str]) -> str:
     return key
 
 
-# --------------------------------------------------------------------------------------------------- the pass
-
-
 def prepare(config: PrepareConfig) -> Path:
     """Build the dataset described by ``config`` at ``config.out`` (atomically) and return its path.
 
@@ -474,8 +466,8 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
     train_q, heldout_q = _split_queries(config)
     selector = _Selector(train_q, heldout_q, config.all_records)
     readers = _open_all(paths)
-    include = genome.read_bed(config.include_bed) if config.include_bed else None
-    exclude = genome.read_bed(config.exclude_bed) if config.exclude_bed else None
+    include = read_bed(config.include_bed) if config.include_bed else None
+    exclude = read_bed(config.exclude_bed) if config.exclude_bed else None
 
     tokenizer = _make_tokenizer(config, paths, selector)
     save_tokenizer(tokenizer, tmp / "tokenizer.json")

@@ -128,7 +128,6 @@ class TrainSampler:
         self._cum = np.concatenate([[0], np.cumsum(counts)])
         self.total_starts = int(self._cum[-1])
 
-    # -- drawing ---------------------------------------------------------------------------------------------
     def _generator(self, *words: int) -> np.random.Generator:
         # Philox is counter-based: a key built from the words gives an independent stream with no shared state.
         return np.random.Generator(np.random.Philox(np.random.SeedSequence([self.seed, *words])))
@@ -186,7 +185,6 @@ class TrainSampler:
             ids = self.dataset.tokenizer.reverse_complement(ids)
         return np.ascontiguousarray(ids, dtype=np.int64)
 
-    # -- resume ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What fixes the window stream. Windows depend on nothing else, so this plus the step resumes exactly."""
         return {
@@ -218,8 +216,6 @@ class TrainSampler:
             )
         self.seed = int(state["seed"])
 
-
-# -- evaluation tiling ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class EvalWindow:

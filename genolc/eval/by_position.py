@@ -14,48 +14,18 @@ second Ctrl-C, or one before scoring starts, stops at once and writes nothing (:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from genolc.errors import ConfigError
-from genolc.eval.buckets import BLOCK_BASES, FIRST_EDGE, MIN_BLOCKS_FOR_CI, bucket_edges
-from genolc.eval.inputs import EvalInputs, check_not_trained, check_window_fits, resolve_records
+from genolc.eval.buckets import BLOCK_BASES, MIN_BLOCKS_FOR_CI, bucket_edges
+from genolc.eval.config import ByPositionConfig
 from genolc.eval.positions import WindowData, score_windows, summarise
-from genolc.eval.scorer import forward_tokens, load_model_scorer
-from genolc.fsutil import check_output_dir
+from genolc.eval.scorer import forward_tokens
+from genolc.eval.setup import load_scorers, open_records, run_scoring
 from genolc.signals import Interrupted, StopSignals
-from genolc.threads import ThreadChoice, run_threads
-
-
-@dataclass(frozen=True, kw_only=True)
-class ByPositionConfig(EvalInputs):
-    """Everything that decides what ``genolc eval --by-position`` computes (shared options: EvalInputs)."""
-
-    baseline: Path | None = None
-    contexts: tuple[int, ...] = ()
-    context_block: int | None = None         # targets per truncated-context forward; None: max(1, K // 4)
-    first_bucket: int = FIRST_EDGE           # upper edge of the first position bucket (then doubling)
-    rc_average: bool = False
-    max_windows: int | None = None
-    max_tokens: int | None = None
-    per_target: bool = False                 # also write targets.csv.gz (one row per scored target)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.baseline is not None:
-            object.__setattr__(self, "baseline", Path(self.baseline))
-        object.__setattr__(self, "contexts", tuple(sorted(set(int(k) for k in self.contexts))))
-        bad = [k for k in self.contexts if not 1 <= k < self.seq_len]
-        if bad:
-            raise ConfigError(f"--context {bad[0]} must be between 1 and --seq - 1 ({self.seq_len - 1})",
-                              fix="truncate to fewer tokens than the window holds")
-        for name in ("max_windows", "max_tokens", "context_block", "first_bucket"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+from genolc.threads import ThreadChoice
 
 
 def select_windows(windows: Sequence[Any], max_windows: int | None, max_tokens: int | None) -> list[Any]:
@@ -101,33 +71,17 @@ def run_by_position(config: ByPositionConfig, record: Any | None = None) -> dict
 
     Raises :class:`genolc.signals.Interrupted` when stopped by a signal, after writing the windows scored so far.
     """
-    from genolc.eval.report import OUTPUT_KIND
-
-    check_output_dir(config.out, OUTPUT_KIND)
-    try:
-        with run_threads(config.threads, record) as threads:
-            return _run_by_position(config, record, threads)
-    except KeyboardInterrupt:
-        raise Interrupted.at_once("eval", where=str(config.out)) from None
+    return run_scoring(config, record, _run_by_position)
 
 
 def _run_by_position(config: ByPositionConfig, record: Any | None, threads: ThreadChoice) -> dict[str, Any]:
-    from genolc.data.dataset import PreparedDataset
     from genolc.data.sampler import tile_for_eval
     from genolc.eval.report import write_by_position
 
     t0 = time.monotonic()
-    dataset = PreparedDataset(config.data)
-    keys, pooled = resolve_records(dataset, config.records)
-    checkpoints = [("checkpoint", config.checkpoint)] + ([("baseline", config.baseline)] if config.baseline else [])
-    overlap = check_not_trained(dataset, keys, checkpoints, config.force)
-    keys, skipped = check_window_fits(dataset, keys, config.seq_len, pooled)
-    scorers = {"model": load_model_scorer(config.checkpoint, dataset.tokenizer, device=config.device,
-                                          dtype=config.dtype, batch_tokens=config.batch_tokens)}
-    if config.baseline is not None:
-        scorers["baseline"] = load_model_scorer(config.baseline, dataset.tokenizer, what="baseline checkpoint",
-                                                device=config.device, dtype=config.dtype,
-                                                batch_tokens=config.batch_tokens)
+    opened = open_records(config, config.seq_len, config.baseline)
+    dataset, keys, skipped, overlap = opened.dataset, opened.keys, opened.skipped, opened.overlap
+    scorers = load_scorers(config, dataset.tokenizer, config.baseline)
     tiled = tile_for_eval(dataset, keys, config.seq_len, max_n_fraction=config.max_n_fraction)
     if not tiled:
         raise ConfigError(f"no window of {config.seq_len + 1} tokens in {', '.join(keys)} passes the N filter "

@@ -12,13 +12,12 @@ the evaluated dataset's own ``split`` labels are checked, and the summary says t
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from genolc.data.genome import canonical_chrom
 from genolc.errors import ConfigError, InputError
-from genolc.threads import check_threads
 
 TRAINER_STATE = "trainer_state.json"
 MAX_INIT_CHAIN = 8
@@ -193,35 +192,3 @@ def check_window_fits(dataset: Any, keys: Sequence[str], seq_len: int, pooled: b
             where=_where(dataset), fix=f"use --seq {n - 1} or less",
         )
     return usable, short
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalInputs:
-    """Options every ``genolc eval`` mode shares: what to score, with which model, how, and how to resample."""
-
-    data: Path
-    checkpoint: Path
-    records: str = "heldout"                 # 'CHROM[,CHROM…]' or 'heldout'
-    seq_len: int = 512 * 1024                # window = seq_len + 1 tokens
-    out: Path = Path("genolc-eval")
-    max_n_fraction: float = 0.5
-    n_boot: int = 1000
-    seed: int = 0
-    force: bool = False
-    device: str = "auto"
-    dtype: str = "auto"
-    batch_tokens: int = 1 << 16
-    progress: bool = True
-    threads: int | None = None               # CPU threads for torch; None: genolc.threads' rule
-
-    def __post_init__(self) -> None:
-        for name in ("data", "checkpoint", "out"):
-            object.__setattr__(self, name, Path(getattr(self, name)))
-        check_threads(self.threads)
-        if self.seq_len < 1:
-            raise ConfigError(f"--seq must be positive, got {self.seq_len}")
-        if self.n_boot < 1:
-            raise ConfigError(f"--bootstrap must be positive, got {self.n_boot}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}

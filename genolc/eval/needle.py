@@ -16,21 +16,19 @@ does with windows).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from genolc.errors import ConfigError
-from genolc.eval.inputs import EvalInputs
 from genolc.eval.buckets import FIRST_EDGE, bits_per_base
+from genolc.eval.config import NeedleConfig
 from genolc.eval.positions import WindowData
 from genolc.eval.scorer import Scorer, score_full
-from genolc.fsutil import check_output_dir
+from genolc.eval.setup import load_scorers, open_records, run_scoring
 from genolc.signals import Interrupted, StopSignals
-from genolc.threads import ThreadChoice, run_threads
+from genolc.threads import ThreadChoice
 
 BASES = np.frombuffer(b"ACGT", dtype=np.uint8)
 
@@ -154,53 +152,23 @@ def summarise_needle(trials: pd.DataFrame, n_boot: int = 1000, seed: int = 0, le
     return pd.DataFrame(rows)
 
 
-@dataclass(frozen=True, kw_only=True)
-class NeedleConfig(EvalInputs):
-    """What ``genolc eval --needle`` plants and scores (shared options: EvalInputs)."""
-
-    out: Path = Path("genolc-needle")
-    segment_bases: int = 256
-    trials: int = 8
-    distances: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "distances", tuple(sorted(set(int(d) for d in self.distances))))
-        for name, option in (("segment_bases", "--needle-bases"), ("trials", "--needle-trials")):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{option} must be positive, got {getattr(self, name)}")
-
-
 def run_needle(config: NeedleConfig, record: Any | None = None) -> dict[str, Any]:
     """Run the needle test on held-out windows of ``config.data`` and write its outputs into ``config.out``.
 
     Raises :class:`genolc.signals.Interrupted` when stopped by a signal, after writing the trials done.
     """
-    from genolc.eval.report import OUTPUT_KIND
-
-    check_output_dir(config.out, OUTPUT_KIND)
-    try:
-        with run_threads(config.threads, record) as threads:
-            return _run_needle(config, record, threads)
-    except KeyboardInterrupt:
-        raise Interrupted.at_once("eval", where=str(config.out)) from None
+    return run_scoring(config, record, _run_needle)
 
 
 def _run_needle(config: NeedleConfig, record: Any | None, threads: ThreadChoice) -> dict[str, Any]:
-    from genolc.data.dataset import PreparedDataset
     from genolc.data.sampler import tile_for_eval
     from genolc.eval.by_position import _progress, select_windows, window_data
-    from genolc.eval.inputs import check_not_trained, check_window_fits, resolve_records
     from genolc.eval.report import write_needle
-    from genolc.eval.scorer import load_model_scorer
 
     t0 = time.monotonic()
-    dataset = PreparedDataset(config.data)
-    keys, pooled = resolve_records(dataset, config.records)
-    overlap = check_not_trained(dataset, keys, [("checkpoint", config.checkpoint)], config.force)
-    keys, skipped = check_window_fits(dataset, keys, config.seq_len, pooled)
-    scorer = load_model_scorer(config.checkpoint, dataset.tokenizer, device=config.device, dtype=config.dtype,
-                               batch_tokens=config.batch_tokens)
+    opened = open_records(config, config.seq_len)
+    dataset, keys, skipped, overlap = opened.dataset, opened.keys, opened.skipped, opened.overlap
+    scorer = load_scorers(config, dataset.tokenizer)["model"]
     tiled = [w for w in tile_for_eval(dataset, keys, config.seq_len, max_n_fraction=config.max_n_fraction)
              if not w.partial]
     if not tiled:

@@ -12,58 +12,16 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from genolc.errors import ConfigError
-from genolc.routing import DEFAULT_GROUP_TOKENS, capture_routing, plot_load_heatmap, routing_summary
+from genolc.eval.config import RoutingConfig
+from genolc.routing import capture_routing, plot_load_heatmap, routing_summary
 from genolc.signals import Interrupted, StopSignals
 from genolc.units import format_length
-
-
-@dataclass(frozen=True)
-class RoutingConfig:
-    data: Path
-    checkpoint: Path
-    out: Path
-    lengths: tuple[int, ...]                   # context lengths compared (tokens per window)
-    records: str = "heldout"                   # CHROM[,CHROM…] or every held-out record
-    group_tokens: int = DEFAULT_GROUP_TOKENS   # tokens per dispatch group (the capacity's budget)
-    max_tokens: int | None = None              # tokens routed per length (default: one dispatch group)
-    max_n_fraction: float = 0.5
-    force: bool = False
-    device: str = "auto"
-    dtype: str = "auto"
-    batch_tokens: int = 1 << 16
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        lengths = tuple(sorted(set(int(n) for n in self.lengths)))
-        if not lengths or lengths[0] < 2:
-            raise ConfigError(f"--routing needs context lengths of at least 2 tokens, got {list(self.lengths)}",
-                              where="--seq", fix="e.g. --seq 1k,4k,16k")
-        bad = [n for n in lengths if lengths[-1] % n]
-        if bad:
-            raise ConfigError(f"context length(s) {[format_length(n) for n in bad]} do not divide the longest, "
-                              f"{format_length(lengths[-1])}: the lengths must cut the same stretches of DNA",
-                              where="--seq", fix="use lengths such as 1k,4k,16k")
-        if self.group_tokens <= 0:
-            raise ConfigError(f"the dispatch group must hold at least one token, got {self.group_tokens}",
-                              where="--routing-group")
-        object.__setattr__(self, "lengths", lengths)
-
-    @property
-    def budget(self) -> int:
-        """Tokens routed per length: whole stretches of the longest length, at least one."""
-        want = self.max_tokens or self.group_tokens
-        return max(1, want // self.lengths[-1]) * self.lengths[-1]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-                for k, v in asdict(self).items()}
 
 
 def run_routing(config: RoutingConfig, record: Any | None = None) -> dict[str, Any]:
@@ -84,19 +42,15 @@ def run_routing(config: RoutingConfig, record: Any | None = None) -> dict[str, A
 
 
 def _run_routing(config: RoutingConfig, record: Any | None) -> dict[str, Any]:
-    from genolc.data.dataset import PreparedDataset
     from genolc.data.sampler import tile_for_eval
-    from genolc.eval.inputs import check_not_trained, check_window_fits, resolve_records
     from genolc.eval.report import OUTPUT_KIND
-    from genolc.eval.scorer import load_model_scorer
+    from genolc.eval.setup import load_scorers, open_records
     from genolc.fsutil import atomic_dir
 
     t0 = time.monotonic()
-    dataset = PreparedDataset(config.data)
-    keys, pooled = resolve_records(dataset, config.records)
-    check_not_trained(dataset, keys, [("checkpoint", config.checkpoint)], config.force)
     longest = config.lengths[-1]
-    keys, _ = check_window_fits(dataset, keys, longest, pooled)
+    opened = open_records(config, longest)
+    dataset, keys = opened.dataset, opened.keys
     stretches = [w for w in tile_for_eval(dataset, keys, longest, max_n_fraction=config.max_n_fraction)
                  if not w.partial][: config.budget // longest]
     if len(stretches) < config.budget // longest:
@@ -104,8 +58,7 @@ def _run_routing(config: RoutingConfig, record: Any | None) -> dict[str, Any]:
                           f"{', '.join(keys)} pass the N filter; {config.budget // longest} are needed for "
                           f"{config.budget} tokens per length", where="--max-tokens",
                           fix="lower --max-tokens or the longest --seq length")
-    scorer = load_model_scorer(config.checkpoint, dataset.tokenizer, device=config.device, dtype=config.dtype,
-                               batch_tokens=config.batch_tokens)
+    scorer = load_scorers(config, dataset.tokenizer)["model"]
     spans = [np.asarray(dataset.tokens(w.key)[w.start:w.start + longest], dtype=np.int64) for w in stretches]
     by_length: dict[str, dict[str, Any]] = {}
     seconds_by_length: dict[str, float] = {}

@@ -146,8 +146,6 @@ def score_window(scorer: Scorer, ids: np.ndarray, *, contexts: Sequence[int] = (
     return {name: value / len(strands) for name, value in totals.items()}
 
 
-# ---------------------------------------------------------------------------------------------- model scorer
-
 def _resolve_device(device: str) -> str:
     import torch
 

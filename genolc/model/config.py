@@ -100,7 +100,6 @@ class ModelConfig:
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         self._validate()
 
-    # ------------------------------------------------------------------ derived shapes
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -122,7 +121,6 @@ class ModelConfig:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
 
-    # ------------------------------------------------------------------ validation
     def _validate(self) -> None:
         where = "model config"
 
@@ -181,7 +179,6 @@ class ModelConfig:
                 fail(f"layer {i} is a 'shared' DSA layer but no earlier DSA layer runs a 'full' indexer",
                      fix="make the first DSA layer's indexer_types entry 'full'")
 
-    # ------------------------------------------------------------------ transformers config.json
     @classmethod
     def from_hf(cls, source: dict | str | Path) -> "ModelConfig":
         """Build from a transformers ``config.json`` (a dict, a file, or a directory holding one).

@@ -40,7 +40,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from genolc.model.ops.indexer.reference import complete_pools_visible, pool_scores, selected_pools
+from genolc.model.ops.indexer.layout import complete_pools_visible, selected_pools
+from genolc.model.ops.indexer.reference import pool_scores
 
 INDEXER_LOSS_MODES = ("dense", "sparse")
 CHUNK_BUDGET_ELEMENTS = 1 << 25

@@ -22,10 +22,10 @@ from torch import nn
 
 from genolc.model.cache import ChunkCache, LayerCache
 from genolc.model.config import ModelConfig
-from genolc.model.layers.kda import KimiDeltaAttention
+from genolc.model.layers.kda import ForgetGate, KimiDeltaAttention
 from genolc.model.layers.mhc import HyperConnection, collapse_streams, expand_streams, merge_streams
-from genolc.model.layers.moe import MoE, SwiGLUMLP
-from genolc.model.layers.norm import RMSNorm
+from genolc.model.layers.moe import Experts, MoE, SwiGLUMLP, TopKRouter
+from genolc.model.layers.norm import GatedRMSNorm, RMSNorm
 
 INDEXER_LOSS_MODES = (None, "dense", "sparse")
 
@@ -150,19 +150,9 @@ class GenomeLM(nn.Module):
             aux_losses["indexer_kl"] = torch.stack(indexer_kls).mean()
         return ModelOutput(logits=logits, aux_losses=aux_losses, tokens_per_expert=tokens_per_expert)
 
-    def save_pretrained(self, path, tokenizer=None, *, dtype: torch.dtype | None = None) -> None:
-        """Write the text-only transformers layout (config.json + model.safetensors) and tokenizer.json."""
-        from genolc.model.checkpoint import save_pretrained
-
-        save_pretrained(self, path, tokenizer=tokenizer, dtype=dtype)
-
 
 def init_weights(model: GenomeLM) -> None:
     """Initialise like transformers' Glm5Next: normal(0, initializer_range) projections, FLA-style forget gate."""
-    from genolc.model.layers.kda import ForgetGate
-    from genolc.model.layers.moe import Experts, TopKRouter
-    from genolc.model.layers.norm import GatedRMSNorm
-
     std = model.config.initializer_range
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Conv1d)):

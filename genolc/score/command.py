@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import click
 
+from genolc.config_defaults import config_default
 from genolc.errors import ConfigError
-from genolc.units import parse_length
+from genolc.score.run import EmbedConfig, ScoreConfig
+from genolc.units import format_length, parse_length
 
 _PATH = click.Path(path_type=Path)
 _DEVICE = click.Choice(["auto", "cpu", "cuda"])
 _DTYPE = click.Choice(["auto", "float32", "bfloat16"])
+_score = partial(config_default, ScoreConfig)
+_embed = partial(config_default, EmbedConfig)
 
 
 def _windows(window: str, windows: str | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -34,24 +39,28 @@ def _windows(window: str, windows: str | None) -> tuple[tuple[int, ...], tuple[s
 @click.option("--checkpoint", required=True, type=_PATH,
               help="Model checkpoint (save_pretrained or genolc finetune), or a finetune run directory: its newest "
                    "checkpoint.")
-@click.option("--window", default="8k", show_default=True, metavar="BASES",
+@click.option("--window", default=_score("window_labels", lambda labels: labels[0]), show_default=True, metavar="BASES",
               help="Window around each variant, in bases (k = 1024).")
 @click.option("--windows", default=None, metavar="W1,W2,…",
               help="Several windows, each reported in its own score column (e.g. 1k,8k,64k); replaces --window.")
-@click.option("--placement", type=click.Choice(["center", "causal-end"]), default="center", show_default=True,
+@click.option("--placement", type=click.Choice(["center", "causal-end"]), default=_score("placement"),
+              show_default=True,
               help="center: equal flanks on both sides; causal-end: the variant ends the window (upstream only).")
 @click.option("--rc-average", is_flag=True, help="Score both strands and average their scores.")
-@click.option("--reduce", type=click.Choice(["sum", "mean"]), default="sum", show_default=True,
+@click.option("--reduce", type=click.Choice(["sum", "mean"]), default=_score("reduce"), show_default=True,
               help="Sum of log p over each sequence's tokens, or its mean (Evo 2's default).")
 @click.option("--out", "-o", type=_PATH, default=Path("scores.tsv"), show_default=True,
               help="Output TSV: the VCF's 8 fixed columns (one row per ALT allele), ALT_INDEX, status, score(s).")
-@click.option("--vcf-out", type=_PATH, default=None,
+@click.option("--vcf-out", type=_PATH, default=_score("vcf_out"),
               help="Also write a VCF with the score in INFO (GENOLC_LLR; GENOLC_STATUS for skipped alleles).")
-@click.option("--device", type=_DEVICE, default="auto", show_default=True,
+@click.option("--device", type=_DEVICE, default=_score("device"), show_default=True,
               help="Where to score (auto: CUDA when visible, else CPU).")
-@click.option("--dtype", type=_DTYPE, default="auto", show_default=True, help="auto: bfloat16 on CUDA, float32 on CPU.")
-@click.option("--batch-tokens", default="64k", show_default=True, help="Tokens per forward call (rows x length).")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
+@click.option("--dtype", type=_DTYPE, default=_score("dtype"), show_default=True,
+              help="auto: bfloat16 on CUDA, float32 on CPU.")
+@click.option("--batch-tokens", default=_score("batch_tokens", format_length), show_default=True,
+              help="Tokens per forward call (rows x length).")
+@click.option("--progress/--no-progress", default=_score("progress"), show_default=True,
+              help="Show a progress bar on stderr.")
 def score_command(vcf, genome, checkpoint, window, windows, placement, rc_average, reduce, out, vcf_out, device,
                   dtype, batch_tokens, progress) -> None:
     """Score variants: log-likelihood ratio of the ALT versus the REF sequence in a window around each.
@@ -67,7 +76,7 @@ def score_command(vcf, genome, checkpoint, window, windows, placement, rc_averag
       genolc score --vcf clinvar_chr22.vcf.gz --genome hg38.fa.gz --checkpoint runs/hg38-64k \\
           --windows 8k,64k --rc-average --out scores.tsv
     """
-    from genolc.score.run import ScoreConfig, run_score
+    from genolc.score.run import run_score
     from genolc.train.state import resolve_checkpoint
 
     values, labels = _windows(window, windows)
@@ -94,18 +103,20 @@ def score_command(vcf, genome, checkpoint, window, windows, placement, rc_averag
 @click.option("--genome", required=True, type=_PATH, help="Reference FASTA, plain or bgzip, read by index.")
 @click.option("--checkpoint", required=True, type=_PATH,
               help="Model checkpoint, or a finetune run directory: its newest checkpoint.")
-@click.option("--pool", type=click.Choice(["mean", "none"]), default="mean", show_default=True,
+@click.option("--pool", type=click.Choice(["mean", "none"]), default=_embed("pool"), show_default=True,
               help="mean: one vector per region; none: one vector per token.")
-@click.option("--layer", type=int, default=None,
+@click.option("--layer", type=int, default=_embed("layer"),
               help="Decoder layer N (0-based, streams averaged); default: the final norm's output.")
 @click.option("--out", "-o", required=True, type=_PATH,
               help="FILE.npy (with FILE.npy.names.tsv beside it) or FILE.parquet (needs pyarrow).")
-@click.option("--chunk", default="64k", show_default=True,
+@click.option("--chunk", default=_embed("window_chunk", format_length), show_default=True,
               help="Regions longer than this many tokens run chunk by chunk (same result, bounded memory).")
-@click.option("--device", type=_DEVICE, default="auto", show_default=True,
+@click.option("--device", type=_DEVICE, default=_embed("device"), show_default=True,
               help="Where to run (auto: CUDA when visible, else CPU).")
-@click.option("--dtype", type=_DTYPE, default="auto", show_default=True, help="auto: bfloat16 on CUDA, float32 on CPU.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr.")
+@click.option("--dtype", type=_DTYPE, default=_embed("dtype"), show_default=True,
+              help="auto: bfloat16 on CUDA, float32 on CPU.")
+@click.option("--progress/--no-progress", default=_embed("progress"), show_default=True,
+              help="Show a progress bar on stderr.")
 def embed_command(bed, genome, checkpoint, pool, layer, out, chunk, device, dtype, progress) -> None:
     """Embed regions: a model's hidden states over each BED interval, mean-pooled or per token.
 
@@ -116,7 +127,7 @@ def embed_command(bed, genome, checkpoint, pool, layer, out, chunk, device, dtyp
     Example:
       genolc embed --bed promoters.bed --genome hg38.fa.gz --checkpoint runs/hg38-64k --layer 6 --out promoters.npy
     """
-    from genolc.score.run import EmbedConfig, run_embed
+    from genolc.score.run import run_embed
     from genolc.train.state import resolve_checkpoint
 
     config = EmbedConfig(bed=bed, genome=genome, checkpoint=resolve_checkpoint(checkpoint, "--checkpoint"), out=out,

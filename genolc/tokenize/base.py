@@ -138,7 +138,6 @@ class Tokenizer(abc.ABC):
     _rc_ids: np.ndarray | None  # [V] complement id of each id, for id-level reverse complement
     _plain_range: tuple[int, int]  # ids lo..hi (inclusive) all cover exactly `width` bases: fast decode
 
-    # -- construction -----------------------------------------------------------------------------------
     def _set_tables(self, token_bases: list[bytes], ambiguous: np.ndarray, rc_ids: np.ndarray | None,
                     plain_range: tuple[int, int]) -> None:
         width = max(1, max(len(t) for t in token_bases))
@@ -160,7 +159,6 @@ class Tokenizer(abc.ABC):
         self._plain_range = plain_range
         self._width = int(table.shape[1])
 
-    # -- interface ----------------------------------------------------------------------------------------
     @abc.abstractmethod
     def encode(self, bases: np.ndarray) -> np.ndarray:
         """uint8 ASCII bases ``[n]`` (any case) -> int32 ids ``[m]``."""
@@ -237,7 +235,6 @@ class Tokenizer(abc.ABC):
             return f"<reserved:{token_id}>"
         return self._token_bases[token_id, :n].tobytes().decode("ascii")
 
-    # -- helpers ------------------------------------------------------------------------------------------
     def _checked_ids(self, ids: Any) -> tuple[np.ndarray, int, int]:
         arr = np.asarray(ids)
         if arr.ndim != 1:

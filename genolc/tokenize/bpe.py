@@ -120,7 +120,6 @@ class BPETokenizer(Tokenizer):
             raise InputError(f"BPE piece_bases must be a power of two from 64 to {_ENCODE_BLOCK} "
                              f"(got {piece_bases!r})", where=where, fix=fix)
 
-    # -- training -----------------------------------------------------------------------------------------
     @classmethod
     def train(cls, training_sequences: Iterable[np.ndarray] | None, vocab_size: int, *,
               max_training_bases: int = DEFAULT_MAX_TRAINING_BASES, piece_bases: int = DEFAULT_PIECE_BASES,
@@ -182,7 +181,6 @@ class BPETokenizer(Tokenizer):
             seen += starts.shape[0]
         return reservoir, seen, seen_bases
 
-    # -- interface ----------------------------------------------------------------------------------------
     def encode(self, bases: np.ndarray) -> np.ndarray:
         bases = as_bases(bases)
         parts = [self._encode_block(bases[start : start + _ENCODE_BLOCK])

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from genolc.errors import ConfigError
+from genolc.routing import DEFAULT_GROUP_TOKENS
 from genolc.threads import check_threads
 
 INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
@@ -65,7 +66,7 @@ class TrainConfig:
                                                 # 1 with deterministic)
     deterministic: bool = False                 # torch's deterministic algorithms (genolc.determinism)
     log: tuple[str, ...] = ()                   # dashboards beside metrics.jsonl: tensorboard, wandb (offline)
-    routing_group: int = 65536                  # tokens per dispatch group for the routing drop shares
+    routing_group: int = DEFAULT_GROUP_TOKENS   # tokens per dispatch group for the routing drop shares
                                                 # (genolc.routing); only what is reported, not what is trained
 
     def __post_init__(self) -> None:

@@ -163,7 +163,6 @@ class _Trainer:
             _say(f"resuming from {self.resume_from} (step {self.start_step})")
         self.last_good: Path | None = self.resume_from
 
-    # ------------------------------------------------------------------------------------------------ checks
     def _check_lengths(self) -> None:
         cfg = self.config
         keys = self.dataset.keys("train")
@@ -233,7 +232,6 @@ class _Trainer:
                 f"checkpoint ({_describe_tokenizer(theirs)})", where=f"{self.config.data} vs {path}", fix=fix)
         return True
 
-    # ------------------------------------------------------------------------------------------------ building
     def _build_model(self) -> torch.nn.Module:
         from genolc.model import ModelConfig, build_model, load_pretrained, preset, resize_vocab
 
@@ -284,7 +282,6 @@ class _Trainer:
                                                  reverse_complement=self.config.reverse_complement)
         return self.samplers[length]
 
-    # ------------------------------------------------------------------------------------------------ steps
     def _strategy(self, shape: StepShape) -> StepStrategy:
         """The step strategy for this window length (genolc.train.strategy), chosen and said once per length."""
         key = (shape.seq_len, shape.windows)
@@ -393,7 +390,6 @@ class _Trainer:
                          fast_kernels=self.device.type == "cuda", chunk=strategy.chunk if strategy else None,
                          chunk_multiple=required_seq_multiple(self.device.type))
 
-    # ------------------------------------------------------------------------------------------------ run
     def run(self) -> Path:
         cfg = self.config
         # Every window length the remaining steps use is planned before the first step: a setting that does not fit

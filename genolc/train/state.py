@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from genolc.errors import GenolcError, InputError
 from genolc.fsutil import atomic_dir, atomic_write_json
+from genolc.model.config import ModelConfig
 
 STATE_VERSION = 1
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -108,7 +109,6 @@ def sweep_temporaries(root: Path) -> list[Path]:
     return removed
 
 
-# ---------------------------------------------------------------------------------------------------- RNG states
 def capture_rng() -> dict[str, Any]:
     """Python, numpy, torch CPU (and CUDA when present) generator states as JSON-able values."""
     version, internal, gauss = random.getstate()
@@ -143,9 +143,8 @@ def _bytes_tensor(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
-# ---------------------------------------------------------------------------------------------------- model weights
 def _is_genome_lm(model: torch.nn.Module) -> bool:
-    return hasattr(model, "save_pretrained") and hasattr(model, "config")
+    return isinstance(getattr(model, "config", None), ModelConfig)
 
 
 def save_model(model: torch.nn.Module, directory: Path, tokenizer: Any | None) -> None:
@@ -185,7 +184,6 @@ def load_model_weights(model: torch.nn.Module, directory: Path) -> None:
                          where=str(directory), fix="resume with the model the checkpoint was trained with") from None
 
 
-# ---------------------------------------------------------------------------------------------------- save / load
 def save_checkpoint(
     out: Path,
     step: int,

@@ -278,9 +278,6 @@ def test_stream_protocol(shared_file):
     assert [s.info.name for s in reader.records()] == ["chr13:75549820-75605809", "chr4:41257605-41263290"]
 
 
-# ------------------------------------------------------------------------------------------------- bad input
-
-
 def _consume(path: Path) -> None:
     for stream in open_genome(path).records():
         offset = 0

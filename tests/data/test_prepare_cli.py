@@ -206,9 +206,6 @@ def test_duplicated_heldout_refused_unless_forced(tmp_path):
     assert dup["forced"] and dup["heldout_blocks"] == 43 and 0.85 < dup["fraction"] <= 40 / 43
 
 
-# ------------------------------------------------------------------------------------------------ bad input
-
-
 def test_missing_file(tmp_path):
     out = tmp_path / "ds"
     assert_clean_failure(run(tmp_path / "nope.fa.gz", "--out", out), out, "not found", "nope.fa.gz")

@@ -43,9 +43,6 @@ _AMBIGUOUS = np.zeros(256, dtype=bool)
 _AMBIGUOUS[np.frombuffer(b"Nn" + IUPAC + IUPAC.lower(), dtype=np.uint8)] = True
 
 
-# ------------------------------------------------------------------------------------------ generators
-
-
 def random_sequence(rng: np.random.Generator, n: int) -> bytes:
     """Runs of upper ACGT, lower acgt (soft-mask), N, n, single IUPAC codes (either case) and mixed soup."""
     out = bytearray()
@@ -125,9 +122,6 @@ def write_container(rng: np.random.Generator, data: bytes, container: str, path:
                     writer.flush()
 
 
-# ------------------------------------------------------------------------------------------ references
-
-
 def reference_parse(data: bytes) -> list[tuple[str, bytes]]:
     """(header without '>', stripped; sequence without line ends and blanks) per record."""
     records: list[list] = []
@@ -167,9 +161,6 @@ def bed_mask(lines: list[tuple[str, int, int]], chrom: str, length: int, start: 
             lo, hi = a - (start - 1), b - (start - 1)
             mask[max(lo, 0):max(min(hi, length), 0)] = True
     return mask
-
-
-# ------------------------------------------------------------------------------------------ reader
 
 
 def _fasta_case(seed: int, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,9 +209,6 @@ def test_fasta_reader_matches_reference_parser(block, tmp_path, monkeypatch):
     """plain/gzip/multi-member gzip/BGZF, mixed widths, CRLF, blank lines, tiny blocks and chunks: 320 files."""
     for seed in range(block * 80, block * 80 + 80):
         _fasta_case(seed, tmp_path, monkeypatch)
-
-
-# ------------------------------------------------------------------------------------------ prepare
 
 
 def _random_bed(rng: np.random.Generator, path: Path, spans: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
@@ -344,9 +332,6 @@ def test_invalid_character_position_with_tiny_chunks(tmp_path):
         found = re.search(r"at position ([0-9,]+)", str(info.value))
         assert found and int(found.group(1).replace(",", "")) == p + 1 and names[r] in str(info.value), seed
         assert not (tmp_path / f"out{seed}").exists(), seed
-
-
-# ------------------------------------------------------------------------------------------ duplication
 
 
 def reference_duplication(train: list[np.ndarray], heldout: np.ndarray) -> tuple[int, int]:

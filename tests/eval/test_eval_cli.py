@@ -29,6 +29,7 @@ def setup(tmp_path_factory):
 
     from conftest import shared_file
     from genolc.data.dataset import PreparedDataset
+    from genolc.model.checkpoint import save_pretrained
     from genolc.model.model import build_model
     from genolc.model.presets import preset
 
@@ -42,7 +43,7 @@ def setup(tmp_path_factory):
     for seed in (0, 1):
         torch.manual_seed(seed)
         path = root / f"model{seed}"
-        build_model(preset("tiny", vocab_size=tok.vocab_size)).save_pretrained(path, tokenizer=tok)
+        save_pretrained(build_model(preset("tiny", vocab_size=tok.vocab_size)), path, tokenizer=tok)
         ckpts.append(path)
     return data, ckpts[0], ckpts[1], root
 

@@ -133,8 +133,7 @@ def test_a_finetune_run_directory_as_checkpoint_names_its_newest_checkpoint(tmp_
 
 
 def test_eval_configs_share_checks_and_name_the_cli_options(tmp_path):
-    from genolc.eval.by_position import ByPositionConfig
-    from genolc.eval.needle import NeedleConfig
+    from genolc.eval.config import ByPositionConfig, NeedleConfig
 
     for config_class in (ByPositionConfig, NeedleConfig):
         with pytest.raises(ConfigError, match="--seq must be positive"):

@@ -44,6 +44,7 @@ from genolc.model.layers.dsa import DSAAttention
 from genolc.model.layers.kda import KimiDeltaAttention
 from genolc.model.layers.moe import Routing, TopKRouter
 from genolc.model.ops.dsa import reference as dsa_reference
+from genolc.model.ops.indexer import layout as indexer_layout
 from genolc.model.ops.indexer import reference as indexer_reference
 from genolc.model.ops.kda import reference as kda_reference
 from genolc.model.ops.moe import reference as moe_reference
@@ -144,7 +145,7 @@ def selection_agreement(rows: torch.Tensor, expected: torch.Tensor, index_q: tor
         batch_ids = torch.arange(pooled.shape[0], device=pooled.device)[:, None, None]
         scores = []
         for chosen in (rows, expected):
-            pools = indexer_reference.selected_pools(chosen, topk, kpool)
+            pools = indexer_layout.selected_pools(chosen, topk, kpool)
             row_scores = indexer_reference.pool_scores(index_q, head_weights, pooled[batch_ids, pools.clamp_min(0)],
                                                        softmax_scale)
             scores.append(row_scores.masked_fill(pools < 0, float("-inf")).sort(-1, descending=True).values)
@@ -177,18 +178,18 @@ def set_reference_ops(model) -> None:
 def set_exact_ops(model) -> None:
     """The reference ops as an exact kernel would compute them under autocast: inputs cast as the fast op's
     ``prepare_inputs`` casts them (bf16), the op itself in fp32 without autocast, the result in the fast op's dtype."""
-    from genolc.model.ops.dsa import fast as dsa_fast
-    from genolc.model.ops.kda import fast as kda_fast
+    from genolc.model.ops.dsa import triton as dsa_triton
+    from genolc.model.ops.kda import fla as kda_fla
 
     def kda_op(q, k, v, g, beta, scale=None, initial_state=None, **kwargs):
-        q, k, v, g, beta, initial_state = kda_fast.prepare_inputs(q, k, v, g, beta, initial_state)
+        q, k, v, g, beta, initial_state = kda_fla.prepare_inputs(q, k, v, g, beta, initial_state)
         with torch.autocast(q.device.type, enabled=False):
             out, state = kda_reference.chunk_kda(q.float(), k.float(), v.float(), g.float(), beta.float(),
                                                  scale=scale, initial_state=initial_state, **kwargs)
         return out.to(q.dtype), state
 
     def sparse_op(q_lat, latent, indices, softmax_scale, **kwargs):
-        q_lat, latent, indices = dsa_fast.prepare_inputs(q_lat, latent, indices)
+        q_lat, latent, indices = dsa_triton.prepare_inputs(q_lat, latent, indices)
         with torch.autocast(q_lat.device.type, enabled=False):
             out = dsa_reference.sparse_latent_attention(q_lat.float(), latent.float(), indices, softmax_scale)
         return out.to(q_lat.dtype)
@@ -302,10 +303,10 @@ def precision(length: int) -> int:
 def compose(length: int) -> int:
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("compose needs TRITON_INTERPRET=1 (see this file's docstring)")
-    from genolc.model.ops.dsa import fast as dsa_fast
-    from genolc.model.ops.indexer import fast as indexer_fast
-    from genolc.model.ops.kda import fast as kda_fast
-    from genolc.model.ops.moe import fast as moe_fast
+    from genolc.model.ops.dsa import triton as dsa_triton
+    from genolc.model.ops.indexer import triton as indexer_triton
+    from genolc.model.ops.kda import fla as kda_fla
+    from genolc.model.ops.moe import grouped_mm as moe_grouped_mm
 
     segment_len = length // 3 + 5
 
@@ -313,12 +314,12 @@ def compose(length: int) -> int:
                  use_qk_l2norm_in_kernel=False, chunk_size=64, use_gate_in_kernel=False, A_log=None, dt_bias=None,
                  lower_bound=None):
         # fast.chunk_kda after its CUDA check, with the reference kernel in place of fla's.
-        q, k, v, g, beta, initial_state = kda_fast.prepare_inputs(q, k, v, g, beta, initial_state)
-        gate = kda_fast.Gate(A_log, dt_bias, lower_bound) if use_gate_in_kernel else None
-        kda_fast.check_kernel_inputs(q, k, v, g, beta, initial_state, gate)
+        q, k, v, g, beta, initial_state = kda_fla.prepare_inputs(q, k, v, g, beta, initial_state)
+        gate = kda_fla.Gate(A_log, dt_bias, lower_bound) if use_gate_in_kernel else None
+        kda_fla.check_kernel_inputs(q, k, v, g, beta, initial_state, gate)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        return kda_fast.segmented_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                      use_qk_l2norm_in_kernel, segment_len, kernel=kda_fast.reference_segment_kernel, gate=gate)
+        return kda_fla.segmented_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                      use_qk_l2norm_in_kernel, segment_len, kernel=kda_fla.reference_segment_kernel, gate=gate)
 
     selections = []
 
@@ -327,19 +328,19 @@ def compose(length: int) -> int:
         # choice on the same inputs is kept to compare the two selections.
         kwargs = dict(kpool=kpool, topk=topk, select_tail=select_tail, softmax_scale=softmax_scale)
         indexer_reference.check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk)
-        rows = indexer_fast.streamed_select(index_q, head_weights, pooled, query_chunk=None, out_dtype=torch.int32,
+        rows = indexer_triton.streamed_select(index_q, head_weights, pooled, query_chunk=None, out_dtype=torch.int32,
                                             **kwargs)
         selections.append(selection_agreement(rows, indexer_reference.select_indices(
             index_q, head_weights, pooled, **kwargs), index_q, head_weights, pooled, topk, kpool, softmax_scale))
         return rows
 
     def fast_sparse(q_lat, latent, indices, softmax_scale, **unused):
-        q_lat, latent, indices = dsa_fast.prepare_inputs(q_lat, latent, indices)
-        dsa_fast.check_kernel_inputs(q_lat, latent, indices)
-        return dsa_fast.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale)
+        q_lat, latent, indices = dsa_triton.prepare_inputs(q_lat, latent, indices)
+        dsa_triton.check_kernel_inputs(q_lat, latent, indices)
+        return dsa_triton.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale)
 
     def fast_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit):
-        return moe_fast.grouped_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit,
+        return moe_grouped_mm.grouped_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit,
                                         chunk_tokens=length // 2 + 3)
 
     model, ids = build(length)

@@ -13,8 +13,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 pytest.importorskip("tilelang")
 
-from genolc.model.ops.dsa import reference, tilelang_bwd, tilelang_fwd  # noqa: E402
-from test_dsa_fast import _fwd_bwd, _inputs, random_index_rows  # noqa: E402
+from genolc.model.ops.dsa import reference
+from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
+from genolc.model.ops.dsa.tilelang import forward as tilelang_forward  # noqa: E402
+from test_dsa_triton import _fwd_bwd, _inputs, random_index_rows  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -29,7 +31,7 @@ def test_matches_reference(length, topk, heads, rank, poison, rel_err):
     ref_out, ref_grads = _fwd_bwd(reference.sparse_latent_attention, *(t.float() for t in leaves), indices, d_out,
                                   scale)
     poison()
-    out, grads = _fwd_bwd(tilelang_bwd.sparse_latent_attention, *leaves, indices, d_out, scale)
+    out, grads = _fwd_bwd(tilelang_backward.sparse_latent_attention, *leaves, indices, d_out, scale)
     assert out.dtype == torch.bfloat16
     assert rel_err(out, ref_out) < 1e-2
     assert out[0, 17].float().abs().max() == 0
@@ -37,5 +39,5 @@ def test_matches_reference(length, topk, heads, rank, poison, rel_err):
         assert rel_err(mine, theirs) < 1e-2, name
     assert grads[0][0, 17].float().abs().max() == 0
 
-    _, lse = tilelang_fwd.sparse_latent_attention_forward(*(t.detach() for t in leaves), indices, scale)
+    _, lse = tilelang_forward.sparse_latent_attention_forward(*(t.detach() for t in leaves), indices, scale)
     assert lse[0, 17].isinf().all() and (lse[0, 17] > 0).all()

@@ -41,7 +41,7 @@ from genolc.model import build_model  # noqa: E402
 from genolc.model.layers.kda import KimiDeltaAttention  # noqa: E402
 from genolc.model.ops import dispatch  # noqa: E402
 from genolc.model.ops.dsa import reference as dsa_reference  # noqa: E402
-from genolc.model.ops.indexer import fast as indexer_fast  # noqa: E402
+from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
 from genolc.model.ops.kda import reference as kda_reference  # noqa: E402
 from genolc.model.ops.moe import reference as moe_reference  # noqa: E402
@@ -69,7 +69,7 @@ class CheckedSelection:
     def __call__(self, index_q, head_weights, pooled, *, kpool, topk, select_tail, softmax_scale, **kwargs):
         rows = dispatch.select_indices(index_q, head_weights, pooled, kpool=kpool, topk=topk,
                                        select_tail=select_tail, softmax_scale=softmax_scale, **kwargs)
-        prepared = indexer_fast.prepare_inputs(index_q, head_weights, pooled)
+        prepared = indexer_triton.prepare_inputs(index_q, head_weights, pooled)
         with torch.autocast("cuda", enabled=False):
             expected = indexer_reference.select_indices(*(t.float() for t in prepared), kpool=kpool, topk=topk,
                                                         select_tail=select_tail, softmax_scale=softmax_scale)

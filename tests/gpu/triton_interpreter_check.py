@@ -29,9 +29,10 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 import torch  # noqa: E402
 
-from genolc.model.ops.dsa import fast as dsa_fast  # noqa: E402
+from genolc.model.ops.dsa import triton as dsa_triton  # noqa: E402
 from genolc.model.ops.dsa import reference as dsa_reference  # noqa: E402
-from genolc.model.ops.indexer import fast as indexer_fast  # noqa: E402
+from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
+from genolc.model.ops.indexer import layout as indexer_layout  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def selected_scores(index_q, weights, pooled, rows, topk, kpool, scale) -> torch.Tensor:
     """Reference fp32 scores of each row's selected pools, sorted descending (-inf for empty slots)."""
-    pools = indexer_reference.selected_pools(rows, topk, kpool)
+    pools = indexer_layout.selected_pools(rows, topk, kpool)
     gathered = pooled[torch.arange(pooled.shape[0])[:, None, None], pools.clamp_min(0)]
     scores = indexer_reference.pool_scores(index_q, weights, gathered, scale)
     return scores.masked_fill(pools < 0, float("-inf")).sort(-1, descending=True).values
@@ -59,7 +60,7 @@ def check_indexer(batch, length, heads, dim, topk, kpool, tail, dtype, query_chu
     pooled = torch.randn(batch, length // kpool, dim, generator=gen).to(dtype)
     kwargs = dict(kpool=kpool, topk=topk, select_tail=tail, softmax_scale=dim ** -0.5)
     expected = indexer_reference.select_indices(index_q, weights, pooled, **kwargs)
-    got = indexer_fast.streamed_select(index_q[:, offset:], weights[:, offset:], pooled, query_chunk=query_chunk,
+    got = indexer_triton.streamed_select(index_q[:, offset:], weights[:, offset:], pooled, query_chunk=query_chunk,
                                        out_dtype=out_dtype, query_offset=offset, **kwargs)
     if offset:
         got = torch.cat([expected[:, :offset].to(out_dtype), got], dim=1)
@@ -119,13 +120,13 @@ def check_dsa(batch, length, heads, rank, topk, kpool, index_dtype, strided_indi
     d_out = torch.randn(batch, length, heads, rank, generator=gen)
     scale = 0.7 * rank ** -0.5
     results = []
-    for op in (dsa_reference.sparse_latent_attention, dsa_fast.sparse_latent_attention_forward, None):
+    for op in (dsa_reference.sparse_latent_attention, dsa_triton.sparse_latent_attention_forward, None):
         leaves = [t.detach().clone().requires_grad_(True) for t in (q_lat, latent)]
         if op is None:
-            prepared = dsa_fast.prepare_inputs(*leaves, indices)
-            dsa_fast.check_kernel_inputs(*prepared)
-            out = dsa_fast.SparseLatentAttention.apply(*prepared, scale)
-        elif op is dsa_fast.sparse_latent_attention_forward:
+            prepared = dsa_triton.prepare_inputs(*leaves, indices)
+            dsa_triton.check_kernel_inputs(*prepared)
+            out = dsa_triton.SparseLatentAttention.apply(*prepared, scale)
+        elif op is dsa_triton.sparse_latent_attention_forward:
             with torch.no_grad():
                 out, lse = op(q_lat, latent, indices.contiguous(), scale)
             results.append((out, lse))

@@ -27,7 +27,7 @@ def saved(tmp_path_factory):
     torch.manual_seed(0)
     model = build_model(small_config()).eval()
     path = tmp_path_factory.mktemp("ckpt") / "model"
-    model.save_pretrained(path)
+    save_pretrained(model, path)
     return model, path
 
 
@@ -139,7 +139,7 @@ def test_failed_save_leaves_nothing_behind(saved, tmp_path):
         pass
 
     with pytest.raises(Exception):
-        model.save_pretrained(tmp_path / "out", tokenizer=BrokenTokenizer())
+        save_pretrained(model, tmp_path / "out", tokenizer=BrokenTokenizer())
     assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())
 
 
@@ -147,7 +147,7 @@ def test_save_with_tokenizer(saved, tmp_path):
     tokenize = pytest.importorskip("genolc.tokenize")
     model, _ = saved
     tokenizer = tokenize.make_tokenizer("char")
-    model.save_pretrained(tmp_path / "with_tok", tokenizer=tokenizer)
+    save_pretrained(model, tmp_path / "with_tok", tokenizer=tokenizer)
     assert tokenize.load_tokenizer(tmp_path / "with_tok" / "tokenizer.json").to_dict() == tokenizer.to_dict()
 
 
@@ -234,7 +234,7 @@ def test_text_vocabulary_checkpoint_resized_to_genome_tokens(tmp_path):
     assert genome_logits.shape == (2, 50, char.vocab_size)
     torch.testing.assert_close(genome_logits, text_logits[..., : char.vocab_size], rtol=0, atol=1e-6)
 
-    genome.save_pretrained(tmp_path / "genome", tokenizer=char)
+    save_pretrained(genome, tmp_path / "genome", tokenizer=char)
     assert json.loads((tmp_path / "genome" / "config.json").read_text())["vocab_size"] == char.vocab_size
     assert load_tokenizer(tmp_path / "genome" / "tokenizer.json") == char
     with torch.no_grad():

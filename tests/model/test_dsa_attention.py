@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from genolc.model.config import ModelConfig
-from genolc.model.layers.dsa import DSAAttention
 from genolc.model.indexer_loss import indexer_kl_loss
-from genolc.model.ops.dsa.reference import dense_causal_attention, sparse_attention, sparse_latent_attention
+from genolc.model.layers.dsa import DSAAttention
+from genolc.model.ops.dsa.dense import dense_causal_attention
+from genolc.model.ops.dsa.reference import sparse_attention, sparse_latent_attention
 
 glm5 = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig  # noqa: E402

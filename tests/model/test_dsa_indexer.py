@@ -8,8 +8,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from genolc.model.config import ModelConfig
 from genolc.model.layers.dsa import DSAAttention
-from genolc.model.ops.indexer.reference import (complete_pools_visible, index_width, pool_keys, pool_scores,
-                                                select_indices, selected_pools, selects_all_causal)
+from genolc.model.ops.indexer.layout import complete_pools_visible, index_width, selected_pools, selects_all_causal
+from genolc.model.ops.indexer.pooling import pool_keys
+from genolc.model.ops.indexer.reference import pool_scores, select_indices
 
 glm5 = pytest.importorskip("transformers.models.glm5_next.modeling_glm5_next")
 from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig  # noqa: E402

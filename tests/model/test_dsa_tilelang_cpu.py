@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from genolc.model.ops.dsa import tilelang_fwd
+from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
 
 
 @pytest.fixture(name="no_tilelang")
@@ -17,7 +17,7 @@ def no_tilelang_fixture(monkeypatch):
     """Any ``import tilelang`` raises ImportError while the test runs; the module is reloaded under that block."""
     monkeypatch.setitem(sys.modules, "tilelang", None)
     monkeypatch.setitem(sys.modules, "tilelang.language", None)
-    return importlib.reload(tilelang_fwd)
+    return importlib.reload(tilelang_forward)
 
 
 def _inputs(batch=1, length=5, heads=8, rank=256, kv_len=9, width=7, dtype=torch.bfloat16):
@@ -82,15 +82,12 @@ def test_launch_configs(no_tilelang):
         config_cls(64, 2, 96).check(256)
 
 
-# --- backward (tilelang_bwd): input checks, launch configs, the autograd op's CPU refusal -----------------------
+@pytest.fixture(name="no_tilelang_backward")
+def no_tilelang_backward_fixture(no_tilelang):
+    """tilelang_backward reloaded while ``import tilelang`` is blocked (after tilelang_forward, which it imports)."""
+    from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
 
-
-@pytest.fixture(name="no_tilelang_bwd")
-def no_tilelang_bwd_fixture(no_tilelang):
-    """tilelang_bwd reloaded while ``import tilelang`` is blocked (after tilelang_fwd, which it imports)."""
-    from genolc.model.ops.dsa import tilelang_bwd
-
-    return importlib.reload(tilelang_bwd)
+    return importlib.reload(tilelang_backward)
 
 
 def _backward_inputs(**kwargs):
@@ -101,9 +98,9 @@ def _backward_inputs(**kwargs):
     return q_lat, latent, indices, out, lse, d_out
 
 
-def test_backward_module_import_does_not_import_tilelang(no_tilelang_bwd):
+def test_backward_module_import_does_not_import_tilelang(no_tilelang_backward):
     assert sys.modules["tilelang"] is None
-    assert no_tilelang_bwd.default_backward_config(384).rank_parts == 3
+    assert no_tilelang_backward.default_backward_config(384).rank_parts == 3
 
 
 @pytest.mark.parametrize("change, message", [
@@ -116,48 +113,48 @@ def test_backward_module_import_does_not_import_tilelang(no_tilelang_bwd):
     (lambda q, c, i, o, l, g: (q, c, i.long(), o, l, g), "int32"),
     (lambda q, c, i, o, l, g: (q.float(), c.float(), i, o.float(), l, g.float()), "dtype"),
 ])
-def test_backward_bad_inputs_raise_value_error(no_tilelang_bwd, change, message):
+def test_backward_bad_inputs_raise_value_error(no_tilelang_backward, change, message):
     q_lat, latent, indices, out, lse, d_out = change(*_backward_inputs())
     with pytest.raises(ValueError, match=message):
-        no_tilelang_bwd.check_backward_inputs(q_lat, latent, indices, out, lse, d_out, 0.1)
+        no_tilelang_backward.check_backward_inputs(q_lat, latent, indices, out, lse, d_out, 0.1)
 
 
-def test_backward_on_cpu_raises_instead_of_falling_back(no_tilelang_bwd):
+def test_backward_on_cpu_raises_instead_of_falling_back(no_tilelang_backward):
     with pytest.raises(ValueError, match="needs CUDA tensors"):
-        no_tilelang_bwd.sparse_latent_attention_backward(*_backward_inputs(heads=12, rank=384), 0.1)
+        no_tilelang_backward.sparse_latent_attention_backward(*_backward_inputs(heads=12, rank=384), 0.1)
 
 
-def test_autograd_op_on_cpu_raises(no_tilelang_bwd):
+def test_autograd_op_on_cpu_raises(no_tilelang_backward):
     q_lat, latent, indices = _inputs()
     with pytest.raises(ValueError, match="reference.sparse_latent_attention"):
-        no_tilelang_bwd.sparse_latent_attention(q_lat.requires_grad_(), latent, indices, 0.1)
+        no_tilelang_backward.sparse_latent_attention(q_lat.requires_grad_(), latent, indices, 0.1)
 
 
-def test_prepare_inputs_narrows_indices_and_unifies_dtypes(no_tilelang_bwd):
+def test_prepare_inputs_narrows_indices_and_unifies_dtypes(no_tilelang_backward):
     q_lat, latent, indices = _inputs()
     wide = indices.long().transpose(1, 2).contiguous().transpose(1, 2)           # int64, last stride != 1
-    q2, c2, i2 = no_tilelang_bwd.prepare_tilelang_inputs(q_lat, latent.float(), wide)
+    q2, c2, i2 = no_tilelang_backward.prepare_tilelang_inputs(q_lat, latent.float(), wide)
     assert q2.dtype == c2.dtype == torch.float32                                   # fp32 then fails check_inputs
     assert i2.dtype == torch.int32 and i2.is_contiguous() and torch.equal(i2, indices)
     with pytest.raises(ValueError, match="dtype"):
-        no_tilelang_bwd.check_inputs(q2, c2, i2, 0.1)
-    q3, c3, i3 = no_tilelang_bwd.prepare_tilelang_inputs(q_lat, latent, indices)
+        no_tilelang_backward.check_inputs(q2, c2, i2, 0.1)
+    q3, c3, i3 = no_tilelang_backward.prepare_tilelang_inputs(q_lat, latent, indices)
     assert q3.dtype == c3.dtype == torch.bfloat16 and i3.data_ptr() == indices.data_ptr()
 
 
-def test_backward_launch_configs(no_tilelang_bwd):
-    config_cls = no_tilelang_bwd.BackwardConfig
+def test_backward_launch_configs(no_tilelang_backward):
+    config_cls = no_tilelang_backward.BackwardConfig
     expected_parts = {64: 1, 128: 1, 256: 2, 384: 3, 512: 4, 480: 5}
     for rank, parts in expected_parts.items():
-        config = no_tilelang_bwd.default_backward_config(rank)
+        config = no_tilelang_backward.default_backward_config(rank)
         config.check(rank)
         assert config.rank_parts == parts and rank // parts <= 128
     # Base (H = 12, R = 384): Q, dO, two 32-slot gathered stages, P and dS, one fp32 [32, 128] dC slice.
-    base = no_tilelang_bwd.default_backward_config(384)
+    base = no_tilelang_backward.default_backward_config(384)
     assert base.shared_bytes(12, 384) == 2 * 16 * 384 * 2 + 2 * 32 * 384 * 2 + 2 * 16 * 32 * 2 + 32 * 128 * 4
     assert base.shared_bytes(12, 384) < 227 * 1024
     with pytest.raises(ValueError, match="multiple of 32"):
-        no_tilelang_bwd.default_backward_config(80)
+        no_tilelang_backward.default_backward_config(80)
     with pytest.raises(ValueError, match="rank_parts"):
         config_cls(rank_parts=3).check(256)
     with pytest.raises(ValueError, match="multiples of"):

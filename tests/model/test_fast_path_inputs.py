@@ -27,11 +27,11 @@ import genolc.model.layers.moe as moe_layer
 from genolc.model.checkpoint import model_from_tensors
 from genolc.model.model import build_model
 from genolc.model.ops import dispatch
-from genolc.model.ops.dsa import fast as dsa_fast
+from genolc.model.ops.dsa import triton as dsa_triton
 from genolc.model.ops.dsa import reference as dsa_reference
-from genolc.model.ops.indexer import fast as indexer_fast
-from genolc.model.ops.kda import fast as kda_fast
-from genolc.model.ops.moe import fast as moe_fast
+from genolc.model.ops.indexer import triton as indexer_triton
+from genolc.model.ops.kda import fla as kda_fla
+from genolc.model.ops.moe import grouped_mm as moe_grouped_mm
 from genolc.model.presets import preset
 
 SEQ_LEN = 300
@@ -106,7 +106,7 @@ class Recorder:
 
 def grouped_mm_meta_check(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
     """Run both of ``_experts_chunk``'s grouped GEMMs on meta tensors laid out as on CUDA: torch's own checks
-    (dtype, strides, alignment) then judge the operands, independently of ``moe_fast.check_kernel_inputs``."""
+    (dtype, strides, alignment) then judge the operands, independently of ``moe_grouped_mm.check_kernel_inputs``."""
     def meta(t: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
@@ -122,30 +122,30 @@ def grouped_mm_meta_check(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj
 def attach_spies(model: torch.nn.Module, recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
     def kda_spy(q, k, v, g, beta, scale=None, initial_state=None, **kwargs):
         def validate():
-            prepared = kda_fast.prepare_inputs(q, k, v, g, beta, initial_state)
-            gate = kda_fast.resolve_gate(prepared[0], kwargs.get("use_gate_in_kernel", False), kwargs.get("A_log"),
+            prepared = kda_fla.prepare_inputs(q, k, v, g, beta, initial_state)
+            gate = kda_fla.resolve_gate(prepared[0], kwargs.get("use_gate_in_kernel", False), kwargs.get("A_log"),
                                          kwargs.get("dt_bias"), kwargs.get("lower_bound"), None)
-            kda_fast.check_kernel_inputs(*prepared, gate)
+            kda_fla.check_kernel_inputs(*prepared, gate)
         recorder.check("chunk_kda", dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                                          A_log=kwargs.get("A_log"), dt_bias=kwargs.get("dt_bias")), validate)
         return dispatch.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, **kwargs)
 
     def select_spy(index_q, head_weights, pooled, **kwargs):
         def validate():
-            indexer_fast.check_kernel_inputs(*indexer_fast.prepare_inputs(index_q, head_weights, pooled))
+            indexer_triton.check_kernel_inputs(*indexer_triton.prepare_inputs(index_q, head_weights, pooled))
         recorder.check("select_indices", dict(index_q=index_q, head_weights=head_weights, pooled=pooled), validate)
         return dispatch.select_indices(index_q, head_weights, pooled, **kwargs)
 
     def sparse_spy(q_lat, latent, indices, softmax_scale, **kwargs):
         def validate():
-            dsa_fast.check_kernel_inputs(*dsa_fast.prepare_inputs(q_lat, latent, indices))
+            dsa_triton.check_kernel_inputs(*dsa_triton.prepare_inputs(q_lat, latent, indices))
         recorder.check("sparse_latent_attention", dict(q_lat=q_lat, latent=latent, indices=indices), validate)
         return dispatch.sparse_latent_attention(q_lat, latent, indices, softmax_scale, **kwargs)
 
     def experts_spy(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit):
         def validate():
-            prepared = moe_fast.prepare_inputs(x, gate_up_proj, down_proj)
-            moe_fast.check_kernel_inputs(*prepared)
+            prepared = moe_grouped_mm.prepare_inputs(x, gate_up_proj, down_proj)
+            moe_grouped_mm.check_kernel_inputs(*prepared)
             try:
                 grouped_mm_meta_check(*prepared)
             except RuntimeError as exc:
@@ -221,15 +221,15 @@ def test_cuda_autocast_policy_reproduces_the_indexer_dtype_split():
     pooled = torch.randn(1, 2, 16)
     weights = torch.rand(1, 8, 2)
     with pytest.raises(ValueError, match="share one dtype"):
-        indexer_fast.check_kernel_inputs(index_q, weights, pooled)
+        indexer_triton.check_kernel_inputs(index_q, weights, pooled)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        prepared = indexer_fast.prepare_inputs(index_q, weights, pooled)
+        prepared = indexer_triton.prepare_inputs(index_q, weights, pooled)
         with CudaAutocastPolicy():
             normed = torch.nn.functional.layer_norm(torch.randn(4, 16).bfloat16(), (16,))
     assert normed.dtype == torch.float32
     assert [t.dtype for t in prepared] == [torch.bfloat16, torch.float32, torch.bfloat16]
-    indexer_fast.check_kernel_inputs(*prepared)
-    assert [t.dtype for t in indexer_fast.prepare_inputs(index_q, weights, pooled)] == [torch.float32] * 3
+    indexer_triton.check_kernel_inputs(*prepared)
+    assert [t.dtype for t in indexer_triton.prepare_inputs(index_q, weights, pooled)] == [torch.float32] * 3
 
 
 def test_fast_op_checks_refuse_what_the_kernels_cannot_take():
@@ -238,41 +238,41 @@ def test_fast_op_checks_refuse_what_the_kernels_cannot_take():
     rows = torch.zeros(1, 10, 4, dtype=torch.int32)
     strided_q = q.transpose(1, 2).contiguous().transpose(1, 2)
     with pytest.raises(ValueError, match="must be contiguous"):
-        dsa_fast.check_kernel_inputs(strided_q, latent, rows)
+        dsa_triton.check_kernel_inputs(strided_q, latent, rows)
     with pytest.raises(ValueError, match="must be contiguous"):
-        dsa_fast.check_kernel_inputs(q, torch.randn(1, 10, 20, dtype=torch.bfloat16)[..., :16], rows)
+        dsa_triton.check_kernel_inputs(q, torch.randn(1, 10, 20, dtype=torch.bfloat16)[..., :16], rows)
     with pytest.raises(ValueError, match="int32 or int64"):
-        dsa_fast.check_kernel_inputs(q, latent, torch.zeros(1, 10, 4))
+        dsa_triton.check_kernel_inputs(q, latent, torch.zeros(1, 10, 4))
     with pytest.raises(ValueError, match="share one dtype"):
-        dsa_fast.check_kernel_inputs(q, latent.float(), rows)
+        dsa_triton.check_kernel_inputs(q, latent.float(), rows)
     with pytest.raises(ValueError, match="disagree"):
-        dsa_fast.check_kernel_inputs(q, latent[..., :8], rows)
+        dsa_triton.check_kernel_inputs(q, latent[..., :8], rows)
     with pytest.raises(ValueError, match="contiguous last dimension"):
-        dsa_fast.check_kernel_inputs(q, latent, rows.transpose(1, 2).contiguous().transpose(1, 2))
+        dsa_triton.check_kernel_inputs(q, latent, rows.transpose(1, 2).contiguous().transpose(1, 2))
     # Mixed dtypes meet in the wider one (autocast's dtype under autocast); layouts become contiguous; rows keep
     # their dtype (no int64 copy) and, with a unit last stride, their storage.
     wide_rows = torch.zeros(1, 10, 6, dtype=torch.int32)[..., :4]
-    prepared = dsa_fast.prepare_inputs(strided_q, torch.randn(1, 10, 20)[..., :16], wide_rows)
+    prepared = dsa_triton.prepare_inputs(strided_q, torch.randn(1, 10, 20)[..., :16], wide_rows)
     assert [t.dtype for t in prepared] == [torch.float32, torch.float32, torch.int32]
     assert prepared[2].data_ptr() == wide_rows.data_ptr()
-    dsa_fast.check_kernel_inputs(*prepared)
+    dsa_triton.check_kernel_inputs(*prepared)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        prepared = dsa_fast.prepare_inputs(q, latent.float(), rows.long())
+        prepared = dsa_triton.prepare_inputs(q, latent.float(), rows.long())
     assert [t.dtype for t in prepared] == [torch.bfloat16, torch.bfloat16, torch.int64]
-    dsa_fast.check_kernel_inputs(*prepared)
-    assert dsa_fast.tile_sizes(12, 384) == {"BLOCK_H": 16, "BLOCK_R": 512, "fwd_block_w": 32, "fwd_warps": 8,
+    dsa_triton.check_kernel_inputs(*prepared)
+    assert dsa_triton.tile_sizes(12, 384) == {"BLOCK_H": 16, "BLOCK_R": 512, "fwd_block_w": 32, "fwd_warps": 8,
                                             "bwd_block_w": 16, "bwd_warps": 8}
-    assert dsa_fast.tile_sizes(64, 20)["BLOCK_H"] == 32 and dsa_fast.tile_sizes(64, 20)["BLOCK_R"] == 32
+    assert dsa_triton.tile_sizes(64, 20)["BLOCK_H"] == 32 and dsa_triton.tile_sizes(64, 20)["BLOCK_R"] == 32
     with pytest.raises(ValueError, match="float32 initial_state"):
-        kda_fast.check_kernel_inputs(q, q, q, q.float(), torch.rand(1, 10, 2), torch.zeros(1, 2, 16, 16).bfloat16())
+        kda_fla.check_kernel_inputs(q, q, q, q.float(), torch.rand(1, 10, 2), torch.zeros(1, 2, 16, 16).bfloat16())
     with pytest.raises(ValueError, match="share one dtype"):
-        kda_fast.check_kernel_inputs(q, q.float(), q, q.float(), torch.rand(1, 10, 2), None)
+        kda_fla.check_kernel_inputs(q, q.float(), q, q.float(), torch.rand(1, 10, 2), None)
     x, gate_up, down = torch.randn(5, 24), torch.randn(3, 16, 24), torch.randn(3, 24, 8)
     with pytest.raises(ValueError, match="bf16"):
-        moe_fast.check_kernel_inputs(x, gate_up, down)
+        moe_grouped_mm.check_kernel_inputs(x, gate_up, down)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        prepared = moe_fast.prepare_inputs(x, gate_up, down)
-    moe_fast.check_kernel_inputs(*prepared)
+        prepared = moe_grouped_mm.prepare_inputs(x, gate_up, down)
+    moe_grouped_mm.check_kernel_inputs(*prepared)
     grouped_mm_meta_check(*prepared)
     with pytest.raises(ValueError, match="multiples of 8"):
-        moe_fast.check_kernel_inputs(x.bfloat16(), gate_up[:, :8].bfloat16(), down[..., :4].bfloat16())
+        moe_grouped_mm.check_kernel_inputs(x.bfloat16(), gate_up[:, :8].bfloat16(), down[..., :4].bfloat16())

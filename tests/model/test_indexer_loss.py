@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from genolc.model.indexer_loss import indexer_kl_loss
-from genolc.model.ops.indexer.reference import pool_keys, pool_scores, select_indices
+from genolc.model.ops.indexer.pooling import pool_keys
+from genolc.model.ops.indexer.reference import pool_scores, select_indices
 
 INDEX_SCALE = 0.25
 MAIN_SCALE = 0.35

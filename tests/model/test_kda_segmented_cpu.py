@@ -1,4 +1,4 @@
-"""Segment-wise KDA autograd (genolc.model.ops.kda.fast.SegmentedKDA) on CPU, around the pure-torch chunk_kda.
+"""Segment-wise KDA autograd (genolc.model.ops.kda.fla.SegmentedKDA) on CPU, around the pure-torch chunk_kda.
 
 The segmented Function is fla-independent: it takes the per-segment kernel as a parameter. Here that kernel is the
 reference, so outputs and gradients must equal one unsegmented reference call up to fp32 summation order.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from genolc.model.ops.kda import reference
-from genolc.model.ops.kda.fast import (Gate, check_gate, reference_segment_kernel, resolve_gate, segment_bounds,
+from genolc.model.ops.kda.fla import (Gate, check_gate, reference_segment_kernel, resolve_gate, segment_bounds,
                                       segmented_kda)
 
 # Odd length, and a reference chunk that segment boundaries cut through.

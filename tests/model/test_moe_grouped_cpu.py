@@ -1,4 +1,4 @@
-"""Grouped-GEMM experts (genolc.model.ops.moe.fast) on CPU: ``torch._grouped_mm`` runs there too, so the sorting,
+"""Grouped-GEMM experts (genolc.model.ops.moe.grouped_mm) on CPU: ``torch._grouped_mm`` runs there too, so the sorting,
 chunking, checkpointing and scatter logic is checked against the per-expert reference without a GPU."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genolc.model.ops.moe.fast import grouped_experts
+from genolc.model.ops.moe.grouped_mm import grouped_experts
 from genolc.model.ops.moe.reference import routed_experts
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from genolc.model.layers.moe import Experts
-from genolc.model.ops.moe.reference import clamped_swiglu
 from genolc.model.ops import dispatch
 from genolc.model.ops.dsa import reference as dsa_reference
 from genolc.model.ops.indexer import reference as indexer_reference
 from genolc.model.ops.kda import reference as kda_reference
+from genolc.model.ops.moe.swiglu import clamped_swiglu
 from genolc.model.presets import tiny
 
 

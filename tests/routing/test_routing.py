@@ -55,6 +55,7 @@ def test_tally_cuts_calls_into_dispatch_groups_in_routing_order():
 def tiny_setup(tmp_path_factory):
     from conftest import shared_file
     from genolc.data.dataset import PreparedDataset
+    from genolc.model.checkpoint import save_pretrained
     from genolc.model.model import build_model
     from genolc.model.presets import preset
 
@@ -65,7 +66,7 @@ def tiny_setup(tmp_path_factory):
     assert result.exit_code == 0, result.output
     tok = PreparedDataset(data).tokenizer
     torch.manual_seed(0)
-    build_model(preset("tiny", vocab_size=tok.vocab_size)).save_pretrained(root / "model", tokenizer=tok)
+    save_pretrained(build_model(preset("tiny", vocab_size=tok.vocab_size)), root / "model", tokenizer=tok)
     return data, root / "model", root
 
 

@@ -57,13 +57,13 @@ def genome(bases, tmp_path_factory):
 def checkpoint(tmp_path_factory):
     import torch
 
-    from genolc.model import build_model, preset
+    from genolc.model import build_model, preset, save_pretrained
     from genolc.tokenize import CharTokenizer
 
     torch.manual_seed(0)
     tok = CharTokenizer()
     path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    build_model(preset("tiny", vocab_size=tok.vocab_size)).save_pretrained(path, tokenizer=tok)
+    save_pretrained(build_model(preset("tiny", vocab_size=tok.vocab_size)), path, tokenizer=tok)
     return path
 
 

@@ -96,6 +96,7 @@ def test_dataset_missing(tmp_path):
 
 
 def test_dataset_tokenizer_differs_from_checkpoint(char_data, tmp_path):
+    from genolc.model.checkpoint import save_pretrained
     from genolc.model.model import build_model
     from genolc.model.presets import preset
     from genolc.tokenize import make_tokenizer
@@ -103,7 +104,7 @@ def test_dataset_tokenizer_differs_from_checkpoint(char_data, tmp_path):
     kmer_data = prepare(PrepareConfig(genomes=(shared_file(LAMBDA),), out=tmp_path / "kmer", train="all",
                                       heldout=(), tokenizer="kmer:2", progress=False))
     char = make_tokenizer("char")
-    build_model(preset("tiny", vocab_size=char.vocab_size)).save_pretrained(tmp_path / "ckpt", tokenizer=char)
+    save_pretrained(build_model(preset("tiny", vocab_size=char.vocab_size)), tmp_path / "ckpt", tokenizer=char)
     out = _error("--data", kmer_data, "--seq", "64", "--init", tmp_path / "ckpt", "--out", tmp_path / "run")
     assert "different tokenizer" in out and "kmer" in out
 

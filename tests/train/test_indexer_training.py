@@ -15,7 +15,7 @@ from conftest import shared_file
 from genolc.data.dataset import PreparedDataset
 from genolc.data.prepare import PrepareConfig, prepare
 from genolc.model import build_model, preset
-from genolc.model.checkpoint import load_pretrained
+from genolc.model.checkpoint import load_pretrained, save_pretrained
 from genolc.train.config import TrainConfig
 from genolc.train.loop import finetune
 
@@ -81,7 +81,7 @@ def test_indexer_kl_training_makes_selection_follow_main_attention(lambda_data, 
             with torch.no_grad():
                 layer.self_attn.q_b_proj.weight.mul_(MAIN_ATTENTION_SHARPEN)
                 layer.self_attn.kv_b_proj.weight.mul_(MAIN_ATTENTION_SHARPEN)
-    start.save_pretrained(tmp_path / "start", tokenizer=dataset.tokenizer)
+    save_pretrained(start, tmp_path / "start", tokenizer=dataset.tokenizer)
 
     tokens = np.asarray(dataset.tokens(dataset.keys("train")[0]))
     ids = torch.from_numpy(np.stack([tokens[s: s + SEQ] for s in (1000, 11000, 21000, 31000, 41000)]).astype(np.int64))

@@ -91,24 +91,24 @@ def _fast_path_saved_bytes_per_token(cfg, seq: int) -> list[float]:
     from genolc.model.layers.dsa import DSAAttention
     from genolc.model.layers.kda import KimiDeltaAttention
     from genolc.model.model import build_model
-    from genolc.model.ops.dsa import fast as dsa_fast, reference as dsa_reference
-    from genolc.model.ops.kda import fast as kda_fast
-    from genolc.model.ops.moe import fast as moe_fast
+    from genolc.model.ops.dsa import reference as dsa_reference, triton as dsa_triton
+    from genolc.model.ops.kda import fla as kda_fla
+    from genolc.model.ops.moe import grouped_mm as moe_grouped_mm
 
     def kda_op(q, k, v, g, beta, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
                dt_bias=None, lower_bound=None, **unused):
-        q, k, v, g, beta, _ = kda_fast.prepare_inputs(q, k, v, g, beta, None)
-        gate = kda_fast.resolve_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound, None)
-        return kda_fast.segmented_kda(q, k, v, g, beta, q.shape[-1] ** -0.5, None, False, use_qk_l2norm_in_kernel,
-                                      q.shape[1] // 2 + 1, kernel=kda_fast.reference_segment_kernel, gate=gate)
+        q, k, v, g, beta, _ = kda_fla.prepare_inputs(q, k, v, g, beta, None)
+        gate = kda_fla.resolve_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound, None)
+        return kda_fla.segmented_kda(q, k, v, g, beta, q.shape[-1] ** -0.5, None, False, use_qk_l2norm_in_kernel,
+                                      q.shape[1] // 2 + 1, kernel=kda_fla.reference_segment_kernel, gate=gate)
 
     def sparse_forward(q_lat, latent, indices, scale):
         return (dsa_reference.sparse_latent_attention(q_lat, latent, indices, scale),
                 torch.zeros(q_lat.shape[:3]))
 
     def sparse_op(q_lat, latent, indices, softmax_scale, **unused):
-        q_lat, latent, indices = dsa_fast.prepare_inputs(q_lat, latent, indices.int())
-        return dsa_fast.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale, (sparse_forward, None))
+        q_lat, latent, indices = dsa_triton.prepare_inputs(q_lat, latent, indices.int())
+        return dsa_triton.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale, (sparse_forward, None))
 
     torch.manual_seed(0)
     model = build_model(cfg)
@@ -131,7 +131,7 @@ def _fast_path_saved_bytes_per_token(cfg, seq: int) -> list[float]:
         layer.register_forward_pre_hook(lambda *args: saved.clear())
         layer.register_forward_hook(lambda *args: per_layer.append(sum(saved.values()) / seq))
     original_experts = moe_layer.routed_experts
-    moe_layer.routed_experts = lambda *args: moe_fast.grouped_experts(*args, chunk_tokens=seq // 2)
+    moe_layer.routed_experts = lambda *args: moe_grouped_mm.grouped_experts(*args, chunk_tokens=seq // 2)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                 torch.autocast("cpu", dtype=torch.bfloat16):

@@ -12,4 +12,4 @@ rule report:
         out=lambda wc, output: os.path.dirname(output[0]),
         python=shlex.quote(sys.executable),
     shell:
-        "{params.python} -m genolc.report --out {params.out:q} {input:q} > {log:q} 2>&1"
+        "{params.python} -m genolc.eval.report --out {params.out:q} {input:q} > {log:q} 2>&1"

@@ -39,8 +39,9 @@ from genolc.model.config import ModelConfig, ModelConfigError
 from genolc.model.indexer_loss import INDEXER_LOSS_MODES, indexer_kl_loss, window_kl_rows
 from genolc.model.layers.norm import RMSNorm
 from genolc.model.ops.dispatch import select_indices, sparse_latent_attention
-from genolc.model.ops.dsa.reference import dense_causal_attention
-from genolc.model.ops.indexer.reference import index_width, pool_keys, selects_all_causal
+from genolc.model.ops.dsa.dense import dense_causal_attention
+from genolc.model.ops.indexer.layout import index_width, selects_all_causal
+from genolc.model.ops.indexer.pooling import pool_keys
 
 
 @dataclass

@@ -19,7 +19,7 @@ from genolc.model.cache import LayerCache
 from genolc.model.config import ModelConfig
 from genolc.model.layers.norm import GatedRMSNorm
 from genolc.model.ops.dispatch import chunk_kda
-from genolc.model.ops.kda.reference import kda_gate
+from genolc.model.ops.kda.gate import kda_gate
 
 
 class ForgetGate(nn.Module):

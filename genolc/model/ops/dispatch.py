@@ -3,12 +3,12 @@
 Every function here has its reference's signature. The fast modules (fla, Triton) are imported inside the CUDA
 branch only, so importing this module (or calling it on CPU) never imports triton, tilelang or fla.
 
-    chunk_kda                genolc.model.ops.kda.fast (fla chunk_kda, segment-wise)  | ops.kda.reference
-    select_indices           genolc.model.ops.indexer.fast (Triton scores + top-k)    | ops.indexer.reference
-    sparse_latent_attention  genolc.model.ops.dsa TileLang pair, else fused Triton     | ops.dsa.reference
-    routed_experts           genolc.model.ops.moe.fast (torch._grouped_mm)            | ops.moe.reference
+    chunk_kda                genolc.model.ops.kda.fla (fla chunk_kda, segment-wise)         | ops.kda.reference
+    select_indices           genolc.model.ops.indexer.triton (Triton scores + top-k)        | ops.indexer.reference
+    sparse_latent_attention  genolc.model.ops.dsa.tilelang pair, else dsa.triton (fused)    | ops.dsa.reference
+    routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
 
-DSA sparse attention on CUDA runs the TileLang kernel pair (tilelang_fwd/tilelang_bwd) when TileLang is installed
+DSA sparse attention on CUDA runs the TileLang kernel pair (tilelang/forward.py, tilelang/backward.py) when TileLang is installed
 and takes the operands (bf16/fp16, H <= 32, R a multiple of 16 up to 512), else the Triton pair; both are fused
 sparse kernels of one contract, tested against the reference, and the choice is logged once with its reason.
 TileLang measured 1.7x faster fwd+bwd for the base shape at 1M tokens on the H200 (2.88 vs 4.92 s,
@@ -40,9 +40,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size,
                   use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
     if q.is_cuda:
-        from genolc.model.ops.kda import fast
+        from genolc.model.ops.kda import fla
 
-        return fast.chunk_kda(q, k, v, g, beta, **kwargs)
+        return fla.chunk_kda(q, k, v, g, beta, **kwargs)
     return kda_reference.chunk_kda(q, k, v, g, beta, **kwargs)
 
 
@@ -50,10 +50,10 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
                    topk: int, select_tail: bool, softmax_scale: float, **chunking) -> torch.Tensor:
     """Indexer top-k; see ``genolc.model.ops.indexer.reference.select_indices``."""
     if index_q.is_cuda:
-        from genolc.model.ops.indexer import fast
+        from genolc.model.ops.indexer import triton as indexer_triton
 
-        return fast.select_indices(index_q, head_weights, pooled, kpool=kpool, topk=topk, select_tail=select_tail,
-                                   softmax_scale=softmax_scale, **chunking)
+        return indexer_triton.select_indices(index_q, head_weights, pooled, kpool=kpool, topk=topk,
+                                             select_tail=select_tail, softmax_scale=softmax_scale, **chunking)
     return indexer_reference.select_indices(index_q, head_weights, pooled, kpool=kpool, topk=topk,
                                             select_tail=select_tail, softmax_scale=softmax_scale, **chunking)
 
@@ -65,9 +65,9 @@ _logged_choices: set[str] = set()
 
 
 def dsa_kernel_family(q_lat: torch.Tensor, latent: torch.Tensor) -> str:
-    """"tilelang" or "triton" for these CUDA operands as ``ops.dsa.fast.prepare_inputs`` leaves them (see the
+    """"tilelang" or "triton" for these CUDA operands as ``ops.dsa.triton.prepare_inputs`` leaves them (see the
     module notes); logs the choice once per reason."""
-    from genolc.model.ops.dsa import tilelang_fwd
+    from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
 
     forced = os.environ.get(DSA_KERNELS_ENV, "")
     if forced:
@@ -78,7 +78,7 @@ def dsa_kernel_family(q_lat: torch.Tensor, latent: torch.Tensor) -> str:
     elif importlib.util.find_spec("tilelang") is None:
         family, reason = "triton", "TileLang is not installed"
     else:
-        unsupported = tilelang_fwd.unsupported_reason(q_lat, latent)
+        unsupported = tilelang_forward.unsupported_reason(q_lat, latent)
         family, reason = ("triton", f"TileLang kernels do not take {unsupported}") if unsupported else \
             ("tilelang", "TileLang is installed and takes the operands")
     if reason not in _logged_choices:
@@ -92,15 +92,15 @@ def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
                             recompute: bool | None = None) -> torch.Tensor:
     """DSA sparse attention in MLA's absorbed form; see ``genolc.model.ops.dsa.reference.sparse_latent_attention``."""
     if q_lat.is_cuda:
-        from genolc.model.ops.dsa import fast
+        from genolc.model.ops.dsa import triton as dsa_triton
 
-        q_lat, latent, indices = fast.prepare_inputs(q_lat, latent, indices)
+        q_lat, latent, indices = dsa_triton.prepare_inputs(q_lat, latent, indices)
         if dsa_kernel_family(q_lat, latent) == "tilelang":
-            from genolc.model.ops.dsa import tilelang_bwd
+            from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
 
-            return tilelang_bwd.sparse_latent_attention(q_lat, latent, indices, softmax_scale)
-        return fast.sparse_latent_attention(q_lat, latent, indices, softmax_scale, query_chunk=query_chunk,
-                                            recompute=recompute)
+            return tilelang_backward.sparse_latent_attention(q_lat, latent, indices, softmax_scale)
+        return dsa_triton.sparse_latent_attention(q_lat, latent, indices, softmax_scale, query_chunk=query_chunk,
+                                                  recompute=recompute)
     return dsa_reference.sparse_latent_attention(q_lat, latent, indices, softmax_scale, query_chunk=query_chunk,
                                                  recompute=recompute)
 
@@ -109,7 +109,7 @@ def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Ten
                    down_proj: torch.Tensor, swiglu_limit: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Routed experts ``x [N, D]`` -> (``out [N, D]``, ``tokens_per_expert [E]``); grouped GEMM on CUDA."""
     if x.is_cuda:
-        from genolc.model.ops.moe import fast
+        from genolc.model.ops.moe import grouped_mm
 
-        return fast.grouped_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit)
+        return grouped_mm.grouped_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit)
     return moe_reference.routed_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit)

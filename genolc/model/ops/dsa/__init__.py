@@ -1,1 +1,2 @@
-"""Sparse attention over indexer-selected keys: ``reference.py`` (pure torch); a fast GPU kernel goes beside it."""
+"""Sparse attention over indexer-selected keys (DSA): ``reference.py`` (pure torch), ``triton.py`` (fused Triton
+forward and backward), ``tilelang/`` (the TileLang pair), ``dense.py`` (causal SDPA when every key is selected)."""

@@ -1,4 +1,4 @@
-"""Sparse attention over indexer-selected keys (DSA), in pure torch, plus the dense causal fallback.
+"""Sparse attention over indexer-selected keys (DSA), in pure torch.
 
 Two forms of the same attention:
 
@@ -17,8 +17,8 @@ O(T * H * D) for activations plus O(T * W) for indices. Index rows may be int32 
 own rows (never the whole ``[B, T, W]`` tensor, 16 GiB as int64 at 1M tokens and W = 2051).
 
 When every query selects all of its causal keys (a short sequence; see
-``genolc.model.ops.indexer.reference.selects_all_causal``) the result equals ordinary causal attention, which
-:func:`dense_causal_attention` computes with ``torch.nn.functional.scaled_dot_product_attention``.
+``genolc.model.ops.indexer.layout.selects_all_causal``) the result equals ordinary causal attention, which
+:func:`genolc.model.ops.dsa.dense.dense_causal_attention` computes with SDPA.
 
 Queries are NoPE (no rotary embedding), as in GLM-5.3-Flash's MLA. A row with no selected key returns zeros.
 """
@@ -26,15 +26,13 @@ Queries are NoPE (no rotary embedding), as in GLM-5.3-Flash's MLA. A row with no
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 # Upper bound on the elements of one chunk's gathered keys + values when the chunk size is chosen automatically.
 GATHER_BUDGET_ELEMENTS = 1 << 26
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be [B, T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.shape[3] != k.shape[3]:
@@ -83,7 +81,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices:
     Returns:
         ``[B, T, H, Dv]``, in ``v``'s dtype (softmax in fp32).
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     if indices.dim() != 3 or indices.shape[:2] != q.shape[:2]:
         raise ValueError(f"indices must be [B, T, W] with B, T of q {tuple(q.shape[:2])}, got {tuple(indices.shape)}")
     if indices.dtype not in (torch.int32, torch.int64):
@@ -190,33 +188,3 @@ def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
     if not outputs:
         return q_lat.new_zeros(q_lat.shape, dtype=latent.dtype)
     return torch.cat(outputs, dim=1).to(latent.dtype)
-
-
-def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> torch.Tensor:
-    """Ordinary causal attention: q ``[B, T, H, Dk]``, k ``[B, S, H, Dk]``, v ``[B, S, H, Dv]`` -> ``[B, T, H, Dv]``.
-
-    The queries are the last ``T`` of the ``S >= T`` key positions (a chunk of a window after its predecessors):
-    query ``t`` sees keys ``0 .. S - T + t``. Equals :func:`sparse_attention` whenever every row selects all causal
-    keys.
-
-    Memory is O(T): SDPA's fused kernels never build the ``[T, T]`` score matrix, but they need one head size for
-    q, k and v (otherwise SDPA falls back to its quadratic math path). When ``Dk != Dv`` the smaller side is
-    zero-padded: zero query/key channels add nothing to ``q . k`` and zero value channels are cut off afterwards.
-    """
-    _check_qkv(q, k, v)
-    if k.shape[1] < q.shape[1]:
-        raise ValueError(f"causal attention needs at least as many keys as queries, got T={q.shape[1]} and "
-                         f"S={k.shape[1]}")
-    qk_dim, v_dim = q.shape[-1], v.shape[-1]
-    if qk_dim < v_dim:
-        q, k = F.pad(q, (0, v_dim - qk_dim)), F.pad(k, (0, v_dim - qk_dim))
-    elif v_dim < qk_dim:
-        v = F.pad(v, (0, qk_dim - v_dim))
-    if k.shape[1] == q.shape[1]:
-        mask = {"is_causal": True}
-    else:
-        mask = {"attn_mask": causal_lower_right(q.shape[1], k.shape[1])}
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         scale=softmax_scale, **mask)
-    return out.transpose(1, 2)[..., :v_dim]
-

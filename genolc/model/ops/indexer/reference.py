@@ -5,17 +5,14 @@ consecutive keys, not single keys:
 
 1. Pool keys. Complete pools ``p`` cover tokens ``[p * kpool, (p + 1) * kpool)``. A pool's key is a per-channel
    softmax-weighted mean of its tokens' indexer keys, the weights coming from a learned gate on the hidden state
-   plus a learned bias per position inside the pool (:func:`pool_keys`).
+   plus a learned bias per position inside the pool (:func:`genolc.model.ops.indexer.pooling.pool_keys`).
 2. Scores. ``score[t, p] = sum_h w[t, h] * relu(scale * <q[t, h], pool_key[p]>)`` (:func:`pool_scores`).
 3. Selection. Query ``t`` may pick pool ``p`` only when the pool is complete and causal: ``(p + 1) * kpool <= t + 1``.
    It keeps the ``topk // kpool`` best-scoring such pools, expanded back to their tokens, and (when
    ``select_tail``) the tokens of its own incomplete pool, ``[(t + 1) // kpool * kpool, t]``, which no pool
    covers yet (:func:`select_indices`).
 
-Index rows are ``W = topk + (kpool - 1 if select_tail else 0)`` wide, laid out as ``topk // kpool`` slots of
-``kpool`` consecutive tokens (one selected pool per slot, best first) followed by ``kpool - 1`` tail slots. Empty
-slots hold -1. Every non-negative entry is ``<= t`` (causal) and no token appears twice in a row; the sparse
-attention (``genolc.model.ops.dsa``) and the indexer loss (``genolc.model.indexer_loss``) rely on this layout.
+Index rows are ``W = topk + (kpool - 1 if select_tail else 0)`` wide (:mod:`genolc.model.ops.indexer.layout`).
 
 Memory: queries are scored in chunks of ``query_chunk`` rows against blocks of ``pool_block`` pools, keeping a
 running top-k per query, so no ``[T, T / kpool]`` score matrix is ever built; the largest tensors are the inputs and
@@ -29,52 +26,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from genolc.model.ops.indexer.layout import complete_pools_visible, index_width
 from genolc.model.ops.precision import autocast_off
 
 DEFAULT_QUERY_CHUNK = 256
 DEFAULT_POOL_BLOCK = 4096
-
-
-def index_width(topk: int, kpool: int, select_tail: bool) -> int:
-    """Width W of an index row: ``topk`` pool tokens plus ``kpool - 1`` tail slots when ``select_tail``."""
-    return topk + (kpool - 1 if select_tail else 0)
-
-
-def selects_all_causal(seq_len: int, topk: int, kpool: int, select_tail: bool) -> bool:
-    """True when every query of a length-``seq_len`` sequence selects all of its causal keys ``[0, t]``.
-
-    That holds when all complete pools fit into the ``topk // kpool`` budget and no token is left out of a pool
-    (the tail is selected, or pools are single tokens). Then sparse attention equals dense causal attention.
-    """
-    return seq_len // kpool <= topk // kpool and (select_tail or kpool == 1)
-
-
-def pool_keys(keys: torch.Tensor, gate_logits: torch.Tensor, position_bias: torch.Tensor, kpool: int) -> torch.Tensor:
-    """Compress indexer keys into one key per complete pool.
-
-    Args:
-        keys: ``[B, T, D]`` indexer keys (after the key LayerNorm).
-        gate_logits: ``[B, T, D]`` per-channel gate logits (``hidden @ compress_gate.T``).
-        position_bias: ``[kpool, D]`` learned logit bias per position inside a pool.
-        kpool: pool size.
-
-    Returns:
-        ``[B, T // kpool, D]``: ``sum_j softmax_j(gate[j] + bias[j]) * keys[j]`` over each pool's tokens ``j``, the
-        softmax taken per channel over the pool. The trailing incomplete pool is left out (it is never a candidate).
-    """
-    if keys.dim() != 3 or gate_logits.shape != keys.shape:
-        raise ValueError(f"keys and gate_logits must both be [B, T, D], got {tuple(keys.shape)} and "
-                         f"{tuple(gate_logits.shape)}")
-    if kpool < 1 or position_bias.shape != (kpool, keys.shape[-1]):
-        raise ValueError(f"position_bias must be [kpool={kpool}, D={keys.shape[-1]}], got {tuple(position_bias.shape)}")
-    batch, seq_len, dim = keys.shape
-    n_pools = seq_len // kpool
-    usable = n_pools * kpool
-    grouped_keys = keys[:, :usable].reshape(batch, n_pools, kpool, dim)
-    logits = gate_logits[:, :usable].reshape(batch, n_pools, kpool, dim).float() + position_bias.float()
-    # Softmax in fp32 as transformers does, then back to the keys' dtype before the weighted sum.
-    weights = logits.softmax(dim=2).to(keys.dtype)
-    return (weights * grouped_keys).sum(dim=2)
 
 
 @autocast_off
@@ -108,11 +64,6 @@ def pool_scores(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch
         raise ValueError(f"pooled must be [B, P, D] or [B, Tq, P, D], got {tuple(pooled.shape)}")
     activated = F.relu(dots * softmax_scale)
     return torch.einsum("bqh,bqhp->bqp", head_weights.float(), activated)
-
-
-def complete_pools_visible(query_positions: torch.Tensor, kpool: int) -> torch.Tensor:
-    """Number of complete pools query ``t`` may select: ``(t + 1) // kpool`` (pools ``0 .. n - 1``)."""
-    return torch.div(query_positions + 1, kpool, rounding_mode="floor")
 
 
 def check_selection_inputs(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
@@ -207,11 +158,3 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
             tail = tail.masked_fill(tail > positions[:, None], -1)
             out[:, q0:q1, topk:] = tail[None].expand(batch, -1, -1)
     return out
-
-
-def selected_pools(indices: torch.Tensor, topk: int, kpool: int) -> torch.Tensor:
-    """Pool ids held by an index row's pool slots: ``[B, T, W] -> [B, T, topk // kpool]``, -1 for empty slots."""
-    if indices.dim() != 3 or indices.shape[-1] < topk:
-        raise ValueError(f"indices must be [B, T, W >= topk={topk}], got {tuple(indices.shape)}")
-    firsts = indices[..., :topk:kpool]
-    return torch.where(firsts >= 0, torch.div(firsts, kpool, rounding_mode="floor"), torch.full_like(firsts, -1))

@@ -1,1 +1,2 @@
-"""Kimi Delta Attention ops: ``reference.chunk_kda`` (pure torch); a fused kernel may live beside it in fast.py."""
+"""Kimi Delta Attention ops: ``reference.chunk_kda`` (pure torch), ``fla.chunk_kda`` (fla's kernels, segment-wise),
+``gate.kda_gate`` (the forget gate the layer forms)."""

@@ -2,7 +2,7 @@
 
 Shapes: ``x [N, D]``; ``expert_ids``, ``weights [N, K]`` (each token's K experts and their routing weights);
 ``gate_up_proj [E, 2I, D]``; ``down_proj [E, D, I]``. Returns ``out [N, D]`` and ``tokens_per_expert [E]`` (long).
-Dropless: every token reaches all of its K experts. The grouped-GEMM version is ``fast.py`` beside this file.
+Dropless: every token reaches all of its K experts. The grouped-GEMM version is ``grouped_mm.py`` beside this file.
 """
 
 from __future__ import annotations
@@ -10,10 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    """SwiGLU with GLM's clamp: gate clamped above at ``limit``, up to ``[-limit, limit]``."""
-    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+from genolc.model.ops.moe.swiglu import clamped_swiglu
 
 
 def check_expert_shapes(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
@@ -39,7 +36,7 @@ def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Ten
     grouped_in = x[slot_token]
     out = torch.zeros_like(x)
     pieces = []
-    # One host sync sizes the groups; the grouped GEMM in fast.py avoids the per-expert loop.
+    # One host sync sizes the groups; the grouped GEMM in grouped_mm.py avoids the per-expert loop.
     for expert, rows in enumerate(grouped_in.split(tokens_per_expert.tolist())):
         if rows.shape[0]:
             gate, up = F.linear(rows, gate_up_proj[expert]).chunk(2, dim=-1)

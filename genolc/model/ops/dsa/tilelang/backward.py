@@ -1,6 +1,6 @@
 """Sparse latent attention (DSA, absorbed MLA form) backward in TileLang, and the TileLang autograd op.
 
-Contract (the same as ``fast.sparse_latent_attention_backward``):
+Contract (the same as ``dsa_triton.sparse_latent_attention_backward``):
 
     q_lat    [B, T, H, R]  bf16 or fp16, contiguous      latent  [B, S, R]  q's dtype, contiguous
     indices  [B, T, W]     int32, contiguous (-1 = empty slot, shared by all heads)
@@ -11,7 +11,7 @@ Contract (the same as ``fast.sparse_latent_attention_backward``):
     P = exp(scale * Q C^T - lse);  delta = rowsum(O * dO);  dP = dO C^T;  dS = P * (dP - delta) * scale
     dQ = dS C;  dC[s] += dS[:, s]^T Q + P[:, s]^T dO   for every selected row s (fp32 atomics, cast at the end)
 
-Design (mirrors tilelang_fwd). One thread block per query token (grid T x B). The block holds its H query rows and
+Design (mirrors forward.py). One thread block per query token (grid T x B). The block holds its H query rows and
 their dO rows in shared memory, zero-padded to a multiple of 16 heads (the M extent of an MMA tile), computes
 ``delta`` itself in fp32 (no fp32 [B, T, H] copies of O and dO), and walks the index row in blocks of
 ``block_slots`` slots. Per block: gather the latent rows into shared memory (software-pipelined), two GEMMs for
@@ -44,8 +44,9 @@ from dataclasses import dataclass
 
 import torch
 
-from genolc.model.ops.dsa import fast, tilelang_fwd
-from genolc.model.ops.dsa.tilelang_fwd import LOG2_E, SUPPORTED_DTYPES, check_inputs, padded_heads
+from genolc.model.ops.dsa import triton as dsa_triton
+from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
+from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, check_inputs, padded_heads
 
 # Finite stand-in for lse = +inf (log2 units): exp2(score - 2^30) underflows to exactly 0 for any finite score.
 EMPTY_ROW_LSE = 2.0 ** 30
@@ -226,14 +227,14 @@ def compiled_backward_kernel(heads: int, rank: int, width: int, dtype: str, soft
     import tilelang
 
     func = build_backward_prim_func(heads, rank, width, dtype, softmax_scale, config)
-    return tilelang.compile(func, target="cuda", pass_configs=tilelang_fwd.pass_configs())
+    return tilelang.compile(func, target="cuda", pass_configs=tilelang_forward.pass_configs())
 
 
 def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
                                      out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
                                      softmax_scale: float, *, config: BackwardConfig | None = None
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backward of :func:`tilelang_fwd.sparse_latent_attention_forward` (the Triton backward's contract).
+    """Backward of :func:`tilelang_forward.sparse_latent_attention_forward` (the Triton backward's contract).
 
     Args:
         q_lat, latent, indices, softmax_scale: the forward's inputs (see the module docstring for shapes).
@@ -261,16 +262,16 @@ def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, 
     return d_q, d_latent.to(latent.dtype)
 
 
-# The kernel pair for fast.SparseLatentAttention (TileLang forward and backward).
-TILELANG_KERNELS = (tilelang_fwd.sparse_latent_attention_forward, sparse_latent_attention_backward)
+# The kernel pair for dsa_triton.SparseLatentAttention (TileLang forward and backward).
+TILELANG_KERNELS = (tilelang_forward.sparse_latent_attention_forward, sparse_latent_attention_backward)
 
 
 def prepare_tilelang_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the TileLang kernels are handed: q_lat and latent in one dtype and contiguous exactly as
-    ``fast.prepare_inputs`` gives them, indices as contiguous int32 (int64 rows are narrowed: valid entries are
+    ``dsa_triton.prepare_inputs`` gives them, indices as contiguous int32 (int64 rows are narrowed: valid entries are
     latent row numbers, far below 2^31). Pure torch, CPU-runnable."""
-    q_lat, latent, indices = fast.prepare_inputs(q_lat, latent, indices)
+    q_lat, latent, indices = dsa_triton.prepare_inputs(q_lat, latent, indices)
     if indices.dtype == torch.int64:
         indices = indices.to(torch.int32)
     return q_lat, latent, indices.contiguous()
@@ -278,7 +279,7 @@ def prepare_tilelang_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
 
 def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
                             *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
-    """Drop-in for ``fast.sparse_latent_attention`` on CUDA bf16/fp16 tensors (TileLang forward and backward).
+    """Drop-in for ``dsa_triton.sparse_latent_attention`` on CUDA bf16/fp16 tensors (TileLang forward and backward).
 
     Args as the reference; ``query_chunk`` and ``recompute`` are accepted for signature compatibility and ignored
     (nothing is gathered into memory; backward recomputes probabilities from the stored log-sum-exp). fp32 inputs
@@ -289,4 +290,4 @@ def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
                          "on CPU")
     q_lat, latent, indices = prepare_tilelang_inputs(q_lat, latent, indices)
     check_inputs(q_lat, latent, indices, softmax_scale)
-    return fast.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale, TILELANG_KERNELS)
+    return dsa_triton.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale, TILELANG_KERNELS)

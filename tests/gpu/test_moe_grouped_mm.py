@@ -1,4 +1,4 @@
-"""Grouped-GEMM experts (genolc.model.ops.moe.fast) against the per-expert reference op. Needs CUDA."""
+"""Grouped-GEMM experts (genolc.model.ops.moe.grouped_mm) against the per-expert reference op. Needs CUDA."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 from genolc.model.layers.moe import Experts  # noqa: E402
-from genolc.model.ops.moe.fast import grouped_experts  # noqa: E402
+from genolc.model.ops.moe.grouped_mm import grouped_experts  # noqa: E402
 from genolc.model.ops.moe.reference import routed_experts  # noqa: E402
 from genolc.model.presets import small  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Fused Triton latent sparse attention (genolc.model.ops.dsa.fast) against the pure-torch reference. Needs CUDA.
+"""Fused Triton latent sparse attention (genolc.model.ops.dsa.triton) against the pure-torch reference. Needs CUDA.
 
 The reference runs in fp32 on fp32 copies of the bf16 inputs (its own bf16 backward scatter-adds the latent
 gradient in bf16 and drifts by a few percent at long T).
@@ -12,7 +12,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from genolc.model.ops.dsa import fast, reference  # noqa: E402
+from genolc.model.ops.dsa import reference, triton as dsa_triton  # noqa: E402
 from genolc.model.ops.indexer.reference import select_indices  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -45,7 +45,7 @@ def _check(leaves, indices, d_out, scale, poison, rel_err, poison_gib=4.0):
     ref_out, ref_grads = _fwd_bwd(reference.sparse_latent_attention, *(t.float() for t in leaves), indices, d_out,
                                   scale)
     poison(poison_gib)
-    out, grads = _fwd_bwd(fast.sparse_latent_attention, *leaves, indices, d_out, scale)
+    out, grads = _fwd_bwd(dsa_triton.sparse_latent_attention, *leaves, indices, d_out, scale)
     assert out.dtype == torch.bfloat16 and out.shape == ref_out.shape
     assert rel_err(out, ref_out) < 1e-2
     for name, mine, theirs in zip(("q_lat", "latent"), grads, ref_grads):
@@ -77,7 +77,7 @@ def test_forward_lse(poison, rel_err):
     indices[0, 3] = -1
     (q_lat, latent), _ = _inputs(1, length, heads, rank, seed=6)
     poison()
-    out, lse = fast.sparse_latent_attention_forward(*fast.prepare_inputs(q_lat.detach(), latent.detach(), indices),
+    out, lse = dsa_triton.sparse_latent_attention_forward(*dsa_triton.prepare_inputs(q_lat.detach(), latent.detach(), indices),
                                                     scale)
     rows = indices.long()
     gathered = latent.float()[0][rows[0].clamp_min(0)]                               # [T, W, R]
@@ -103,11 +103,11 @@ def test_rejects_cpu_and_bad_inputs():
     q_lat, latent = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 16)
     rows = torch.zeros(1, 8, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="CUDA"):
-        fast.sparse_latent_attention(q_lat, latent, rows, 0.25)
+        dsa_triton.sparse_latent_attention(q_lat, latent, rows, 0.25)
     q_lat, latent, rows = q_lat.cuda(), latent.cuda(), rows.cuda()
     with pytest.raises(ValueError, match="int32 or int64"):
-        fast.sparse_latent_attention(q_lat, latent, rows.float(), 0.25)
+        dsa_triton.sparse_latent_attention(q_lat, latent, rows.float(), 0.25)
     with pytest.raises(ValueError, match="disagree"):
-        fast.sparse_latent_attention(q_lat, latent[..., :8], rows, 0.25)
+        dsa_triton.sparse_latent_attention(q_lat, latent[..., :8], rows, 0.25)
     with pytest.raises(ValueError, match="share one dtype"):
-        fast.sparse_latent_attention(q_lat.to(torch.float64), latent.to(torch.float64), rows, 0.25)
+        dsa_triton.sparse_latent_attention(q_lat.to(torch.float64), latent.to(torch.float64), rows, 0.25)

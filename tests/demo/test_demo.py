@@ -16,8 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from genolc.cli import main
-from genolc.demo import DemoConfig, demo_plan
-from genolc.demo import main as demo_main
+from genolc.demo.config import DemoConfig
+from genolc.demo.pipeline import demo_plan
+from genolc.demo.pipeline import main as demo_main
 from genolc.sample import SAMPLE_DIR, sample_files
 
 
@@ -104,14 +105,14 @@ def test_demo_refuses_a_foreign_directory(tmp_path):
 
 
 def test_demo_refuses_cuda_without_a_device_before_writing(tmp_path, monkeypatch):
-    monkeypatch.setattr("genolc.demo._cuda_available", lambda: False)
+    monkeypatch.setattr("genolc.demo.pipeline._cuda_available", lambda: False)
     result = CliRunner().invoke(main, ["demo", "--device", "cuda", "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "no CUDA device is visible" in result.output
     assert not (tmp_path / "out").exists()
 
 
 def test_demo_plan_sizes(monkeypatch):
-    monkeypatch.setattr("genolc.demo._cuda_available", lambda: False)
+    monkeypatch.setattr("genolc.demo.pipeline._cuda_available", lambda: False)
     cpu = demo_plan(DemoConfig())
     assert (cpu.model, cpu.device, cpu.eval_seq, cpu.first_bucket) == ("tiny", "cpu", 2048, 256)
     assert demo_plan(DemoConfig(seq=1024, steps=5)).contexts == (128,)

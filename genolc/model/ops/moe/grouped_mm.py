@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from genolc.model.ops.moe.reference import check_expert_shapes, clamped_swiglu, routed_experts
+from genolc.model.ops.moe.reference import check_expert_shapes, routed_experts
+from genolc.model.ops.moe.swiglu import clamped_swiglu
 
 DEFAULT_CHUNK_TOKENS = 65536
 

@@ -1,4 +1,4 @@
-"""fla-backed, segment-wise KDA (genolc.model.ops.kda.fast) against the pure-torch reference. Needs CUDA + fla."""
+"""fla-backed, segment-wise KDA (genolc.model.ops.kda.fla) against the pure-torch reference. Needs CUDA + fla."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from genolc.model.ops.kda import fast, reference  # noqa: E402
+from genolc.model.ops.kda import fla as kda_fla, reference  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -59,7 +59,7 @@ def test_fast_matches_reference(batch, length, with_state, segment_len, poison, 
     d_out, d_final = _cotangents(batch, length)
     ref = _run(reference.chunk_kda, [t.detach().float().requires_grad_(True) for t in inputs], d_out, d_final)
     poison()
-    got = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=segment_len)
+    got = _run(kda_fla.chunk_kda, inputs, d_out, d_final, segment_len=segment_len)
     _assert_matches(got, ref, rel_err, out_tol=1e-2, grad_tol=2e-2)
 
 
@@ -67,9 +67,9 @@ def test_fast_matches_reference(batch, length, with_state, segment_len, poison, 
 def test_segmented_equals_unsegmented(length, segment_len, with_state, poison, rel_err):
     inputs = _inputs(1, length, 12, 128, seed=7 + length, with_state=with_state)
     d_out, d_final = _cotangents(1, length)
-    whole = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=None)
+    whole = _run(kda_fla.chunk_kda, inputs, d_out, d_final, segment_len=None)
     poison()
-    pieces = _run(fast.chunk_kda, inputs, d_out, d_final, segment_len=segment_len)
+    pieces = _run(kda_fla.chunk_kda, inputs, d_out, d_final, segment_len=segment_len)
     _assert_matches(pieces, whole, rel_err, out_tol=5e-3, grad_tol=1e-2)
 
 
@@ -78,7 +78,7 @@ def test_segmented_without_final_state_gradient(rel_err):
     d_out = torch.randn(1, 3000, 12, 128, device="cuda")
     outs = []
     for segment_len in (None, 700):
-        out, _ = fast.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, segment_len=segment_len)
+        out, _ = kda_fla.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, segment_len=segment_len)
         outs.append((out, torch.autograd.grad((out.float() * d_out).sum(), (q, k, g))))
     assert rel_err(outs[1][0], outs[0][0]) < 5e-3
     for mine, theirs in zip(outs[1][1], outs[0][1]):
@@ -116,7 +116,7 @@ def test_gate_in_kernel_matches_reference(length, segment_len, safe_gate, lower_
 
     ref = run(reference.chunk_kda, [t.detach().float().requires_grad_(True) for t in leaves])
     poison()
-    got = run(fast.chunk_kda, leaves, segment_len=segment_len, safe_gate=safe_gate)
+    got = run(kda_fla.chunk_kda, leaves, segment_len=segment_len, safe_gate=safe_gate)
     assert got[2][3].dtype == torch.bfloat16                 # the raw gate's gradient: no fp32 [B, T, H, Dk]
     assert rel_err(got[0], ref[0]) < 1e-2
     assert rel_err(got[1], ref[1]) < 1e-2
@@ -127,4 +127,4 @@ def test_gate_in_kernel_matches_reference(length, segment_len, safe_gate, lower_
 def test_rejects_other_chunk_sizes():
     q, k, v, g, beta = _inputs(1, 64, 1, 16, seed=1)
     with pytest.raises(ValueError, match="chunk_size"):
-        fast.chunk_kda(q, k, v, g, beta, chunk_size=32)
+        kda_fla.chunk_kda(q, k, v, g, beta, chunk_size=32)

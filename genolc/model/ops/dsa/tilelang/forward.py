@@ -1,6 +1,6 @@
 """Sparse latent attention forward (DSA, absorbed MLA form) in TileLang: heads share each gathered latent tile.
 
-Contract (the same as ``fast.sparse_latent_attention_forward``):
+Contract (the same as ``triton.sparse_latent_attention_forward``):
 
     q_lat    [B, T, H, R]  bf16 or fp16, contiguous   (queries already absorbed into the latent space)
     latent   [B, S, R]     q's dtype, contiguous     (the MLA latent: keys AND values, shared by all heads)

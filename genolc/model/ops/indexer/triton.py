@@ -23,7 +23,8 @@ import functools
 
 import torch
 
-from genolc.model.ops.indexer.reference import check_selection_inputs, complete_pools_visible, index_width
+from genolc.model.ops.indexer.layout import complete_pools_visible, index_width
+from genolc.model.ops.indexer.reference import check_selection_inputs
 
 SCORE_BUDGET_ELEMENTS = 1 << 28
 MAX_QUERY_CHUNK = 4096
@@ -152,7 +153,7 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
     """
     check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk, query_offset=query_offset)
     if not index_q.is_cuda:
-        raise ValueError("genolc.model.ops.indexer.fast needs CUDA tensors; use reference.select_indices on CPU")
+        raise ValueError("genolc.model.ops.indexer.triton needs CUDA tensors; use reference.select_indices on CPU")
     if out_dtype not in (torch.int32, torch.int64):
         raise ValueError(f"out_dtype must be torch.int32 or torch.int64, got {out_dtype}")
     return streamed_select(index_q, head_weights, pooled, kpool=kpool, topk=topk, select_tail=select_tail,

@@ -1,4 +1,4 @@
-"""Triton-scored, streamed indexer top-k (genolc.model.ops.indexer.fast) against the reference. Needs CUDA."""
+"""Triton-scored, streamed indexer top-k (genolc.model.ops.indexer.triton) against the reference. Needs CUDA."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from genolc.model.ops.indexer import fast, reference  # noqa: E402
+from genolc.model.ops.indexer import layout, reference, triton as indexer_triton  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -23,7 +23,7 @@ def _features(batch, length, heads, dim, kpool, seed, dtype):
 
 def _selected_scores(index_q, weights, pooled, rows, topk, kpool, scale):
     """Reference fp32 scores of each row's selected pools, sorted descending (-inf for empty slots)."""
-    pools = reference.selected_pools(rows, topk, kpool)
+    pools = layout.selected_pools(rows, topk, kpool)
     out = []
     for q0 in range(0, rows.shape[1], 4096):
         sl = slice(q0, q0 + 4096)
@@ -43,7 +43,7 @@ def test_same_selection_as_reference(batch, length, heads, dim, topk, kpool, tai
     index_q, weights, pooled = _features(batch, length, heads, dim, kpool, seed=length, dtype=dtype)
     kwargs = dict(kpool=kpool, topk=topk, select_tail=tail, softmax_scale=dim ** -0.5)
     expected = reference.select_indices(index_q, weights, pooled, **kwargs)
-    got = fast.select_indices(index_q, weights, pooled, **kwargs)
+    got = indexer_triton.select_indices(index_q, weights, pooled, **kwargs)
     assert got.shape == expected.shape and got.dtype == torch.int64
     # Same layout: the tail slots and the count of empty slots per row match exactly.
     assert torch.equal(got[..., topk:], expected[..., topk:])
@@ -67,7 +67,7 @@ def test_same_selection_as_reference(batch, length, heads, dim, topk, kpool, tai
 def test_int32_output_and_small_query_chunk():
     index_q, weights, pooled = _features(1, 777, 2, 16, 4, seed=5, dtype=torch.bfloat16)
     kwargs = dict(kpool=4, topk=32, select_tail=True, softmax_scale=0.25)
-    wide = fast.select_indices(index_q, weights, pooled, **kwargs)
-    narrow = fast.select_indices(index_q, weights, pooled, query_chunk=64, out_dtype=torch.int32, **kwargs)
+    wide = indexer_triton.select_indices(index_q, weights, pooled, **kwargs)
+    narrow = indexer_triton.select_indices(index_q, weights, pooled, query_chunk=64, out_dtype=torch.int32, **kwargs)
     assert narrow.dtype == torch.int32
     assert torch.equal(wide.sort(-1).values, narrow.long().sort(-1).values)

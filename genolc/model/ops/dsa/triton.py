@@ -204,7 +204,7 @@ class SparseLatentAttention(torch.autograd.Function):
 
     ``apply(q_lat, latent, indices, softmax_scale, kernels=TRITON_KERNELS)``: ``kernels`` is ``(forward,
     backward)`` with the contracts of :func:`sparse_latent_attention_forward` and
-    :func:`sparse_latent_attention_backward` (the TileLang pair in ``tilelang_bwd`` shares them).
+    :func:`sparse_latent_attention_backward` (the TileLang pair in ``tilelang.backward`` shares them).
     """
 
     @staticmethod
@@ -235,7 +235,7 @@ def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
     Returns ``o_lat [B, T, H, R]`` in the kernels' common dtype (see :func:`prepare_inputs`).
     """
     if not (q_lat.is_cuda and latent.is_cuda and indices.is_cuda):
-        raise ValueError("genolc.model.ops.dsa.fast needs CUDA tensors; use reference.sparse_latent_attention on CPU")
+        raise ValueError("genolc.model.ops.dsa.triton needs CUDA tensors; use reference.sparse_latent_attention on CPU")
     q_lat, latent, indices = prepare_inputs(q_lat, latent, indices)
     check_kernel_inputs(q_lat, latent, indices)
     return SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale)

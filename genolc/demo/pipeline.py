@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from genolc.demo.config import DemoConfig
 from genolc.errors import ConfigError, GenolcError
 from genolc.fsutil import atomic_write_bytes, atomic_write_json, output_dir
-from genolc.report import bucket_table, comparison_lines, format_table
+from genolc.eval.report import bucket_table, comparison_lines, format_table
 from genolc.runs import run_record
 from genolc.sample import HELDOUT_CHROMS, TRAIN_CHROMS, sample_files
 
@@ -59,26 +60,6 @@ class DemoPlan:
     warmup_steps: int
     n_boot: int
     device: str
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    out: Path = Path("genolc-demo")
-    steps: int | None = None          # override the plan's optimizer steps
-    seq: int | None = None            # override the training and evaluation window (tokens)
-    smoke: bool = False               # smallest end-to-end form (CI)
-    device: str = "auto"              # auto | cpu | cuda
-    seed: int = 0
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "out", Path(self.out))
-        if self.steps is not None and self.steps < 1:
-            raise ConfigError(f"--steps must be positive, got {self.steps}")
-        if self.seq is not None and self.seq < 2:
-            raise ConfigError(f"--seq must be at least 2 tokens, got {self.seq}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"unknown device {self.device!r}", fix="choose auto, cpu or cuda")
 
 
 def _cuda_available() -> bool:
@@ -163,7 +144,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
 
 def _run_stages(config: DemoConfig, plan: DemoPlan, out: Path) -> dict[str, Any]:
     from genolc.data.prepare import PrepareConfig, prepare
-    from genolc.eval.by_position import ByPositionConfig, run_by_position
+    from genolc.eval.by_position import run_by_position
+    from genolc.eval.config import ByPositionConfig
     from genolc.train.config import TrainConfig
     from genolc.train.loop import finetune
 
@@ -269,6 +251,3 @@ def main(argv: list[str] | None = None) -> None:
     except GenolcError as exc:
         sys.exit(f"python -m genolc.demo: error: {exc.message}")
 
-
-if __name__ == "__main__":
-    main()

@@ -11,7 +11,7 @@ fla's). How genolc's arguments map onto fla's:
   (``use_gate_in_kernel=False``, any float dtype) is still accepted. fla's ``safe_gate`` (an M=16 tensor-core path
   that relies on ``lower_bound <= g < 0``) is allowed only with the gate in the kernel and a lower bound in fla's safe
   range, where the bound holds by construction, and is on there by default (``safe_gate=None``): on the H200 it
-  matched the reference as closely as the plain path (tests/gpu/test_kda_fast.py) and took the base shape's 1M-token
+  matched the reference as closely as the plain path (tests/gpu/test_kda_fla.py) and took the base shape's 1M-token
   fwd+bwd from 364 to 314 ms.
 - ``beta`` is post-sigmoid (``use_beta_sigmoid_in_kernel=False``).
 - ``use_qk_l2norm_in_kernel`` maps one to one: fla's l2norm is ``x / sqrt(sum x^2 + 1e-6)`` like the reference's.
@@ -48,7 +48,7 @@ SAFE_GATE_BOUNDS = (-5.0, 0.0)
 
 class Gate(NamedTuple):
     """The gate formed inside the kernel (fla's ``use_gate_in_kernel``): ``A_log [H]``, ``dt_bias [H * Dk]``
-    (either may be None, see ``reference.kda_gate``), the lower bound, and whether fla's ``safe_gate`` path runs."""
+    (either may be None, see ``gate.kda_gate``), the lower bound, and whether fla's ``safe_gate`` path runs."""
 
     A_log: torch.Tensor | None
     dt_bias: torch.Tensor | None
@@ -276,7 +276,7 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     if chunk_size != 64:
         raise ValueError(f"the fla KDA kernels use chunk_size 64; got {chunk_size}")
     if not q.is_cuda:
-        raise ValueError("genolc.model.ops.kda.fast needs CUDA tensors; use reference.chunk_kda on CPU")
+        raise ValueError("genolc.model.ops.kda.fla needs CUDA tensors; use reference.chunk_kda on CPU")
     q, k, v, g, beta, initial_state = prepare_inputs(q, k, v, g, beta, initial_state)
     gate = resolve_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate)
     check_kernel_inputs(q, k, v, g, beta, initial_state, gate)

@@ -1,0 +1,39 @@
+"""Index rows of the DSA k-pool indexer: their width, which pools a query may pick, and what a row holds.
+
+Index rows are ``W = topk + (kpool - 1 if select_tail else 0)`` wide, laid out as ``topk // kpool`` slots of
+``kpool`` consecutive tokens (one selected pool per slot, best first) followed by ``kpool - 1`` tail slots. Empty
+slots hold -1. Every non-negative entry is ``<= t`` (causal) and no token appears twice in a row; the indexer
+(:mod:`genolc.model.ops.indexer.reference`, ``triton``), the sparse attention (``genolc.model.ops.dsa``) and the
+indexer loss (``genolc.model.indexer_loss``) rely on this layout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def index_width(topk: int, kpool: int, select_tail: bool) -> int:
+    """Width W of an index row: ``topk`` pool tokens plus ``kpool - 1`` tail slots when ``select_tail``."""
+    return topk + (kpool - 1 if select_tail else 0)
+
+
+def selects_all_causal(seq_len: int, topk: int, kpool: int, select_tail: bool) -> bool:
+    """True when every query of a length-``seq_len`` sequence selects all of its causal keys ``[0, t]``.
+
+    That holds when all complete pools fit into the ``topk // kpool`` budget and no token is left out of a pool
+    (the tail is selected, or pools are single tokens). Then sparse attention equals dense causal attention.
+    """
+    return seq_len // kpool <= topk // kpool and (select_tail or kpool == 1)
+
+
+def complete_pools_visible(query_positions: torch.Tensor, kpool: int) -> torch.Tensor:
+    """Number of complete pools query ``t`` may select: ``(t + 1) // kpool`` (pools ``0 .. n - 1``)."""
+    return torch.div(query_positions + 1, kpool, rounding_mode="floor")
+
+
+def selected_pools(indices: torch.Tensor, topk: int, kpool: int) -> torch.Tensor:
+    """Pool ids held by an index row's pool slots: ``[B, T, W] -> [B, T, topk // kpool]``, -1 for empty slots."""
+    if indices.dim() != 3 or indices.shape[-1] < topk:
+        raise ValueError(f"indices must be [B, T, W >= topk={topk}], got {tuple(indices.shape)}")
+    firsts = indices[..., :topk:kpool]
+    return torch.where(firsts >= 0, torch.div(firsts, kpool, rounding_mode="floor"), torch.full_like(firsts, -1))
