@@ -29,7 +29,7 @@ the MoE balance loss, each layer's fraction of token slots per expert over the w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -47,6 +47,11 @@ class LayerCache:
     present: dict[str, torch.Tensor] = field(default_factory=dict)
     expert_fraction: torch.Tensor | None = None            # MoE: [E] share of the window's token slots per expert
     aux: bool = True                                       # compute this chunk's share of the auxiliary losses
+
+    def replay(self) -> "LayerCache":
+        """The same view with a present of its own, for a forward that runs again only to recompute activations
+        (per-layer recompute): its entries are thrown away, so they cannot keep the replay's graph alive."""
+        return replace(self, present={})
 
 
 @dataclass

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from genolc.model.cache import LayerCache
 from genolc.train.config import TrainConfig
 
 _RECOMPUTE_FLAG = "_genolc_recompute"
@@ -44,8 +45,21 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 def _checkpointed_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if not torch.is_grad_enabled():
         return original(*args, **kwargs)
+    calls = 0
+
+    def run(*run_args: Any, **run_kwargs: Any) -> Any:
+        # The backward's replay of a chunk's layer must not write the chunk cache: an entry it wrote would hold the
+        # replay's whole graph (every recomputed activation of the layer) until the chunk's backward ends, so with
+        # --chunk and --recompute all layers' activations were alive at once (tiny on CPU: 2.1x the plan).
+        nonlocal calls
+        calls += 1
+        cache = run_kwargs.get("cache")
+        if calls > 1 and isinstance(cache, LayerCache):
+            run_kwargs = {**run_kwargs, "cache": cache.replay()}
+        return original(*run_args, **run_kwargs)
+
     # Non-reentrant: supports keyword arguments and tensors that do not require grad, and nests with autocast.
-    return checkpoint(original, *args, use_reentrant=False, **kwargs)
+    return checkpoint(run, *args, use_reentrant=False, **kwargs)
 
 
 def apply_recompute(model: nn.Module) -> int:

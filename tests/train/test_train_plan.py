@@ -195,8 +195,9 @@ def test_chunked_plan_within_15_percent_of_the_h200_runs():
         assert abs(_plan_gib(row) / row["peak_gpu_gib"] - 1) <= 0.15, (row["seq"], _plan_gib(row), row["peak_gpu_gib"])
 
 
-@pytest.mark.xfail(strict=True, reason="known miss (issue 12): with recompute inside 32k chunks `base` at 1M peaked "
-                   "at 92.0 GiB on the H200 against a plan of 69.6 GiB; the recompute term misses ~1 MB/token")
+@pytest.mark.xfail(strict=True, reason="measured before the fix of tests/train/test_chunked_memory.py (replays wrote "
+                   "the chunk cache): `base` at 1M with --chunk 32k --recompute peaked at 92.0 GiB on the H200 against "
+                   "a plan of 69.6 GiB; to be measured again")
 def test_chunked_recompute_plan_within_15_percent_of_the_h200_runs():
     measured = _h200_chunked_rows(recompute=True)
     assert measured
