@@ -1,0 +1,127 @@
+"""``apply_context_parallel(model, group, layout)``: run one rank's share of every window through a plain model.
+
+The model is not rewritten: the token mixers' and MoE layers' ``forward`` of each instance are replaced (as
+genolc/train/apply.py does for recompute; parameter names and checkpoints are unchanged) by versions that take the
+rank's concatenated pieces (genolc/parallel/layout.py) and exchange, per layer, only what crosses positions:
+
+    KDA   each piece's last ``kernel - 1`` convolution inputs and its boundary state transition (kda_cp.py)
+    DSA   the latent rows and per-token indexer keys / gate logits of the whole window (dsa_cp.py)
+    MoE   the window's tokens per expert, for the balance loss's expert fractions (moe_cp.py)
+
+``GenomeLM.forward(local_ids)`` then returns the logits of exactly this rank's positions of the window, each
+auxiliary loss as this rank's share of the window's (the shares add up over the group), and this rank's
+tokens per expert. Norms, mHC, the MoE experts, the LM head and the loss are per token and need nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from genolc.parallel.collectives import all_gather
+from genolc.parallel.layout import Layout, Piece
+
+_CP_FLAG = "_genolc_context_parallel"
+
+
+class ContextParallel:
+    """One rank's view of the window split: its group, rank and (per window length) its pieces."""
+
+    def __init__(self, group, layout_name: str = "zigzag") -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.layout_name = layout_name
+        self.layout: Layout | None = None
+
+    def set_window(self, window_len: int) -> Layout:
+        """Use the pieces of a ``window_len``-token window from now on (before each micro-batch)."""
+        if self.layout is None or self.layout.window_len != window_len:
+            self.layout = Layout(window_len, self.size, self.layout_name)
+        return self.layout
+
+    @property
+    def window_len(self) -> int:
+        return self._layout().window_len
+
+    @property
+    def pieces(self) -> list[Piece]:
+        return self._layout().rank_pieces(self.rank)
+
+    def _layout(self) -> Layout:
+        if self.layout is None:
+            raise RuntimeError("context parallel: set_window(window_len) before running the model")
+        return self.layout
+
+    def local(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's positions of a whole-window tensor ``[B, T, ...]``, pieces concatenated in window order."""
+        if tensor.shape[1] != self.window_len:
+            raise ValueError(f"expected a window of {self.window_len} positions, got {tuple(tensor.shape)}")
+        return torch.cat([tensor[:, p.start:p.stop] for p in self.pieces], dim=1)
+
+    def split(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """``[B, local positions, ...]`` -> one tensor per piece of this rank."""
+        return list(tensor.split([len(p) for p in self.pieces], dim=1))
+
+    def gather_pieces(self, per_piece: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Every piece's rows of the window, in window order, from each rank's ``per_piece [B, len, ...]``.
+
+        Pieces are padded to the longest piece for the collective; returns ``(rows per piece, gathered)`` where
+        ``gathered`` is the raw collective output (for :func:`genolc.parallel.collectives.anchor`).
+        """
+        layout = self._layout()
+        longest = layout.longest_piece
+        padded = torch.stack([nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, longest - t.shape[1]))
+                              for t in per_piece])
+        gathered = all_gather(padded, self.group)                  # [cp, slots, B, longest, ...]
+        rows = []
+        for piece in layout.pieces:
+            rank, slot = layout.owner(piece.index)
+            rows.append(gathered[rank, slot, :, : len(piece)])
+        return rows, gathered
+
+    def gather_fixed(self, per_piece: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Like :meth:`gather_pieces` for tensors of one shape per piece (no padding)."""
+        layout = self._layout()
+        gathered = all_gather(torch.stack(per_piece), self.group)
+        return [gathered[layout.owner(p.index)] for p in layout.pieces], gathered
+
+
+def apply_context_parallel(model: nn.Module, group, layout: str = "zigzag") -> ContextParallel:
+    """Patch ``model`` (a GenomeLM) so its forward runs this rank's pieces of each window; returns the context whose
+    ``set_window`` must name each window's length before it runs. Applying twice raises."""
+    from genolc.model.layers.dsa import DSAAttention
+    from genolc.model.layers.kda import KimiDeltaAttention
+    from genolc.model.layers.moe import MoE
+    from genolc.parallel.dsa_cp import dsa_forward
+    from genolc.parallel.kda_cp import kda_forward
+    from genolc.parallel.moe_cp import moe_forward
+
+    if getattr(model, _CP_FLAG, None) is not None:
+        raise ValueError("context parallelism is already applied to this model")
+    context = ContextParallel(group, layout)
+    for module in model.modules():
+        if isinstance(module, KimiDeltaAttention):
+            replacement = kda_forward
+        elif isinstance(module, DSAAttention):
+            replacement = dsa_forward
+        elif isinstance(module, MoE):
+            replacement = moe_forward
+        else:
+            continue
+        module.forward = functools.partial(replacement, module, context)
+    setattr(model, _CP_FLAG, context)
+    return context
+
+
+def context_of(model: nn.Module) -> ContextParallel | None:
+    """The context :func:`apply_context_parallel` gave ``model``, or None."""
+    return getattr(model, _CP_FLAG, None)
+
+
+def refuse_chunk_cache(cache, where: str) -> None:
+    if cache is not None:
+        raise ValueError(f"{where}: context parallelism runs whole pieces; the chunk cache is not supported with it")

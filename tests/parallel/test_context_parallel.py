@@ -1,0 +1,130 @@
+"""Context parallelism equals one process: loss, auxiliary losses and every parameter gradient.
+
+`tiny` preset (fp32, CPU reference ops, gloo) on a window of real human DNA (GRCh37 chr22, char tokenizer, its N run
+masked out of the loss) with the MoE balance loss and the indexer KL on, CP = 2 and 4 processes spawned with
+torch.multiprocessing, contiguous and zigzag layouts. The window has 603 tokens: not a multiple of the pool size
+(4) nor of any rank or piece count, so pieces have unequal lengths and k-pools and the short convolution's window
+straddle piece boundaries (and ranks). "Equal" is fp32 rounding, as in tests/train/test_chunked_step.py: each
+gradient within 1e-4 of its own size (relative L2); a boundary handled wrongly gives 1e-2 or more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from genolc.model import build_model, preset
+from genolc.tokenize import CharTokenizer
+from genolc.train.loss import LossTerms, micro_batch_loss
+from conftest import shared_file
+
+WINDOW = 603
+CASES = {2: [("zigzag", "sparse"), ("contiguous", "sparse"), ("zigzag", "dense")],
+         4: [("zigzag", "sparse"), ("contiguous", "dense")]}
+
+
+def _dna_window(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [1, WINDOW + 1], weights [1, WINDOW])`` ending 500 bases into chr22's 100 kbp N run (weight 0)."""
+    with gzip.open(path, "rt") as handle:
+        handle.readline()
+        sequence = "".join(line.strip() for line in handle)
+    start = 509431 - WINDOW + 500
+    bases = np.frombuffer(sequence[start: start + WINDOW + 1].encode(), dtype=np.uint8)
+    tokenizer = CharTokenizer()
+    ids = torch.from_numpy(np.asarray(tokenizer.encode(bases), dtype=np.int64))[None]
+    weights = torch.from_numpy(~np.asarray(tokenizer.ambiguous_mask(ids[0, 1:].numpy()), dtype=bool)).float()[None]
+    return ids, weights
+
+
+def _model():
+    torch.manual_seed(0)
+    model = build_model(preset("tiny", vocab_size=CharTokenizer().vocab_size))
+    with torch.no_grad():   # routing that is not uniform, so the balance loss and the bias matter
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.05 * torch.randn(buffer.shape))
+    return model
+
+
+def _terms(weights, mode):
+    return LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
+                     indexer_mode=mode)
+
+
+def _single(ids, weights, mode):
+    model = _model()
+    out = model(ids[:, :-1], indexer_loss=mode)
+    parts = micro_batch_loss(out, ids[:, 1:], weights, _terms(weights, mode))
+    parts.loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return float(parts.lm), {k: float(v) for k, v in parts.aux.items()}, grads, \
+        {k: v.tolist() for k, v in out.tokens_per_expert.items()}
+
+
+def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
+    from genolc.parallel.context import apply_context_parallel
+    from genolc.parallel.step import all_reduce_counts, all_reduce_gradients, context_parallel_forward_backward
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    ids, weights = _dna_window(path)
+    out = {}
+    for layout, mode in CASES[world]:
+        model = _model()
+        context = apply_context_parallel(model, dist.group.WORLD, layout)
+        result = context_parallel_forward_backward(model, context, ids, weights, _terms(weights, mode),
+                                                   contextlib.nullcontext, lambda loss: loss)
+        all_reduce_gradients(model)
+        lm = torch.tensor([float(result.lm)], dtype=torch.float64)
+        dist.all_reduce(lm)
+        aux = {}
+        for name, value in sorted(result.aux.items()):
+            total = torch.tensor([float(value)], dtype=torch.float64)
+            dist.all_reduce(total)
+            aux[name] = float(total)
+        counts = all_reduce_counts(result.tokens_per_expert)
+        out[(layout, mode)] = (float(lm), aux,
+                               {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None},
+                               {k: v.tolist() for k, v in counts.items()})
+    if rank == 0:
+        torch.save(out, results)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_context_parallel_equals_one_process(world, tmp_path, one_thread):
+    path = str(shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz"))
+    results = tmp_path / "cp.pt"
+    mp.spawn(_worker, args=(world, _free_port(), path, str(results)), nprocs=world, join=True)
+    got_all = torch.load(results)
+    ids, weights = _dna_window(path)
+    assert 0 < float(weights.sum()) < WINDOW, "the window should hold real bases and some N"
+    for layout, mode in CASES[world]:
+        lm, aux, expected, counts = _single(ids, weights, mode)
+        got_lm, got_aux, got, got_counts = got_all[(layout, mode)]
+        assert got_lm == pytest.approx(lm, rel=1e-6), (layout, mode)
+        assert set(got_aux) == set(aux) == {"moe_balance", "indexer_kl"}
+        for name, value in aux.items():
+            # The indexer KL (~1e-5) is a sum of O(1) terms that nearly cancel: fp32 rounding shows at ~1e-9.
+            assert got_aux[name] == pytest.approx(value, rel=1e-5, abs=1e-8), (layout, mode, name)
+        assert got_counts == counts, (layout, mode)
+        assert set(got) == set(expected), (layout, mode)
+        errors = {name: float((got[name] - expected[name]).norm() / expected[name].norm().clamp_min(1e-30))
+                  for name in expected if expected[name].norm() > 0}
+        worst = max(errors.items(), key=lambda item: item[1])
+        assert worst[1] < 1e-4, (layout, mode, worst)
+        assert any("indexer" in name for name in got)
