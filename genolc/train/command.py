@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import click
@@ -95,6 +97,13 @@ def _lengths(text: str | None) -> tuple[int, ...]:
                    "written and stays the record.")
 @click.option("--routing-group", "routing_group", default="64k", show_default=True, metavar="N",
               help="Tokens per dispatch group for the MoE routing figures logged each step (capacity drop shares).")
+@click.option("--cp", "cp", default=1, show_default=True, type=int, metavar="N",
+              help="Context parallelism: split each window over N processes started by torchrun (data parallelism "
+                   "over the rest: world size / N windows at a time). Gradients equal one process's.")
+@click.option("--cp-layout", "cp_layout", default="zigzag", show_default=True,
+              type=click.Choice(["zigzag", "contiguous"]),
+              help="Which positions each --cp rank holds: zigzag (one early and one late piece each, balanced DSA "
+                   "work) or contiguous (one piece each).")
 def finetune_command(data: Path, seq: str, model: str | None, init: Path | None, seq_warmup: str | None,
                      chunk: str, routing_group: str, **options) -> None:
     """Fine-tune (or train from scratch) a genome language model on a prepared dataset.
@@ -104,6 +113,9 @@ def finetune_command(data: Path, seq: str, model: str | None, init: Path | None,
     \b
     Example:
       genolc finetune --data data/hg38 --seq 512k --model small --steps 80 --out runs/hg38-512k
+    \b
+    Example (one window over 2 GPUs):
+      torchrun --nproc-per-node 2 -m genolc.cli finetune --data data/hg38 --seq 1m --model small --cp 2
     """
     from genolc.train.config import TrainConfig
     from genolc.train.loop import finetune
@@ -121,7 +133,10 @@ def finetune_command(data: Path, seq: str, model: str | None, init: Path | None,
         click.echo(f"genolc: warning: --warmup {config.warmup_steps} >= --steps {config.steps}: every step is a "
                    f"warm-up step, so the learning rate only ramps up (to {lr_at(config.steps - 1, config):.3g} at "
                    f"the last step; --lr {config.lr:g}) and never decays", err=True)
-    # --out is written step by step, not replaced whole: it must be new, empty or an earlier run's.
-    with output_dir(config.out, RUN_KIND, legacy=LEGACY_RUN):
+    # --out is written step by step, not replaced whole: it must be new, empty or an earlier run's. Under torchrun
+    # only rank 0 claims and writes it (genolc.parallel.mesh).
+    writes = os.environ.get("RANK", "0") == "0"
+    with output_dir(config.out, RUN_KIND, legacy=LEGACY_RUN) if writes else contextlib.nullcontext():
         final = finetune(config)
-    click.echo(str(final))
+    if writes:
+        click.echo(str(final))

@@ -19,6 +19,7 @@ INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
 DASHBOARDS = ("tensorboard", "wandb")
+CP_LAYOUTS = ("zigzag", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class TrainConfig:
     log: tuple[str, ...] = ()                   # dashboards beside metrics.jsonl: tensorboard, wandb (offline)
     routing_group: int = 65536                  # tokens per dispatch group for the routing drop shares
                                                 # (genolc.routing); only what is reported, not what is trained
+    cp: int = 1                                 # context-parallel ranks per window (genolc.parallel); the
+                                                # data-parallel size is torchrun's world size / cp
+    cp_layout: str = "zigzag"                   # which positions each CP rank holds: zigzag | contiguous
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", Path(self.data))
@@ -107,6 +111,16 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown --log {', '.join(unknown)}", where="--log",
                               fix=f"choose from {', '.join(DASHBOARDS)}")
+        if not isinstance(self.cp, int) or self.cp < 1:
+            raise ConfigError(f"--cp must be a positive number of ranks, got {self.cp!r}", where="--cp")
+        if self.cp_layout not in CP_LAYOUTS:
+            raise ConfigError(f"unknown --cp-layout {self.cp_layout!r}", where="--cp-layout",
+                              fix=f"choose one of {', '.join(CP_LAYOUTS)}")
+        if self.cp > 1 and self.chunk not in (None, 0):
+            raise ConfigError(f"--chunk {self.chunk} with --cp {self.cp}: the chunk-recurrent step does not run under "
+                              "context parallelism yet (each rank runs its whole share of the window)",
+                              where="--chunk / --cp",
+                              fix="drop --chunk (or use --chunk off), or raise --cp so each rank's share fits")
         if self.routing_group <= 0:
             raise ConfigError(f"routing_group must be positive, got {self.routing_group}", where="--routing-group")
         if self.dtype not in DTYPES:
@@ -162,9 +176,11 @@ def option_name(field: str) -> str:
 
 # Fields that may differ between the run that wrote a checkpoint and the one resuming it: where and how long it
 # runs, how often it saves and how it reports, and how a step is split into chunks, over how many threads and with
-# which reduction order (the same result to rounding). Everything else changes what a step computes.
+# which reduction order, or over how many context-parallel ranks (the same result to rounding). Everything else
+# changes what a step computes (so does the data-parallel size, torchrun's world size / --cp: it picks the windows).
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
-                               "progress", "device", "chunk", "threads", "deterministic", "log", "routing_group"})
+                               "progress", "device", "chunk", "threads", "deterministic", "log", "routing_group",
+                               "cp", "cp_layout"})
 
 
 # Fields added after checkpoints were first written, with the value such older checkpoints were trained with.

@@ -38,9 +38,11 @@ embedding rows).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
+import os
 import resource
 import signal
 import sys
@@ -56,7 +58,9 @@ from tqdm import tqdm
 from genolc.determinism import ComputeSettings, compute_settings, note_kernels
 from genolc.errors import ConfigError, GenolcError, InputError
 from genolc.fsutil import atomic_write_json, ensure_writable_parent
-from genolc.runs import run_record
+from genolc.parallel.mesh import launched_by_torchrun
+from genolc.parallel.step import all_reduce_counts, all_reduce_gradients, context_parallel_forward_backward
+from genolc.runs import RunRecord, run_record
 from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt
 from genolc.train.apply import apply_transforms
@@ -87,15 +91,22 @@ class TrainHooks:
 
 
 def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
-    """Train per ``config`` and return the final checkpoint directory (see the module docstring)."""
-    with run_record("finetune", config.out, config.to_dict()) as record, \
-            compute_settings(config.threads, config.deterministic, _say, record) as compute:
+    """Train per ``config`` and return the final checkpoint directory (see the module docstring).
+
+    Under torchrun every process calls this; only global rank 0 writes the run's files (genolc.parallel.mesh)."""
+    writes = not launched_by_torchrun() or int(os.environ["RANK"]) == 0
+    record_block = run_record("finetune", config.out, config.to_dict()) if writes else \
+        contextlib.nullcontext(RunRecord("finetune", {}, config.out))
+    with record_block as record, compute_settings(config.threads, config.deterministic, _say, record) as compute:
         trainer = _Trainer(config, hooks or TrainHooks(), compute)
-        record.add_input(config.data / "manifest.json")
-        final = trainer.run()
-        record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
-                               "metrics": str(config.out / METRICS), "routing": trainer.monitor.run_routing})
-        return final
+        try:
+            record.add_input(config.data / "manifest.json")
+            final = trainer.run()
+            record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
+                                   "metrics": str(config.out / METRICS), "routing": trainer.monitor.run_routing})
+            return final
+        finally:
+            trainer.close()
 
 
 def _say(message: str) -> None:
@@ -122,6 +133,9 @@ class _Trainer:
         self.hooks = hooks
         self.compute = compute
         self.device = resolve_device(config.device)
+        from genolc.parallel.mesh import init_mesh
+
+        self.mesh = init_mesh(config.cp, self.device.type)
         self.bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and self.device.type == "cuda")
         from genolc.data.dataset import PreparedDataset
 
@@ -131,10 +145,12 @@ class _Trainer:
         if config.out.exists() and not config.out.is_dir():
             raise InputError("--out is a file, not a run directory", where=str(config.out),
                              fix="choose a new or existing directory with --out")
-        ensure_writable_parent(config.out / METRICS, what="run directory")
         self.root = ckpt.checkpoint_root(config.out)
-        for stale in ckpt.sweep_temporaries(self.root):
-            _say(f"removed a half-written checkpoint left by an interrupted save: {stale.name}")
+        if self.mesh.writes:
+            ensure_writable_parent(config.out / METRICS, what="run directory")
+            for stale in ckpt.sweep_temporaries(self.root):
+                _say(f"removed a half-written checkpoint left by an interrupted save: {stale.name}")
+        self._barrier()   # the other ranks look for checkpoints only after rank 0 has swept
         self.resume_from = self._find_resume_point()
         self.model = self._build_model()
         note_kernels(compute.determinism, self.device.type, self.model.config.layer_types, _say)
@@ -142,7 +158,17 @@ class _Trainer:
             threads = compute.threads.threads
             _say(f"{threads} CPU thread{'s' if threads > 1 else ''} ({compute.threads.rule})")
         self.applied = apply_transforms(self.model, config)
-        self.monitor = StepMonitor(config, self.model)
+        self.context = None
+        if self.mesh.cp_size > 1:
+            # Last, as genolc/train/apply.py orders the transforms: it changes the shapes the others see at run time.
+            from genolc.parallel.context import apply_context_parallel
+
+            self.context = apply_context_parallel(self.model, self.mesh.cp_group, config.cp_layout)
+            self.applied.append(f"context_parallel(cp={self.mesh.cp_size}, {config.cp_layout})")
+        if self.mesh.distributed:
+            _say(f"rank {self.mesh.rank} of {self.mesh.world_size}: data-parallel {self.mesh.dp_rank} of "
+                 f"{self.mesh.dp_size}, context-parallel {self.mesh.cp_rank} of {self.mesh.cp_size}")
+        self.monitor = StepMonitor(config if self.mesh.writes else config.replace(log=()), self.model)
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
         self.strategies: dict[tuple[int, int], StepStrategy] = {}
@@ -273,9 +299,12 @@ class _Trainer:
         from genolc.data.sampler import TrainSampler
 
         if length not in self.samplers:
+            mesh = self.mesh
             self.samplers[length] = TrainSampler(self.dataset, length, seed=self.config.seed,
                                                  max_n_fraction=self.config.max_n_fraction,
-                                                 reverse_complement=self.config.reverse_complement)
+                                                 reverse_complement=self.config.reverse_complement,
+                                                 dp_rank=mesh.dp_rank, dp_size=mesh.dp_size,
+                                                 cp_rank=mesh.cp_rank, cp_size=mesh.cp_size)
         return self.samplers[length]
 
     # ------------------------------------------------------------------------------------------------ steps
@@ -284,9 +313,12 @@ class _Trainer:
         key = (shape.seq_len, shape.windows)
         if key not in self.strategies:
             cfg = self.config
+            cp = self.mesh.cp_size
+            # Under context parallelism a rank holds 1/cp of each window (plus the gathered DSA rows) and runs it
+            # whole: planned as a window of that share.
             strategy = choose_strategy(
-                self.model.config, seq_len=shape.seq_len, windows=shape.windows, grad_accum=shape.grad_accum,
-                chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16, fast_kernels=self.device.type == "cuda",
+                self.model.config, seq_len=-(-shape.seq_len // cp), windows=shape.windows,
+                grad_accum=shape.grad_accum, chunk=cfg.chunk if cp == 1 else 0, recompute=cfg.recompute, bf16=self.bf16, fast_kernels=self.device.type == "cuda",
                 budget_bytes=self._device_bytes(), multiple=required_seq_multiple(self.device.type),
                 where=f"--seq {format_length(shape.seq_len)} on {self.device}")
             self.strategies[key] = strategy
@@ -305,10 +337,13 @@ class _Trainer:
         batches = [read_micro_batch(self.dataset, self._sampler(shape.seq_len), step, shape, m,
                                     self.config.softmask_weight) for m in range(shape.grad_accum)]
         total_weight = float(sum(float(w.sum()) for _, w in batches))
+        if self.mesh.dp_size > 1:
+            total_weight = self._sum_over(total_weight, self.mesh.dp_group)
         if total_weight <= 0:
             raise InputError(f"every target of step {step + 1} is ambiguous (N)", where=str(cfg.data),
                              fix="lower --max-n-fraction so windows full of N are skipped")
-        terms = LossTerms(total_weight=total_weight, grad_accum=shape.grad_accum,
+        # The auxiliary losses are averaged over the step's micro-batches on every data-parallel rank.
+        terms = LossTerms(total_weight=total_weight, grad_accum=shape.grad_accum * self.mesh.dp_size,
                           moe_balance_coef=cfg.moe_balance_coef, indexer_kl_coef=cfg.indexer_kl_coef,
                           indexer_mode=mode)
         lm_loss = torch.zeros((), dtype=torch.float64)
@@ -316,12 +351,25 @@ class _Trainer:
         expert_counts: dict[int, torch.Tensor] = {}
         for micro, (ids, weights) in enumerate(batches):
             ids, weights = ids.to(self.device), weights.to(self.device)
-            result = run_micro_batch(strategy, self.model, ids, weights, terms, self._autocast,
-                                     functools.partial(self._checked_loss, step, micro))
+            on_loss = functools.partial(self._checked_loss, step, micro)
+            if self.context is not None:
+                result = context_parallel_forward_backward(self.model, self.context, ids, weights, terms,
+                                                           self._autocast, on_loss)
+            else:
+                result = run_micro_batch(strategy, self.model, ids, weights, terms, self._autocast, on_loss)
             add_expert_counts(expert_counts, result.tokens_per_expert)
             for name, value in result.aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + float(value)
             lm_loss += result.lm
+        targets = int(sum(int((w > 0).sum()) for _, w in batches))
+        if self.mesh.distributed:
+            # Every rank holds a share of the step's gradient, loss and expert load: sum them over the mesh, so
+            # every replica clips, steps and moves its router biases alike (MoE counts before the bias update).
+            all_reduce_gradients(self.model)
+            expert_counts = all_reduce_counts(expert_counts)
+            lm_loss = torch.tensor(self._sum_over(float(lm_loss)), dtype=torch.float64)
+            aux_sums = {name: self._sum_over(value) for name, value in sorted(aux_sums.items())}
+            targets = int(self._sum_over(float(targets), self.mesh.dp_group)) if self.mesh.dp_size > 1 else targets
         clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         if not math.isfinite(grad_norm):
@@ -329,8 +377,8 @@ class _Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         update_router_bias(self.model, expert_counts, cfg.moe_bias_rate)
-        self.tokens_seen += shape.tokens
-        self.targets_seen += int(sum(int((w > 0).sum()) for _, w in batches))
+        self.tokens_seen += shape.tokens * self.mesh.dp_size
+        self.targets_seen += targets
         metrics: dict[str, Any] = {"step": step + 1, "loss": float(lm_loss), "tokens": self.tokens_seen,
                                    "lr": lr, "grad_norm": grad_norm, "seq_len": shape.seq_len,
                                    "windows_per_micro": shape.windows, "step_strategy": strategy.name}
@@ -349,7 +397,9 @@ class _Trainer:
     def _checked_loss(self, step: int, micro: int, loss: torch.Tensor) -> torch.Tensor:
         if self.hooks.on_loss is not None:
             loss = self.hooks.on_loss(step, micro, loss)
-        if not torch.isfinite(loss.detach()):
+        # Across ranks a non-finite share reaches every rank's gradient norm after the all-reduce, and all stop
+        # there together; stopping one rank here would leave the others waiting in a collective.
+        if not self.mesh.distributed and not torch.isfinite(loss.detach()):
             raise self._diverged(step, f"loss is {float(loss.detach())}")
         return loss
 
@@ -359,7 +409,32 @@ class _Trainer:
             f"training diverged at step {step + 1}: {what}; {kept}", where=str(self.config.out),
             fix="resume from it with --resume and a lower --lr (or a stronger --grad-clip)")
 
+    def _sum_over(self, value: float, group=None) -> float:
+        from genolc.parallel.collectives import all_reduce_sum
+
+        device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        return float(all_reduce_sum(torch.tensor([value], dtype=torch.float64, device=device), group))
+
+    def _barrier(self) -> None:
+        if self.mesh.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def close(self) -> None:
+        """Leave the process group this run joined (every rank, after its last collective)."""
+        if self.mesh.distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.barrier()
+                dist.destroy_process_group()
+
     def _save(self, step: int) -> Path:
+        if not self.mesh.writes:
+            self._barrier()     # rank 0 writes the checkpoint (every replica holds the same weights)
+            self.last_good = self.root / ckpt.checkpoint_name(step)
+            return self.last_good
         trainer_state = {"tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
                          "config": self.config.to_dict(),
                          "samplers": {str(n): s.state_dict() for n, s in self.samplers.items()}}
@@ -367,6 +442,7 @@ class _Trainer:
                                     tokenizer=self.tokenizer, trainer_state=trainer_state,
                                     keep=self.config.keep_checkpoints)
         self.last_good = path
+        self._barrier()
         return path
 
     def _memory_gib(self) -> float:
@@ -395,8 +471,9 @@ class _Trainer:
         stage_starts = [i * cfg.seq_warmup_steps for i in range(len(cfg.seq_warmup) + 1)]
         for step in sorted({max(start, self.start_step) for start in stage_starts if start < cfg.steps}):
             self._strategy(step_shape(step, cfg))
-        cfg.out.mkdir(parents=True, exist_ok=True)
-        metrics_path = cfg.out / METRICS
+        if self.mesh.writes:
+            cfg.out.mkdir(parents=True, exist_ok=True)
+        metrics_path = cfg.out / METRICS if self.mesh.writes else Path(os.devnull)
         # The losses of the steps already done, so a resumed run's summary covers the whole run.
         losses = [m["loss"] for m in self._truncate_metrics(metrics_path)]
         self.model.train()
@@ -427,7 +504,7 @@ class _Trainer:
                     bar.update(1)
                     if self.hooks.on_step_end is not None:
                         self.hooks.on_step_end(done, metrics)
-                    if stop.received is not None and done < cfg.steps:
+                    if self._stop_requested(stop) and done < cfg.steps:
                         if final is None or final.name != ckpt.checkpoint_name(done):
                             final = self._save(done)
                         self._write_summary("interrupted", final, losses)
@@ -443,6 +520,12 @@ class _Trainer:
         self._write_summary("ok", final, losses)
         return final
 
+    def _stop_requested(self, stop: StopSignals) -> bool:
+        """Whether any rank got a stop signal: every rank must stop after the same step."""
+        if not self.mesh.distributed:
+            return stop.received is not None
+        return self._sum_over(float(stop.received is not None)) > 0
+
     def _timed_step(self, step: int) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
@@ -450,7 +533,7 @@ class _Trainer:
         except torch.cuda.OutOfMemoryError:
             raise self._oom(step) from None
         seconds = time.monotonic() - t0
-        step_tokens = step_shape(step, self.config).tokens
+        step_tokens = step_shape(step, self.config).tokens * self.mesh.dp_size
         self._step_tokens += step_tokens
         self._step_seconds += seconds
         metrics["tokens_per_s"] = step_tokens / max(seconds, 1e-9)
@@ -459,6 +542,8 @@ class _Trainer:
         return metrics
 
     def _write_summary(self, status: str, final: Path | None, losses: list[float]) -> None:
+        if not self.mesh.writes:
+            return
         cfg = self.config
         summary = {
             "status": status, "final_checkpoint": str(final) if final else None, "steps": cfg.steps,
@@ -472,6 +557,8 @@ class _Trainer:
             **self.compute.to_dict(),
             "transforms": self.applied,
             "step_strategies": [strategy.describe() for strategy in self.strategies.values()], "parameters": sum(p.numel() for p in self.model.parameters()),
+            "mesh": {"world_size": self.mesh.world_size, "data_parallel": self.mesh.dp_size,
+                     "context_parallel": self.mesh.cp_size, "cp_layout": cfg.cp_layout},
             "config": cfg.to_dict(),
         }
         atomic_write_json(cfg.out / SUMMARY, summary)

@@ -94,9 +94,28 @@ def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
         out[(layout, mode)] = (float(lm), aux,
                                {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None},
                                {k: v.tolist() for k, v in counts.items()})
+    out["pools"] = _pools_under_cp(dist.group.WORLD)
     if rank == 0:
         torch.save(out, results)
     dist.destroy_process_group()
+
+
+def _hidden(model) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(1, WINDOW, model.config.hidden_size, generator=generator)
+
+
+def _pools_under_cp(group) -> torch.Tensor:
+    """The last DSA layer's pooled indexer keys as the zigzag ranks form them from their own pieces."""
+    from genolc.parallel.context import apply_context_parallel
+    from genolc.parallel.dsa_cp import window_rows
+
+    model = _model()
+    context = apply_context_parallel(model, group, "zigzag")
+    context.set_window(WINDOW)
+    layer = model.layers[3].self_attn
+    with torch.no_grad():
+        return window_rows(layer, context, context.local(_hidden(model)), None).pooled
 
 
 def _free_port() -> int:
@@ -105,12 +124,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_context_parallel_equals_one_process(world, tmp_path, one_thread):
+def _spawn(world: int, tmp_path_factory) -> dict:
     path = str(shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz"))
-    results = tmp_path / "cp.pt"
+    results = tmp_path_factory.mktemp(f"cp{world}") / "cp.pt"
     mp.spawn(_worker, args=(world, _free_port(), path, str(results)), nprocs=world, join=True)
-    got_all = torch.load(results)
+    return torch.load(results)
+
+
+@pytest.fixture(scope="module")
+def cp_results_2(tmp_path_factory):
+    return _spawn(2, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def cp_results_4(tmp_path_factory):
+    return _spawn(4, tmp_path_factory)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_context_parallel_equals_one_process(world, request, one_thread):
+    path = str(shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz"))
+    got_all = request.getfixturevalue(f"cp_results_{world}")
     ids, weights = _dna_window(path)
     assert 0 < float(weights.sum()) < WINDOW, "the window should hold real bases and some N"
     for layout, mode in CASES[world]:
@@ -128,3 +162,28 @@ def test_context_parallel_equals_one_process(world, tmp_path, one_thread):
         worst = max(errors.items(), key=lambda item: item[1])
         assert worst[1] < 1e-4, (layout, mode, worst)
         assert any("indexer" in name for name in got)
+
+
+def test_pools_straddling_a_zigzag_boundary_equal_one_process(cp_results_2):
+    """The k-pool over positions 148..151 spans zigzag pieces 0 (rank 0) and 1 (rank 1): pools must be formed in
+    absolute positions, not from each shard's start (the public recipe's misalignment)."""
+    from genolc.parallel.layout import Layout
+
+    model = _model()
+    layer = model.layers[3].self_attn
+    with torch.no_grad():
+        features = layer.indexer.features(_hidden(model), torch.zeros(1, WINDOW, model.config.q_lora_rank))
+    expected = features.pooled
+    got = cp_results_2["pools"]
+    kpool = model.config.index_kpool
+    boundary = Layout(WINDOW, 2, "zigzag").pieces[1].start
+    assert boundary % kpool, "the test needs a piece boundary inside a pool"
+    straddling = boundary // kpool
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got[:, straddling], expected[:, straddling], rtol=0, atol=0)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # Pools counted from the shard's own start would differ: the check above can fail.
+    with torch.no_grad():
+        shard = layer.indexer.features(_hidden(model)[:, boundary:], torch.zeros(1, WINDOW - boundary,
+                                                                                 model.config.q_lora_rank)).pooled
+    assert not torch.allclose(shard[:, 0], expected[:, straddling + 1])
