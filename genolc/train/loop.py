@@ -182,6 +182,7 @@ class _Trainer:
                 self._sampler(int(length)).load_state_dict(sampler_state)
             _say(f"resuming from {self.resume_from} (step {self.start_step})")
         self.last_good: Path | None = self.resume_from
+        self._peak_ranks: list[float] | None = None     # every rank's peak memory so far (distributed runs)
 
     # ------------------------------------------------------------------------------------------------ checks
     def _check_lengths(self) -> None:
@@ -539,7 +540,19 @@ class _Trainer:
         metrics["tokens_per_s"] = step_tokens / max(seconds, 1e-9)
         metrics["step_seconds"] = seconds
         metrics["memory_gib"] = self._memory_gib()
+        if self.mesh.distributed:
+            metrics["memory_gib_ranks"] = self._peak_ranks = self._gather_floats(metrics["memory_gib"])
         return metrics
+
+    def _gather_floats(self, value: float) -> list[float]:
+        """``value`` of every rank, in global rank order."""
+        import torch.distributed as dist
+
+        device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        mine = torch.tensor([value], dtype=torch.float64, device=device)
+        parts = [torch.empty_like(mine) for _ in range(self.mesh.world_size)]
+        dist.all_gather(parts, mine)
+        return [float(p) for p in parts]
 
     def _write_summary(self, status: str, final: Path | None, losses: list[float]) -> None:
         if not self.mesh.writes:
@@ -553,7 +566,8 @@ class _Trainer:
             "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
             "seconds": time.monotonic() - self._started,       # this invocation (a resumed run counts from resume)
             "tokens_per_s": self._step_tokens / self._step_seconds if self._step_seconds else None,
-            "peak_memory_gib": self._memory_gib(), "device": str(self.device), "bf16": self.bf16,
+            "peak_memory_gib": self._memory_gib(), "peak_memory_gib_ranks": self._peak_ranks,
+            "device": str(self.device), "bf16": self.bf16,
             **self.compute.to_dict(),
             "transforms": self.applied,
             "step_strategies": [strategy.describe() for strategy in self.strategies.values()], "parameters": sum(p.numel() for p in self.model.parameters()),

@@ -2,7 +2,8 @@
 
 `tiny` preset (fp32, CPU reference ops, gloo) on a window of real human DNA (GRCh37 chr22, char tokenizer, its N run
 masked out of the loss) with the MoE balance loss and the indexer KL on, CP = 2 and 4 processes spawned with
-torch.multiprocessing, contiguous and zigzag layouts. The window has 603 tokens: not a multiple of the pool size
+torch.multiprocessing, contiguous and zigzag layouts, and once with per-layer recompute (the layers' collectives
+then run again in backward, in the same order on every rank). The window has 603 tokens: not a multiple of the pool size
 (4) nor of any rank or piece count, so pieces have unequal lengths and k-pools and the short convolution's window
 straddle piece boundaries (and ranks). "Equal" is fp32 rounding, as in tests/train/test_chunked_step.py: each
 gradient within 1e-4 of its own size (relative L2); a boundary handled wrongly gives 1e-2 or more.
@@ -27,8 +28,10 @@ from genolc.train.loss import LossTerms, micro_batch_loss
 from conftest import shared_file
 
 WINDOW = 603
-CASES = {2: [("zigzag", "sparse"), ("contiguous", "sparse"), ("zigzag", "dense")],
-         4: [("zigzag", "sparse"), ("contiguous", "dense")]}
+# (layout, indexer mode, per-layer recompute) per world size.
+CASES = {2: [("zigzag", "sparse", False), ("contiguous", "sparse", False), ("zigzag", "dense", False),
+             ("zigzag", "sparse", True)],
+         4: [("zigzag", "sparse", False), ("contiguous", "dense", False)]}
 
 
 def _dna_window(path: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,13 +75,16 @@ def _single(ids, weights, mode):
 def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
     from genolc.parallel.context import apply_context_parallel
     from genolc.parallel.step import all_reduce_counts, all_reduce_gradients, context_parallel_forward_backward
+    from genolc.train.apply import apply_recompute
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     ids, weights = _dna_window(path)
     out = {}
-    for layout, mode in CASES[world]:
+    for layout, mode, recompute in CASES[world]:
         model = _model()
+        if recompute:
+            apply_recompute(model)
         context = apply_context_parallel(model, dist.group.WORLD, layout)
         result = context_parallel_forward_backward(model, context, ids, weights, _terms(weights, mode),
                                                    contextlib.nullcontext, lambda loss: loss)
@@ -91,7 +97,7 @@ def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
             dist.all_reduce(total)
             aux[name] = float(total)
         counts = all_reduce_counts(result.tokens_per_expert)
-        out[(layout, mode)] = (float(lm), aux,
+        out[(layout, mode, recompute)] = (float(lm), aux,
                                {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None},
                                {k: v.tolist() for k, v in counts.items()})
     out["pools"] = _pools_under_cp(dist.group.WORLD)
@@ -147,9 +153,9 @@ def test_context_parallel_equals_one_process(world, request, one_thread):
     got_all = request.getfixturevalue(f"cp_results_{world}")
     ids, weights = _dna_window(path)
     assert 0 < float(weights.sum()) < WINDOW, "the window should hold real bases and some N"
-    for layout, mode in CASES[world]:
+    for layout, mode, recompute in CASES[world]:
         lm, aux, expected, counts = _single(ids, weights, mode)
-        got_lm, got_aux, got, got_counts = got_all[(layout, mode)]
+        got_lm, got_aux, got, got_counts = got_all[(layout, mode, recompute)]
         assert got_lm == pytest.approx(lm, rel=1e-6), (layout, mode)
         assert set(got_aux) == set(aux) == {"moe_balance", "indexer_kl"}
         for name, value in aux.items():

@@ -53,6 +53,7 @@ def test_torchrun_cp2_matches_one_process(char_data, tmp_path, one_thread):
     assert summary["status"] == "ok"
     assert summary["mesh"] == {"world_size": 2, "data_parallel": 1, "context_parallel": 2, "cp_layout": "zigzag"}
     assert any(t.startswith("context_parallel(cp=2") for t in summary["transforms"])
+    assert len(summary["peak_memory_gib_ranks"]) == 2
     expected, got = _metrics(single), _metrics(parallel)
     assert [m["step"] for m in got] == [1, 2]
     for one, two in zip(expected, got):
