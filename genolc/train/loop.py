@@ -39,6 +39,7 @@ embedding rows).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -199,13 +200,21 @@ class _Trainer:
                 f"every training chromosome; the longest, {longest}, has {lengths[longest]} tokens",
                 where=str(cfg.data), fix=f"use --seq {lengths[longest] - 1} or less, or prepare longer chromosomes")
         multiple = required_seq_multiple(self.device.type)
+        pieces = ""
+        if cfg.cp > 1 and multiple > 1:
+            # Each context-parallel piece runs through the kernels on its own.
+            from genolc.parallel.layout import Layout
+
+            count = Layout(max(stage_lengths(cfg)), cfg.cp, cfg.cp_layout).piece_count
+            multiple *= count
+            pieces = f"; --cp {cfg.cp} {cfg.cp_layout} cuts each window into {count} pieces"
         bad = [n for n in stage_lengths(cfg) if n % multiple]
         if bad:
             n = bad[0]
             lower, upper = n // multiple * multiple, -(-n // multiple) * multiple
             raise ConfigError(
                 f"window length {n} is not a multiple of {multiple}, which the {self.device.type} kernels need "
-                "(KDA processes 64-token chunks; the CPU reference path takes any length)",
+                f"(KDA processes 64-token chunks{pieces}; the CPU reference path takes any length)",
                 where="--seq / --seq-warmup",
                 fix=f"use {upper}" + (f" or {lower}" if lower else "") + " (genolc does not pad training windows: "
                     "padding would train on positions that are not genome)")
@@ -322,6 +331,9 @@ class _Trainer:
                 grad_accum=shape.grad_accum, chunk=cfg.chunk if cp == 1 else 0, recompute=cfg.recompute, bf16=self.bf16, fast_kernels=self.device.type == "cuda",
                 budget_bytes=self._device_bytes(), multiple=required_seq_multiple(self.device.type),
                 where=f"--seq {format_length(shape.seq_len)} on {self.device}")
+            if cp > 1:
+                strategy = dataclasses.replace(strategy, reason=(
+                    f"--cp {cp}: this rank's {strategy.seq_len} of the window's {shape.seq_len} tokens, run whole"))
             self.strategies[key] = strategy
             if strategy.chunk is not None or cfg.chunk is not None:
                 _say(strategy.describe())
