@@ -11,6 +11,13 @@ rank's concatenated pieces (genolc/parallel/layout.py) and exchange, per layer, 
 ``GenomeLM.forward(local_ids)`` then returns the logits of exactly this rank's positions of the window, each
 auxiliary loss as this rank's share of the window's (the shares add up over the group), and this rank's
 tokens per expert. Norms, mHC, the MoE experts, the LM head and the loss are per token and need nothing.
+
+With a chunk cache (genolc/model/cache.py: ``GenomeLM.forward(local_ids, cache=...)`` under the chunk-recurrent
+step) the span is one chunk: what earlier chunks left comes in ``cache.past`` (the same on every rank) and each
+mixer writes the whole chunk's entries to ``cache.present`` (the same on every rank too, built from the gathered
+rows). Those replicas are what makes the chunked step's backward exact without more communication: each rank
+sends into its replica the gradient its own later chunks produced, and the gathers' reduce-scatter adds the
+ranks' shares, which by linearity is the gradient of the sum.
 """
 
 from __future__ import annotations
@@ -28,7 +35,12 @@ _CP_FLAG = "_genolc_context_parallel"
 
 
 class ContextParallel:
-    """One rank's view of the window split: its group, rank and (per window length) its pieces."""
+    """One rank's view of the split: its group, rank and the span of the window that runs next.
+
+    The span is the whole window (:meth:`set_window`), or one chunk of it under the chunk-recurrent step
+    (:meth:`take`, genolc/train/chunked.py): the chunk's positions are then cut into pieces over the ranks, and what
+    earlier chunks left comes in the layers' caches, identical on every rank.
+    """
 
     def __init__(self, group, layout_name: str = "zigzag") -> None:
         self.group = group
@@ -36,20 +48,22 @@ class ContextParallel:
         self.size = dist.get_world_size(group)
         self.layout_name = layout_name
         self.layout: Layout | None = None
+        self.start = 0                       # absolute position of the span's first token
+        self.window_len = 0                  # the whole window's length (the losses' denominators)
 
-    def set_window(self, window_len: int) -> Layout:
-        """Use the pieces of a ``window_len``-token window from now on (before each micro-batch)."""
-        if self.layout is None or self.layout.window_len != window_len:
-            self.layout = Layout(window_len, self.size, self.layout_name)
+    def set_window(self, window_len: int, start: int = 0, stop: int | None = None) -> Layout:
+        """Run positions ``start .. stop`` (default: all) of a ``window_len``-token window next."""
+        stop = window_len if stop is None else stop
+        if self.layout is None or self.layout.window_len != stop - start:
+            self.layout = Layout(stop - start, self.size, self.layout_name)
+        self.start, self.window_len = start, window_len
         return self.layout
 
     @property
-    def window_len(self) -> int:
-        return self._layout().window_len
-
-    @property
     def pieces(self) -> list[Piece]:
-        return self._layout().rank_pieces(self.rank)
+        """This rank's pieces of the span, in absolute positions."""
+        return [Piece(p.index, self.start + p.start, self.start + p.stop)
+                for p in self._layout().rank_pieces(self.rank)]
 
     def _layout(self) -> Layout:
         if self.layout is None:
@@ -62,12 +76,27 @@ class ContextParallel:
             raise ValueError(f"expected a window of {self.window_len} positions, got {tuple(tensor.shape)}")
         return torch.cat([tensor[:, p.start:p.stop] for p in self.pieces], dim=1)
 
+    def take(self, tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """This rank's positions of chunk ``start .. stop`` of the whole-window ``tensor [B, T, ...]``; the chunk
+        runs next (the chunk-recurrent step's hook, genolc/train/chunked.py)."""
+        self.set_window(tensor.shape[1], start, stop)
+        return self.local(tensor)
+
+    def window_counts(self, counts: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Tokens per expert of the whole window from this rank's (the chunked step's balance-loss fractions)."""
+        total = {}
+        for layer in sorted(counts):
+            summed = counts[layer].to(torch.int64).clone()
+            dist.all_reduce(summed, group=self.group)
+            total[layer] = summed
+        return total
+
     def split(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """``[B, local positions, ...]`` -> one tensor per piece of this rank."""
         return list(tensor.split([len(p) for p in self.pieces], dim=1))
 
     def gather_pieces(self, per_piece: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Every piece's rows of the window, in window order, from each rank's ``per_piece [B, len, ...]``.
+        """Every piece's rows of the span, in window order, from each rank's ``per_piece [B, len, ...]``.
 
         Pieces are padded to the longest piece for the collective; returns ``(rows per piece, gathered)`` where
         ``gathered`` is the raw collective output (for :func:`genolc.parallel.collectives.anchor`).
@@ -88,6 +117,11 @@ class ContextParallel:
         layout = self._layout()
         gathered = all_gather(torch.stack(per_piece), self.group)
         return [gathered[layout.owner(p.index)] for p in layout.pieces], gathered
+
+    @property
+    def span_lengths(self) -> list[int]:
+        """The length of every piece of the span, in window order."""
+        return [len(p) for p in self._layout().pieces]
 
 
 def apply_context_parallel(model: nn.Module, group, layout: str = "zigzag") -> ContextParallel:
@@ -121,7 +155,3 @@ def context_of(model: nn.Module) -> ContextParallel | None:
     """The context :func:`apply_context_parallel` gave ``model``, or None."""
     return getattr(model, _CP_FLAG, None)
 
-
-def refuse_chunk_cache(cache, where: str) -> None:
-    if cache is not None:
-        raise ValueError(f"{where}: context parallelism runs whole pieces; the chunk cache is not supported with it")

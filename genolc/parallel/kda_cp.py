@@ -12,7 +12,9 @@ is one KDA call with ``Dv + Dk`` value columns (fla's ``chunk_kda`` takes the in
 one, so the fast kernel serves unchanged). The ranks all-gather each piece's ``[B | A]`` (``H x Dk x (Dv + Dk)``
 per piece) and every rank composes the prefix ``S_in`` of its own pieces; the correction is a small einsum.
 The short convolution's first ``kernel - 1`` outputs of a piece need the previous piece's last inputs: those are
-all-gathered too. Gradients flow through both gathers exactly (genolc/parallel/collectives.py).
+all-gathered too. Gradients flow through both gathers exactly (genolc/parallel/collectives.py). Under the
+chunk-recurrent step the prefix starts from the cached state of the chunks before, and every rank writes the chunk's
+end state and last convolution inputs to the cache (genolc/parallel/context.py).
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ from __future__ import annotations
 import torch
 
 from genolc.parallel.collectives import anchor
-from genolc.parallel.context import ContextParallel, refuse_chunk_cache
+from genolc.model.cache import LayerCache
+from genolc.parallel.context import ContextParallel
 
 
-def _tail_before(piece_index: int, tails: list[torch.Tensor], lengths: list[int], keep: int) -> torch.Tensor | None:
-    """The last ``keep`` convolution inputs before piece ``piece_index`` (fewer at the window's start)."""
+def _tail_before(piece_index: int, tails: list[torch.Tensor], lengths: list[int], keep: int,
+                 before: torch.Tensor | None) -> torch.Tensor | None:
+    """The last ``keep`` convolution inputs before piece ``piece_index`` of the span (``before``: those before the
+    span, from the chunk cache; fewer at the window's start)."""
     parts, have = [], 0
     for j in range(piece_index - 1, -1, -1):
         real = min(keep, lengths[j])
@@ -32,30 +37,36 @@ def _tail_before(piece_index: int, tails: list[torch.Tensor], lengths: list[int]
         have += real
         if have >= keep:
             break
+    if have < keep and before is not None and before.shape[1]:
+        parts.insert(0, before.to(tails[0].dtype))
     if not parts:
         return None
     return torch.cat(parts, dim=1)[:, -keep:]
 
 
-def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache=None) -> torch.Tensor:
-    """``KimiDeltaAttention.forward`` for this rank's concatenated pieces ``x [B, T_local, D]``."""
-    refuse_chunk_cache(cache, f"KDA layer {layer.layer_idx}")
+def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    """``KimiDeltaAttention.forward`` for this rank's concatenated pieces ``x [B, T_local, D]``; with ``cache``
+    the span is one chunk of the window (the state and convolution inputs before it in ``cache.past``, the
+    chunk's in ``cache.present``)."""
     batch, length, _ = x.shape
     heads, dim = layer.num_heads, layer.head_dim
     keep = layer.conv1d.weight.shape[-1] - 1
     pieces = context.pieces
+    past = {} if cache is None else cache.past
+    conv_before = past.get("conv_tail")
     conv_input = torch.cat([layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)], dim=-1)
     inputs = context.split(conv_input)
     own_tails = [torch.nn.functional.pad(t[:, max(0, t.shape[1] - keep):], (0, 0, keep - min(keep, t.shape[1]), 0))
                  for t in inputs]
     tails, gathered_tails = context.gather_fixed(own_tails)
-    lengths = [len(p) for p in context.layout.pieces]
+    lengths = context.span_lengths
+    first = context.layout.rank_pieces(context.rank)
 
     gate_inputs = context.split(layer.forget_gate.pre_activation(x))
     betas = context.split(torch.sigmoid(layer.b_proj(x)))
     locals_, throughs, finals = [], [], []
-    for piece, conv_in, gate_input, beta in zip(pieces, inputs, gate_inputs, betas):
-        qkv = layer.short_conv(conv_in, _tail_before(piece.index, tails, lengths, keep))
+    for piece, relative, conv_in, gate_input, beta in zip(pieces, first, inputs, gate_inputs, betas):
+        qkv = layer.short_conv(conv_in, _tail_before(relative.index, tails, lengths, keep, conv_before))
         q, k, v = (t.reshape(batch, len(piece), heads, dim) for t in qkv.split(layer.width, dim=-1))
         value_dim = v.shape[-1]
         values = torch.cat([v, v.new_zeros(batch, len(piece), heads, dim)], dim=-1)
@@ -70,9 +81,11 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache=None) ->
     all_finals, gathered_finals = context.gather_fixed(finals)
 
     cores = []
-    state = None
-    wanted = {piece.index: slot for slot, piece in enumerate(pieces)}
-    for index in range(max(wanted) + 1):
+    state = past.get("state")
+    state = None if state is None else state.float()
+    wanted = {p.index: slot for slot, p in enumerate(first)}
+    last = len(lengths) if cache is not None else max(wanted) + 1
+    for index in range(last):
         if index in wanted:
             slot = wanted[index]
             core = locals_[slot]
@@ -82,6 +95,9 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache=None) ->
             cores.append(core)
         offset, transition = all_finals[index].float().split([all_finals[index].shape[-1] - dim, dim], dim=-1)
         state = offset if state is None else transition @ state + offset
+    if cache is not None:
+        cache.present["state"] = state
+        cache.present["conv_tail"] = _tail_before(len(lengths), tails, lengths, keep, conv_before)
     core = torch.cat(cores, dim=1)
     gate = layer.g_b_proj(layer.g_a_proj(x)).view(batch, length, heads, dim)
     out = layer.o_proj(layer.o_norm(core, gate).reshape(batch, length, layer.width))

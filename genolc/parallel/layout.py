@@ -46,9 +46,11 @@ class Layout:
             raise ConfigError(f"unknown context-parallel layout {self.name!r}", where="--cp-layout",
                               fix=f"choose one of {', '.join(LAYOUTS)}")
         if self.window_len < self.piece_count:
-            raise ConfigError(f"a {self.window_len}-token window cannot be cut into the {self.piece_count} pieces "
-                              f"that --cp {self.cp} with the {self.name} layout needs", where="--cp",
-                              fix="use a longer --seq or a smaller --cp")
+            raise ConfigError(f"{self.window_len} tokens (a window, or one chunk of it under --chunk) cannot be cut "
+                              f"into the {self.piece_count} pieces that --cp {self.cp} with the {self.name} layout "
+                              "needs", where="--seq / --chunk / --cp",
+                              fix=f"use a longer --seq, a --chunk that leaves at least {self.piece_count} tokens for "
+                                  "the last chunk, or a smaller --cp")
 
     @property
     def piece_count(self) -> int:

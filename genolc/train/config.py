@@ -55,7 +55,8 @@ class TrainConfig:
     reverse_complement: bool = False            # sampler: reverse-complement half of the windows
     recompute: bool = False                     # per-layer activation checkpointing (genolc.train.apply)
     chunk: int | None = None                    # step strategy (genolc.train.strategy): None auto, 0 the whole
-                                                # window at once, N chunks of N tokens (chunk-recurrent, exact)
+                                                # window at once, N chunks of N tokens (chunk-recurrent, exact;
+                                                # with --cp each chunk is split over the CP ranks)
     checkpoint_every: int = 0                   # save every N steps (0: only at the end)
     keep_checkpoints: int = 2                   # keep the newest N checkpoints
     resume: bool = False                        # continue from the newest checkpoint in out/checkpoints
@@ -116,11 +117,6 @@ class TrainConfig:
         if self.cp_layout not in CP_LAYOUTS:
             raise ConfigError(f"unknown --cp-layout {self.cp_layout!r}", where="--cp-layout",
                               fix=f"choose one of {', '.join(CP_LAYOUTS)}")
-        if self.cp > 1 and self.chunk not in (None, 0):
-            raise ConfigError(f"--chunk {self.chunk} with --cp {self.cp}: the chunk-recurrent step does not run under "
-                              "context parallelism yet (each rank runs its whole share of the window)",
-                              where="--chunk / --cp",
-                              fix="drop --chunk (or use --chunk off), or raise --cp so each rank's share fits")
         if self.routing_group <= 0:
             raise ConfigError(f"routing_group must be positive, got {self.routing_group}", where="--routing-group")
         if self.dtype not in DTYPES:

@@ -67,6 +67,7 @@ from genolc.train import state as ckpt
 from genolc.train.apply import apply_transforms
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
+from genolc.train.chunked import chunked_forward_backward
 from genolc.train.config import TrainConfig, changed_for_resume
 from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
@@ -323,21 +324,53 @@ class _Trainer:
         key = (shape.seq_len, shape.windows)
         if key not in self.strategies:
             cfg = self.config
-            cp = self.mesh.cp_size
-            # Under context parallelism a rank holds 1/cp of each window (plus the gathered DSA rows) and runs it
-            # whole: planned as a window of that share.
-            strategy = choose_strategy(
-                self.model.config, seq_len=-(-shape.seq_len // cp), windows=shape.windows,
-                grad_accum=shape.grad_accum, chunk=cfg.chunk if cp == 1 else 0, recompute=cfg.recompute, bf16=self.bf16, fast_kernels=self.device.type == "cuda",
-                budget_bytes=self._device_bytes(), multiple=required_seq_multiple(self.device.type),
-                where=f"--seq {format_length(shape.seq_len)} on {self.device}")
-            if cp > 1:
-                strategy = dataclasses.replace(strategy, reason=(
-                    f"--cp {cp}: this rank's {strategy.seq_len} of the window's {shape.seq_len} tokens, run whole"))
+            multiple = required_seq_multiple(self.device.type)
+            if self.mesh.cp_size == 1:
+                strategy = choose_strategy(
+                    self.model.config, seq_len=shape.seq_len, windows=shape.windows, grad_accum=shape.grad_accum,
+                    chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16,
+                    fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
+                    where=f"--seq {format_length(shape.seq_len)} on {self.device}")
+            else:
+                strategy = self._context_parallel_strategy(shape, multiple)
             self.strategies[key] = strategy
             if strategy.chunk is not None or cfg.chunk is not None:
                 _say(strategy.describe())
         return self.strategies[key]
+
+    def _context_parallel_strategy(self, shape: StepShape, multiple: int) -> StepStrategy:
+        """A rank holds 1/cp of each window, or of each chunk of it: planned as one process with a window (or
+        chunk) of that share; the window's caches are whole on every rank, as in one process."""
+        from genolc.parallel.layout import Layout
+
+        cfg = self.config
+        cp = self.mesh.cp_size
+        pieces = Layout(shape.seq_len, cp, cfg.cp_layout).piece_count
+        common = dict(windows=shape.windows, grad_accum=shape.grad_accum, recompute=cfg.recompute, bf16=self.bf16,
+                      fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(),
+                      where=f"--seq {format_length(shape.seq_len)} over --cp {cp} on {self.device}")
+        share = -(-shape.seq_len // cp)
+        whole = f"--cp {cp}: this rank's {share} of the window's {shape.seq_len} tokens, run whole"
+        if cfg.chunk == 0 or (cfg.chunk is not None and cfg.chunk >= shape.seq_len):
+            strategy = choose_strategy(self.model.config, seq_len=share, chunk=0, multiple=multiple, **common)
+            return dataclasses.replace(strategy, reason=whole)
+        # A chunk's share per rank must keep every piece a multiple of the kernels' chunk.
+        per_rank_multiple = multiple * pieces // cp if multiple > 1 else 1
+        per_rank = None if cfg.chunk is None else -(-cfg.chunk // cp)
+        planned = choose_strategy(self.model.config, seq_len=shape.seq_len, chunk=per_rank,
+                                  multiple=per_rank_multiple, **common)
+        if planned.chunk is None:
+            strategy = choose_strategy(self.model.config, seq_len=share, chunk=0, multiple=multiple, **common)
+            return dataclasses.replace(strategy, reason=whole)
+        chunk = cfg.chunk if cfg.chunk is not None else planned.chunk * cp
+        last = shape.seq_len % chunk
+        if last and last < pieces:
+            raise ConfigError(f"the last chunk of a {shape.seq_len}-token window in chunks of {chunk} has {last} "
+                              f"tokens, fewer than the {pieces} pieces --cp {cp} cuts each chunk into",
+                              where="--chunk / --cp", fix="choose a --chunk that divides --seq")
+        return dataclasses.replace(planned, chunk=chunk, reason=(
+            f"--cp {cp}: chunks of {format_length(chunk)} split over the ranks, {format_length(-(-chunk // cp))} "
+            f"tokens each; {planned.reason}"))
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.config
@@ -365,7 +398,10 @@ class _Trainer:
         for micro, (ids, weights) in enumerate(batches):
             ids, weights = ids.to(self.device), weights.to(self.device)
             on_loss = functools.partial(self._checked_loss, step, micro)
-            if self.context is not None:
+            if self.context is not None and strategy.chunk is not None:
+                result = chunked_forward_backward(self.model, ids, weights, terms, strategy.chunk, self._autocast,
+                                                  on_loss, shard=self.context)
+            elif self.context is not None:
                 result = context_parallel_forward_backward(self.model, self.context, ids, weights, terms,
                                                            self._autocast, on_loss)
             else:

@@ -2,8 +2,9 @@
 
 `tiny` preset (fp32, CPU reference ops, gloo) on a window of real human DNA (GRCh37 chr22, char tokenizer, its N run
 masked out of the loss) with the MoE balance loss and the indexer KL on, CP = 2 and 4 processes spawned with
-torch.multiprocessing, contiguous and zigzag layouts, and once with per-layer recompute (the layers' collectives
-then run again in backward, in the same order on every rank). The window has 603 tokens: not a multiple of the pool size
+torch.multiprocessing, contiguous and zigzag layouts, with per-layer recompute (the layers' collectives then run
+again in backward, in the same order on every rank) and under the chunk-recurrent step (each chunk split over the
+ranks; chunk lengths that are not multiples of the pool size either). The window has 603 tokens: not a multiple of the pool size
 (4) nor of any rank or piece count, so pieces have unequal lengths and k-pools and the short convolution's window
 straddle piece boundaries (and ranks). "Equal" is fp32 rounding, as in tests/train/test_chunked_step.py: each
 gradient within 1e-4 of its own size (relative L2); a boundary handled wrongly gives 1e-2 or more.
@@ -28,10 +29,10 @@ from genolc.train.loss import LossTerms, micro_batch_loss
 from conftest import shared_file
 
 WINDOW = 603
-# (layout, indexer mode, per-layer recompute) per world size.
-CASES = {2: [("zigzag", "sparse", False), ("contiguous", "sparse", False), ("zigzag", "dense", False),
-             ("zigzag", "sparse", True)],
-         4: [("zigzag", "sparse", False), ("contiguous", "dense", False)]}
+# (layout, indexer mode, per-layer recompute, chunk of the chunk-recurrent step or None) per world size.
+CASES = {2: [("zigzag", "sparse", False, None), ("contiguous", "sparse", False, None), ("zigzag", "dense", False, None),
+             ("zigzag", "sparse", True, None), ("zigzag", "sparse", False, 250), ("contiguous", "dense", True, 201)],
+         4: [("zigzag", "sparse", False, None), ("contiguous", "dense", False, None), ("zigzag", "sparse", False, 302)]}
 
 
 def _dna_window(path: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,18 +77,24 @@ def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
     from genolc.parallel.context import apply_context_parallel
     from genolc.parallel.step import all_reduce_counts, all_reduce_gradients, context_parallel_forward_backward
     from genolc.train.apply import apply_recompute
+    from genolc.train.chunked import chunked_forward_backward
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     ids, weights = _dna_window(path)
     out = {}
-    for layout, mode, recompute in CASES[world]:
+    for case in CASES[world]:
+        layout, mode, recompute, chunk = case
         model = _model()
         if recompute:
             apply_recompute(model)
         context = apply_context_parallel(model, dist.group.WORLD, layout)
-        result = context_parallel_forward_backward(model, context, ids, weights, _terms(weights, mode),
-                                                   contextlib.nullcontext, lambda loss: loss)
+        if chunk is None:
+            result = context_parallel_forward_backward(model, context, ids, weights, _terms(weights, mode),
+                                                       contextlib.nullcontext, lambda loss: loss)
+        else:
+            result = chunked_forward_backward(model, ids, weights, _terms(weights, mode), chunk,
+                                              contextlib.nullcontext, lambda loss: loss, shard=context)
         all_reduce_gradients(model)
         lm = torch.tensor([float(result.lm)], dtype=torch.float64)
         dist.all_reduce(lm)
@@ -97,7 +104,7 @@ def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
             dist.all_reduce(total)
             aux[name] = float(total)
         counts = all_reduce_counts(result.tokens_per_expert)
-        out[(layout, mode, recompute)] = (float(lm), aux,
+        out[case] = (float(lm), aux,
                                {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None},
                                {k: v.tolist() for k, v in counts.items()})
     out["pools"] = _pools_under_cp(dist.group.WORLD)
@@ -153,20 +160,21 @@ def test_context_parallel_equals_one_process(world, request, one_thread):
     got_all = request.getfixturevalue(f"cp_results_{world}")
     ids, weights = _dna_window(path)
     assert 0 < float(weights.sum()) < WINDOW, "the window should hold real bases and some N"
-    for layout, mode, recompute in CASES[world]:
+    for case in CASES[world]:
+        layout, mode = case[:2]
         lm, aux, expected, counts = _single(ids, weights, mode)
-        got_lm, got_aux, got, got_counts = got_all[(layout, mode, recompute)]
-        assert got_lm == pytest.approx(lm, rel=1e-6), (layout, mode)
+        got_lm, got_aux, got, got_counts = got_all[case]
+        assert got_lm == pytest.approx(lm, rel=1e-6), case
         assert set(got_aux) == set(aux) == {"moe_balance", "indexer_kl"}
         for name, value in aux.items():
             # The indexer KL (~1e-5) is a sum of O(1) terms that nearly cancel: fp32 rounding shows at ~1e-9.
-            assert got_aux[name] == pytest.approx(value, rel=1e-5, abs=1e-8), (layout, mode, name)
-        assert got_counts == counts, (layout, mode)
-        assert set(got) == set(expected), (layout, mode)
+            assert got_aux[name] == pytest.approx(value, rel=1e-5, abs=1e-8), (case, name)
+        assert got_counts == counts, case
+        assert set(got) == set(expected), case
         errors = {name: float((got[name] - expected[name]).norm() / expected[name].norm().clamp_min(1e-30))
                   for name in expected if expected[name].norm() > 0}
         worst = max(errors.items(), key=lambda item: item[1])
-        assert worst[1] < 1e-4, (layout, mode, worst)
+        assert worst[1] < 1e-4, (case, worst)
         assert any("indexer" in name for name in got)
 
 

@@ -1,5 +1,6 @@
-"""`torchrun --nproc-per-node 2 -m genolc.cli finetune --cp 2` on CPU (gloo): trains, checkpoints once, and its
-steps' losses equal the single-process run's on the same data and seed (to fp32 rounding)."""
+"""`torchrun --nproc-per-node 2 -m genolc.cli finetune --cp 2` on CPU (gloo), whole windows (zigzag) and chunked
+(contiguous): trains, checkpoints once, and its steps' losses equal the single-process run's on the same data and
+seed (to fp32 rounding)."""
 
 from __future__ import annotations
 
@@ -37,31 +38,39 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_torchrun_cp2_matches_one_process(char_data, tmp_path, one_thread):
-    single = tmp_path / "single"
+@pytest.fixture(scope="module")
+def single_run(char_data, tmp_path_factory) -> Path:
+    single = tmp_path_factory.mktemp("single") / "run"
     done = subprocess.run([sys.executable, "-m", "genolc.cli", "finetune", "--data", str(char_data), "--out",
                            str(single), *ARGS], env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    return single
+
+
+@pytest.mark.parametrize("extra", [[], ["--chunk", "151", "--cp-layout", "contiguous"]], ids=["whole", "chunked"])
+def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra, one_thread):
     parallel = tmp_path / "cp2"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "genolc.cli", "finetune", "--data", str(char_data), "--out", str(parallel),
-                           "--cp", "2", *ARGS], env=_env(), capture_output=True, text=True, timeout=300)
+                           "--cp", "2", *ARGS, *extra], env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip().splitlines() == [str(parallel / "checkpoints" / "step-000002")]
     assert (parallel / "checkpoints" / "step-000002" / "model.safetensors").is_file()
     summary = json.loads((parallel / "summary.json").read_text())
     assert summary["status"] == "ok"
-    assert summary["mesh"] == {"world_size": 2, "data_parallel": 1, "context_parallel": 2, "cp_layout": "zigzag"}
+    layout = "contiguous" if extra else "zigzag"
+    assert summary["mesh"] == {"world_size": 2, "data_parallel": 1, "context_parallel": 2, "cp_layout": layout}
     assert any(t.startswith("context_parallel(cp=2") for t in summary["transforms"])
     assert len(summary["peak_memory_gib_ranks"]) == 2
-    expected, got = _metrics(single), _metrics(parallel)
+    expected, got = _metrics(single_run), _metrics(parallel)
     assert [m["step"] for m in got] == [1, 2]
+    assert [m["step_strategy"] for m in got] == ["chunked" if extra else "whole"] * 2
     for one, two in zip(expected, got):
         assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)
         assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
         assert two["aux_moe_balance"] == pytest.approx(one["aux_moe_balance"], rel=1e-5)
         assert two["moe_load_max_over_mean"] == one["moe_load_max_over_mean"]
-    # Only rank 0 wrote: one run record, one metrics line per step.
+    # Only rank 0 wrote: one run record.
     assert len(list((parallel / "runs").glob("*_finetune.json"))) == 1
 
 
