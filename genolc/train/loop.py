@@ -10,7 +10,9 @@ One optimizer step (see :mod:`genolc.train.schedule` for its shape), read top to
      :func:`genolc.train.schedule.indexer_mode_at`).
   3. Forward and backward of each micro-batch by the step strategy (:mod:`genolc.train.strategy`), chosen from the
      memory plan before the first step: the whole window at once, or chunk by chunk with exact gradients
-     (:mod:`genolc.train.chunked`, ``--chunk``); a setting that does not fit is refused before any step.
+     (:mod:`genolc.train.chunked`, ``--chunk``); a setting that does not fit is refused before any step. Under
+     torchrun (:mod:`genolc.parallel`) each context-parallel rank runs its share of every window (or chunk), and the
+     step's gradients, loss and MoE load are then summed over all ranks.
   4. Then the loss and gradient norm are checked (NaN/Inf stops the run with
      :class:`~genolc.train.state.NonFiniteLossError`, keeping the last good checkpoint), gradients are clipped to
      ``grad_clip`` and AdamW steps with the scheduled learning rate.
