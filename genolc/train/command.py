@@ -115,7 +115,7 @@ def finetune_command(data: Path, seq: str, model: str | None, init: Path | None,
       genolc finetune --data data/hg38 --seq 512k --model small --steps 80 --out runs/hg38-512k
     \b
     Example (one window over 2 GPUs):
-      torchrun --nproc-per-node 2 -m genolc.cli finetune --data data/hg38 --seq 1m --model small --cp 2
+      torchrun --nproc-per-node 2 -m genolc.cli finetune --data data/hg38 --seq 1M --model small --cp 2
     """
     from genolc.train.config import TrainConfig
     from genolc.train.loop import finetune

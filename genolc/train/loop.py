@@ -103,17 +103,18 @@ def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
         contextlib.nullcontext(RunRecord("finetune", {}, config.out))
     with record_block as record, compute_settings(config.threads, config.deterministic, _say, record) as compute:
         trainer = _Trainer(config, hooks or TrainHooks(), compute)
-        try:
-            record.add_input(config.data / "manifest.json")
-            final = trainer.run()
-            record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
-                                   "metrics": str(config.out / METRICS), "routing": trainer.monitor.run_routing})
-            return final
-        finally:
-            trainer.close()
+        record.add_input(config.data / "manifest.json")
+        final = trainer.run()
+        record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
+                               "metrics": str(config.out / METRICS), "routing": trainer.monitor.run_routing})
+        # Only after success: a rank that failed leaves the others in a collective, and torchrun ends them all.
+        trainer.close()
+        return final
 
 
 def _say(message: str) -> None:
+    if os.environ.get("RANK", "0") != "0":
+        return      # under torchrun rank 0 speaks for every rank
     tqdm.write(f"genolc finetune: {message}", file=sys.stderr)   # above the progress bar, not through it
 
 
@@ -170,8 +171,8 @@ class _Trainer:
             self.context = apply_context_parallel(self.model, self.mesh.cp_group, config.cp_layout)
             self.applied.append(f"context_parallel(cp={self.mesh.cp_size}, {config.cp_layout})")
         if self.mesh.distributed:
-            _say(f"rank {self.mesh.rank} of {self.mesh.world_size}: data-parallel {self.mesh.dp_rank} of "
-                 f"{self.mesh.dp_size}, context-parallel {self.mesh.cp_rank} of {self.mesh.cp_size}")
+            _say(f"{self.mesh.world_size} processes: {self.mesh.dp_size} data-parallel x {self.mesh.cp_size} "
+                 f"context-parallel ({config.cp_layout})")
         self.monitor = StepMonitor(config if self.mesh.writes else config.replace(log=()), self.model)
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
@@ -534,8 +535,8 @@ class _Trainer:
         if final is not None:
             _say(f"the run is already at step {self.start_step} (--steps {cfg.steps}): nothing to train; raise --steps "
                  "to continue it")
-        bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not cfg.progress, unit="step",
-                   desc="finetune", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not (cfg.progress and self.mesh.writes),
+                   unit="step", desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step
         try:
             with open(metrics_path, "a") as log, bar, \

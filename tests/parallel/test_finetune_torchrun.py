@@ -89,3 +89,23 @@ def test_cp_that_does_not_divide_the_processes_is_one_clear_error(char_data, tmp
     assert result.output.count("genolc: error:") == 1 and "Traceback" not in result.output
     assert "--cp 3 does not divide the 2 processes torchrun started" in result.output
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_data_parallel_times_context_parallel_matches_data_parallel_alone(char_data, tmp_path, one_thread):
+    """4 processes as 2 data-parallel groups of --cp 2 train the same windows as 2 processes without CP."""
+    runs = {}
+    for procs, cp in ((2, 1), (4, 2)):
+        out = tmp_path / f"n{procs}-cp{cp}"
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               str(procs), "-m", "genolc.cli", "finetune", "--data", str(char_data), "--out", str(out),
+                               "--cp", str(cp), *ARGS], env=_env(), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-4000:]
+        runs[cp] = _metrics(out)
+    summary = json.loads((tmp_path / "n4-cp2" / "summary.json").read_text())
+    assert summary["mesh"]["data_parallel"] == 2 and summary["mesh"]["context_parallel"] == 2
+    for one, two in zip(runs[1], runs[2]):
+        assert two["tokens"] == one["tokens"] == one["step"] * 2 * 301
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+        assert two["aux_moe_balance"] == pytest.approx(one["aux_moe_balance"], rel=1e-5)
