@@ -117,7 +117,9 @@ def main() -> None:
                         help="first-step losses count as equal within this relative difference (bf16 autocast)")
     args = parser.parse_args()
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # NVLink multicast stays off in every child (the lent GPUs' hosts are shared; see the device's KINDS.md).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NVSHMEM_DISABLE_NVLS": "1"}
     started = time.monotonic()
     rows: list[dict] = []
     out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))

@@ -8,6 +8,8 @@ OUT="${OUT:-/tmp/genolc-gpu-out}"
 mkdir -p "$OUT" /tmp/site /tmp/triton-cache
 tar -xJf .gpu/site.tar.xz -C /tmp/site || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache OUT
+# NVLink multicast stays off (the device's KINDS.md: it can take the host's shared GPUs out of service).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -f .gpu/triton-autotune.tar.gz ] && tar -xzf .gpu/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
 [ -f .gpu/tilelang-cache.tar.gz ] && tar -xzf .gpu/tilelang-cache.tar.gz -C "$HOME"
 python3 benchmarks/bench_context_parallel.py "$@" 2>&1 | tee -a "$OUT/bench.log" | grep -v '^ '
