@@ -85,16 +85,18 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
     state = None if state is None else state.float()
     wanted = {p.index: slot for slot, p in enumerate(first)}
     last = len(lengths) if cache is not None else max(wanted) + 1
-    for index in range(last):
-        if index in wanted:
-            slot = wanted[index]
-            core = locals_[slot]
-            if state is not None:
-                correction = torch.einsum("bthk,bhkv->bthv", throughs[slot].float(), state)
-                core = (core.float() + correction).to(core.dtype)
-            cores.append(core)
-        offset, transition = all_finals[index].float().split([all_finals[index].shape[-1] - dim, dim], dim=-1)
-        state = offset if state is None else transition @ state + offset
+    # In fp32 like the op's own state (autocast would run these products in bf16).
+    with torch.autocast(x.device.type, enabled=False):
+        for index in range(last):
+            if index in wanted:
+                slot = wanted[index]
+                core = locals_[slot]
+                if state is not None:
+                    correction = torch.einsum("bthk,bhkv->bthv", throughs[slot].float(), state)
+                    core = (core.float() + correction).to(core.dtype)
+                cores.append(core)
+            offset, transition = all_finals[index].float().split([all_finals[index].shape[-1] - dim, dim], dim=-1)
+            state = offset if state is None else transition @ state + offset
     if cache is not None:
         cache.present["state"] = state
         cache.present["conv_tail"] = _tail_before(len(lengths), tails, lengths, keep, conv_before)
