@@ -8,8 +8,9 @@ after building or loading it and before creating the optimizer. Order, and why:
 2. mHC replay (later issue): recompute of the hyper-connection stream mixing inside a layer, layered on 1.
 3. activation offload (later issue): moves the layer-boundary tensors that 1 still keeps to host memory; it
    wraps the checkpointed layers, so it comes after them.
-4. context parallel (later issue): shards the sequence dimension across ranks; it goes last because it changes
-   the shapes every earlier transform sees only at run time, not their placement.
+4. context parallel (genolc.parallel.apply.apply_context_parallel, applied by the trainer with the process mesh
+   it builds): shards the sequence dimension across ranks; it goes last because it changes the shapes every
+   earlier transform sees only at run time, not their placement.
 (torch.compile, when used, would follow all of these, as in torchtitan.)
 
 The chunk-recurrent step (genolc/train/chunked.py) is not a transform: it is a step strategy

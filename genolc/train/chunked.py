@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -41,15 +41,34 @@ class MicroBatchResult:
     tokens_per_expert: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+class ChunkShard(Protocol):
+    """How a process that holds only part of each chunk takes part (context parallelism, genolc/parallel):
+    ``take(tensor, start, stop)`` gives its positions of chunk ``start .. stop`` of a whole-window ``[B, T, ...]``
+    tensor (and readies the model for that chunk); ``window_counts(counts)`` sums the first pass's tokens per expert
+    over the processes sharing the window. The model must then leave the chunk's cache entries identical on every
+    such process (see genolc/parallel/context.py for why the backward stays exact)."""
+
+    def take(self, tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor: ...
+
+    def window_counts(self, counts: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]: ...
+
+
 def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor, terms: LossTerms,
                              chunk: int, autocast: Callable[[], AbstractContextManager],
-                             on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> MicroBatchResult:
+                             on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                             shard: ChunkShard | None = None) -> MicroBatchResult:
     """Forward and backward of one micro-batch ``ids [B, T + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``,
     target weights ``[B, T]``) in chunks of ``chunk`` tokens; parameters' ``.grad`` accumulate as for
     ``micro_batch_loss(model(ids[:, :-1])).loss.backward()``. ``autocast()`` opens the compute-precision context;
-    ``on_loss`` sees (and may replace, or refuse by raising) each chunk's loss before its backward."""
+    ``on_loss`` sees (and may replace, or refuse by raising) each chunk's loss before its backward. ``shard``: this
+    process holds only its share of each chunk (:class:`ChunkShard`); its ``.grad`` is then its share of the
+    window's gradient, and the returned counts are its own tokens'."""
     inputs, targets = ids[:, :-1], ids[:, 1:]
     window_len = inputs.shape[1]
+
+    def part(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return tensor[:, start:stop] if shard is None else shard.take(tensor, start, stop)
+
     bounds = chunk_bounds(window_len, chunk)
     mode = terms.indexer_mode
 
@@ -63,12 +82,13 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
             row_starts.append(window.row_lengths())
             cache = window.chunk(start)
             with autocast():
-                out = model(inputs[:, start:stop], indexer_loss=mode, cache=cache)
+                out = model(part(inputs, start, stop), indexer_loss=mode, cache=cache)
             add_expert_counts(counts, out.tokens_per_expert)
             window.commit(cache, stop)
             del out, cache
     rows = window.rows
-    fractions = {layer: (c.double() / c.sum().clamp_min(1)).float() for layer, c in counts.items()}
+    window_counts = counts if shard is None else shard.window_counts(counts)
+    fractions = {layer: (c.double() / c.sum().clamp_min(1)).float() for layer, c in window_counts.items()}
 
     row_grads = {key: torch.zeros(store.prefix().shape, dtype=torch.float32, device=store.buffer.device)
                  for key, store in rows.items()}
@@ -88,8 +108,8 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
         for layer, fraction in fractions.items():
             cache.layers[layer].expert_fraction = fraction
         with autocast():
-            out = model(inputs[:, start:stop], indexer_loss=mode, cache=cache)
-        parts: LossParts = micro_batch_loss(out, targets[:, start:stop], weights[:, start:stop], terms)
+            out = model(part(inputs, start, stop), indexer_loss=mode, cache=cache)
+        parts: LossParts = micro_batch_loss(out, part(targets, start, stop), part(weights, start, stop), terms)
         loss = parts.loss if on_loss is None else on_loss(parts.loss)
         roots, root_grads = [loss], [None]
         for layer, layer_cache in enumerate(cache.layers):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from functools import partial
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import click
 from genolc.config_defaults import config_default, config_option
 from genolc.errors import ConfigError
 from genolc.fsutil import output_dir
-from genolc.train.config import DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES, TrainConfig
+from genolc.train.config import CP_LAYOUTS, DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES, TrainConfig
 from genolc.units import format_length, parse_length
 
 RUN_KIND = "run directory"
@@ -99,6 +101,12 @@ def _lengths(text: str | None) -> tuple[int, ...]:
                    "--format skyrl` directory given as --data; needs SkyRL installed here (Python 3.12).")
 @_option("--routing-group", "routing_group", as_text=format_length, metavar="N",
          help="Tokens per dispatch group for the MoE routing figures logged each step (capacity drop shares).")
+@_option("--cp", "cp", type=int, metavar="N",
+         help="Context parallelism: split each window over N processes started by torchrun (data parallelism "
+              "over the rest: world size / N windows at a time). Gradients equal one process's.")
+@_option("--cp-layout", "cp_layout", type=click.Choice(CP_LAYOUTS),
+         help="Which positions each --cp rank holds: zigzag (one early and one late piece each, balanced DSA "
+              "work) or contiguous (one piece each).")
 @click.pass_context
 def finetune_command(ctx: click.Context, data: Path, seq: str, model: str | None, init: Path | None,
                      seq_warmup: str | None, chunk: str, routing_group: str, backend: str, **options) -> None:
@@ -110,6 +118,10 @@ def finetune_command(ctx: click.Context, data: Path, seq: str, model: str | None
     Example:
       genolc finetune --data data/hg38 --seq 512k --model small --steps 80 --out runs/hg38-512k
       genolc finetune --backend skyrl --data export/hg38-512k --seq 512k --out runs/hg38-skyrl
+
+    \b
+    Example (one window over 2 GPUs):
+      torchrun --nproc-per-node 2 -m genolc.cli finetune --data data/hg38 --seq 1M --model small --cp 2
     """
     if backend == "skyrl":
         _finetune_with_skyrl(ctx, data, seq, init, options)
@@ -129,10 +141,13 @@ def finetune_command(ctx: click.Context, data: Path, seq: str, model: str | None
         click.echo(f"genolc: warning: --warmup {config.warmup_steps} >= --steps {config.steps}: every step is a "
                    f"warm-up step, so the learning rate only ramps up (to {lr_at(config.steps - 1, config):.3g} at "
                    f"the last step; --lr {config.lr:g}) and never decays", err=True)
-    # --out is written step by step, not replaced whole: it must be new, empty or an earlier run's.
-    with output_dir(config.out, RUN_KIND, legacy=LEGACY_RUN):
+    # --out is written step by step, not replaced whole: it must be new, empty or an earlier run's. Under torchrun
+    # only rank 0 claims and writes it (genolc.parallel.mesh).
+    writes = os.environ.get("RANK", "0") == "0"
+    with output_dir(config.out, RUN_KIND, legacy=LEGACY_RUN) if writes else contextlib.nullcontext():
         final = finetune(config)
-    click.echo(str(final))
+    if writes:
+        click.echo(str(final))
 
 
 # Options --backend skyrl passes on to SkyRL's config; any other option given explicitly is refused, not ignored.

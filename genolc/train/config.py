@@ -20,6 +20,7 @@ INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
 DASHBOARDS = ("tensorboard", "wandb")
+CP_LAYOUTS = ("zigzag", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class TrainConfig:
     reverse_complement: bool = False            # sampler: reverse-complement half of the windows
     recompute: bool = False                     # per-layer activation checkpointing (genolc.train.apply)
     chunk: int | None = None                    # step strategy (genolc.train.strategy): None auto, 0 the whole
-                                                # window at once, N chunks of N tokens (chunk-recurrent, exact)
+                                                # window at once, N chunks of N tokens (chunk-recurrent, exact;
+                                                # with --cp each chunk is split over the CP ranks)
     checkpoint_every: int = 0                   # save every N steps (0: only at the end)
     keep_checkpoints: int = 2                   # keep the newest N checkpoints
     resume: bool = False                        # continue from the newest checkpoint in out/checkpoints
@@ -68,6 +70,9 @@ class TrainConfig:
     log: tuple[str, ...] = ()                   # dashboards beside metrics.jsonl: tensorboard, wandb (offline)
     routing_group: int = DEFAULT_GROUP_TOKENS   # tokens per dispatch group for the routing drop shares
                                                 # (genolc.routing); only what is reported, not what is trained
+    cp: int = 1                                 # context-parallel ranks per window (genolc.parallel); the
+                                                # data-parallel size is torchrun's world size / cp
+    cp_layout: str = "zigzag"                   # which positions each CP rank holds: zigzag | contiguous
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", Path(self.data))
@@ -108,6 +113,11 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown --log {', '.join(unknown)}", where="--log",
                               fix=f"choose from {', '.join(DASHBOARDS)}")
+        if not isinstance(self.cp, int) or self.cp < 1:
+            raise ConfigError(f"--cp must be a positive number of ranks, got {self.cp!r}", where="--cp")
+        if self.cp_layout not in CP_LAYOUTS:
+            raise ConfigError(f"unknown --cp-layout {self.cp_layout!r}", where="--cp-layout",
+                              fix=f"choose one of {', '.join(CP_LAYOUTS)}")
         if self.routing_group <= 0:
             raise ConfigError(f"routing_group must be positive, got {self.routing_group}", where="--routing-group")
         if self.dtype not in DTYPES:
@@ -163,9 +173,11 @@ def option_name(field: str) -> str:
 
 # Fields that may differ between the run that wrote a checkpoint and the one resuming it: where and how long it
 # runs, how often it saves and how it reports, and how a step is split into chunks, over how many threads and with
-# which reduction order (the same result to rounding). Everything else changes what a step computes.
+# which reduction order, or over how many context-parallel ranks (the same result to rounding). Everything else
+# changes what a step computes (so does the data-parallel size, torchrun's world size / --cp: it picks the windows).
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
-                               "progress", "device", "chunk", "threads", "deterministic", "log", "routing_group"})
+                               "progress", "device", "chunk", "threads", "deterministic", "log", "routing_group",
+                               "cp", "cp_layout"})
 
 
 # Fields added after checkpoints were first written, with the value such older checkpoints were trained with.

@@ -10,7 +10,9 @@ One optimizer step (see :mod:`genolc.train.schedule` for its shape), read top to
      :func:`genolc.train.schedule.indexer_mode_at`).
   3. Forward and backward of each micro-batch by the step strategy (:mod:`genolc.train.strategy`), chosen from the
      memory plan before the first step: the whole window at once, or chunk by chunk with exact gradients
-     (:mod:`genolc.train.chunked`, ``--chunk``); a setting that does not fit is refused before any step.
+     (:mod:`genolc.train.chunked`, ``--chunk``); a setting that does not fit is refused before any step. Under
+     torchrun (:mod:`genolc.parallel`) each context-parallel rank runs its share of every window (or chunk), and the
+     step's gradients, loss and MoE load are then summed over all ranks.
   4. Then the loss and gradient norm are checked (NaN/Inf stops the run with
      :class:`~genolc.train.state.NonFiniteLossError`, keeping the last good checkpoint), gradients are clipped to
      ``grad_clip`` and AdamW steps with the scheduled learning rate.
@@ -38,9 +40,12 @@ embedding rows).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import math
+import os
 import resource
 import signal
 import sys
@@ -56,12 +61,15 @@ from tqdm import tqdm
 from genolc.determinism import ComputeSettings, compute_settings, note_kernels
 from genolc.errors import ConfigError, GenolcError, InputError
 from genolc.fsutil import atomic_write_json, ensure_writable_parent
-from genolc.runs import run_record
+from genolc.parallel.mesh import launched_by_torchrun
+from genolc.parallel.step import all_reduce_counts, all_reduce_gradients, context_parallel_forward_backward
+from genolc.runs import RunRecord, run_record
 from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt
 from genolc.train.apply import apply_transforms
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
+from genolc.train.chunked import chunked_forward_backward
 from genolc.train.config import TrainConfig, changed_for_resume
 from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
@@ -87,9 +95,13 @@ class TrainHooks:
 
 
 def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
-    """Train per ``config`` and return the final checkpoint directory (see the module docstring)."""
-    with run_record("finetune", config.out, config.to_dict()) as record, \
-            compute_settings(config.threads, config.deterministic, _say, record) as compute:
+    """Train per ``config`` and return the final checkpoint directory (see the module docstring).
+
+    Under torchrun every process calls this; only global rank 0 writes the run's files (genolc.parallel.mesh)."""
+    writes = not launched_by_torchrun() or int(os.environ["RANK"]) == 0
+    record_block = run_record("finetune", config.out, config.to_dict()) if writes else \
+        contextlib.nullcontext(RunRecord("finetune", {}, config.out))
+    with record_block as record, compute_settings(config.threads, config.deterministic, _say, record) as compute:
         trainer = _Trainer(config, hooks or TrainHooks(), compute)
         record.add_input(config.data / "manifest.json")
         try:
@@ -100,10 +112,14 @@ def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
                 record.outputs["figures"] = trainer.figures
         record.outputs.update({"checkpoint": str(final), "summary": str(config.out / SUMMARY),
                                "metrics": str(config.out / METRICS), "routing": trainer.monitor.run_routing})
+        # Only after success: a rank that failed leaves the others in a collective, and torchrun ends them all.
+        trainer.close()
         return final
 
 
 def _say(message: str) -> None:
+    if os.environ.get("RANK", "0") != "0":
+        return      # under torchrun rank 0 speaks for every rank
     tqdm.write(f"genolc finetune: {message}", file=sys.stderr)   # above the progress bar, not through it
 
 
@@ -128,6 +144,9 @@ class _Trainer:
         self.compute = compute
         self.figures: dict[str, Any] = {}   # the last summary's key figures, for the run record
         self.device = resolve_device(config.device)
+        from genolc.parallel.mesh import init_mesh
+
+        self.mesh = init_mesh(config.cp, self.device.type)
         self.bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and self.device.type == "cuda")
         from genolc.data.dataset import PreparedDataset
 
@@ -137,10 +156,12 @@ class _Trainer:
         if config.out.exists() and not config.out.is_dir():
             raise InputError("--out is a file, not a run directory", where=str(config.out),
                              fix="choose a new or existing directory with --out")
-        ensure_writable_parent(config.out / METRICS, what="run directory")
         self.root = ckpt.checkpoint_root(config.out)
-        for stale in ckpt.sweep_temporaries(self.root):
-            _say(f"removed a half-written checkpoint left by an interrupted save: {stale.name}")
+        if self.mesh.writes:
+            ensure_writable_parent(config.out / METRICS, what="run directory")
+            for stale in ckpt.sweep_temporaries(self.root):
+                _say(f"removed a half-written checkpoint left by an interrupted save: {stale.name}")
+        self._barrier()   # the other ranks look for checkpoints only after rank 0 has swept
         self.resume_from = self._find_resume_point()
         self.model = self._build_model()
         note_kernels(compute.determinism, self.device.type, self.model.config.layer_types, _say)
@@ -148,7 +169,17 @@ class _Trainer:
             threads = compute.threads.threads
             _say(f"{threads} CPU thread{'s' if threads > 1 else ''} ({compute.threads.rule})")
         self.applied = apply_transforms(self.model, config)
-        self.monitor = StepMonitor(config, self.model)
+        self.context = None
+        if self.mesh.cp_size > 1:
+            # Last, as genolc/train/apply.py orders the transforms: it changes the shapes the others see at run time.
+            from genolc.parallel.apply import apply_context_parallel
+
+            self.context = apply_context_parallel(self.model, self.mesh.cp_group, config.cp_layout)
+            self.applied.append(f"context_parallel(cp={self.mesh.cp_size}, {config.cp_layout})")
+        if self.mesh.distributed:
+            _say(f"{self.mesh.world_size} processes: {self.mesh.dp_size} data-parallel x {self.mesh.cp_size} "
+                 f"context-parallel ({config.cp_layout})")
+        self.monitor = StepMonitor(config if self.mesh.writes else config.replace(log=()), self.model)
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
         self.strategies: dict[tuple[int, int], StepStrategy] = {}
@@ -162,6 +193,7 @@ class _Trainer:
                 self._sampler(int(length)).load_state_dict(sampler_state)
             _say(f"resuming from {self.resume_from} (step {self.start_step})")
         self.last_good: Path | None = self.resume_from
+        self._peak_ranks: list[float] | None = None     # every rank's peak memory so far (distributed runs)
 
     def _check_lengths(self) -> None:
         cfg = self.config
@@ -177,13 +209,21 @@ class _Trainer:
                 f"every training chromosome; the longest, {longest}, has {lengths[longest]} tokens",
                 where=str(cfg.data), fix=f"use --seq {lengths[longest] - 1} or less, or prepare longer chromosomes")
         multiple = required_seq_multiple(self.device.type)
+        pieces = ""
+        if cfg.cp > 1 and multiple > 1:
+            # Each context-parallel piece runs through the kernels on its own.
+            from genolc.parallel.layout import Layout
+
+            count = Layout(max(stage_lengths(cfg)), cfg.cp, cfg.cp_layout).piece_count
+            multiple *= count
+            pieces = f"; --cp {cfg.cp} {cfg.cp_layout} cuts each window into {count} pieces"
         bad = [n for n in stage_lengths(cfg) if n % multiple]
         if bad:
             n = bad[0]
             lower, upper = n // multiple * multiple, -(-n // multiple) * multiple
             raise ConfigError(
                 f"window length {n} is not a multiple of {multiple}, which the {self.device.type} kernels need "
-                "(KDA processes 64-token chunks; the CPU reference path takes any length)",
+                f"(KDA processes 64-token chunks{pieces}; the CPU reference path takes any length)",
                 where="--seq / --seq-warmup",
                 fix=f"use {upper}" + (f" or {lower}" if lower else "") + " (genolc does not pad training windows: "
                     "padding would train on positions that are not genome)")
@@ -277,9 +317,12 @@ class _Trainer:
         from genolc.data.sampler import TrainSampler
 
         if length not in self.samplers:
+            mesh = self.mesh
             self.samplers[length] = TrainSampler(self.dataset, length, seed=self.config.seed,
                                                  max_n_fraction=self.config.max_n_fraction,
-                                                 reverse_complement=self.config.reverse_complement)
+                                                 reverse_complement=self.config.reverse_complement,
+                                                 dp_rank=mesh.dp_rank, dp_size=mesh.dp_size,
+                                                 cp_rank=mesh.cp_rank, cp_size=mesh.cp_size)
         return self.samplers[length]
 
     def _strategy(self, shape: StepShape) -> StepStrategy:
@@ -287,15 +330,53 @@ class _Trainer:
         key = (shape.seq_len, shape.windows)
         if key not in self.strategies:
             cfg = self.config
-            strategy = choose_strategy(
-                self.model.config, seq_len=shape.seq_len, windows=shape.windows, grad_accum=shape.grad_accum,
-                chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16, fast_kernels=self.device.type == "cuda",
-                budget_bytes=self._device_bytes(), multiple=required_seq_multiple(self.device.type),
-                where=f"--seq {format_length(shape.seq_len)} on {self.device}")
+            multiple = required_seq_multiple(self.device.type)
+            if self.mesh.cp_size == 1:
+                strategy = choose_strategy(
+                    self.model.config, seq_len=shape.seq_len, windows=shape.windows, grad_accum=shape.grad_accum,
+                    chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16,
+                    fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
+                    where=f"--seq {format_length(shape.seq_len)} on {self.device}")
+            else:
+                strategy = self._context_parallel_strategy(shape, multiple)
             self.strategies[key] = strategy
             if strategy.chunk is not None or cfg.chunk is not None:
                 _say(strategy.describe())
         return self.strategies[key]
+
+    def _context_parallel_strategy(self, shape: StepShape, multiple: int) -> StepStrategy:
+        """A rank holds 1/cp of each window, or of each chunk of it: planned as one process with a window (or
+        chunk) of that share; the window's caches are whole on every rank, as in one process."""
+        from genolc.parallel.layout import Layout
+
+        cfg = self.config
+        cp = self.mesh.cp_size
+        pieces = Layout(shape.seq_len, cp, cfg.cp_layout).piece_count
+        common = dict(windows=shape.windows, grad_accum=shape.grad_accum, recompute=cfg.recompute, bf16=self.bf16,
+                      fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(),
+                      where=f"--seq {format_length(shape.seq_len)} over --cp {cp} on {self.device}")
+        share = -(-shape.seq_len // cp)
+        whole = f"--cp {cp}: this rank's {share} of the window's {shape.seq_len} tokens, run whole"
+        if cfg.chunk == 0 or (cfg.chunk is not None and cfg.chunk >= shape.seq_len):
+            strategy = choose_strategy(self.model.config, seq_len=share, chunk=0, multiple=multiple, **common)
+            return dataclasses.replace(strategy, reason=whole)
+        # A chunk's share per rank must keep every piece a multiple of the kernels' chunk.
+        per_rank_multiple = multiple * pieces // cp if multiple > 1 else 1
+        per_rank = None if cfg.chunk is None else -(-cfg.chunk // cp)
+        planned = choose_strategy(self.model.config, seq_len=shape.seq_len, chunk=per_rank,
+                                  multiple=per_rank_multiple, **common)
+        if planned.chunk is None:
+            strategy = choose_strategy(self.model.config, seq_len=share, chunk=0, multiple=multiple, **common)
+            return dataclasses.replace(strategy, reason=whole)
+        chunk = cfg.chunk if cfg.chunk is not None else planned.chunk * cp
+        last = shape.seq_len % chunk
+        if last and last < pieces:
+            raise ConfigError(f"the last chunk of a {shape.seq_len}-token window in chunks of {chunk} has {last} "
+                              f"tokens, fewer than the {pieces} pieces --cp {cp} cuts each chunk into",
+                              where="--chunk / --cp", fix="choose a --chunk that divides --seq")
+        return dataclasses.replace(planned, chunk=chunk, reason=(
+            f"--cp {cp}: chunks of {format_length(chunk)} split over the ranks, {format_length(-(-chunk // cp))} "
+            f"tokens each; {planned.reason}"))
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.config
@@ -308,10 +389,13 @@ class _Trainer:
         batches = [read_micro_batch(self.dataset, self._sampler(shape.seq_len), step, shape, m,
                                     self.config.softmask_weight) for m in range(shape.grad_accum)]
         total_weight = float(sum(float(w.sum()) for _, w in batches))
+        if self.mesh.dp_size > 1:
+            total_weight = self._sum_over(total_weight, self.mesh.dp_group)
         if total_weight <= 0:
             raise InputError(f"every target of step {step + 1} is ambiguous (N)", where=str(cfg.data),
                              fix="lower --max-n-fraction so windows full of N are skipped")
-        terms = LossTerms(total_weight=total_weight, grad_accum=shape.grad_accum,
+        # The auxiliary losses are averaged over the step's micro-batches on every data-parallel rank.
+        terms = LossTerms(total_weight=total_weight, grad_accum=shape.grad_accum * self.mesh.dp_size,
                           moe_balance_coef=cfg.moe_balance_coef, indexer_kl_coef=cfg.indexer_kl_coef,
                           indexer_mode=mode)
         lm_loss = torch.zeros((), dtype=torch.float64)
@@ -319,12 +403,28 @@ class _Trainer:
         expert_counts: dict[int, torch.Tensor] = {}
         for micro, (ids, weights) in enumerate(batches):
             ids, weights = ids.to(self.device), weights.to(self.device)
-            result = run_micro_batch(strategy, self.model, ids, weights, terms, self._autocast,
-                                     functools.partial(self._checked_loss, step, micro))
+            on_loss = functools.partial(self._checked_loss, step, micro)
+            if self.context is not None and strategy.chunk is not None:
+                result = chunked_forward_backward(self.model, ids, weights, terms, strategy.chunk, self._autocast,
+                                                  on_loss, shard=self.context)
+            elif self.context is not None:
+                result = context_parallel_forward_backward(self.model, self.context, ids, weights, terms,
+                                                           self._autocast, on_loss)
+            else:
+                result = run_micro_batch(strategy, self.model, ids, weights, terms, self._autocast, on_loss)
             add_expert_counts(expert_counts, result.tokens_per_expert)
             for name, value in result.aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + float(value)
             lm_loss += result.lm
+        targets = int(sum(int((w > 0).sum()) for _, w in batches))
+        if self.mesh.distributed:
+            # Every rank holds a share of the step's gradient, loss and expert load: sum them over the mesh, so
+            # every replica clips, steps and moves its router biases alike (MoE counts before the bias update).
+            all_reduce_gradients(self.model)
+            expert_counts = all_reduce_counts(expert_counts)
+            lm_loss = torch.tensor(self._sum_over(float(lm_loss)), dtype=torch.float64)
+            aux_sums = {name: self._sum_over(value) for name, value in sorted(aux_sums.items())}
+            targets = int(self._sum_over(float(targets), self.mesh.dp_group)) if self.mesh.dp_size > 1 else targets
         clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         if not math.isfinite(grad_norm):
@@ -332,8 +432,8 @@ class _Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         update_router_bias(self.model, expert_counts, cfg.moe_bias_rate)
-        self.tokens_seen += shape.tokens
-        self.targets_seen += int(sum(int((w > 0).sum()) for _, w in batches))
+        self.tokens_seen += shape.tokens * self.mesh.dp_size
+        self.targets_seen += targets
         metrics: dict[str, Any] = {"step": step + 1, "loss": float(lm_loss), "tokens": self.tokens_seen,
                                    "lr": lr, "grad_norm": grad_norm, "seq_len": shape.seq_len,
                                    "windows_per_micro": shape.windows, "step_strategy": strategy.name}
@@ -352,7 +452,9 @@ class _Trainer:
     def _checked_loss(self, step: int, micro: int, loss: torch.Tensor) -> torch.Tensor:
         if self.hooks.on_loss is not None:
             loss = self.hooks.on_loss(step, micro, loss)
-        if not torch.isfinite(loss.detach()):
+        # Across ranks a non-finite share reaches every rank's gradient norm after the all-reduce, and all stop
+        # there together; stopping one rank here would leave the others waiting in a collective.
+        if not self.mesh.distributed and not torch.isfinite(loss.detach()):
             raise self._diverged(step, f"loss is {float(loss.detach())}")
         return loss
 
@@ -362,7 +464,32 @@ class _Trainer:
             f"training diverged at step {step + 1}: {what}; {kept}", where=str(self.config.out),
             fix="resume from it with --resume and a lower --lr (or a stronger --grad-clip)")
 
+    def _sum_over(self, value: float, group=None) -> float:
+        from genolc.parallel.collectives import all_reduce_sum
+
+        device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        return float(all_reduce_sum(torch.tensor([value], dtype=torch.float64, device=device), group))
+
+    def _barrier(self) -> None:
+        if self.mesh.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def close(self) -> None:
+        """Leave the process group this run joined (every rank, after its last collective)."""
+        if self.mesh.distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.barrier()
+                dist.destroy_process_group()
+
     def _save(self, step: int) -> Path:
+        if not self.mesh.writes:
+            self._barrier()     # rank 0 writes the checkpoint (every replica holds the same weights)
+            self.last_good = self.root / ckpt.checkpoint_name(step)
+            return self.last_good
         trainer_state = {"tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
                          "config": self.config.to_dict(),
                          "samplers": {str(n): s.state_dict() for n, s in self.samplers.items()}}
@@ -370,6 +497,7 @@ class _Trainer:
                                     tokenizer=self.tokenizer, trainer_state=trainer_state,
                                     keep=self.config.keep_checkpoints)
         self.last_good = path
+        self._barrier()
         return path
 
     def _memory_gib(self) -> float:
@@ -397,8 +525,9 @@ class _Trainer:
         stage_starts = [i * cfg.seq_warmup_steps for i in range(len(cfg.seq_warmup) + 1)]
         for step in sorted({max(start, self.start_step) for start in stage_starts if start < cfg.steps}):
             self._strategy(step_shape(step, cfg))
-        cfg.out.mkdir(parents=True, exist_ok=True)
-        metrics_path = cfg.out / METRICS
+        if self.mesh.writes:
+            cfg.out.mkdir(parents=True, exist_ok=True)
+        metrics_path = cfg.out / METRICS if self.mesh.writes else Path(os.devnull)
         # The losses of the steps already done, so a resumed run's summary covers the whole run.
         losses = [m["loss"] for m in self._truncate_metrics(metrics_path)]
         self.model.train()
@@ -408,8 +537,8 @@ class _Trainer:
         if final is not None:
             _say(f"the run is already at step {self.start_step} (--steps {cfg.steps}): nothing to train; raise --steps "
                  "to continue it")
-        bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not cfg.progress, unit="step",
-                   desc="finetune", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not (cfg.progress and self.mesh.writes),
+                   unit="step", desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step
         try:
             # The dashboards open first: one that fails leaves no metrics file behind.
@@ -430,7 +559,7 @@ class _Trainer:
                     bar.update(1)
                     if self.hooks.on_step_end is not None:
                         self.hooks.on_step_end(done, metrics)
-                    if stop.received is not None and done < cfg.steps:
+                    if self._stop_requested(stop) and done < cfg.steps:
                         if final is None or final.name != ckpt.checkpoint_name(done):
                             final = self._save(done)
                         self._write_summary("interrupted", final, losses)
@@ -446,6 +575,12 @@ class _Trainer:
         self._write_summary("ok", final, losses)
         return final
 
+    def _stop_requested(self, stop: StopSignals) -> bool:
+        """Whether any rank got a stop signal: every rank must stop after the same step."""
+        if not self.mesh.distributed:
+            return stop.received is not None
+        return self._sum_over(float(stop.received is not None)) > 0
+
     def _timed_step(self, step: int) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
@@ -453,15 +588,29 @@ class _Trainer:
         except torch.cuda.OutOfMemoryError:
             raise self._oom(step) from None
         seconds = time.monotonic() - t0
-        step_tokens = step_shape(step, self.config).tokens
+        step_tokens = step_shape(step, self.config).tokens * self.mesh.dp_size
         self._step_tokens += step_tokens
         self._step_seconds += seconds
         metrics["tokens_per_s"] = step_tokens / max(seconds, 1e-9)
         metrics["step_seconds"] = seconds
         metrics["memory_gib"] = self._memory_gib()
+        if self.mesh.distributed:
+            metrics["memory_gib_ranks"] = self._peak_ranks = self._gather_floats(metrics["memory_gib"])
         return metrics
 
+    def _gather_floats(self, value: float) -> list[float]:
+        """``value`` of every rank, in global rank order."""
+        import torch.distributed as dist
+
+        device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        mine = torch.tensor([value], dtype=torch.float64, device=device)
+        parts = [torch.empty_like(mine) for _ in range(self.mesh.world_size)]
+        dist.all_gather(parts, mine)
+        return [float(p) for p in parts]
+
     def _write_summary(self, status: str, final: Path | None, losses: list[float]) -> None:
+        if not self.mesh.writes:
+            return
         cfg = self.config
         summary = {
             "status": status, "final_checkpoint": str(final) if final else None, "steps": cfg.steps,
@@ -471,10 +620,13 @@ class _Trainer:
             "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
             "seconds": time.monotonic() - self._started,       # this invocation (a resumed run counts from resume)
             "tokens_per_s": self._step_tokens / self._step_seconds if self._step_seconds else None,
-            "peak_memory_gib": self._memory_gib(), "device": str(self.device), "bf16": self.bf16,
+            "peak_memory_gib": self._memory_gib(), "peak_memory_gib_ranks": self._peak_ranks,
+            "device": str(self.device), "bf16": self.bf16,
             **self.compute.to_dict(),
             "transforms": self.applied,
             "step_strategies": [strategy.describe() for strategy in self.strategies.values()], "parameters": sum(p.numel() for p in self.model.parameters()),
+            "mesh": {"world_size": self.mesh.world_size, "data_parallel": self.mesh.dp_size,
+                     "context_parallel": self.mesh.cp_size, "cp_layout": cfg.cp_layout},
             "config": cfg.to_dict(),
         }
         atomic_write_json(cfg.out / SUMMARY, summary)

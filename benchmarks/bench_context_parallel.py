@@ -1,0 +1,171 @@
+"""Context parallelism on two GPUs against one: tokens/s, scaling efficiency, peak memory per GPU, first-step loss.
+
+    python benchmarks/bench_context_parallel.py --fasta .gpudata/GRCh37_chrX_1-24000000.fa.gz \
+        --models small,base --lengths 1M,2M --steps 3 [--cp 2] [--layouts zigzag,contiguous] [--recompute]
+
+For each (model, length) two real commands run on the same prepared data with the same seed, so they train on the
+same windows from the same weights:
+
+    one GPU   CUDA_VISIBLE_DEVICES=0 genolc finetune --seq L --model M --steps N           (--chunk auto)
+    CP        torchrun --standalone --nproc-per-node CP -m genolc.cli finetune ... --cp CP --cp-layout LAYOUT
+
+A CP run the plan refuses (or that runs out of memory) is tried once more with ``--recompute``. A row holds both
+runs' tokens/s (the last step's: the first includes kernel compilation), every step's seconds and loss, peak GPU
+memory (per rank for CP, from summary.json's ``peak_memory_gib_ranks``), the scaling efficiency
+``tokens/s(CP) / (CP x tokens/s(one GPU))`` and the first-step losses with their relative difference (bf16 autocast
+in both; equal means within ``--loss-rtol``). Each run is its own process tree with a timeout; results are written
+after every row to ``$OUT/context_parallel_<date><BENCH_TAG>.json`` (benchmarks/results by default) with the
+command, git SHA (``GENOLC_GIT_SHA`` on the device) and device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_long_context import run_child  # noqa: E402
+from genolc.units import format_length, parse_length  # noqa: E402
+
+
+def _finetune_args(data: Path, model: str, length: int, out: Path, args) -> list[str]:
+    return ["finetune", "--data", str(data), "--seq", str(length), "--model", model, "--steps", str(args.steps),
+            "--warmup", "1", "--lr", "1e-4", "--seed", "0", "--out", str(out), "--no-progress"]
+
+
+def _read_run(out: Path) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"tokens_per_s": round(steps[-1]["tokens_per_s"], 1),
+            "step_seconds": [round(s["step_seconds"], 2) for s in steps], "losses": [s["loss"] for s in steps],
+            "peak_gpu_gib": round(summary["peak_memory_gib"], 2),
+            "peak_gpu_gib_ranks": [round(x, 2) for x in summary.get("peak_memory_gib_ranks") or []],
+            "strategy": steps[-1].get("step_strategy"), "chunk": steps[-1].get("chunk"),
+            "plan": summary.get("step_strategies"), "transforms": summary.get("transforms")}
+
+
+def one_gpu(data: Path, model: str, length: int, args, env: dict, work: Path) -> dict:
+    out = work / f"one-{model}-{format_length(length)}"
+    argv = [sys.executable, "-m", "genolc.cli", *_finetune_args(data, model, length, out, args)]
+    if args.recompute:
+        argv.append("--recompute")
+    code, tail, wall, rss = run_child(argv, {**env, "CUDA_VISIBLE_DEVICES": "0"}, args.timeout)
+    run = {"command": " ".join(argv[1:]), "exit_code": code, "wall_seconds": round(wall, 1)}
+    if code == 0:
+        run.update(ok=True, **_read_run(out))
+    else:
+        run.update(ok=False, error=tail[-1200:])
+    return run
+
+
+def context_parallel(data: Path, model: str, length: int, layout: str, args, env: dict, work: Path) -> dict:
+    attempts = [args.recompute] if args.recompute else [False, True]
+    run: dict = {}
+    for recompute in attempts:
+        out = work / f"cp{args.cp}-{layout}-{model}-{format_length(length)}{'-recompute' if recompute else ''}"
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.cp),
+                "-m", "genolc.cli", *_finetune_args(data, model, length, out, args), "--cp", str(args.cp),
+                "--cp-layout", layout]
+        if recompute:
+            argv.append("--recompute")
+        code, tail, wall, rss = run_child(argv, env, args.timeout)
+        run = {"command": " ".join(argv[1:]), "exit_code": code, "wall_seconds": round(wall, 1),
+               "recompute": recompute}
+        if code == 0:
+            run.update(ok=True, **_read_run(out))
+            return run
+        run.update(ok=False, error=tail[-1200:])
+    return run
+
+
+def compare(one: dict, cp: dict, cp_size: int, rtol: float) -> dict:
+    if not (one.get("ok") and cp.get("ok")):
+        return {}
+    first_one, first_cp = one["losses"][0], cp["losses"][0]
+    rel = abs(first_cp - first_one) / abs(first_one)
+    return {"scaling_efficiency": round(cp["tokens_per_s"] / (cp_size * one["tokens_per_s"]), 3),
+            "speedup": round(cp["tokens_per_s"] / one["tokens_per_s"], 3),
+            "first_loss_one_gpu": first_one, "first_loss_cp": first_cp, "first_loss_rel_diff": rel,
+            "first_loss_equal": rel <= rtol,
+            "loss_rel_diffs": [abs(a - b) / abs(a) for a, b in zip(one["losses"], cp["losses"])]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--fasta", type=Path, help="genome to prepare (char tokenizer, every record trains)")
+    source.add_argument("--data", type=Path, help="a prepared dataset")
+    parser.add_argument("--models", default="small,base")
+    parser.add_argument("--lengths", default="1M,2M")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--cp", type=int, default=2, help="context-parallel ranks (GPUs) for the CP runs")
+    parser.add_argument("--layouts", default="zigzag", help="CP layouts to run, e.g. zigzag,contiguous")
+    parser.add_argument("--recompute", action="store_true", help="pass --recompute to every run")
+    parser.add_argument("--timeout", type=float, default=280, help="seconds per run")
+    parser.add_argument("--budget", type=float, default=0, help="stop starting rows after this many seconds")
+    parser.add_argument("--loss-rtol", type=float, default=5e-3,
+                        help="first-step losses count as equal within this relative difference (bf16 autocast)")
+    args = parser.parse_args()
+
+    # NVLink multicast stays off in every child (the lent GPUs' hosts are shared; see the device's KINDS.md).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NVSHMEM_DISABLE_NVLS": "1"}
+    started = time.monotonic()
+    rows: list[dict] = []
+    out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="genolc-cp-") as tmp:
+        work = Path(tmp)
+        data = args.data
+        if data is None:
+            data = work / "data"
+            prep = subprocess.run([sys.executable, "-m", "genolc.cli", "prepare", str(args.fasta), "--out", str(data),
+                                   "--train", "all", "--heldout", "none", "--tokenizer", "char", "--no-progress"],
+                                  env=env, cwd=ROOT, capture_output=True, text=True)
+            if prep.returncode:
+                sys.exit(f"prepare failed: {prep.stderr[-2000:]}")
+        for model in args.models.split(","):
+            for length in (parse_length(x) for x in args.lengths.split(",") if x):
+                if args.budget and time.monotonic() - started > args.budget:
+                    rows.append({"model": model, "seq_len": length, "skipped": "time budget"})
+                    continue
+                one = one_gpu(data, model, length, args, env, work)
+                print(json.dumps({"model": model, "seq": format_length(length), "one_gpu":
+                                  {k: v for k, v in one.items() if k != "error"}}), flush=True)
+                for layout in args.layouts.split(","):
+                    cp = context_parallel(data, model, length, layout, args, env, work)
+                    row = {"model": model, "seq_len": length, "seq": format_length(length), "cp": args.cp,
+                           "layout": layout, "one_gpu": one, "context_parallel": cp,
+                           **compare(one, cp, args.cp, args.loss_rtol)}
+                    rows.append(row)
+                    print(json.dumps({k: v for k, v in row.items() if k not in ("one_gpu",)}, default=str),
+                          flush=True)
+                    _write(out_dir, rows, started)
+    print(f"wrote {_write(out_dir, rows, started)}")
+
+
+def _write(out_dir: Path, rows: list[dict], started: float) -> Path:
+    import torch
+    from gpu_bench_common import git_sha
+
+    path = out_dir / f"context_parallel_{datetime.date.today().isoformat()}{os.environ.get('BENCH_TAG', '')}.json"
+    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() \
+        else ["cpu"]
+    record = {"command": "python " + " ".join(sys.argv), "git_sha": git_sha(), "devices": devices,
+              "torch": torch.__version__, "seconds": round(time.monotonic() - started, 1), "rows": rows}
+    path.write_text(json.dumps(record, indent=1))
+    return path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""KDA across context-parallel ranks by boundary-state passing; communication independent of the window length.
+
+The KDA recurrence is affine in the state: ``S_t = M_t S_{t-1} + beta_t k_t v_t^T`` with ``M_t = (I - beta_t k_t
+k_t^T) diag(exp g_t)`` a per-head ``[Dk, Dk]`` matrix. So a piece run from the zero state gives its outputs
+``o_t`` and end state ``B``, and the true ones, from the state ``S_in`` the earlier pieces leave, are
+
+    S_end = A S_in + B,  o_t + (q_t^T P_t) S_in,   P_t = M_t ... M_1 (the piece's first t steps),  A = P_last.
+
+``q_t^T P_t`` and ``A`` come from the same op call: the values get ``Dk`` extra zero columns and the initial state
+is ``[0 | I]``, so the extra output columns are ``q_t^T P_t I`` and the extra state columns ``P_last I = A``. That
+is one KDA call with ``Dv + Dk`` value columns (fla's ``chunk_kda`` takes the initial state and returns the final
+one, so the fast kernel serves unchanged). The ranks all-gather each piece's ``[B | A]`` (``H x Dk x (Dv + Dk)``
+per piece) and every rank composes the prefix ``S_in`` of its own pieces; the correction is a small einsum.
+The short convolution's first ``kernel - 1`` outputs of a piece need the previous piece's last inputs: those are
+all-gathered too. Gradients flow through both gathers exactly (genolc/parallel/collectives.py). Under the
+chunk-recurrent step the prefix starts from the cached state of the chunks before, and every rank writes the chunk's
+end state and last convolution inputs to the cache (genolc/parallel/context.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genolc.parallel.collectives import anchor
+from genolc.model.cache import LayerCache
+from genolc.parallel.context import ContextParallel
+
+
+def _tail_before(piece_index: int, tails: list[torch.Tensor], lengths: list[int], keep: int,
+                 before: torch.Tensor | None) -> torch.Tensor | None:
+    """The last ``keep`` convolution inputs before piece ``piece_index`` of the span (``before``: those before the
+    span, from the chunk cache; fewer at the window's start)."""
+    parts, have = [], 0
+    for j in range(piece_index - 1, -1, -1):
+        real = min(keep, lengths[j])
+        parts.insert(0, tails[j][:, keep - real:])
+        have += real
+        if have >= keep:
+            break
+    if have < keep and before is not None and before.shape[1]:
+        parts.insert(0, before.to(tails[0].dtype))
+    if not parts:
+        return None
+    return torch.cat(parts, dim=1)[:, -keep:]
+
+
+def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    """``KimiDeltaAttention.forward`` for this rank's concatenated pieces ``x [B, T_local, D]``; with ``cache``
+    the span is one chunk of the window (the state and convolution inputs before it in ``cache.past``, the
+    chunk's in ``cache.present``)."""
+    batch, length, _ = x.shape
+    heads, dim = layer.num_heads, layer.head_dim
+    keep = layer.conv1d.weight.shape[-1] - 1
+    pieces = context.pieces
+    past = {} if cache is None else cache.past
+    conv_before = past.get("conv_tail")
+    conv_input = torch.cat([layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)], dim=-1)
+    inputs = context.split(conv_input)
+    own_tails = [torch.nn.functional.pad(t[:, max(0, t.shape[1] - keep):], (0, 0, keep - min(keep, t.shape[1]), 0))
+                 for t in inputs]
+    tails, gathered_tails = context.gather_fixed(own_tails)
+    lengths = context.span_lengths
+    first = context.layout.rank_pieces(context.rank)
+
+    gate_inputs = context.split(layer.forget_gate.pre_activation(x))
+    betas = context.split(torch.sigmoid(layer.b_proj(x)))
+    locals_, throughs, finals = [], [], []
+    for piece, relative, conv_in, gate_input, beta in zip(pieces, first, inputs, gate_inputs, betas):
+        qkv = layer.short_conv(conv_in, _tail_before(relative.index, tails, lengths, keep, conv_before))
+        q, k, v = (t.reshape(batch, len(piece), heads, dim) for t in qkv.split(layer.width, dim=-1))
+        value_dim = v.shape[-1]
+        values = torch.cat([v, v.new_zeros(batch, len(piece), heads, dim)], dim=-1)
+        start_state = torch.cat([torch.zeros(batch, heads, dim, value_dim, device=x.device),
+                                 torch.eye(dim, device=x.device).expand(batch, heads, dim, dim)], dim=-1)
+        core, final = layer.kda_op(q, k, values, gate_input, beta, initial_state=start_state,
+                                   output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                   **layer.forget_gate.op_arguments())
+        locals_.append(core[..., :value_dim])
+        throughs.append(core[..., value_dim:])
+        finals.append(final)                                   # [B, H, Dk, Dv + Dk] = [offset B | transition A]
+    all_finals, gathered_finals = context.gather_fixed(finals)
+
+    cores = []
+    state = past.get("state")
+    state = None if state is None else state.float()
+    wanted = {p.index: slot for slot, p in enumerate(first)}
+    last = len(lengths) if cache is not None else max(wanted) + 1
+    # In fp32 like the op's own state (autocast would run these products in bf16).
+    with torch.autocast(x.device.type, enabled=False):
+        for index in range(last):
+            if index in wanted:
+                slot = wanted[index]
+                core = locals_[slot]
+                if state is not None:
+                    correction = torch.einsum("bthk,bhkv->bthv", throughs[slot].float(), state)
+                    core = (core.float() + correction).to(core.dtype)
+                cores.append(core)
+            offset, transition = all_finals[index].float().split([all_finals[index].shape[-1] - dim, dim], dim=-1)
+            state = offset if state is None else transition @ state + offset
+    if cache is not None:
+        cache.present["state"] = state
+        cache.present["conv_tail"] = _tail_before(len(lengths), tails, lengths, keep, conv_before)
+    core = torch.cat(cores, dim=1)
+    gate = layer.g_b_proj(layer.g_a_proj(x)).view(batch, length, heads, dim)
+    out = layer.o_proj(layer.o_norm(core, gate).reshape(batch, length, layer.width))
+    return anchor(out, gathered_tails, gathered_finals)

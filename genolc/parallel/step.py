@@ -1,0 +1,87 @@
+"""One rank's micro-batch under context parallelism, and the mesh-wide gradient reduction.
+
+Every rank of a CP group reads the same whole window (the sampler's ``cp_rank`` does not enter the draw) and takes
+its pieces of the inputs, targets and target weights (genolc/parallel/layout.py). The loss is the window's:
+``sum(w * CE)`` over this rank's targets divided by the step's total weight over all ranks, so the ranks' losses
+add up to the single-process loss, and so do their gradients. The auxiliary losses are already shares
+(genolc/parallel/context.py). After the step's micro-batches, :func:`all_reduce_gradients` sums every parameter's
+gradient over the whole mesh (DP and CP ranks alike: a DDP-style all-reduce, in buckets); every replica then
+takes the same optimizer step.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from genolc.parallel.context import ContextParallel
+from genolc.train.chunked import MicroBatchResult
+from genolc.train.loss import LossTerms, micro_batch_loss
+
+# Gradient all-reduce bucket: large enough to keep the collective efficient, small enough that the flat copy stays
+# a small fraction of a GPU (the base preset's fp32 gradients are 7.7 GB).
+BUCKET_BYTES = 256 * 1024 * 1024
+
+
+def context_parallel_forward_backward(model: torch.nn.Module, context: ContextParallel, ids: torch.Tensor,
+                                      weights: torch.Tensor, terms: LossTerms,
+                                      autocast: Callable[[], AbstractContextManager],
+                                      on_loss: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatchResult:
+    """Forward and backward of this rank's share of ``ids [B, T + 1]`` (the whole window, weights ``[B, T]``);
+    ``.grad`` accumulates this rank's share of the window's gradient (sum them with :func:`all_reduce_gradients`)."""
+    context.set_window(ids.shape[1] - 1)
+    inputs, targets = context.local(ids[:, :-1]), context.local(ids[:, 1:])
+    local_weights = context.local(weights)
+    with autocast():
+        out = model(inputs, indexer_loss=terms.indexer_mode)
+    parts = micro_batch_loss(out, targets, local_weights, terms)
+    loss = on_loss(parts.loss)
+    loss.backward()
+    return MicroBatchResult(lm=parts.lm.double().cpu(), aux=parts.aux, tokens_per_expert=out.tokens_per_expert)
+
+
+@torch.no_grad()
+def all_reduce_gradients(model: torch.nn.Module, group=None) -> None:
+    """Sum every trainable parameter's ``.grad`` over ``group`` (default: all ranks), in place.
+
+    A parameter without a gradient on this rank (no token reached it) takes part with zeros, so every rank runs the
+    same collectives and ends with the same gradients."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for p in params:
+        bucket.append(p.grad)
+        size += p.grad.numel() * p.grad.element_size()
+        if size >= BUCKET_BYTES:
+            _reduce_bucket(bucket, group)
+            bucket, size = [], 0
+    if bucket:
+        _reduce_bucket(bucket, group)
+
+
+def _reduce_bucket(grads: list[torch.Tensor], group) -> None:
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    for same in by_dtype.values():
+        flat = _flatten_dense_tensors(same)
+        dist.all_reduce(flat, group=group)
+        for grad, reduced in zip(same, _unflatten_dense_tensors(flat, same)):
+            grad.copy_(reduced)
+
+
+def all_reduce_counts(counts: dict[int, torch.Tensor], group=None) -> dict[int, torch.Tensor]:
+    """Tokens per expert (layer -> ``[E]``) summed over ``group``; every rank must hold the same layers."""
+    reduced = {}
+    for layer in sorted(counts):
+        total = counts[layer].to(torch.int64).clone()
+        dist.all_reduce(total, group=group)
+        reduced[layer] = total
+    return reduced
