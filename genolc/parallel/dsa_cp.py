@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from genolc.model.cache import LayerCache, append_rows
-from genolc.model.ops.indexer.reference import pool_keys
+from genolc.model.ops.indexer.pooling import pool_keys
 from genolc.parallel.collectives import anchor
 from genolc.parallel.context import ContextParallel
 
