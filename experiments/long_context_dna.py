@@ -243,7 +243,7 @@ def make_plan(config: ExperimentConfig) -> Plan:
         if largest < segment:
             raise ConfigError(f"a {needle_seq}-token needle window cannot hold two {segment}-base copies",
                               where="--needle-bases", fix="use a shorter --needle-bases or a longer --needle-seq")
-        distances = tuple(sorted({d for d in (segment * 2 ** i for i in range(12)) if d < largest} | {largest}))
+        distances = tuple(sorted({d for d in (2 * segment * 4 ** i for i in range(8)) if d < largest} | {largest}))
     routing = tuple(sorted(set(config.routing_lengths or (short, long_))))
     pretrain_steps, arm_steps = config.pretrain_steps, config.arm_steps
     if pretrain_steps is None or arm_steps is None:
@@ -324,12 +324,18 @@ class Phase:
     args: list[str]                      # genolc's arguments, after "genolc"
     out: Path                            # the command's output directory
     after: tuple[str, ...] = ()
-    cost: float = 1.0                    # relative, for sharing the lanes
     uses_torch: bool = True
+    work: Path | None = None             # the temporary work folder, written "$WORK" in shown commands
     result: dict[str, Any] = field(default_factory=dict)
 
     def command(self) -> str:
-        return "genolc " + " ".join(shlex.quote(a) for a in self.args)
+        """The command as a shell line, paths in the work folder written "$WORK/..." (it is temporary)."""
+        words = ["genolc", *(shlex.quote(a) for a in self.args)]
+        if self.work is not None:
+            work = str(self.work)
+            words = [w.replace(work, "$WORK", 1) if w.startswith(work) else w for w in words]
+            words = [f'"{w}"' if w.startswith("$WORK") else w for w in words]
+        return " ".join(words)
 
 
 def run_phase(phase: Phase, log: Path, gpu: str | None, stop: threading.Event,
@@ -367,8 +373,8 @@ def run_phase(phase: Phase, log: Path, gpu: str | None, stop: threading.Event,
 
 
 def run_phases(phases: list[Phase], logs: Path, config: ExperimentConfig) -> None:
-    """Run phases on config.lanes lanes, each as soon as the phases it needs have finished, costliest first.
-    The first failure stops the others and raises with the failed command's own message."""
+    """Run phases on config.lanes lanes, each as soon as the phases it needs have finished, in list order (the
+    list puts the longest chain first). The first failure stops the others and raises with its command's message."""
     lanes: list[str | None] = list(config.gpus) if config.gpus else [None] * config.lanes
     free = list(range(len(lanes)))
     pending = {p.name: p for p in phases}
@@ -395,7 +401,7 @@ def run_phases(phases: list[Phase], logs: Path, config: ExperimentConfig) -> Non
                     break
                 time.sleep(0.2)
                 continue
-            ready = sorted((p for p in pending.values() if set(p.after) <= done), key=lambda p: -p.cost)
+            ready = [p for p in pending.values() if set(p.after) <= done]
             while ready and free:
                 phase = ready.pop(0)
                 lane = free.pop(0)
@@ -457,29 +463,27 @@ def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase
         Phase("prepare", ["prepare", *fasta, "--out", str(data), "--train", config.train_records, "--heldout",
                           config.heldout_records, "--tokenizer", config.tokenizer, "--no-progress"],
               data, uses_torch=False),
-        Phase("pretrain", finetune(plan.pretrain, base, ["--model", config.preset]), base, ("prepare",),
-              cost=plan.pretrain.tokens_per_step * plan.pretrain.steps),
-        Phase("arm_a", finetune(plan.arm_a, arm_a, ["--init", str(base)]), arm_a, ("pretrain",), cost=train_tokens),
-        Phase("arm_b", finetune(plan.arm_b, arm_b, ["--init", str(base)]), arm_b, ("pretrain",), cost=train_tokens),
+        Phase("pretrain", finetune(plan.pretrain, base, ["--model", config.preset]), base, ("prepare",)),
+        Phase("arm_a", finetune(plan.arm_a, arm_a, ["--init", str(base)]), arm_a, ("pretrain",)),
+        Phase("arm_b", finetune(plan.arm_b, arm_b, ["--init", str(base)]), arm_b, ("pretrain",)),
         Phase("eval_a_vs_base", ["eval", "--by-position", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
                                  "--baseline", str(base), "--context", str(plan.context), "--context-block",
                                  str(plan.context_block), "--out", str(evals / "a_vs_base"), *by_position],
-              evals / "a_vs_base", ("arm_a",), cost=4 * eval_tokens),
+              evals / "a_vs_base", ("arm_a",)),
         Phase("eval_a_vs_b", ["eval", "--by-position", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
                               "--baseline", str(arm_b), "--out", str(evals / "a_vs_b"), *by_position],
-              evals / "a_vs_b", ("arm_a", "arm_b"), cost=2 * eval_tokens),
-        Phase("needle_base", ["eval", "--needle", "heldout", "--data", str(data), "--checkpoint", str(base),
-                              "--out", str(evals / "needle_base"), *needle], evals / "needle_base", ("pretrain",),
-              cost=config.needle_trials * plan.needle_seq * 8),
+              evals / "a_vs_b", ("arm_a", "arm_b")),
         Phase("needle_a", ["eval", "--needle", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
-                           "--out", str(evals / "needle_a"), *needle], evals / "needle_a", ("arm_a",),
-              cost=config.needle_trials * plan.needle_seq * 8),
+                           "--out", str(evals / "needle_a"), *needle], evals / "needle_a", ("arm_a",)),
         Phase("routing_a", ["eval", "--routing", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
                             "--seq", ",".join(str(n) for n in plan.routing_lengths), "--max-tokens",
                             str(plan.routing_lengths[-1]), *common, "--out", str(evals / "routing_a")],
-              evals / "routing_a", ("arm_a",),
-              cost=sum(plan.routing_lengths)),
+              evals / "routing_a", ("arm_a",)),
+        Phase("needle_base", ["eval", "--needle", "heldout", "--data", str(data), "--checkpoint", str(base),
+                              "--out", str(evals / "needle_base"), *needle], evals / "needle_base", ("pretrain",)),
     ]
+    for phase in phases:
+        phase.work = work
     return phases
 
 
@@ -806,7 +810,7 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
             rows = phase_table(phases, results)
             wall = time.monotonic() - started
             command = ["python", "experiments/long_context_dna.py", *argv]
-            summary = {"experiment": NAME, "status": "ok", "command": shlex.join(command), **prov,
+            summary = {"experiment": NAME, "status": "ok", "command": shlex.join(command), "work": str(work), **prov,
                        "wall_seconds": round(wall, 1), "plan": asdict(plan),
                        "config": {k: (str(v) if isinstance(v, Path) else [str(x) for x in v]
                                       if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
@@ -816,8 +820,10 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
                                                       "train_rates": {f"{d}/{p}": r for (d, p), r in
                                                                       TRAIN_RATES.items()}})
             atomic_write_json(results / "phases.json", rows)
-            script = ["#!/bin/sh", "# The experiment as run, then each phase's genolc command in order.",
-                      f"# {shlex.join(command)}", "set -e", *(p.command() for p in phases)]
+            script = ["#!/bin/sh", "# The experiment as run, then each phase's genolc command in order, writing the",
+                      f"# dataset, checkpoints and evaluations under $1 (the run used {work}).",
+                      f"# {shlex.join(command)}", "set -e", 'WORK="${1:-long_context_dna-work}"',
+                      *(p.command() for p in phases)]
             atomic_write_bytes(results / "commands.sh", ("\n".join(script) + "\n").encode())
             write_readme(results, head, plan, config, prov, rows, wall)
         finally:
@@ -843,7 +849,7 @@ def _say(message: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Command line.
 
-CPU_SIZES = dict(preset="tiny", device="cpu", short_seq=128, long_seq=1024, pretrain_windows=8, short_micro_batch=8,
+CPU_SIZES = dict(preset="tiny", device="cpu", short_seq=128, long_seq=1024, pretrain_windows=4, short_micro_batch=8,
                  pretrain_steps=6, arm_steps=2, pretrain_lr=1e-2, arm_lr=3e-3, eval_tokens=2 * 1025, context=128,
                  first_bucket=64, bootstrap=200, needle_seq=1024, needle_trials=2, needle_bases=64, jobs=2,
                  threads=1)

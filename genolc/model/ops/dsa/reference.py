@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 # Upper bound on the elements of one chunk's gathered keys + values when the chunk size is chosen automatically.
@@ -215,6 +214,9 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, so
     if k.shape[1] == q.shape[1]:
         mask = {"is_causal": True}
     else:
+        # Imported here: torch.nn.attention.bias imports torch._dynamo, 3-4 s of every genolc process's start.
+        from torch.nn.attention.bias import causal_lower_right
+
         mask = {"attn_mask": causal_lower_right(q.shape[1], k.shape[1])}
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          scale=softmax_scale, **mask)
