@@ -588,7 +588,8 @@ def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
     plots = results / "plots"
     plots.mkdir(exist_ok=True)
     rows = [r for r in head["buckets"] if r["bucket"] != "all"]
-    x = [math.sqrt(max(r["lo"], 1) * r["hi"]) for r in rows]
+    # Each bucket at its geometric middle; the first, [0, e), at that of [e/2, e).
+    x = [math.sqrt(max(r["lo"], r["hi"] / 2) * r["hi"]) for r in rows]
     labels = [r["bucket"] for r in rows]
 
     def axis(ax, ylabel: str) -> None:
