@@ -18,7 +18,9 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/flagship.log"
 name="$(date -u +%F)_long_context_dna"
 D=.gpudata
-python3 experiments/long_context_dna.py \
+# SIGINT before the device's 600 s limit: the experiment stops its phases and prints each phase's last lines into
+# flagship.log (what it ran, how far it got), where a kill would leave nothing to read.
+timeout -s INT -k 15 "${FLAGSHIP_TIMEOUT:-520}" python3 experiments/long_context_dna.py \
     --train-fasta "$D/GRCh37_chrX_1-24000000.fa.gz" --train-fasta "$D/hg38_chr2_1-2333275.fa.gz" \
     --heldout-fasta "$D/GRCh37_chr22_20000001-21000000.fa.gz" \
     --heldout-fasta "$D/hg19_chr3_42000000-44000000.fa.gz" --heldout-fasta "$D/hg19_chr4_103000000-105000000.fa.gz" \

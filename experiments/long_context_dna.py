@@ -307,9 +307,6 @@ def make_plan(config: ExperimentConfig) -> Plan:
                 needle_distances=distances, routing_lengths=routing, how=tuple(how))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Phases: each one genolc command in its own process.
-
 # Runs genolc's CLI and, at exit, prints the CUDA allocator's peak (eval reports none of its own).
 PROBE = ("import atexit, runpy, sys\n"
          "def _peak():\n"
@@ -361,7 +358,8 @@ def run_phase(phase: Phase, log: Path, gpu: str | None, stop: threading.Event,
             if pid:
                 break
             if stop.is_set():
-                proc.terminate()
+                # Its output is discarded with the work folder: no need to let it save a checkpoint first.
+                proc.kill()
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
             time.sleep(0.2)
@@ -431,7 +429,6 @@ class PhaseFailed(Exception):
         text = log.read_text(errors="replace") if log.exists() else ""
         errors = [line for line in text.splitlines() if line.startswith("genolc: error:")]
         self.user_error = bool(errors)
-        self.tail = "\n".join(text.splitlines()[-25:])
         self.message = (f"the {phase.name} phase failed (exit {phase.result.get('exit_code')}): "
                         + (errors[-1].removeprefix("genolc: error: ") if errors else "see its output above")
                         + f"\n  command: {phase.command()}")
@@ -459,8 +456,6 @@ def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase
     needle = ["--seq", str(plan.needle_seq), "--needle-trials", str(config.needle_trials), "--needle-bases",
               str(config.needle_bases), *[a for d in plan.needle_distances for a in ("--needle-distance", str(d))],
               *common]
-    train_tokens = plan.arm_a.tokens_per_step * plan.arm_a.steps
-    eval_tokens = plan.eval_max_windows * plan.eval_seq
     fasta = [str(p) for p in (*config.train_fastas, *config.heldout_fastas)]
     phases = [
         Phase("prepare", ["prepare", *fasta, "--out", str(data), "--train", config.train_records, "--heldout",
@@ -489,9 +484,6 @@ def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase
         phase.work = work
     return phases
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Results: copies of what each phase wrote, combined plots, headline numbers, archive.
 
 EVAL_FILES = ("summary.json", "buckets.csv", "comparisons.csv", "windows.csv", "blocks.csv", "by_position.png",
               "needle.csv", "needle_summary.csv", "needle.png", "routing.json", "routing.csv", "routing_load.png")
@@ -674,17 +666,19 @@ def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
     return written
 
 
-def provenance(results: Path, phases: list[Phase]) -> dict[str, Any]:
+def provenance(results: Path, config: ExperimentConfig) -> dict[str, Any]:
     """git SHA and device from the run records genolc wrote (the same for every phase of one run)."""
     record = {}
     for path in sorted((results / "pretrain").glob("run_record_*.json")):
         record = json.loads(path.read_text())
     host = record.get("host", {})
     gpus = host.get("gpus")
+    if gpus:
+        device = ", ".join(dict.fromkeys(gpus)) + (f" x {len(config.gpus)} (one lane each)" if config.gpus else "")
+    else:
+        device = f"CPU ({host.get('cpus')} cores, {host.get('platform')})"
     return {"git_sha": os.environ.get("GENOLC_GIT_SHA") or record.get("git_sha"),
-            "genolc_version": record.get("genolc_version"),
-            "device": ", ".join(dict.fromkeys(gpus)) if gpus else f"CPU ({host.get('cpus')} cores, "
-                                                                   f"{host.get('platform')})",
+            "genolc_version": record.get("genolc_version"), "device": device,
             "torch": host.get("torch"), "hostname": host.get("hostname")}
 
 
@@ -811,11 +805,15 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
             phases = build_phases(config, plan, work)
             _say(f"plan: {plan.pretrain.steps} pretraining steps, {plan.arm_a.steps} steps per arm; "
                  + "; ".join(plan.how[1:-1]))
-            run_phases(phases, logs, config)
+            try:
+                run_phases(phases, logs, config)
+            except BaseException:
+                _print_log_tails(logs)
+                raise
             collect(phases, results, logs)
             head = headline(results, plan)
             plots = make_plots(results, head, plan)
-            prov = provenance(results, phases)
+            prov = provenance(results, config)
             rows = phase_table(phases, results)
             wall = time.monotonic() - started
             command = ["python", "experiments/long_context_dna.py", *argv]
@@ -851,12 +849,16 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
     return out
 
 
+def _print_log_tails(logs: Path, lines: int = 12) -> None:
+    """The last lines of every phase's output: the work folder goes, and on a device this is what comes back."""
+    for log in sorted(logs.glob("*.log"), key=lambda path: path.stat().st_mtime):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"--- {log.stem}, last {len(tail)} lines:", *tail, sep="\n", file=sys.stderr)
+
+
 def _say(message: str) -> None:
     print(f"long_context_dna: {message}", file=sys.stderr, flush=True)
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Command line.
 
 CPU_SIZES = dict(preset="tiny", device="cpu", short_seq=128, long_seq=1024, pretrain_windows=4, short_micro_batch=8,
                  pretrain_steps=6, arm_steps=2, pretrain_lr=1e-2, arm_lr=3e-3, eval_tokens=2 * 1024, context=128,
@@ -954,7 +956,6 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_args(argv)
         run_experiment(config, argv)
     except PhaseFailed as failure:
-        print(failure.tail, file=sys.stderr)
         print(f"long_context_dna: error: {failure.message}\n  nothing was written (the results folder and the "
               "archive appear only when every phase succeeds)", file=sys.stderr)
         return 2 if failure.user_error else 1
@@ -962,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"long_context_dna: error: {error.message}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        print("long_context_dna: stopped; nothing was written", file=sys.stderr)
+        print("long_context_dna: stopped (interrupt or timeout); nothing was written", file=sys.stderr)
         return 130
     return 0
 
