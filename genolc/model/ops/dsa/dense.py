@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from genolc.model.ops.dsa.reference import check_qkv
 
@@ -37,6 +36,9 @@ def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, so
     if k.shape[1] == q.shape[1]:
         mask = {"is_causal": True}
     else:
+        # Imported here: torch.nn.attention.bias pulls in torch._dynamo, seconds at every genolc start.
+        from torch.nn.attention.bias import causal_lower_right
+
         mask = {"attn_mask": causal_lower_right(q.shape[1], k.shape[1])}
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          scale=softmax_scale, **mask)

@@ -1,0 +1,972 @@
+"""Does genolc's model learn from long context on real human DNA? Pretrain short, finetune long, against a control.
+
+How to run (from the repository root):
+
+    # CPU, on the bundled sample (tiny preset; about 2-3 minutes on 2 shared cores; the test suite runs this):
+    python experiments/long_context_dna.py --cpu --out results/cpu_long_context_dna
+
+    # one H200 (<= 9 minutes with compile; see benchmarks/run_flagship.sh, which also unpacks the GPU packages):
+    python experiments/long_context_dna.py --preset small --time-budget 480 \
+        --train-fasta .gpudata/GRCh37_chrX_1-24000000.fa.gz --train-fasta .gpudata/hg38_chr2_1-2333275.fa.gz \
+        --heldout-fasta .gpudata/GRCh37_chr22_20000001-21000000.fa.gz --heldout-fasta ...hg19_chr3/4/5, GRCh38 chr19 \
+        --train chrX,chr2 --heldout chr22,chr3,chr4,chr5,chr19 --archive "$OUT/long_context_dna.tar.gz"
+
+    # two H200s (nvidia-h200-x2): add --gpus 0,1 - arm A runs on GPU 0 while arm B runs on GPU 1, and the
+    # evaluations are shared between the two.
+
+What it runs, each step as genolc's own command in its own process (``python -m genolc.cli ...``):
+
+1. ``genolc prepare`` of the training and held-out FASTA files into one dataset (``--train`` / ``--heldout`` name
+   the records, as prepare takes them; the held-out records are never trained on).
+2. pretrain: ``genolc finetune --model PRESET --seq SHORT`` from the preset's random initialisation: the stand-in
+   for a pretrained genome LM, which cannot be downloaded here. Its last checkpoint is "base".
+3. arm A: ``genolc finetune --init base --seq LONG`` (512k by default): one LONG window per optimizer step.
+   arm B, the control: ``genolc finetune --init base --seq SHORT`` with LONG/SHORT windows per step
+   (``--micro-batch M --grad-accum LONG/(SHORT*M)``), the same number of steps, learning rate and schedule. So both
+   arms see the same tokens per optimizer step and in all; they differ only in how much of it is one window.
+   The long-context effect is A's gain minus B's, per position bucket.
+4. ``genolc eval --by-position heldout --seq LONG``: A against base (``--baseline``) with the context-truncation
+   control on A (``--context K``: does A's gain at position p remain when only the last K tokens are visible?), and
+   A against B; ``genolc eval --needle`` of base and A; ``genolc eval --routing`` of A (MoE expert load by context
+   length).
+
+Results land in ``--out`` (default ``results/<date>_long_context_dna``), written whole at the end or not at all:
+summary.json (headline numbers: held-out loss change of A against base, per-bucket A-base and A-B with 95% block-
+bootstrap CIs, truncation control, needle, routing, per-phase wall time and peak memory, git SHA, device), plan.json
+(sizes, steps, learning rates and how they were chosen), commands.sh (the exact commands), phases.json, README.md,
+plots/ (bits/base by position for base/A/B, the A-base and A-B deltas with CIs, the truncation control, the needle
+curve), and per phase its metrics.jsonl / summary.json / eval CSVs and plots / run records and log. Checkpoints and
+the dataset stay in a work directory that is removed at the end (``--keep-work`` keeps it). The folder is then
+packed into one archive (``--archive``, default ``<out>.tar.gz``; small: no checkpoints, no per-target files).
+
+Sizes. ``--cpu`` is the tiny preset on the bundled sample (hg38 chr2:1-600,000 trains, GRCh37
+chr22:20,480,001-20,680,000 is held out) with SHORT 128 and LONG 1k. On a GPU, ``--time-budget SECONDS`` plans the
+steps: it takes the compile allowance, each process's start-up and the evaluations' forward tokens off the budget
+and splits what is left between pretraining (40%) and the two arms, at the training rates measured on the H200
+(TRAIN_RATES); plan.json shows the arithmetic. ``--pretrain-steps`` / ``--arm-steps`` set the steps directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as dt
+import importlib.util
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from genolc.errors import ConfigError, GenolcError, InputError, RefusedOutputError  # noqa: E402
+from genolc.fsutil import OUTPUT_MARKER, atomic_dir, atomic_write_bytes, atomic_write_json, check_output_dir  # noqa: E402
+from genolc.units import format_length, parse_length  # noqa: E402
+
+KIND = "long-context experiment directory"
+NAME = "long_context_dna"
+
+# Training tokens per second of one `genolc finetune` process after compilation, by (device, preset); what
+# --time-budget plans with. cuda/small: 512k windows, chunks of 32k, H200 (benchmarks/results/
+# long_context_2026-11-30.json: 24.3k); cuda/base: 1M windows, --chunk 32k --recompute, H200 (6.4k, README).
+# Short windows are assumed no faster (one whole-window forward instead of two, but smaller kernels): the plan errs
+# long on time. cpu/tiny: one thread on this project's 2-core CI machine while it was loaded (230 tokens/s).
+TRAIN_RATES = {("cuda", "small"): 24_000.0, ("cuda", "base"): 6_400.0, ("cpu", "tiny"): 230.0}
+# Scoring is a forward only (a training step is two forwards and a backward when chunked): 3x the training rate.
+EVAL_SPEEDUP = 3.0
+# Seconds a genolc process spends besides its steps or scoring (imports, model build, checkpoint load and save):
+# cuda from the H200 run of `small` at 512k (144.5 s wall, 122.3 s of steps), cpu from this project's CI machine.
+STARTUP_SECONDS = {"cuda": 20.0, "cpu": 15.0}
+# A fresh H200 spends about 2.5 minutes compiling and autotuning kernels for new shapes (Triton, TileLang).
+COMPILE_SECONDS = {"cuda": 150.0, "cpu": 0.0}
+PRETRAIN_SHARE = 0.4          # of the training time left by the budget; the arms share the rest
+BUDGET_MARGIN = 0.9           # plan for 90% of --time-budget
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """What the experiment runs. None means: chosen by the plan (:func:`make_plan`)."""
+
+    out: Path
+    archive: Path | None = None               # default: <out>.tar.gz
+    work: Path | None = None                  # checkpoints and dataset; default: a temporary folder beside out
+    keep_work: bool = False
+    train_fastas: tuple[Path, ...] = ()
+    heldout_fastas: tuple[Path, ...] = ()
+    train_records: str = "all"                # genolc prepare --train
+    heldout_records: str | None = None        # genolc prepare --heldout
+    tokenizer: str = "char"
+    preset: str = "small"
+    device: str = "cuda"                      # cuda | cpu
+    gpus: tuple[str, ...] = ()                # CUDA_VISIBLE_DEVICES per lane; () one lane on the visible GPU
+    jobs: int = 1                             # processes at once (with --gpus: one per GPU)
+    threads: int | None = None                # finetune/eval --threads
+    short_seq: int = 8 * 1024
+    long_seq: int = 512 * 1024
+    pretrain_windows: int = 8                 # SHORT windows per pretraining step
+    short_micro_batch: int = 4                # SHORT windows per micro-batch (arm B and pretraining)
+    pretrain_steps: int | None = None
+    arm_steps: int | None = None
+    pretrain_lr: float = 1e-3
+    arm_lr: float = 3e-4
+    time_budget: float | None = None          # seconds for the whole experiment
+    compile_seconds: float | None = None      # default COMPILE_SECONDS[device]
+    eval_tokens: int = 2 * 1024 * 1024        # held-out window tokens per --by-position evaluation
+    context: int = 4 * 1024                   # truncation control: only the last K tokens visible
+    context_block: int | None = None          # default K (visible K..2K, 2x cost); genolc's own default is K/4
+    first_bucket: int = 1024
+    bootstrap: int = 1000
+    needle_seq: int | None = None             # default min(LONG, 128k)
+    needle_trials: int = 2
+    needle_bases: int = 256
+    routing_lengths: tuple[int, ...] = ()     # default SHORT, LONG
+    seed: int = 0
+    progress: bool = False
+    plan_only: bool = False                   # print the plan and the commands, run nothing
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cuda", "cpu"):
+            raise ConfigError(f"unknown device {self.device!r}", where="--device", fix="choose cuda or cpu")
+        for name in ("short_seq", "long_seq", "pretrain_windows", "short_micro_batch", "eval_tokens", "context",
+                     "first_bucket", "bootstrap", "needle_trials", "needle_bases", "jobs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}",
+                                  where=f"--{name.replace('_', '-')}")
+        for name in ("pretrain_steps", "arm_steps", "time_budget", "threads", "needle_seq", "context_block"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be positive, got {value}",
+                                  where=f"--{name.replace('_', '-')}")
+        if self.long_seq <= self.short_seq or self.long_seq % self.short_seq:
+            raise ConfigError(f"--long-seq {format_length(self.long_seq)} must be a multiple of --short-seq "
+                              f"{format_length(self.short_seq)} and longer",
+                              fix="e.g. --short-seq 8k --long-seq 512k: arm B then takes 64 short windows a step")
+        ratio = self.long_seq // self.short_seq
+        if ratio % self.short_micro_batch:
+            raise ConfigError(f"--short-micro-batch {self.short_micro_batch} does not divide the "
+                              f"{ratio} short windows arm B takes per step", where="--short-micro-batch",
+                              fix=f"use a divisor of {ratio}")
+        if self.pretrain_windows % self.short_micro_batch and self.short_micro_batch % self.pretrain_windows:
+            raise ConfigError(f"--pretrain-windows {self.pretrain_windows} and --short-micro-batch "
+                              f"{self.short_micro_batch}: one must divide the other", where="--pretrain-windows")
+        if not self.context < self.long_seq:
+            raise ConfigError(f"--context {format_length(self.context)} must be shorter than --long-seq",
+                              where="--context")
+        if not self.train_fastas:
+            raise ConfigError("no training FASTA given", where="--train-fasta",
+                              fix="name at least one --train-fasta, or use --sample (the bundled sample)")
+        if not self.heldout_records:
+            raise ConfigError("no held-out records named", where="--heldout",
+                              fix="name the held-out records, e.g. --heldout chr22,chr19 (genolc prepare --heldout)")
+        if self.gpus and self.device != "cuda":
+            raise ConfigError("--gpus needs --device cuda", where="--gpus")
+
+    @property
+    def lanes(self) -> int:
+        return len(self.gpus) if self.gpus else self.jobs
+
+
+@dataclass(frozen=True)
+class RunSize:
+    """One finetune: window length, windows per micro-batch, micro-batches per step, steps, peak lr, warm-up."""
+
+    seq: int
+    micro_batch: int
+    grad_accum: int
+    steps: int
+    lr: float
+    warmup: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq * self.micro_batch * self.grad_accum
+
+
+@dataclass(frozen=True)
+class Plan:
+    pretrain: RunSize
+    arm_a: RunSize
+    arm_b: RunSize
+    eval_seq: int
+    eval_max_windows: int
+    context: int
+    context_block: int
+    needle_seq: int
+    needle_distances: tuple[int, ...]     # () : genolc's default (1k, 2k, ... up to the window)
+    routing_lengths: tuple[int, ...]
+    how: tuple[str, ...]                  # how the sizes were chosen, in words and numbers
+
+
+def genolc_presets() -> list[str]:
+    """The model presets genolc knows, read from genolc/model/presets.py's PRESETS without importing it: importing
+    genolc.model imports torch (seconds on a loaded machine), and this check runs before anything starts."""
+    spec = importlib.util.find_spec("genolc.model.presets")
+    tree = ast.parse(Path(spec.origin).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PRESETS" for t in node.targets):
+            return [key.value for key in node.value.keys]
+    raise RuntimeError("genolc/model/presets.py defines no PRESETS dict")
+
+
+def warmup_steps(steps: int) -> int:
+    return max(1, steps // 10)
+
+
+def make_plan(config: ExperimentConfig) -> Plan:
+    """Sizes, steps and learning rates: given ones kept, the rest fitted to --time-budget (module docstring)."""
+    if config.preset not in genolc_presets():
+        raise ConfigError(f"unknown model preset {config.preset!r}", where="--preset",
+                          fix=f"use one of {', '.join(genolc_presets())}")
+    short, long_ = config.short_seq, config.long_seq
+    ratio = long_ // short
+    how = [f"arm A: one {format_length(long_)} window per step; arm B: {ratio} windows of {format_length(short)} "
+           f"per step ({config.short_micro_batch} per micro-batch x {ratio // config.short_micro_batch} "
+           f"accumulated), so both see {format_length(long_)} tokens a step and the same steps"]
+    context_block = config.context_block or config.context
+    eval_windows = max(1, config.eval_tokens // long_)
+    needle_seq = config.needle_seq or min(long_, 128 * 1024)
+    if needle_seq >= 2 * 1024:
+        distances: tuple[int, ...] = ()
+    else:
+        segment = config.needle_bases  # char-level upper bound on the segment's tokens
+        largest = needle_seq - segment - 1
+        if largest < segment:
+            raise ConfigError(f"a {needle_seq}-token needle window cannot hold two {segment}-base copies",
+                              where="--needle-bases", fix="use a shorter --needle-bases or a longer --needle-seq")
+        distances = tuple(sorted({d for d in (2 * segment * 4 ** i for i in range(8)) if d < largest} | {largest}))
+    routing = tuple(sorted(set(config.routing_lengths or (short, long_))))
+    pretrain_steps, arm_steps = config.pretrain_steps, config.arm_steps
+    if pretrain_steps is None or arm_steps is None:
+        if config.time_budget is None:
+            raise ConfigError("no steps and no time budget given", where="--time-budget",
+                              fix="give --time-budget SECONDS, or --pretrain-steps and --arm-steps")
+        rate = TRAIN_RATES.get((config.device, config.preset))
+        if rate is None:
+            raise ConfigError(f"no measured training rate for preset {config.preset!r} on {config.device}, so "
+                              "--time-budget cannot plan the steps", where="--time-budget",
+                              fix="give --pretrain-steps and --arm-steps")
+        compile_s = COMPILE_SECONDS[config.device] if config.compile_seconds is None else config.compile_seconds
+        startup = STARTUP_SECONDS[config.device]
+        lanes = max(1, config.lanes)
+        # A with base and the truncated A, then A with B.
+        eval_forward = eval_windows * (long_ + 1) * (2 + 2 + (context_block + config.context) / context_block)
+        needle_forward = 2 * config.needle_trials * needle_seq * max(1, len(distances) or
+                                                                     int(math.log2(max(2, needle_seq // 1024))) + 1)
+        routing_forward = len(routing) * routing[-1]
+        eval_s = (eval_forward + needle_forward + routing_forward) / (rate * EVAL_SPEEDUP) / lanes
+        # Processes one after another on the busiest lane: prepare, pretrain, an arm, then the evaluations.
+        serial_processes = 3 + math.ceil(5 / lanes) + (0 if lanes >= 2 else 1)
+        fixed = compile_s + serial_processes * startup + 10.0
+        train_s = config.time_budget * BUDGET_MARGIN - fixed - eval_s
+        arm_parallel = lanes >= 2
+        arm_s = train_s * (1 - PRETRAIN_SHARE) / (1 if arm_parallel else 2)
+        pre_s = train_s * PRETRAIN_SHARE
+        fitted_arm = int(arm_s * rate // long_)
+        fitted_pre = int(pre_s * rate // (short * config.pretrain_windows))
+        how.append(f"--time-budget {config.time_budget:.0f} s x {BUDGET_MARGIN} margin - compile {compile_s:.0f} s - "
+                   f"{serial_processes} process starts x {startup:.0f} s - prepare 10 s - evaluations {eval_s:.0f} s "
+                   f"({(eval_forward + needle_forward + routing_forward) / 1e6:.1f}M forward tokens at "
+                   f"{rate * EVAL_SPEEDUP:,.0f} tokens/s over {lanes} lane(s)) = {train_s:.0f} s of training at "
+                   f"{rate:,.0f} tokens/s ({config.device}/{config.preset}, TRAIN_RATES)")
+        how.append(f"pretraining gets {PRETRAIN_SHARE:.0%}: {pre_s:.0f} s = {fitted_pre} steps of "
+                   f"{config.pretrain_windows} x {format_length(short)}; each arm "
+                   f"{'(side by side) ' if arm_parallel else '(one after the other) '}{arm_s:.0f} s = {fitted_arm} "
+                   f"steps of {format_length(long_)} tokens")
+        if pretrain_steps is None:
+            pretrain_steps = fitted_pre
+        if arm_steps is None:
+            arm_steps = fitted_arm
+        if pretrain_steps < 1 or arm_steps < 1:
+            raise ConfigError(f"--time-budget {config.time_budget:.0f} s leaves {max(train_s, 0):.0f} s to train: "
+                              f"{max(fitted_pre, 0)} pretraining and {max(fitted_arm, 0)} arm steps ({how[-2]})",
+                              where="--time-budget",
+                              fix="raise --time-budget, shorten --long-seq or lower --eval-tokens")
+    micro = min(config.short_micro_batch, config.pretrain_windows)
+    pretrain = RunSize(seq=short, micro_batch=micro, grad_accum=config.pretrain_windows // micro,
+                       steps=pretrain_steps, lr=config.pretrain_lr, warmup=warmup_steps(pretrain_steps))
+    arm_a = RunSize(seq=long_, micro_batch=1, grad_accum=1, steps=arm_steps, lr=config.arm_lr,
+                    warmup=warmup_steps(arm_steps))
+    arm_b = replace(arm_a, seq=short, micro_batch=config.short_micro_batch,
+                    grad_accum=ratio // config.short_micro_batch)
+    how.append(f"learning rates: pretraining {config.pretrain_lr:g} (from scratch), arms {config.arm_lr:g} "
+               f"(continuing), linear warm-up over a tenth of the steps, cosine to a tenth")
+    return Plan(pretrain=pretrain, arm_a=arm_a, arm_b=arm_b, eval_seq=long_, eval_max_windows=eval_windows,
+                context=config.context, context_block=context_block, needle_seq=needle_seq,
+                needle_distances=distances, routing_lengths=routing, how=tuple(how))
+
+
+# Runs genolc's CLI and, at exit, prints the CUDA allocator's peak (eval reports none of its own).
+PROBE = ("import atexit, runpy, sys\n"
+         "def _peak():\n"
+         "    torch = sys.modules.get('torch')\n"
+         "    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():\n"
+         "        print('PEAK_GPU_GIB', torch.cuda.max_memory_allocated() / 2**30, flush=True)\n"
+         "atexit.register(_peak)\n"
+         "sys.argv = ['genolc', *sys.argv[1:]]\n"
+         "runpy.run_module('genolc.cli', run_name='__main__')\n")
+
+
+@dataclass
+class Phase:
+    name: str
+    args: list[str]                      # genolc's arguments, after "genolc"
+    out: Path                            # the command's output directory
+    after: tuple[str, ...] = ()
+    uses_torch: bool = True
+    work: Path | None = None             # the temporary work folder, written "$WORK" in shown commands
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def command(self) -> str:
+        """The command as a shell line, paths in the work folder written "$WORK/..." (it is temporary)."""
+        words = ["genolc", *(shlex.quote(a) for a in self.args)]
+        if self.work is not None:
+            work = str(self.work)
+            words = [w.replace(work, "$WORK", 1) if w.startswith(work) else w for w in words]
+            words = [f'"{w}"' if w.startswith("$WORK") else w for w in words]
+        return " ".join(words)
+
+
+def run_phase(phase: Phase, log: Path, gpu: str | None, stop: threading.Event,
+              children: dict[str, subprocess.Popen]) -> None:
+    """Run one phase to completion, recording exit code, wall time, peak host RSS and peak GPU memory."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    argv = ([sys.executable, "-c", PROBE, *phase.args] if phase.uses_torch
+            else [sys.executable, "-m", "genolc.cli", *phase.args])
+    start = time.monotonic()
+    with open(log, "w") as sink:
+        sink.write(f"$ {phase.command()}\n")
+        sink.flush()
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
+        children[phase.name] = proc
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if stop.is_set():
+                # Its output is discarded with the work folder: no need to let it save a checkpoint first.
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.2)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        children.pop(phase.name, None)
+    text = log.read_text(errors="replace")
+    peaks = [line.split()[1] for line in text.splitlines() if line.startswith("PEAK_GPU_GIB ")]
+    phase.result = {"exit_code": proc.returncode, "wall_seconds": round(time.monotonic() - start, 1),
+                    "peak_host_rss_gib": round(usage.ru_maxrss * 1024 / 2 ** 30, 3),
+                    "peak_gpu_gib": round(float(peaks[-1]), 3) if peaks else None,
+                    "gpu": gpu, "command": phase.command()}
+
+
+def run_phases(phases: list[Phase], logs: Path, config: ExperimentConfig) -> None:
+    """Run phases on config.lanes lanes, each as soon as the phases it needs have finished, in list order (the
+    list puts the longest chain first). The first failure stops the others and raises with its command's message."""
+    lanes: list[str | None] = list(config.gpus) if config.gpus else [None] * config.lanes
+    free = list(range(len(lanes)))
+    pending = {p.name: p for p in phases}
+    done: set[str] = set()
+    running: dict[str, tuple[threading.Thread, int]] = {}
+    stop = threading.Event()
+    children: dict[str, subprocess.Popen] = {}
+    failed: Phase | None = None
+    try:
+        while pending or running:
+            for name, (thread, lane) in list(running.items()):
+                if not thread.is_alive():
+                    running.pop(name)
+                    free.append(lane)
+                    phase = next(p for p in phases if p.name == name)
+                    if phase.result.get("exit_code") != 0 and failed is None:
+                        failed = phase
+                        stop.set()
+                    done.add(name)
+                    _say(f"{name} finished in {phase.result.get('wall_seconds')} s "
+                         f"(exit {phase.result.get('exit_code')})")
+            if failed is not None:
+                if not running:
+                    break
+                time.sleep(0.2)
+                continue
+            ready = [p for p in pending.values() if set(p.after) <= done]
+            while ready and free:
+                phase = ready.pop(0)
+                lane = free.pop(0)
+                pending.pop(phase.name)
+                gpu = lanes[lane]
+                _say(f"{phase.name} starts{f' on GPU {gpu}' if gpu is not None else ''}: {phase.command()}")
+                thread = threading.Thread(target=run_phase, args=(phase, logs / f"{phase.name}.log", gpu, stop,
+                                                                   children), daemon=True)
+                thread.start()
+                running[phase.name] = (thread, lane)
+            time.sleep(0.2)
+    except BaseException:
+        stop.set()
+        for thread, _ in running.values():
+            thread.join()
+        raise
+    if failed is not None:
+        raise PhaseFailed(failed, logs / f"{failed.name}.log")
+
+
+class PhaseFailed(Exception):
+    def __init__(self, phase: Phase, log: Path):
+        self.phase = phase
+        text = log.read_text(errors="replace") if log.exists() else ""
+        errors = [line for line in text.splitlines() if line.startswith("genolc: error:")]
+        self.user_error = bool(errors)
+        self.message = (f"the {phase.name} phase failed (exit {phase.result.get('exit_code')}): "
+                        + (errors[-1].removeprefix("genolc: error: ") if errors else "see its output above")
+                        + f"\n  command: {phase.command()}")
+        super().__init__(self.message)
+
+
+def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase]:
+    data, checkpoints = work / "data", work / "runs"
+    common = ["--seed", str(config.seed), "--device", config.device]
+    if not config.progress:
+        common.append("--no-progress")
+    if config.threads is not None:
+        common += ["--threads", str(config.threads)]
+
+    def finetune(size: RunSize, out: Path, start: list[str]) -> list[str]:
+        return ["finetune", "--data", str(data), "--seq", str(size.seq), *start, "--steps", str(size.steps),
+                "--lr", f"{size.lr:g}", "--warmup", str(size.warmup), "--micro-batch", str(size.micro_batch),
+                "--grad-accum", str(size.grad_accum), "--out", str(out), *common]
+
+    base = checkpoints / "pretrain"
+    arm_a, arm_b = checkpoints / "arm_a", checkpoints / "arm_b"
+    evals = work / "evals"
+    by_position = ["--seq", str(plan.eval_seq), "--max-windows", str(plan.eval_max_windows), "--first-bucket",
+                   str(config.first_bucket), "--bootstrap", str(config.bootstrap), *common]
+    needle = ["--seq", str(plan.needle_seq), "--needle-trials", str(config.needle_trials), "--needle-bases",
+              str(config.needle_bases), *[a for d in plan.needle_distances for a in ("--needle-distance", str(d))],
+              *common]
+    fasta = [str(p) for p in (*config.train_fastas, *config.heldout_fastas)]
+    phases = [
+        Phase("prepare", ["prepare", *fasta, "--out", str(data), "--train", config.train_records, "--heldout",
+                          config.heldout_records, "--tokenizer", config.tokenizer, "--no-progress"],
+              data, uses_torch=False),
+        Phase("pretrain", finetune(plan.pretrain, base, ["--model", config.preset]), base, ("prepare",)),
+        Phase("arm_a", finetune(plan.arm_a, arm_a, ["--init", str(base)]), arm_a, ("pretrain",)),
+        Phase("arm_b", finetune(plan.arm_b, arm_b, ["--init", str(base)]), arm_b, ("pretrain",)),
+        Phase("eval_a_vs_base", ["eval", "--by-position", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
+                                 "--baseline", str(base), "--context", str(plan.context), "--context-block",
+                                 str(plan.context_block), "--out", str(evals / "a_vs_base"), *by_position],
+              evals / "a_vs_base", ("arm_a",)),
+        Phase("eval_a_vs_b", ["eval", "--by-position", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
+                              "--baseline", str(arm_b), "--out", str(evals / "a_vs_b"), *by_position],
+              evals / "a_vs_b", ("arm_a", "arm_b")),
+        Phase("needle_a", ["eval", "--needle", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
+                           "--out", str(evals / "needle_a"), *needle], evals / "needle_a", ("arm_a",)),
+        Phase("routing_a", ["eval", "--routing", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
+                            "--seq", ",".join(str(n) for n in plan.routing_lengths), "--max-tokens",
+                            str(plan.routing_lengths[-1]), *common, "--out", str(evals / "routing_a")],
+              evals / "routing_a", ("arm_a",)),
+        Phase("needle_base", ["eval", "--needle", "heldout", "--data", str(data), "--checkpoint", str(base),
+                              "--out", str(evals / "needle_base"), *needle], evals / "needle_base", ("pretrain",)),
+    ]
+    for phase in phases:
+        phase.work = work
+    return phases
+
+
+EVAL_FILES = ("summary.json", "buckets.csv", "comparisons.csv", "windows.csv", "blocks.csv", "by_position.png",
+              "needle.csv", "needle_summary.csv", "needle.png", "routing.json", "routing.csv", "routing_load.png")
+TRAIN_FILES = ("metrics.jsonl", "summary.json")
+LOG_BYTES = 200_000
+
+
+def collect(phases: list[Phase], results: Path, logs: Path) -> None:
+    for phase in phases:
+        target = results / phase.name
+        target.mkdir(parents=True, exist_ok=True)
+        names = TRAIN_FILES if phase.args[0] == "finetune" else EVAL_FILES if phase.args[0] == "eval" else ()
+        for name in names:
+            if (phase.out / name).is_file():
+                shutil.copy2(phase.out / name, target / name)
+        if phase.args[0] == "prepare":
+            shutil.copy2(phase.out / "manifest.json", target / "manifest.json")
+        for record in sorted((phase.out / "runs").glob("*.json")):
+            shutil.copy2(record, target / f"run_record_{record.name}")
+        text = (logs / f"{phase.name}.log").read_bytes()
+        (target / "log.txt").write_bytes(text if len(text) <= LOG_BYTES else
+                                         b"[first part cut]\n" + text[-LOG_BYTES:])
+
+
+def _rows(summary: dict, key: str, name: str, field_name: str) -> dict[str, dict]:
+    return {row["bucket"]: row for row in summary[key] if row[field_name] == name and row["subset"] == "all"}
+
+
+def _delta(row: dict | None) -> dict | None:
+    if row is None:
+        return None
+    return {"delta_bits_per_base": row["delta_bits_per_base"], "ci_low": row["ci_low"], "ci_high": row["ci_high"]}
+
+
+def headline(results: Path, plan: Plan) -> dict[str, Any]:
+    """The numbers the experiment is for, read from the evaluations' own summary.json files."""
+    a_base = json.loads((results / "eval_a_vs_base" / "summary.json").read_text())
+    a_b = json.loads((results / "eval_a_vs_b" / "summary.json").read_text())
+    context = f"context:{plan.context}"
+    model_rows = _rows(a_base, "bucket_stats", "model", "series")
+    base_rows = _rows(a_base, "bucket_stats", "baseline", "series")
+    b_rows = _rows(a_b, "bucket_stats", "baseline", "series")
+    trunc_rows = _rows(a_base, "bucket_stats", context, "series")
+    d_base = _rows(a_base, "comparisons", "model - baseline", "comparison")
+    d_trunc = _rows(a_base, "comparisons", f"{context} - model", "comparison")
+    d_b = _rows(a_b, "comparisons", "model - baseline", "comparison")
+    buckets = []
+    for label, row in model_rows.items():
+        a = row["bits_per_base"]
+        base = base_rows[label]["bits_per_base"]
+        b = b_rows[label]["bits_per_base"]
+        buckets.append({"bucket": label, "lo": row["lo"], "hi": row["hi"], "tokens": row["tokens"],
+                        "base_bits_per_base": base, "a_bits_per_base": a, "b_bits_per_base": b,
+                        "a_truncated_bits_per_base": trunc_rows[label]["bits_per_base"] if label in trunc_rows
+                        else None,
+                        "a_minus_base": _delta(d_base.get(label)), "a_minus_b": _delta(d_b.get(label)),
+                        "truncated_minus_a": _delta(d_trunc.get(label)),
+                        "b_minus_base": (b - base if b is not None and base is not None else None)})
+    overall_a, overall_base = a_base["overall"]["model/all"], a_base["overall"]["baseline/all"]
+    overall_b = a_b["overall"]["baseline/all"]
+    loss = {
+        "unit": "bits per base on the held-out records (eval --by-position, all positions)",
+        "base": overall_base, "a": overall_a, "b": overall_b,
+        "a_minus_base": d_base["all"]["delta_bits_per_base"],
+        "a_minus_base_ci": [d_base["all"]["ci_low"], d_base["all"]["ci_high"]],
+        "a_change_percent": 100.0 * (overall_a - overall_base) / overall_base,
+        "b_change_percent": 100.0 * (overall_b - overall_base) / overall_base,
+        "a_minus_b": d_b["all"]["delta_bits_per_base"],
+        "a_minus_b_ci": [d_b["all"]["ci_low"], d_b["all"]["ci_high"]],
+        "public_figure": "-4.8% held-out chr22 loss after 80 steps at 512k (no control)",
+    }
+    needle = {}
+    for name in ("needle_base", "needle_a"):
+        summary = json.loads((results / name / "summary.json").read_text())
+        needle[name.removeprefix("needle_")] = [
+            {k: row[k] for k in ("distance", "trials", "first_bits_per_base", "second_bits_per_base",
+                                 "delta_bits_per_base", "delta_ci_low", "delta_ci_high")}
+            for row in summary["per_distance"]]
+    routing = json.loads((results / "routing_a" / "routing.json").read_text())["routing"]
+    busiest = {length: max(layer["busiest_over_mean"] for layer in layers.values())
+               for length, layers in routing.items()}
+    return {"heldout_loss": loss, "buckets": buckets, "needle": needle,
+            "routing_busiest_over_mean_by_length": busiest,
+            "eval_windows": {"a_vs_base": a_base["windows"], "a_vs_b": a_b["windows"]},
+            "records": a_base["records"]}
+
+
+def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots = results / "plots"
+    plots.mkdir(exist_ok=True)
+    rows = [r for r in head["buckets"] if r["bucket"] != "all"]
+    # Each bucket at its geometric middle; the first, [0, e), at that of [e/2, e).
+    x = [math.sqrt(max(r["lo"], r["hi"] / 2) * r["hi"]) for r in rows]
+    labels = [r["bucket"] for r in rows]
+
+    def axis(ax, ylabel: str) -> None:
+        ax.set_xscale("log")
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=7)
+        ax.minorticks_off()
+        ax.set_xlabel("position in the window (tokens before the target)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, name, style in (("base_bits_per_base", "base (pretrained at short context)", "o-"),
+                             ("a_bits_per_base", "A (continued at long context)", "s-"),
+                             ("b_bits_per_base", "B (continued at short context)", "^--")):
+        ax.plot(x, [r[key] for r in rows], style, label=name, markersize=4)
+    axis(ax, "held-out bits per base")
+    ax.set_title("Held-out loss by context position")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(plots / "bits_by_position.png", dpi=110)
+    plt.close(fig)
+    written.append("plots/bits_by_position.png")
+
+    def delta_series(ax, key: str, name: str, style: str, shift: float) -> None:
+        points = [(xi * shift, r[key]) for xi, r in zip(x, rows) if r[key] is not None]
+        xs = [p[0] for p in points]
+        ys = [p[1]["delta_bits_per_base"] for p in points]
+        low = [y - (p[1]["ci_low"] if p[1]["ci_low"] is not None else y) for y, p in zip(ys, points)]
+        high = [(p[1]["ci_high"] if p[1]["ci_high"] is not None else y) - y for y, p in zip(ys, points)]
+        ax.errorbar(xs, ys, yerr=[low, high], fmt=style, capsize=3, markersize=4, label=name)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    delta_series(ax, "a_minus_base", "A - base", "s-", 0.97)
+    delta_series(ax, "a_minus_b", "A - B (the long-context effect)", "o-", 1.03)
+    ax.axhline(0, color="grey", lw=0.8)
+    axis(ax, "difference in bits per base (95% block-bootstrap CI)")
+    ax.set_title("Paired differences by context position (below 0: A better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(plots / "deltas_by_position.png", dpi=110)
+    plt.close(fig)
+    written.append("plots/deltas_by_position.png")
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
+    top.plot(x, [r["a_bits_per_base"] for r in rows], "s-", markersize=4, label="A, whole window visible")
+    top.plot(x, [r["a_truncated_bits_per_base"] for r in rows], "x--", markersize=5,
+             label=f"A, only the last {format_length(plan.context)} tokens visible")
+    top.plot(x, [r["base_bits_per_base"] for r in rows], "o:", markersize=3, label="base, whole window", alpha=0.7)
+    top.set_ylabel("held-out bits per base")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    top.set_title("Context-truncation control on A")
+    delta_series(bottom, "truncated_minus_a", f"A truncated to {format_length(plan.context)} - A", "x-", 1.0)
+    bottom.axhline(0, color="grey", lw=0.8)
+    axis(bottom, "difference (95% CI)")
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(plots / "truncation_control.png", dpi=110)
+    plt.close(fig)
+    written.append("plots/truncation_control.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, style in (("base", "o-"), ("a", "s-")):
+        rows_n = head["needle"][name]
+        ax.plot([r["distance"] for r in rows_n], [r["second_bits_per_base"] for r in rows_n], style, markersize=4,
+                label=f"{'base' if name == 'base' else 'A'}: second copy")
+        ax.plot([r["distance"] for r in rows_n], [r["first_bits_per_base"] for r in rows_n], style[0] + ":",
+                markersize=3, alpha=0.6, label=f"{'base' if name == 'base' else 'A'}: first copy")
+    ax.axhline(2.0, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("distance between the copies (tokens)")
+    ax.set_ylabel("bits per base of the copy (2 = no copying)")
+    ax.set_title("Needle: a random segment planted twice")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(plots / "needle.png", dpi=110)
+    plt.close(fig)
+    written.append("plots/needle.png")
+    return written
+
+
+def provenance(results: Path, config: ExperimentConfig) -> dict[str, Any]:
+    """git SHA and device from the run records genolc wrote (the same for every phase of one run)."""
+    record = {}
+    for path in sorted((results / "pretrain").glob("run_record_*.json")):
+        record = json.loads(path.read_text())
+    host = record.get("host", {})
+    gpus = host.get("gpus")
+    if gpus:
+        device = ", ".join(dict.fromkeys(gpus)) + (f" x {len(config.gpus)} (one lane each)" if config.gpus else "")
+    else:
+        device = f"CPU ({host.get('cpus')} cores, {host.get('platform')})"
+    return {"git_sha": os.environ.get("GENOLC_GIT_SHA") or record.get("git_sha"),
+            "genolc_version": record.get("genolc_version"), "device": device,
+            "torch": host.get("torch"), "hostname": host.get("hostname")}
+
+
+def phase_table(phases: list[Phase], results: Path) -> list[dict[str, Any]]:
+    rows = []
+    for phase in phases:
+        row = {"phase": phase.name, **phase.result}
+        summary = results / phase.name / "summary.json"
+        if phase.args[0] == "finetune" and summary.is_file():
+            train = json.loads(summary.read_text())
+            row.update(peak_device_memory_gib=train.get("peak_memory_gib"), steps=train.get("steps_done"),
+                       tokens=train.get("tokens_seen"), final_loss=train.get("final_loss"),
+                       mean_loss_last_10=train.get("mean_loss_last_10"), tokens_per_s=train.get("tokens_per_s"),
+                       train_seconds=train.get("seconds"), step_strategies=train.get("step_strategies"))
+        rows.append(row)
+    return rows
+
+
+def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig, prov: dict,
+                 phases_rows: list[dict], wall: float) -> None:
+    loss = head["heldout_loss"]
+
+    def fmt(d: dict | None) -> str:
+        if d is None:
+            return "-"
+        ci = ("" if d["ci_low"] is None else f" [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]")
+        return f"{d['delta_bits_per_base']:+.4f}{ci}"
+
+    lines = [
+        "# Long-range learning on real DNA: pretrain short, finetune long, against a control", "",
+        f"- preset `{config.preset}`, device {prov['device']}, genolc {prov['genolc_version']} at "
+        f"{prov['git_sha']}, {wall:.0f} s in all",
+        f"- training FASTA: {', '.join(p.name for p in config.train_fastas)} (records {config.train_records}); "
+        f"held out: {', '.join(p.name for p in config.heldout_fastas)} (records {config.heldout_records})",
+        f"- pretrain: {plan.pretrain.steps} steps of {plan.pretrain.micro_batch * plan.pretrain.grad_accum} x "
+        f"{format_length(plan.pretrain.seq)} windows at lr {plan.pretrain.lr:g}; arm A: {plan.arm_a.steps} steps of "
+        f"one {format_length(plan.arm_a.seq)} window; arm B: {plan.arm_b.steps} steps of "
+        f"{plan.arm_b.micro_batch * plan.arm_b.grad_accum} x {format_length(plan.arm_b.seq)} windows; arms at lr "
+        f"{plan.arm_a.lr:g}",
+        *(f"- {line}" for line in plan.how), "",
+        f"Held-out bits/base over {head['eval_windows']['a_vs_base']['scored']} windows of "
+        f"{format_length(plan.eval_seq)} ({', '.join(head['records'])}): base {loss['base']:.4f}, "
+        f"A {loss['a']:.4f} ({loss['a_change_percent']:+.2f}%), B {loss['b']:.4f} ({loss['b_change_percent']:+.2f}%); "
+        f"A - base {loss['a_minus_base']:+.4f} [{loss['a_minus_base_ci'][0]:+.4f}, {loss['a_minus_base_ci'][1]:+.4f}]"
+        f", A - B {loss['a_minus_b']:+.4f} [{loss['a_minus_b_ci'][0]:+.4f}, {loss['a_minus_b_ci'][1]:+.4f}] "
+        f"(public figure: {loss['public_figure']}).", "",
+        f"| bucket | base | A | B | A - base [95% CI] | A - B [95% CI] | A truncated to "
+        f"{format_length(plan.context)} - A |", "|---|---|---|---|---|---|---|",
+    ]
+    for r in head["buckets"]:
+        lines.append(f"| {r['bucket']} | {r['base_bits_per_base']:.4f} | {r['a_bits_per_base']:.4f} | "
+                     f"{r['b_bits_per_base']:.4f} | {fmt(r['a_minus_base'])} | {fmt(r['a_minus_b'])} | "
+                     f"{fmt(r['truncated_minus_a'])} |")
+    lines += ["", "| phase | wall s | peak host RSS GiB | peak GPU GiB | command |", "|---|---|---|---|---|"]
+    for row in phases_rows:
+        lines.append(f"| {row['phase']} | {row['wall_seconds']} | {row['peak_host_rss_gib']} | "
+                     f"{row.get('peak_gpu_gib') if row.get('peak_gpu_gib') is not None else '-'} | "
+                     f"`{row['command']}` |")
+    lines += ["", "Files: summary.json (these numbers), plan.json, phases.json, commands.sh, plots/, and one folder "
+              "per phase with what its command wrote (metrics.jsonl, summary.json, eval CSVs and plots, run "
+              "records, log.txt).", ""]
+    atomic_write_bytes(results / "README.md", "\n".join(lines).encode())
+
+
+def pack(results: Path, archive: Path) -> None:
+    """tar.gz of the results folder (named as the folder) written atomically."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.tmp-", dir=archive.parent)
+    os.close(fd)
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(results, arcname=results.name)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, archive)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_archive(archive: Path) -> None:
+    """Refuse to replace a file that is not an archive this script wrote (one holding the experiment's marker)."""
+    if not archive.exists():
+        return
+    if archive.is_file():
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                for member in tar:
+                    if member.name.endswith("/" + OUTPUT_MARKER):
+                        marker = json.load(tar.extractfile(member))
+                        if marker.get("kind") == KIND:
+                            return
+        except (tarfile.TarError, OSError, ValueError, EOFError):
+            pass
+    raise RefusedOutputError("the archive path holds a file this experiment did not write; refusing to replace it",
+                             where=str(archive), fix="choose another --archive or move that file")
+
+
+def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
+    """Validate, run every phase, write the results folder and the archive; returns the results folder."""
+    started = time.monotonic()
+    for path in (*config.train_fastas, *config.heldout_fastas):
+        if not path.is_file():
+            raise InputError("FASTA file not found", where=str(path), fix="check the path (--train-fasta / "
+                                                                          "--heldout-fasta)")
+    plan = make_plan(config)
+    if config.plan_only:
+        print(json.dumps(asdict(plan), indent=1))
+        for phase in build_phases(config, plan, Path("WORK")):
+            print(phase.command())
+        return config.out
+    out = check_output_dir(config.out, KIND)
+    archive = (config.archive or out.parent / f"{out.name}.tar.gz").absolute()
+    check_archive(archive)
+    if config.work is not None:
+        check_output_dir(config.work, "experiment work directory")
+    with atomic_dir(out, KIND) as results:
+        work_parent = config.work.parent if config.work else out.parent
+        work_parent.mkdir(parents=True, exist_ok=True)
+        work = config.work.absolute() if config.work else Path(tempfile.mkdtemp(prefix=f".{out.name}.work-",
+                                                                                dir=work_parent))
+        work.mkdir(parents=True, exist_ok=True)
+        logs = work / "logs"
+        logs.mkdir(exist_ok=True)
+        try:
+            phases = build_phases(config, plan, work)
+            _say(f"plan: {plan.pretrain.steps} pretraining steps, {plan.arm_a.steps} steps per arm; "
+                 + "; ".join(plan.how[1:-1]))
+            try:
+                run_phases(phases, logs, config)
+            except BaseException:
+                _print_log_tails(logs)
+                raise
+            collect(phases, results, logs)
+            head = headline(results, plan)
+            plots = make_plots(results, head, plan)
+            prov = provenance(results, config)
+            rows = phase_table(phases, results)
+            wall = time.monotonic() - started
+            command = ["python", "experiments/long_context_dna.py", *argv]
+            summary = {"experiment": NAME, "status": "ok", "command": shlex.join(command), "work": str(work), **prov,
+                       "wall_seconds": round(wall, 1), "plan": asdict(plan),
+                       "config": {k: (str(v) if isinstance(v, Path) else [str(x) for x in v]
+                                      if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+                       **head, "phases": rows, "plots": plots}
+            atomic_write_json(results / "summary.json", summary)
+            atomic_write_json(results / "plan.json", {"plan": asdict(plan), "how": list(plan.how),
+                                                      "train_rates": {f"{d}/{p}": r for (d, p), r in
+                                                                      TRAIN_RATES.items()}})
+            atomic_write_json(results / "phases.json", rows)
+            script = ["#!/bin/sh", "# The experiment as run, then each phase's genolc command in order, writing the",
+                      f"# dataset, checkpoints and evaluations under $1 (the run used {work}).",
+                      f"# {shlex.join(command)}", "set -e", 'WORK="${1:-long_context_dna-work}"',
+                      *(p.command() for p in phases)]
+            atomic_write_bytes(results / "commands.sh", ("\n".join(script) + "\n").encode())
+            write_readme(results, head, plan, config, prov, rows, wall)
+        finally:
+            if not config.keep_work:
+                shutil.rmtree(work, ignore_errors=True)
+        # The archive holds the folder under its final name, marker included (atomic_dir writes it on success).
+        staged = results.parent / f".{out.name}.pack-{os.getpid()}" / out.name
+        staged.parent.mkdir()
+        try:
+            shutil.copytree(results, staged)
+            atomic_write_json(staged / OUTPUT_MARKER, {"written_by": "genolc", "kind": KIND})
+            pack(staged, archive)
+        finally:
+            shutil.rmtree(staged.parent, ignore_errors=True)
+    _say(f"wrote {out} and {archive} ({archive.stat().st_size / 2**20:.2f} MiB) in {time.monotonic() - started:.0f} s")
+    return out
+
+
+def _print_log_tails(logs: Path, lines: int = 12) -> None:
+    """The last lines of every phase's output: the work folder goes, and on a device this is what comes back."""
+    for log in sorted(logs.glob("*.log"), key=lambda path: path.stat().st_mtime):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"--- {log.stem}, last {len(tail)} lines:", *tail, sep="\n", file=sys.stderr)
+
+
+def _say(message: str) -> None:
+    print(f"long_context_dna: {message}", file=sys.stderr, flush=True)
+
+
+CPU_SIZES = dict(preset="tiny", device="cpu", short_seq=128, long_seq=1024, pretrain_windows=4, short_micro_batch=8,
+                 pretrain_steps=6, arm_steps=2, pretrain_lr=1e-2, arm_lr=3e-3, eval_tokens=2 * 1024, context=128,
+                 first_bucket=64, bootstrap=200, needle_seq=1024, needle_trials=2, needle_bases=64, jobs=2,
+                 threads=1)
+
+
+def parse_args(argv: list[str]) -> ExperimentConfig:
+    parser = argparse.ArgumentParser(prog="python experiments/long_context_dna.py",
+                                     description=__doc__.split("\n\n")[0],
+                                     epilog="The module docstring has the whole story (how to run, what it runs).")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"results folder (new, empty or an earlier one of this experiment; default "
+                             f"results/<date>_{NAME})")
+    parser.add_argument("--archive", type=Path, help="the tar.gz to write (default: <out>.tar.gz)")
+    parser.add_argument("--work", type=Path, help="dataset and checkpoints (default: a temporary folder beside out)")
+    parser.add_argument("--keep-work", action="store_true", help="keep the work folder (checkpoints) at the end")
+    parser.add_argument("--cpu", action="store_true",
+                        help="CPU form on the bundled sample: tiny preset, SHORT 128, LONG 1k (2-3 minutes)")
+    parser.add_argument("--sample", action="store_true", help="use genolc's bundled sample as the data")
+    parser.add_argument("--train-fasta", type=Path, action="append", default=[], help="training FASTA (repeat)")
+    parser.add_argument("--heldout-fasta", type=Path, action="append", default=[], help="held-out FASTA (repeat)")
+    parser.add_argument("--train", help="records to train on, as genolc prepare --train (default: all)")
+    parser.add_argument("--heldout", help="held-out records, as genolc prepare --heldout (required with FASTAs)")
+    parser.add_argument("--preset", help="model preset (default small; tiny with --cpu)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default cuda (cpu with --cpu)")
+    parser.add_argument("--gpus", help="comma-separated CUDA device indices, one process lane each (e.g. 0,1)")
+    parser.add_argument("--jobs", type=int, help="processes at once without --gpus (default 1; 2 with --cpu)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads per process (finetune/eval --threads)")
+    parser.add_argument("--short-seq", help="short context (default 8k; 128 with --cpu)")
+    parser.add_argument("--long-seq", help="long context (default 512k; 1k with --cpu)")
+    parser.add_argument("--pretrain-windows", type=int, help="short windows per pretraining step (default 8)")
+    parser.add_argument("--short-micro-batch", type=int,
+                        help="short windows per micro-batch in arm B and pretraining (default 4: 32k tokens, whole-"
+                             "window steps of `small` on an H200)")
+    parser.add_argument("--pretrain-steps", type=int, help="pretraining steps (default: from --time-budget)")
+    parser.add_argument("--arm-steps", type=int, help="steps of each arm (default: from --time-budget)")
+    parser.add_argument("--pretrain-lr", type=float, help="peak lr of pretraining (default 1e-3; 1e-2 with --cpu)")
+    parser.add_argument("--arm-lr", type=float, help="peak lr of both arms (default 3e-4; 3e-3 with --cpu)")
+    parser.add_argument("--time-budget", type=float, help="seconds for the whole run; plans the steps")
+    parser.add_argument("--compile-seconds", type=float, help="compile allowance in the plan (default 150 on cuda)")
+    parser.add_argument("--eval-tokens", help="held-out window tokens per --by-position evaluation (default 2M)")
+    parser.add_argument("--context", help="truncation control: visible tokens (default 4k; 128 with --cpu)")
+    parser.add_argument("--context-block", help="eval --context-block (default: the --context value)")
+    parser.add_argument("--first-bucket", help="eval --first-bucket (default 1k; 64 with --cpu)")
+    parser.add_argument("--bootstrap", type=int, help="bootstrap replicates (default 1000; 200 with --cpu)")
+    parser.add_argument("--needle-seq", help="needle window (default min(LONG, 128k))")
+    parser.add_argument("--needle-trials", type=int, help="needle trials (default 2)")
+    parser.add_argument("--needle-bases", type=int, help="needle segment bases (default 256; 64 with --cpu)")
+    parser.add_argument("--routing-lengths", help="eval --routing lengths (default SHORT,LONG)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--progress", action="store_true", help="show genolc's progress bars in the logs")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="print the plan (steps, sizes, the budget's arithmetic) and the commands; run nothing")
+    args = parser.parse_args(argv)
+
+    values: dict[str, Any] = dict(CPU_SIZES) if args.cpu else {}
+    if args.cpu or args.sample:
+        from genolc.sample import HELDOUT_CHROMS, HELDOUT_FILE, TRAIN_CHROMS, TRAIN_FILE
+
+        if args.train_fasta or args.heldout_fasta:
+            raise ConfigError("--cpu/--sample use the bundled sample; --train-fasta/--heldout-fasta cannot be added",
+                              fix="drop --cpu/--sample to use your own FASTA files")
+        values.update(train_fastas=(TRAIN_FILE,), heldout_fastas=(HELDOUT_FILE,), train_records=",".join(TRAIN_CHROMS),
+                      heldout_records=",".join(HELDOUT_CHROMS))
+    else:
+        values.update(train_fastas=tuple(args.train_fasta), heldout_fastas=tuple(args.heldout_fasta))
+    lengths = {"short_seq": args.short_seq, "long_seq": args.long_seq, "eval_tokens": args.eval_tokens,
+               "context": args.context, "context_block": args.context_block, "first_bucket": args.first_bucket,
+               "needle_seq": args.needle_seq}
+    for name, text in lengths.items():
+        if text is not None:
+            values[name] = parse_length(text, f"--{name.replace('_', '-')}")
+    for name in ("preset", "device", "jobs", "threads", "pretrain_windows", "short_micro_batch", "pretrain_steps",
+                 "arm_steps", "pretrain_lr", "arm_lr", "time_budget", "compile_seconds", "bootstrap",
+                 "needle_trials", "needle_bases"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    if args.train is not None:
+        values["train_records"] = args.train
+    if args.heldout is not None:
+        values["heldout_records"] = args.heldout
+    if args.gpus:
+        values["gpus"] = tuple(g.strip() for g in args.gpus.split(",") if g.strip())
+    if args.routing_lengths:
+        values["routing_lengths"] = tuple(parse_length(x, "--routing-lengths") for x in args.routing_lengths.split(","))
+    out = args.out or ROOT / "results" / f"{dt.date.today().isoformat()}_{NAME}"
+    return ExperimentConfig(out=out, archive=args.archive, work=args.work, keep_work=args.keep_work,
+                            seed=args.seed, progress=args.progress, plan_only=args.plan_only, **values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        config = parse_args(argv)
+        run_experiment(config, argv)
+    except PhaseFailed as failure:
+        print(f"long_context_dna: error: {failure.message}\n  nothing was written (the results folder and the "
+              "archive appear only when every phase succeeds)", file=sys.stderr)
+        return 2 if failure.user_error else 1
+    except GenolcError as error:
+        print(f"long_context_dna: error: {error.message}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("long_context_dna: stopped (interrupt or timeout); nothing was written", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

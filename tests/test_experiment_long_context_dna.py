@@ -1,0 +1,202 @@
+"""experiments/long_context_dna.py: the CPU form end to end (bundled sample, tiny preset), its plan, its refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from genolc.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "experiments" / "long_context_dna.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("long_context_dna", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module     # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+experiment = _load_script()
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """One run of the CPU form; (results folder, archive, completed process)."""
+    parent = tmp_path_factory.mktemp("experiment")
+    out = parent / "results" / "cpu_long_context_dna"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--out", str(out)], cwd=parent,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out, out.parent / "cpu_long_context_dna.tar.gz", done
+
+
+def _floats(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _floats(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _floats(v)
+    elif isinstance(value, float):
+        yield value
+
+
+def test_cpu_run_writes_every_phase_plots_and_a_small_archive(cpu_run):
+    out, archive, done = cpu_run
+    for name in ("summary.json", "plan.json", "phases.json", "commands.sh", "README.md", ".genolc-output.json",
+                 "prepare/manifest.json", "pretrain/metrics.jsonl", "pretrain/summary.json", "arm_a/metrics.jsonl",
+                 "arm_a/summary.json", "arm_b/metrics.jsonl", "arm_b/summary.json",
+                 "eval_a_vs_base/summary.json", "eval_a_vs_base/buckets.csv", "eval_a_vs_base/comparisons.csv",
+                 "eval_a_vs_base/by_position.png", "eval_a_vs_b/summary.json", "eval_a_vs_b/comparisons.csv",
+                 "needle_base/needle_summary.csv", "needle_a/needle_summary.csv", "needle_a/needle.png",
+                 "routing_a/routing.json", "routing_a/routing_load.png", "plots/bits_by_position.png",
+                 "plots/deltas_by_position.png", "plots/truncation_control.png", "plots/needle.png"):
+        assert (out / name).stat().st_size > 0, name
+    for png in out.rglob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    for phase in ("prepare", "pretrain", "arm_a", "arm_b", "eval_a_vs_base", "eval_a_vs_b", "needle_base",
+                  "needle_a", "routing_a"):
+        records = list((out / phase).glob("run_record_*.json"))
+        assert records and all(json.loads(r.read_text())["status"] == "ok" for r in records), phase
+        assert (out / phase / "log.txt").read_text().startswith("$ genolc ")
+    # Checkpoints and the dataset stay in the work folder, which is gone; nothing is left beside the results.
+    assert not list(out.rglob("*.safetensors")) and not list(out.rglob("tokens"))
+    assert sorted(p.name for p in out.parent.iterdir()) == ["cpu_long_context_dna", "cpu_long_context_dna.tar.gz"]
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    on_disk = {f"{out.name}/{p.relative_to(out)}" for p in out.rglob("*")} | {out.name}
+    assert names == on_disk
+    assert archive.stat().st_size < 16 * 2**20
+    assert f"wrote {out}" in done.stderr
+
+
+def test_cpu_run_numbers_are_finite_and_match_the_evaluations(cpu_run):
+    out = cpu_run[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert all(math.isfinite(x) for x in _floats(summary))
+    a_base = json.loads((out / "eval_a_vs_base" / "summary.json").read_text())
+    a_b = json.loads((out / "eval_a_vs_b" / "summary.json").read_text())
+    loss = summary["heldout_loss"]
+    base, a = a_base["overall"]["baseline/all"], a_base["overall"]["model/all"]
+    assert (loss["base"], loss["a"], loss["b"]) == (base, a, a_b["overall"]["baseline/all"])
+    assert loss["a_change_percent"] == pytest.approx(100 * (a - base) / base, rel=1e-12)
+    assert a_b["overall"]["model/all"] == pytest.approx(a, rel=1e-9)   # A scored twice, the same targets
+    comparisons = pd.read_csv(out / "eval_a_vs_base" / "comparisons.csv")
+    overall = comparisons[(comparisons.comparison == "model - baseline") & (comparisons.subset == "all")
+                          & (comparisons.bucket == "all")].iloc[0]
+    assert loss["a_minus_base"] == pytest.approx(overall.delta_bits_per_base, rel=1e-9)
+    assert loss["a_minus_base"] == pytest.approx(a - base, abs=1e-9)
+    buckets = pd.read_csv(out / "eval_a_vs_b" / "buckets.csv")
+    b_rows = buckets[(buckets.series == "baseline") & (buckets.subset == "all")].set_index("bucket")
+    by_label = {row["bucket"]: row for row in summary["buckets"]}
+    assert list(by_label) == list(b_rows.index)
+    for label, row in by_label.items():
+        assert row["b_bits_per_base"] == pytest.approx(b_rows.loc[label, "bits_per_base"], rel=1e-9)
+        assert row["a_minus_b"]["delta_bits_per_base"] == pytest.approx(
+            row["a_bits_per_base"] - row["b_bits_per_base"], abs=1e-9)
+        assert row["a_truncated_bits_per_base"] is not None
+    # The truncation control leaves targets with at most K tokens before them as they were.
+    first = summary["buckets"][0]
+    assert first["hi"] <= summary["plan"]["context"]
+    assert first["truncated_minus_a"]["delta_bits_per_base"] == 0
+    assert {r["distance"] for r in summary["needle"]["a"]} == {r["distance"] for r in summary["needle"]["base"]}
+    assert set(summary["routing_busiest_over_mean_by_length"]) == {"128", "1k"}
+
+
+def test_cpu_run_arms_see_the_same_tokens_and_steps(cpu_run):
+    out = cpu_run[0]
+    a = json.loads((out / "arm_a" / "summary.json").read_text())
+    b = json.loads((out / "arm_b" / "summary.json").read_text())
+    assert a["steps_done"] == b["steps_done"] >= 1
+    assert a["tokens_seen"] == b["tokens_seen"] > 0
+    assert (a["config"]["lr"], a["config"]["warmup_steps"]) == (b["config"]["lr"], b["config"]["warmup_steps"])
+    steps_a = [json.loads(line) for line in (out / "arm_a" / "metrics.jsonl").read_text().splitlines()]
+    steps_b = [json.loads(line) for line in (out / "arm_b" / "metrics.jsonl").read_text().splitlines()]
+    assert {s["seq_len"] for s in steps_a} == {1024} and {s["seq_len"] for s in steps_b} == {128}
+    assert [s["tokens"] for s in steps_a] == [s["tokens"] for s in steps_b]
+    assert [s["lr"] for s in steps_a] == [s["lr"] for s in steps_b]
+    # Both arms start from the pretrained checkpoint, whose run record names the preset.
+    assert a["config"]["init"] == b["config"]["init"] and "pretrain" in a["config"]["init"]
+    phases = {row["phase"]: row for row in json.loads((out / "phases.json").read_text())}
+    for name in ("pretrain", "arm_a", "arm_b"):
+        assert phases[name]["exit_code"] == 0 and phases[name]["peak_device_memory_gib"] > 0
+    assert all(row["wall_seconds"] > 0 and row["peak_host_rss_gib"] > 0 for row in phases.values())
+    commands = (out / "commands.sh").read_text()
+    assert all(row["command"] in commands for row in phases.values())
+
+
+def _run(argv, capsys):
+    code = experiment.main(argv)
+    return code, capsys.readouterr().err
+
+
+def test_missing_fasta_is_one_message_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "res"
+    code, err = _run(["--train-fasta", str(tmp_path / "nope.fa.gz"), "--heldout", "chr22", "--out", str(out),
+                      "--pretrain-steps", "1", "--arm-steps", "1"], capsys)
+    assert code == 2
+    assert err.count("error:") == 1 and "FASTA file not found" in err and "nope.fa.gz" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_preset_is_refused_before_anything_runs(tmp_path, capsys):
+    code, err = _run(["--cpu", "--preset", "huge", "--out", str(tmp_path / "res")], capsys)
+    assert code == 2 and "unknown model preset 'huge'" in err and "tiny" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_foreign_out_dir_and_archive_are_refused_untouched(tmp_path, capsys):
+    out = tmp_path / "res"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, err = _run(["--cpu", "--out", str(out)], capsys)
+    assert code == 2 and "refusing" in err and "notes.txt" in err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    archive = tmp_path / "mine.tar.gz"
+    archive.write_text("not an archive")
+    code, err = _run(["--cpu", "--out", str(tmp_path / "res2"), "--archive", str(archive)], capsys)
+    assert code == 2 and "archive" in err and archive.read_text() == "not an archive"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.tar.gz", "res"]
+
+
+def test_a_failing_phase_relays_genolcs_message_and_leaves_nothing(tmp_path, capsys):
+    sample = ROOT / "genolc" / "sample"
+    code, err = _run(["--train-fasta", str(sample / "hg38_chr2_1-600000.fa.gz"), "--heldout-fasta",
+                      str(sample / "GRCh37_chr22_20480001-20680000.fa.gz"), "--train", "chr2", "--heldout", "chr99",
+                      "--preset", "tiny", "--device", "cpu", "--pretrain-steps", "1", "--arm-steps", "1",
+                      "--short-seq", "128", "--long-seq", "1k", "--context", "128", "--out", str(tmp_path / "res")],
+                     capsys)
+    assert code == 2
+    assert "the prepare phase failed" in err and "chr99" in err and "nothing was written" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_time_budget_plans_same_tokens_and_steps_for_both_arms(tmp_path):
+    def config(**kw):
+        return experiment.ExperimentConfig(**{"out": tmp_path / "o", "train_fastas": (tmp_path / "t.fa",),
+                                              "heldout_records": "chr22", "preset": "small", "device": "cuda", **kw})
+
+    one = experiment.make_plan(config(time_budget=900))
+    assert one.arm_a.steps == one.arm_b.steps >= 1
+    assert one.arm_a.tokens_per_step == one.arm_b.tokens_per_step == 512 * 1024
+    assert (one.arm_b.seq, one.arm_b.micro_batch * one.arm_b.grad_accum) == (8 * 1024, 64)
+    two = experiment.make_plan(config(time_budget=900, gpus=("0", "1")))
+    assert two.arm_a.steps > one.arm_a.steps      # the arms run side by side
+    with pytest.raises(ConfigError, match="--time-budget 200 s leaves"):
+        experiment.make_plan(config(time_budget=200))
+    with pytest.raises(ConfigError, match="no measured training rate"):
+        experiment.make_plan(config(time_budget=900, preset="glm-5.3-flash"))
+    with pytest.raises(ConfigError, match="multiple of --short-seq"):
+        config(long_seq=12 * 1024, pretrain_steps=1, arm_steps=1)
