@@ -9,12 +9,8 @@
 # <date>_long_context_dna.tar.gz (the results folder), flagship.log, triton-autotune.tar.gz, tilelang-cache.tar.gz.
 # GENOLC_GIT_SHA must be set by the caller (the device copy has no .git).
 set -uo pipefail
-OUT="${OUT:-/tmp/genolc-gpu-out}"
-mkdir -p "$OUT" /tmp/site /tmp/triton-cache
-tar -xJf .gpu/site.tar.xz -C /tmp/site || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache OUT
-[ -f .gpu/triton-autotune.tar.gz ] && tar -xzf .gpu/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
-[ -f .gpu/tilelang-cache.tar.gz ] && tar -xzf .gpu/tilelang-cache.tar.gz -C "$HOME"
+source benchmarks/gpu_env.sh
+gpu_env_setup || exit 1
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/flagship.log"
 name="$(date -u +%F)_long_context_dna"
 D=.gpudata
@@ -29,6 +25,5 @@ timeout -s INT -k 15 "${FLAGSHIP_TIMEOUT:-520}" python3 experiments/long_context
     --train chrX,chr2 --heldout chr22,chr3,chr4,chr5,chr19 \
     --out "/tmp/flagship/$name" --archive "$OUT/$name.tar.gz" "$@" 2>&1 | tee -a "$OUT/flagship.log"
 rc=${PIPESTATUS[0]}
-(cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar -czf "$OUT/triton-autotune.tar.gz" -T -)
-tar -czf "$OUT/tilelang-cache.tar.gz" -C "$HOME" .tilelang 2>/dev/null
+gpu_env_pack_caches
 exit $rc

@@ -17,12 +17,8 @@
 # so only the chosen configs are compiled. GENOLC_GIT_SHA must be set by the caller (the device copy has no .git).
 # tests runs one pytest per file, so a time limit cuts one file, not the failure report of the others.
 set -uo pipefail
-OUT="${OUT:-/tmp/genolc-gpu-out}"
-mkdir -p "$OUT" /tmp/site
-tar -xJf .gpu/site.tar.xz -C /tmp/site || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache OUT
-mkdir -p "$TRITON_CACHE_DIR"
-[ -f .gpu/triton-autotune.tar.gz ] && tar -xzf .gpu/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
+source benchmarks/gpu_env.sh
+gpu_env_setup || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nvidia-smi >"$OUT/sections.txt"     # also shows whether anything else is on the GPU
 rc=0
@@ -54,6 +50,6 @@ for spec in "$@"; do
   echo "section $section: exit $status in $((SECONDS - start)) s" | tee -a "$OUT/sections.txt"
   rc=$((rc | status))
   # After every section: a call cut short by the device's limit still brings back what was tuned so far.
-  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar -czf "$OUT/triton-autotune.tar.gz" -T -)
+  gpu_env_pack_caches
 done
 exit $rc

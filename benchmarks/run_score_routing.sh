@@ -8,12 +8,8 @@
 # (SCORE_SECONDS, ROUTING_SECONDS: 255 + 170 s by default) and writes its JSON as it goes, so a slow part cannot
 # take the other's time. GENOLC_GIT_SHA must be set by the caller (the device copy has no .git).
 set -uo pipefail
-OUT="${OUT:-/tmp/genolc-gpu-out}"
-mkdir -p "$OUT" /tmp/site /tmp/triton-cache
-tar -xJf .gpu/site.tar.xz -C /tmp/site || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache OUT
-[ -f .gpu/triton-autotune.tar.gz ] && tar -xzf .gpu/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
-[ -f .gpu/tilelang-cache.tar.gz ] && tar -xzf .gpu/tilelang-cache.tar.gz -C "$HOME"
+source benchmarks/gpu_env.sh
+gpu_env_setup || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 score_seconds="${SCORE_SECONDS:-255}"
 routing_seconds="${ROUTING_SECONDS:-170}"
@@ -30,7 +26,6 @@ timeout -k 10 "$routing_seconds" python3 benchmarks/bench_routing.py \
     --max-tokens 512k --timeout $((routing_seconds - 30)) 2>&1 | tee -a "$OUT/bench_routing.log"
 rc2=${PIPESTATUS[0]}
 echo "routing: ${rc2} after $((SECONDS - start)) s"
-(cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar -czf "$OUT/triton-autotune.tar.gz" -T -)
-tar -czf "$OUT/tilelang-cache.tar.gz" -C "$HOME" .tilelang 2>/dev/null
+gpu_env_pack_caches
 [ "$rc" -eq 0 ] && exit "$rc2"
 exit "$rc"
