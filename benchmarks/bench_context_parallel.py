@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_long_context import run_child  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
+from prepared import dataset_for  # noqa: E402
 
 
 def _finetune_args(data: Path, model: str, length: int, out: Path, args) -> list[str]:
@@ -126,14 +126,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="genolc-cp-") as tmp:
         work = Path(tmp)
-        data = args.data
-        if data is None:
-            data = work / "data"
-            prep = subprocess.run([sys.executable, "-m", "genolc.cli", "prepare", str(args.fasta), "--out", str(data),
-                                   "--train", "all", "--heldout", "none", "--tokenizer", "char", "--no-progress"],
-                                  env=env, cwd=ROOT, capture_output=True, text=True)
-            if prep.returncode:
-                sys.exit(f"prepare failed: {prep.stderr[-2000:]}")
+        data = dataset_for(args.data, args.fasta, "none", work, env)
         for model in args.models.split(","):
             for length in (parse_length(x) for x in args.lengths.split(",") if x):
                 if args.budget and time.monotonic() - started > args.budget:

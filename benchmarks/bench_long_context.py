@@ -33,8 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from genolc.units import format_length, parse_length  # noqa: E402
+from prepared import dataset_for  # noqa: E402
 
 BASELINE_SCRIPT = r"""
 import sys, time, torch
@@ -192,15 +194,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="genolc-long-") as tmp:
         work = Path(tmp)
-        data = args.data
-        if data is None:
-            data = work / "data"
-            prep = subprocess.run([sys.executable, "-m", "genolc.cli", "prepare", str(args.fasta), "--out", str(data),
-                                   "--train", "all", "--heldout", args.heldout, "--tokenizer", "char", "--no-progress"],
-                                  env=env, cwd=ROOT,
-                                  capture_output=True, text=True)
-            if prep.returncode:
-                sys.exit(f"prepare failed: {prep.stderr[-2000:]}")
+        data = dataset_for(args.data, args.fasta, args.heldout, work, env)
         def series(lengths: str, make_row) -> None:
             """Rows for ``lengths`` in order, until one fails or the time budget is spent."""
             for length in (parse_length(x) for x in lengths.split(",") if x):
@@ -228,8 +222,6 @@ def _write(out_dir: Path, rows: list[dict], args, started: float) -> Path:
     import datetime
 
     import torch
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_bench_common import git_sha
 
     path = out_dir / f"long_context_{datetime.date.today().isoformat()}{os.environ.get('BENCH_TAG', '')}.json"

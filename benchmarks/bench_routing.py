@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_long_context import EVAL_CHECKPOINT_SCRIPT, run_child  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
+from prepared import dataset_for  # noqa: E402
 
 PROBE = ("import torch, runpy, sys; sys.argv = sys.argv[1:]; import atexit; "
          "atexit.register(lambda: print('PEAK_GPU_GIB', torch.cuda.max_memory_allocated() / 2**30 "
@@ -76,14 +77,7 @@ def main() -> None:
     row: dict = {"model": args.model, "lengths": args.lengths}
     with tempfile.TemporaryDirectory(prefix="genolc-routing-") as tmp:
         work = Path(tmp)
-        data = args.data
-        if data is None:
-            data = work / "data"
-            prep = subprocess.run([sys.executable, "-m", "genolc.cli", "prepare", str(args.fasta), "--out", str(data),
-                                   "--train", "all", "--heldout", args.heldout, "--tokenizer", "char", "--no-progress"],
-                                  env=env, cwd=ROOT, capture_output=True, text=True)
-            if prep.returncode:
-                sys.exit(f"prepare failed: {prep.stderr[-2000:]}")
+        data = dataset_for(args.data, args.fasta, args.heldout, work, env)
         checkpoint = args.checkpoint
         if checkpoint is None:
             checkpoint = work / f"{args.model}-init"

@@ -1,0 +1,23 @@
+"""The dataset a GPU benchmark runs on: the one given with --data, or --fasta prepared by `genolc prepare`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def dataset_for(data: Path | None, fasta: Path | None, heldout: str, work: Path, env: dict) -> Path:
+    """``data``, or ``fasta`` prepared into ``work/data`` (char tokenizer, every record trains but ``heldout``);
+    exits with prepare's message when it fails."""
+    if data is not None:
+        return data
+    data = work / "data"
+    prep = subprocess.run([sys.executable, "-m", "genolc.cli", "prepare", str(fasta), "--out", str(data),
+                           "--train", "all", "--heldout", heldout, "--tokenizer", "char", "--no-progress"],
+                          env=env, cwd=ROOT, capture_output=True, text=True)
+    if prep.returncode:
+        sys.exit(f"prepare failed: {prep.stderr[-2000:]}")
+    return data
