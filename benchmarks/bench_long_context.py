@@ -107,7 +107,8 @@ def finetune_row(data: Path, model: str, length: int, args, env: dict, work: Pat
         summary = json.loads(summary_path.read_text())
         steps = [json.loads(line) for line in metrics_path.read_text().splitlines()]
         row.update(ok=True, peak_gpu_gib=round(summary["peak_memory_gib"], 2),
-                   tokens_per_s=round(steps[-1]["tokens_per_s"], 1),
+                   tokens_per_s=round(steps[-1]["tokens_per_s"], 1), mfu=steps[-1].get("mfu"),
+                   hfu=steps[-1].get("hfu"),
                    step_seconds=[round(s["step_seconds"], 2) for s in steps], losses=[s["loss"] for s in steps],
                    strategy=steps[-1].get("step_strategy"), chunk=steps[-1].get("chunk"),
                    plan=summary.get("step_strategies"))

@@ -27,7 +27,8 @@ Stopping: the first SIGINT (Ctrl-C) or SIGTERM lets the current step finish, sav
 one message naming the checkpoint to ``--resume`` from); a second one stops at once without saving.
 
 Outputs under ``config.out``: ``checkpoints/step-NNNNNN/`` (:mod:`genolc.train.state`), ``metrics.jsonl`` (one
-line per step: step, loss, tokens, lr, tokens_per_s, grad_norm, seq_len, aux losses, per-MoE-layer load
+line per step: step, loss, tokens, lr, tokens_per_s, model_flops_per_token, mfu and hfu on a GPU of
+genolc/train/flops.py's table, grad_norm, seq_len, aux losses, per-MoE-layer load
 ``moe_load_max_over_mean`` / ``moe_load_min_over_mean``, ...), ``summary.json`` and
 ``runs/`` (the run record). The returned path is the final checkpoint, a model directory ``genolc eval`` reads.
 
@@ -71,6 +72,7 @@ from genolc.train.balance import add_expert_counts, load_balance_metrics, update
 from genolc.train.batch import read_micro_batch
 from genolc.train.chunked import chunked_forward_backward
 from genolc.train.config import TrainConfig, changed_for_resume
+from genolc.train.flops import device_peak_flops, token_flops
 from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
 from genolc.train.plan import GIB, oom_error, required_seq_multiple
@@ -500,6 +502,13 @@ class _Trainer:
         self._barrier()
         return path
 
+    def _peak_flops(self) -> float | None:
+        """Dense bf16 peak of all the mesh's devices (genolc.train.flops), or None off a GPU in the table."""
+        if self.device.type != "cuda" or not self.bf16:
+            return None
+        peak = device_peak_flops(torch.cuda.get_device_name(self.device))
+        return None if peak is None else peak * self.mesh.world_size
+
     def _memory_gib(self) -> float:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / GIB
@@ -532,7 +541,7 @@ class _Trainer:
         losses = [m["loss"] for m in self._truncate_metrics(metrics_path)]
         self.model.train()
         self._started = time.monotonic()
-        self._step_tokens, self._step_seconds = 0, 0.0
+        self._step_tokens, self._step_seconds, self._model_flops = 0, 0.0, 0.0
         final: Path | None = self.last_good if self.start_step >= cfg.steps else None
         if final is not None:
             _say(f"the run is already at step {self.start_step} (--steps {cfg.steps}): nothing to train; raise --steps "
@@ -588,10 +597,20 @@ class _Trainer:
         except torch.cuda.OutOfMemoryError:
             raise self._oom(step) from None
         seconds = time.monotonic() - t0
-        step_tokens = step_shape(step, self.config).tokens * self.mesh.dp_size
+        shape = step_shape(step, self.config)
+        step_tokens = shape.tokens * self.mesh.dp_size
+        strategy = self._strategy(shape)
+        flops = token_flops(self.model.config, shape.seq_len, recompute=strategy.recompute,
+                            chunked=strategy.chunk is not None)
         self._step_tokens += step_tokens
         self._step_seconds += seconds
+        self._model_flops += flops.model * step_tokens
         metrics["tokens_per_s"] = step_tokens / max(seconds, 1e-9)
+        metrics["model_flops_per_token"] = flops.model
+        peak = self._peak_flops()
+        if peak is not None:
+            metrics["mfu"] = flops.model * metrics["tokens_per_s"] / peak
+            metrics["hfu"] = flops.hardware * metrics["tokens_per_s"] / peak
         metrics["step_seconds"] = seconds
         metrics["memory_gib"] = self._memory_gib()
         if self.mesh.distributed:
@@ -620,6 +639,8 @@ class _Trainer:
             "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
             "seconds": time.monotonic() - self._started,       # this invocation (a resumed run counts from resume)
             "tokens_per_s": self._step_tokens / self._step_seconds if self._step_seconds else None,
+            "mfu": (self._model_flops / self._step_seconds / self._peak_flops()
+                    if self._step_seconds and self._peak_flops() else None),
             "peak_memory_gib": self._memory_gib(), "peak_memory_gib_ranks": self._peak_ranks,
             "device": str(self.device), "bf16": self.bf16,
             **self.compute.to_dict(),

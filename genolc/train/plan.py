@@ -51,8 +51,8 @@ The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk'
     pool keys         B T / kpool * Di * 8 n_dsa  rows and their gradient
     KDA states        ceil(T / chunk) n_kda B H Dk Dv * 4   one per chunk boundary
 
-Time: ``(6 * active_parameters + 12 * sum over DSA layers of H (d_qk + d_v) min(T, W_idx)) * tokens`` FLOPs per
-step over ``peak_flops * mfu`` (defaults: H200 bf16 dense 989 TFLOP/s, 30 %). That assumes the fast kernels; the
+Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
+(defaults: H200 bf16 dense 989 TFLOP/s, 30 %), the indexer's scoring at its kernel's measured rate. That assumes the fast kernels; the
 pure-torch reference path runs orders of magnitude below it (about 230 tokens/s for the small preset at 4k on an
 H200), so use it only to compare settings. These are estimates for choosing options, not measurements.
 """
@@ -63,11 +63,12 @@ from dataclasses import dataclass
 
 from genolc.errors import GenolcError
 from genolc.model import ModelConfig, parameter_counts
+from genolc.train.flops import PEAK_BF16_FLOPS, token_flops
 from genolc.units import format_length
 
 GIB = 1024**3
 KDA_CHUNK = 64
-H200_BF16_FLOPS = 989e12
+H200_BF16_FLOPS = PEAK_BF16_FLOPS["H200"]
 # The indexer's Triton scoring + top-k at 1M tokens on the H200: 2.2 s for 1.4e14 FLOPs
 # (benchmarks/results/indexer_2026-11-29.json).
 INDEXER_FLOPS_PER_S = 64e12
@@ -225,27 +226,16 @@ def largest_fitting_chunk(config: ModelConfig, *, seq_len: int, windows: int, bf
     return None
 
 
-def indexer_scoring_flops(config: ModelConfig, seq_len: int) -> float:
-    """FLOPs of one forward's indexer scoring over a window: every query against every causal pool, per layer that
-    runs an indexer (``T^2 / (2 kpool)`` query-pool pairs of ``2 Hi Di`` FLOPs). Quadratic in T: at 4M tokens it is
-    most of a `small` step."""
-    layers = sum(1 for i in config.dsa_layers if config.indexer_types[i] == "full")
-    return layers * seq_len * seq_len / (2 * config.index_kpool) * 2 * config.index_n_heads * config.index_head_dim
-
-
 def estimate_step_seconds(config: ModelConfig, *, seq_len: int, tokens_per_step: int,
                           peak_flops: float = H200_BF16_FLOPS, mfu: float = 0.3, forwards: int = 1,
                           indexer_flops_per_s: float = INDEXER_FLOPS_PER_S) -> float:
-    """Seconds per optimizer step: the FLOP count in the module docstring at ``mfu``, plus the indexer's scoring
-    (:func:`indexer_scoring_flops`, once per forward: 2 with recompute or the chunked step) at the rate the Triton
-    scoring kernel reached on the H200."""
-    active = parameter_counts(config).active
-    keys = min(seq_len, config.index_width)
-    attn = sum(12 * config.num_attention_heads * (config.qk_head_dim + config.v_head_dim) * keys
-               for _ in config.dsa_layers)
-    windows = tokens_per_step / seq_len
-    indexer = forwards * windows * indexer_scoring_flops(config, seq_len) / indexer_flops_per_s
-    return (6 * active + 2 * active * (forwards - 1) + attn) * tokens_per_step / (peak_flops * mfu) + indexer
+    """Seconds per optimizer step: the dense and DSA-core FLOPs of genolc/train/flops.py (one backward, ``forwards``
+    forwards: 2 with recompute or the chunked step) at ``mfu``, plus the indexer's scoring (once per forward) at the
+    rate the Triton scoring kernel reached on the H200."""
+    flops = token_flops(config, seq_len)
+    matmul = (2 + forwards) * (flops.dense_forward + flops.attention_forward) * tokens_per_step
+    indexer = forwards * flops.indexer_forward * tokens_per_step / indexer_flops_per_s
+    return matmul / (peak_flops * mfu) + indexer
 
 
 def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool,

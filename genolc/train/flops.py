@@ -1,0 +1,73 @@
+"""FLOPs of a training step, counted once: the trainer's MFU, `genolc plan` and the benchmarks use these.
+
+Per token of a window of ``T`` tokens (forward; a training step is forward + backward, 3x)::
+
+    dense       2 N_active                    every matrix the token passes through (routed experts: its top-k only)
+    DSA core    4 H R k(T) per DSA layer      the absorbed latent attention as it runs: scores q_lat . latent and
+                                              the output P . latent over the R = kv_lora_rank latent dims, for the
+                                              k(T) keys a query reads on average (all causal keys below the index
+                                              width W, W once past it): sparse, never counted as dense
+    indexer     2 Hi Di T / (2 kpool)         per layer with an indexer: each query scores every earlier pool (its
+                                              selection takes no gradient, so it counts in the forward only)
+
+Model FLOPs (MFU's numerator) count one forward and one backward of the dense part and the DSA core, and the
+indexer's forward. Hardware FLOPs (HFU) add what the step strategy runs again: one more forward with per-layer
+recompute, one more with the chunked step (its no-grad fill pass), two with both. MFU divides by the device's
+dense bf16 peak from the vendor's table (:func:`device_peak_flops`); on devices not in it MFU is not reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from genolc.model import ModelConfig, parameter_counts
+
+# Dense bf16 tensor-core peak per GPU (vendor data sheets, without sparsity), matched against the device name.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "B200": 2250e12, "B300": 2250e12,
+                   "A100": 312e12, "A800": 312e12, "L40S": 362e12}
+
+
+@dataclass(frozen=True)
+class TokenFlops:
+    """FLOPs per token of one training step (module docstring)."""
+
+    dense_forward: float
+    attention_forward: float
+    indexer_forward: float
+    extra_forwards: int                 # forwards the step strategy runs again (recompute, chunk fill)
+
+    @property
+    def model(self) -> float:
+        return 3 * (self.dense_forward + self.attention_forward) + self.indexer_forward
+
+    @property
+    def hardware(self) -> float:
+        return self.model + self.extra_forwards * (self.dense_forward + self.attention_forward + self.indexer_forward)
+
+
+def average_keys_per_query(seq_len: int, index_width: int) -> float:
+    """Mean over the window's queries of the keys each reads: ``min(t + 1, W)`` for the query at position ``t``."""
+    if seq_len <= index_width:
+        return (seq_len + 1) / 2
+    below = index_width * (index_width + 1) / 2            # positions 0 .. W - 1 read t + 1 keys
+    return (below + (seq_len - index_width) * index_width) / seq_len
+
+
+def token_flops(config: ModelConfig, seq_len: int, *, recompute: bool = False, chunked: bool = False) -> TokenFlops:
+    """FLOPs per token of a step over windows of ``seq_len`` tokens (module docstring)."""
+    c = config
+    dense = 2.0 * parameter_counts(c).active
+    keys = average_keys_per_query(seq_len, c.index_width)
+    attention = sum(4.0 * c.num_attention_heads * c.kv_lora_rank * keys for _ in c.dsa_layers)
+    indexer_layers = sum(1 for i in c.dsa_layers if c.indexer_types[i] == "full")
+    indexer = indexer_layers * 2.0 * c.index_n_heads * c.index_head_dim * seq_len / (2 * c.index_kpool)
+    return TokenFlops(dense, attention, indexer, int(recompute) + int(chunked))
+
+
+def device_peak_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of a device named like ``NVIDIA H200``, or None when it is not in the table."""
+    upper = device_name.upper()
+    for name, peak in PEAK_BF16_FLOPS.items():
+        if name in upper:
+            return peak
+    return None

@@ -1,0 +1,74 @@
+"""FLOPs per token (genolc/train/flops.py): the one count behind the trainer's MFU and `genolc plan`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from genolc.model import parameter_counts, preset
+from genolc.train.flops import average_keys_per_query, device_peak_flops, token_flops
+
+
+@pytest.mark.parametrize("seq_len, width", [(1, 4), (5, 8), (8, 8), (9, 8), (100, 7), (4097, 2051)])
+def test_average_keys_is_the_mean_of_each_querys_causal_keys_capped_at_the_width(seq_len, width):
+    assert average_keys_per_query(seq_len, width) == pytest.approx(
+        sum(min(t + 1, width) for t in range(seq_len)) / seq_len)
+
+
+def test_counts_follow_the_definitions():
+    config = preset("small")
+    short, long = token_flops(config, 1024), token_flops(config, 1 << 22)
+    assert short.dense_forward == 2 * parameter_counts(config).active
+    n_dsa, heads, rank = len(config.dsa_layers), config.num_attention_heads, config.kv_lora_rank
+    assert short.attention_forward == pytest.approx(n_dsa * 4 * heads * rank * (1024 + 1) / 2)
+    # Sparse: past the index width every query reads W keys, so the core stops growing with the window ...
+    assert long.attention_forward < n_dsa * 4 * heads * rank * config.index_width
+    assert long.attention_forward > 0.99 * n_dsa * 4 * heads * rank * config.index_width
+    # ... while the indexer's scoring grows linearly per token (quadratic per window).
+    assert long.indexer_forward == pytest.approx(short.indexer_forward * (1 << 12))
+    assert short.model == pytest.approx(3 * (short.dense_forward + short.attention_forward) + short.indexer_forward)
+
+
+def test_hardware_flops_add_the_strategys_extra_forwards():
+    config = preset("tiny")
+    plain = token_flops(config, 4096)
+    forward = plain.dense_forward + plain.attention_forward + plain.indexer_forward
+    assert plain.hardware == plain.model
+    assert token_flops(config, 4096, recompute=True).hardware == pytest.approx(plain.model + forward)
+    both = token_flops(config, 4096, recompute=True, chunked=True)
+    assert both.model == plain.model and both.hardware == pytest.approx(plain.model + 2 * forward)
+
+
+def test_device_peaks():
+    assert device_peak_flops("NVIDIA H200") == 989e12
+    assert device_peak_flops("NVIDIA B200") == 2250e12
+    assert device_peak_flops("cpu") is None and device_peak_flops("AMD Instinct MI300X") is None
+
+
+def test_trainer_logs_model_flops_and_mfu_per_step(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from genolc.cli import main as cli
+    from genolc.data.dataset import PreparedDataset
+    from genolc.sample import sample_files
+    from genolc.train import loop
+
+    data = tmp_path / "data"
+    runner = CliRunner()
+    prepared = runner.invoke(cli, ["prepare", str(sample_files()[0]), "--out", str(data), "--train", "all",
+                                   "--heldout", "none", "--no-progress"])
+    assert prepared.exit_code == 0, prepared.output
+    # On a CPU no peak is known, so no MFU; a stand-in peak shows how the trainer computes it.
+    monkeypatch.setattr(loop._Trainer, "_peak_flops", lambda self: 1e12)
+    trained = runner.invoke(cli, ["finetune", "--data", str(data), "--model", "tiny", "--seq", "256", "--steps", "1",
+                                  "--warmup", "0", "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1"])
+    assert trained.exit_code == 0, trained.output
+    step = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    vocab = PreparedDataset(data).tokenizer.vocab_size
+    flops = token_flops(preset("tiny", vocab_size=vocab), 256)
+    assert step["model_flops_per_token"] == pytest.approx(flops.model)
+    assert step["mfu"] == pytest.approx(flops.model * step["tokens_per_s"] / 1e12)
+    assert step["hfu"] >= step["mfu"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["mfu"] == pytest.approx(flops.model * summary["tokens_per_s"] / 1e12)
