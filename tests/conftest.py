@@ -26,6 +26,44 @@ def shared_file(relative: str) -> Path:
     return path
 
 
+def chr22_window(path: Path | str, length: int, into_n_run: int):
+    """``(ids [1, length + 1], weights [1, length])`` of the GRCh37 chr22 piece at ``path``, ending ``into_n_run``
+    bases into its 100 kbp N run at 20,509,432 (N targets weigh 0): real DNA that crosses an N run."""
+    import gzip
+
+    import numpy as np
+    import torch
+
+    from genolc.tokenize import CharTokenizer
+
+    with gzip.open(path, "rt") as handle:
+        handle.readline()
+        sequence = "".join(line.strip() for line in handle)
+    start = 509431 - length + into_n_run
+    bases = np.frombuffer(sequence[start: start + length + 1].encode(), dtype=np.uint8)
+    tokenizer = CharTokenizer()
+    ids = torch.from_numpy(np.asarray(tokenizer.encode(bases), dtype=np.int64))[None]
+    weights = torch.from_numpy(~np.asarray(tokenizer.ambiguous_mask(ids[0, 1:].numpy()), dtype=bool)).float()[None]
+    return ids, weights
+
+
+def tiny_model_with_skewed_routing():
+    """The tiny preset (char vocabulary), seeded, with router biases that are not uniform, so the MoE balance loss
+    and the bias matter in gradient comparisons."""
+    import torch
+
+    from genolc.model import build_model, preset
+    from genolc.tokenize import CharTokenizer
+
+    torch.manual_seed(0)
+    model = build_model(preset("tiny", vocab_size=CharTokenizer().vocab_size))
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.05 * torch.randn(buffer.shape))
+    return model
+
+
 @pytest.fixture(name="shared_file")
 def shared_file_fixture():
     """``shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz")`` -> Path, skipping/failing if absent."""

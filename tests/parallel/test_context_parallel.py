@@ -13,20 +13,15 @@ gradient within 1e-4 of its own size (relative L2); a boundary handled wrongly g
 from __future__ import annotations
 
 import contextlib
-import gzip
-import os
 import socket
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from genolc.model import build_model, preset
-from genolc.tokenize import CharTokenizer
 from genolc.train.loss import LossTerms, micro_batch_loss
-from conftest import shared_file
+from conftest import chr22_window, shared_file, tiny_model_with_skewed_routing
 
 WINDOW = 405
 # (layout, indexer mode, per-layer recompute, chunk of the chunk-recurrent step or None) per world size.
@@ -37,26 +32,12 @@ _SINGLE: dict[str, tuple] = {}
 
 
 def _dna_window(path: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids [1, WINDOW + 1], weights [1, WINDOW])`` ending 200 bases into chr22's 100 kbp N run (weight 0)."""
-    with gzip.open(path, "rt") as handle:
-        handle.readline()
-        sequence = "".join(line.strip() for line in handle)
-    start = 509431 - WINDOW + 200
-    bases = np.frombuffer(sequence[start: start + WINDOW + 1].encode(), dtype=np.uint8)
-    tokenizer = CharTokenizer()
-    ids = torch.from_numpy(np.asarray(tokenizer.encode(bases), dtype=np.int64))[None]
-    weights = torch.from_numpy(~np.asarray(tokenizer.ambiguous_mask(ids[0, 1:].numpy()), dtype=bool)).float()[None]
-    return ids, weights
+    """A window ending 200 bases into chr22's 100 kbp N run (weight 0)."""
+    return chr22_window(path, WINDOW, 200)
 
 
 def _model():
-    torch.manual_seed(0)
-    model = build_model(preset("tiny", vocab_size=CharTokenizer().vocab_size))
-    with torch.no_grad():   # routing that is not uniform, so the balance loss and the bias matter
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(0.05 * torch.randn(buffer.shape))
-    return model
+    return tiny_model_with_skewed_routing()
 
 
 def _terms(weights, mode):

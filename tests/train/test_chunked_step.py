@@ -10,46 +10,29 @@ per-layer recompute inside the chunks. "Equal" means fp32 rounding: each gradien
 from __future__ import annotations
 
 import contextlib
-import gzip
 
-import numpy as np
 import pytest
 import torch
 
-from genolc.model import build_model, preset
 from genolc.model.cache import ChunkCache, chunk_bounds
-from genolc.tokenize import CharTokenizer
 from genolc.train.apply import apply_recompute
 from genolc.train.chunked import chunked_forward_backward
 from genolc.train.loss import LossTerms, micro_batch_loss
-from conftest import shared_file
+from conftest import chr22_window, shared_file, tiny_model_with_skewed_routing
 
 WINDOW = 4096
 
 
 @pytest.fixture(scope="module")
 def dna_window():
-    """``(ids [1, WINDOW + 1], weights [1, WINDOW])``: chr22 up to the start of its 100 kbp N run at 20,509,432,
-    whose first 1000 N carry weight 0."""
-    with gzip.open(shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz"), "rt") as handle:
-        handle.readline()
-        sequence = "".join(line.strip() for line in handle)
-    start = 509431 - WINDOW + 1000
-    bases = np.frombuffer(sequence[start: start + WINDOW + 1].encode(), dtype=np.uint8)
-    tokenizer = CharTokenizer()
-    ids = torch.from_numpy(np.asarray(tokenizer.encode(bases), dtype=np.int64))[None]
-    weights = torch.from_numpy(~np.asarray(tokenizer.ambiguous_mask(ids[0, 1:].numpy()), dtype=bool)).float()[None]
+    """chr22 up to the start of its 100 kbp N run at 20,509,432, whose first 1000 N carry weight 0."""
+    ids, weights = chr22_window(shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz"), WINDOW, 1000)
     assert 0 < float(weights.sum()) < WINDOW, "the window should hold real bases and some N"
     return ids, weights
 
 
 def _model(recompute: bool):
-    torch.manual_seed(0)
-    model = build_model(preset("tiny", vocab_size=CharTokenizer().vocab_size))
-    with torch.no_grad():   # routing that is not uniform, so the balance loss and the bias matter
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(0.05 * torch.randn(buffer.shape))
+    model = tiny_model_with_skewed_routing()
     if recompute:
         apply_recompute(model)
     return model
