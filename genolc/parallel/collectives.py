@@ -67,3 +67,13 @@ def all_reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """In-place sum over ``group`` (no autograd): counts, metrics, gradients."""
     dist.all_reduce(tensor, group=group)
     return tensor
+
+
+def all_reduce_counts(counts: dict[int, torch.Tensor], group=None) -> dict[int, torch.Tensor]:
+    """Tokens per expert (layer -> ``[E]``) summed over ``group``; every rank must hold the same layers."""
+    reduced = {}
+    for layer in sorted(counts):
+        total = counts[layer].to(torch.int64).clone()
+        dist.all_reduce(total, group=group)
+        reduced[layer] = total
+    return reduced

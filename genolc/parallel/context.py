@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from genolc.parallel.collectives import all_gather
+from genolc.parallel.collectives import all_gather, all_reduce_counts
 from genolc.parallel.layout import Layout, Piece
 
 CONTEXT_ATTRIBUTE = "_genolc_context_parallel"
@@ -82,12 +82,7 @@ class ContextParallel:
 
     def window_counts(self, counts: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """Tokens per expert of the whole window from this rank's (the chunked step's balance-loss fractions)."""
-        total = {}
-        for layer in sorted(counts):
-            summed = counts[layer].to(torch.int64).clone()
-            dist.all_reduce(summed, group=self.group)
-            total[layer] = summed
-        return total
+        return all_reduce_counts(counts, group=self.group)
 
     def split(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """``[B, local positions, ...]`` -> one tensor per piece of this rank."""

@@ -70,9 +70,22 @@ def init_mesh(cp: int, device_type: str) -> Mesh:
                               where="--cp", fix=f"launch with torchrun --nproc-per-node {cp} -m genolc.cli finetune "
                                                 f"... --cp {cp}")
         return SINGLE
-    world_size = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
+    try:
+        world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    except ValueError:
+        raise ConfigError(f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} in the "
+                          "environment are not whole numbers", where="the environment",
+                          fix="launch with torchrun, or unset RANK and WORLD_SIZE") from None
     dp_size = split_world(world_size, cp)
+    if world_size == 1:
+        return SINGLE
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if missing:
+        # RANK and WORLD_SIZE alone (a scheduler's or a shell's) are not a torchrun launch: torch would fail its
+        # rendezvous with a traceback.
+        raise ConfigError(f"RANK and WORLD_SIZE are set but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not, so there is no process "
+                          "group to join", where="the environment",
+                          fix="launch with torchrun (it sets all four), or unset RANK and WORLD_SIZE")
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():

@@ -75,13 +75,3 @@ def _reduce_bucket(grads: list[torch.Tensor], group) -> None:
         dist.all_reduce(flat, group=group)
         for grad, reduced in zip(same, _unflatten_dense_tensors(flat, same)):
             grad.copy_(reduced)
-
-
-def all_reduce_counts(counts: dict[int, torch.Tensor], group=None) -> dict[int, torch.Tensor]:
-    """Tokens per expert (layer -> ``[E]``) summed over ``group``; every rank must hold the same layers."""
-    reduced = {}
-    for layer in sorted(counts):
-        total = counts[layer].to(torch.int64).clone()
-        dist.all_reduce(total, group=group)
-        reduced[layer] = total
-    return reduced

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from genolc.errors import ConfigError
+from genolc.parallel.layout import LAYOUTS
 from genolc.routing import DEFAULT_GROUP_TOKENS
 from genolc.threads import check_threads
 
@@ -20,7 +21,7 @@ INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
 DASHBOARDS = ("tensorboard", "wandb")
-CP_LAYOUTS = ("zigzag", "contiguous")
+CP_LAYOUTS = LAYOUTS                        # genolc/parallel/layout.py: which positions each CP rank holds
 
 
 @dataclass(frozen=True)

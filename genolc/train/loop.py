@@ -63,7 +63,8 @@ from genolc.determinism import ComputeSettings, compute_settings, note_kernels
 from genolc.errors import ConfigError, GenolcError, InputError
 from genolc.fsutil import atomic_write_json, ensure_writable_parent
 from genolc.parallel.mesh import launched_by_torchrun
-from genolc.parallel.step import all_reduce_counts, all_reduce_gradients, context_parallel_forward_backward
+from genolc.parallel.collectives import all_reduce_counts
+from genolc.parallel.step import all_reduce_gradients, context_parallel_forward_backward
 from genolc.runs import RunRecord, run_record
 from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt

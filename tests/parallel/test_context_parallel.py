@@ -63,7 +63,8 @@ def _single_run(ids, weights, mode):
 
 def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
     from genolc.parallel.apply import apply_context_parallel
-    from genolc.parallel.step import all_reduce_counts, all_reduce_gradients, context_parallel_forward_backward
+    from genolc.parallel.collectives import all_reduce_counts
+    from genolc.parallel.step import all_reduce_gradients, context_parallel_forward_backward
     from genolc.train.apply import apply_recompute
     from genolc.train.chunked import chunked_forward_backward
 

@@ -47,3 +47,19 @@ def test_cp_must_divide_the_world_and_needs_torchrun(monkeypatch):
     with pytest.raises(ConfigError, match="not started by torchrun"):
         init_mesh(2, "cpu")
     assert init_mesh(1, "cpu").world_size == 1
+
+
+def test_rank_variables_without_a_rendezvous_are_one_message_not_a_traceback(monkeypatch):
+    from genolc.parallel.mesh import SINGLE
+
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert init_mesh(1, "cpu") is SINGLE
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="MASTER_ADDR and MASTER_PORT are not"):
+        init_mesh(1, "cpu")
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ConfigError, match="not whole numbers"):
+        init_mesh(1, "cpu")
