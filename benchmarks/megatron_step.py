@@ -1,4 +1,4 @@
-"""One real Megatron-core training step on genolc-exported data (the H200 check of issue 18).
+"""One real Megatron-core training step on genolc-exported data (issue 18's H200 check; so far run on CPU only).
 
 What it does, on one GPU (or on CPU with ``--device cpu``, for a smoke run):
 

@@ -48,6 +48,9 @@ class ExportConfig:
                               where="--gpus", fix="use a multiple of --gpus-per-node (SkyRL places whole nodes)")
         if self.max_context_parallel < 1:
             raise ConfigError(f"--max-context-parallel must be at least 1, got {self.max_context_parallel}")
+        if not 0.0 <= self.max_n_fraction <= 1.0:
+            raise ConfigError(f"--max-n-fraction must be between 0 and 1, got {self.max_n_fraction}",
+                              where="--max-n-fraction", fix="pass e.g. --max-n-fraction 0.1")
         if not self.gpu_memory_gib > 0:
             raise ConfigError(f"--gpu-memory must be positive, got {self.gpu_memory_gib}")
 

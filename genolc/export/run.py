@@ -59,7 +59,7 @@ def export(config: ExportConfig) -> dict[str, Any]:
     from genolc.export.layout import choose_layout
     from genolc.export.megatron import provider_kwargs
     from genolc.export.rows import RowBuilder, TextTokenizer
-    from genolc.export.skyrl_config import launch_command, sft_config, to_yaml
+    from genolc.export.skyrl_config import launch_command, sft_config, skyrl_run_dir, to_yaml
 
     if config.format == "skyrl":
         skyrl_export.parquet_schema()  # pyarrow missing: say so before any work
@@ -73,6 +73,10 @@ def export(config: ExportConfig) -> dict[str, Any]:
     layout = choose_layout(model, sampler.window_tokens, config.gpus, config.gpus_per_node, config.gpu_memory_gib,
                            config.max_context_parallel)
     parallel = layout.to_dict()
+    if config.format == "skyrl" and config.windows < layout.data_parallel:
+        raise ConfigError(f"--windows {config.windows} is fewer than one step's batch: the layout for {config.gpus} "
+                          f"GPUs has {layout.data_parallel} data-parallel ranks, one window each a step",
+                          where="--windows", fix=f"export at least {layout.data_parallel} windows")
 
     with atomic_dir(out, EXPORT_KIND) as tmp:
         lines: list[str] = []
@@ -89,7 +93,7 @@ def export(config: ExportConfig) -> dict[str, Any]:
             sft = sft_config(model_path=checkpoint, data_dir=out / skyrl_export.DATA_DIR,
                              seq_tokens=sampler.window_tokens, rows=counts["rows"], layout=layout,
                              nodes=config.nodes, gpus_per_node=config.gpus_on_each_node, seed=config.seed,
-                             out=out / "skyrl-run")
+                             out=skyrl_run_dir(out))
             sft["run_name"] = f"genolc-{out.name}"
             header = (f"SkyRL {skyrl_export.SKYRL_VERSION} SFTConfig written by genolc export for {config.model} at "
                       f"{sampler.window_tokens} tokens a row on {config.gpus} GPUs of {config.gpu_memory_gib:g} GiB.\n"

