@@ -49,9 +49,7 @@ and splits what is left between pretraining (40%) and the two arms, at the train
 from __future__ import annotations
 
 import argparse
-import ast
 import datetime as dt
-import importlib.util
 import json
 import math
 import os
@@ -210,14 +208,10 @@ class Plan:
 
 
 def genolc_presets() -> list[str]:
-    """The model presets genolc knows, read from genolc/model/presets.py's PRESETS without importing it: importing
-    genolc.model imports torch (seconds on a loaded machine), and this check runs before anything starts."""
-    spec = importlib.util.find_spec("genolc.model.presets")
-    tree = ast.parse(Path(spec.origin).read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PRESETS" for t in node.targets):
-            return [key.value for key in node.value.keys]
-    raise RuntimeError("genolc/model/presets.py defines no PRESETS dict")
+    """The model presets genolc knows (genolc/model/presets.py)."""
+    from genolc.model.presets import PRESETS
+
+    return list(PRESETS)
 
 
 def warmup_steps(steps: int) -> int:
@@ -801,6 +795,7 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
         work.mkdir(parents=True, exist_ok=True)
         logs = work / "logs"
         logs.mkdir(exist_ok=True)
+        trained = False
         try:
             phases = build_phases(config, plan, work)
             _say(f"plan: {plan.pretrain.steps} pretraining steps, {plan.arm_a.steps} steps per arm; "
@@ -810,6 +805,7 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
             except BaseException:
                 _print_log_tails(logs)
                 raise
+            trained = True
             collect(phases, results, logs)
             head = headline(results, plan)
             plots = make_plots(results, head, plan)
@@ -833,9 +829,16 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
                       *(p.command() for p in phases)]
             atomic_write_bytes(results / "commands.sh", ("\n".join(script) + "\n").encode())
             write_readme(results, head, plan, config, prov, rows, wall)
-        finally:
-            if not config.keep_work:
+        except BaseException:
+            if trained and not config.keep_work:
+                # Every phase ran but the results could not be gathered: the checkpoints and full logs are the
+                # run's only copy, so they stay.
+                _say(f"kept the work folder with every phase's checkpoints and logs: {work}")
+            elif not config.keep_work:
                 shutil.rmtree(work, ignore_errors=True)
+            raise
+        if not config.keep_work:
+            shutil.rmtree(work, ignore_errors=True)
         # The archive holds the folder under its final name, marker included (atomic_dir writes it on success).
         staged = results.parent / f".{out.name}.pack-{os.getpid()}" / out.name
         staged.parent.mkdir()

@@ -200,3 +200,20 @@ def test_time_budget_plans_same_tokens_and_steps_for_both_arms(tmp_path):
         experiment.make_plan(config(time_budget=900, preset="glm-5.3-flash"))
     with pytest.raises(ConfigError, match="multiple of --short-seq"):
         config(long_seq=12 * 1024, pretrain_steps=1, arm_steps=1)
+
+
+def test_a_failure_after_every_phase_ran_keeps_the_work_folder(tmp_path, monkeypatch, capsys):
+    """Checkpoints and full logs are a run's only copy once the phases are done: a failure gathering the results
+    (here: phases that left nothing to gather) keeps them and says where, and writes no results folder."""
+    monkeypatch.setattr(experiment, "run_phases", lambda phases, logs, config: None)
+    work = tmp_path / "work"
+    sample = ROOT / "genolc" / "sample"
+    config = experiment.ExperimentConfig(
+        out=tmp_path / "res", train_fastas=(sample / "hg38_chr2_1-600000.fa.gz",),
+        heldout_fastas=(sample / "GRCh37_chr22_20480001-20680000.fa.gz",), train_records="chr2",
+        heldout_records="chr22", preset="tiny", device="cpu", work=work, pretrain_steps=1, arm_steps=1,
+        short_seq=128, long_seq=1024, context=128)
+    with pytest.raises(Exception):
+        experiment.run_experiment(config, [])
+    assert "kept the work folder" in capsys.readouterr().err and (work / "logs").is_dir()
+    assert not (tmp_path / "res").exists()
