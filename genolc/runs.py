@@ -4,7 +4,7 @@ A record holds the command, its resolved arguments, genolc's version (and git SH
 md5s of its inputs, how it computed (``compute``: CPU threads and the rule that chose them, whether the run was
 deterministic; finetune and eval), host and GPU, start and end times, exit status and the error if it failed.
 Records live in ``<output>/runs/<start>_<pid>_<command>.json``; :func:`run_record` writes one whether the command
-succeeds or fails.
+succeeds or fails. A copy gathered elsewhere (the demo's report) says ``copy_of`` its original (:func:`copy_record`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import importlib.metadata
+import json
 import os
 import platform
 import socket
@@ -84,6 +85,7 @@ class RunRecord:
     outputs: dict[str, Any] = field(default_factory=dict)
     compute: dict[str, Any] = field(default_factory=dict)    # CPU threads, deterministic mode (genolc.threads)
     started: str = field(default_factory=_now)
+    path: Path | None = None          # where the record was written, once the block has ended
 
     def add_input(self, path: str | os.PathLike) -> None:
         """Record an input file with its md5 (cached, so hashing twice costs nothing)."""
@@ -148,6 +150,13 @@ def run_record(command: str, out_dir: str | os.PathLike, args: dict[str, Any], *
         if status == "ok" or (keep_failed and rec.out_dir.is_dir() and not refused):
             with contextlib.suppress(OSError):
                 atomic_write_json(path, rec.to_dict(status, error, time.monotonic() - t0))
+                rec.path = path
+
+
+def copy_record(record: Path, target: Path) -> None:
+    """Copy the run record ``record`` to ``target`` (a report gathering its stages' records), marked
+    ``copy_of: <record>`` so that ``genolc runs ls`` counts the run once."""
+    atomic_write_json(target, {**json.loads(record.read_text()), "copy_of": str(record)})
 
 
 def _unique_path(folder: Path, stem: str, command: str) -> Path:

@@ -21,12 +21,28 @@ _PATH = click.Path(path_type=Path)
 
 
 def find_records(root: Path) -> list[Path]:
-    """Every run record under ``root`` (recursively), oldest first; a folder that is not readable is skipped."""
+    """Every run under ``root`` (recursively), one record each, oldest first; a folder that is not readable is
+    skipped."""
     if not root.is_dir():
         raise InputError("no such directory to search for run records", where=str(root),
                          fix="pass a directory that holds genolc outputs (each has a runs/ folder)")
     found = [p for p in root.rglob(f"{RUNS_DIRNAME}/*.json") if _load(p, strict=False) is not None]
-    return sorted(found, key=_start_order)
+    return sorted(_one_per_run(found), key=_start_order)
+
+
+def _one_per_run(paths: list[Path]) -> list[Path]:
+    """One record per run: a copy of a record (``copy_of``: the demo's report gathers its stages') gives way to the
+    original; copies made otherwise (``cp -r``) are told apart by command, start, end and host, and the shortest
+    file name wins (the demo named its copies ``<stage>_<original name>``)."""
+    chosen: dict[tuple[Any, ...], tuple[tuple[bool, int, str], Path]] = {}
+    for path in paths:
+        record = _load(path)
+        host = record.get("host") if isinstance(record.get("host"), dict) else {}
+        identity = (record.get("command"), record.get("started"), record.get("ended"), host.get("hostname"))
+        rank = ("copy_of" in record, len(path.name), str(path))
+        if identity not in chosen or rank < chosen[identity][0]:
+            chosen[identity] = (rank, path)
+    return [path for _, path in chosen.values()]
 
 
 def _start_order(path: Path) -> tuple[str, int, str]:
@@ -63,9 +79,20 @@ def resolve_record(run: Path) -> Path:
                          key=_start_order)
         if records:
             return records[-1]
+    outputs = _outputs_under(run) if run.is_dir() else []
+    if outputs:
+        shown = ", ".join(map(str, outputs[:4])) + (f" and {len(outputs) - 4} more" if len(outputs) > 4 else "")
+        raise InputError(f"no run record of its own; it holds the outputs of other runs ({shown})", where=str(run),
+                         fix=f"show one with `genolc runs show {outputs[0]}`, or list them all with "
+                             f"`genolc runs ls {run}`")
     raise InputError("no run record found", where=str(run),
                      fix="pass a record file (<output>/runs/*.json) or an output directory with a runs/ folder; "
                          "`genolc runs ls DIR` lists them")
+
+
+def _outputs_under(directory: Path) -> list[Path]:
+    """The output folders under ``directory`` (itself excluded) that hold run records, each once."""
+    return sorted({path.parent.parent for path in find_records(directory)} - {directory})
 
 
 def key_figures(path: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +214,8 @@ def runs_ls(directory: Path) -> None:
 @runs_command.command("show")
 @click.argument("run", type=_PATH)
 def runs_show(run: Path) -> None:
-    """One run record, readable: RUN is a record file or an output directory (its newest record).
+    """One run record, readable: RUN is a record file or an output directory (its newest record; a directory with
+    none of its own, such as a workflow's results, names the outputs under it that have some).
 
     \b
     Example:
@@ -196,7 +224,7 @@ def runs_show(run: Path) -> None:
     path = resolve_record(run)
     record = _load(path)
     click.echo(f"record:   {path}")
-    for key in ("command", "status", "error", "started", "ended", "seconds", "genolc_version", "git_sha"):
+    for key in ("copy_of", "command", "status", "error", "started", "ended", "seconds", "genolc_version", "git_sha"):
         if record.get(key) is not None:
             click.echo(f"{key + ':':<10}{record[key]}")
     figures = _figure_text(key_figures(path, record))
@@ -218,6 +246,12 @@ def runs_show(run: Path) -> None:
 
         click.echo("MoE routing:")
         click.echo(routing_table(routing).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    others = _outputs_under(run) if run.is_dir() else []
+    if others:
+        click.echo(f"runs of the outputs under {run} (`genolc runs ls {run}` lists them; `genolc runs show "
+                   f"{others[0]}` shows one):")
+        for folder in others:
+            click.echo(f"  {folder}")
 
 
 @runs_command.command("diff")

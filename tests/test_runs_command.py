@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -109,6 +110,24 @@ def test_runs_diff_finds_a_changed_config_field_and_a_changed_input_file(runs):
 def test_runs_refuse_a_directory_without_records(runs):
     result = CliRunner().invoke(main, ["runs", "show", str(runs / "not-a-dataset")])
     assert result.exit_code == 2 and "no run record found" in result.output
+
+
+def test_runs_show_on_a_folder_of_outputs_names_them(runs):
+    result = CliRunner().invoke(main, ["runs", "show", str(runs)])
+    assert result.exit_code == 2, result.output
+    assert f"no run record of its own; it holds the outputs of other runs ({runs / 'ds'}, {runs / 'failed'}, " \
+           in result.output
+    assert f"show one with `genolc runs show {runs / 'ds'}`, or list them all with `genolc runs ls {runs}`" \
+           in result.output
+
+
+def test_runs_ls_counts_a_copied_output_s_run_once(runs, tmp_path):
+    for name in ("a-copy", "b-copy"):
+        shutil.copytree(runs / "ok", tmp_path / name)
+    result = CliRunner().invoke(main, ["runs", "ls", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [row] = result.output.splitlines()[1:]
+    assert row.split()[0] == "finetune" and row.endswith(str(tmp_path / "a-copy"))
 
 
 def test_finetune_logs_routing_per_step_and_to_tensorboard(runs):
