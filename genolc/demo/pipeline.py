@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -33,14 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from genolc.demo.config import DemoConfig
-from genolc.errors import ConfigError, GenolcError
-from genolc.fsutil import atomic_write_bytes, atomic_write_json, output_dir
+from genolc.errors import ConfigError, GenolcError, RefusedOutputError
+from genolc.fsutil import RUNS_DIRNAME, atomic_write_bytes, atomic_write_json, check_output_dir, output_dir
 from genolc.eval.report import bucket_table, comparison_lines, format_table
-from genolc.runs import run_record
+from genolc.runs import copy_record, run_record
 from genolc.sample import HELDOUT_CHROMS, TRAIN_CHROMS, sample_files
 
 DEMO_MARKER = "genolc-demo.json"
 DEMO_KIND = "demo directory"
+STAGE_DIRS = ("init", "run", "eval", "report")   # rebuilt by every run; data/ is prepare's (a no-op when unchanged)
+PREVIOUS_DIRNAME = ".demo-previous"             # an earlier run's stage folders while a new run is under way
 REPORT_FILES = {"by_position.png": "by_position.png", "buckets.csv": "buckets.csv",
                 "comparisons.csv": "comparisons.csv", "summary.json": "eval_summary.json"}
 
@@ -138,8 +141,139 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     if plan.device == "cuda" and not _cuda_available():
         raise ConfigError("--device cuda was asked for but no CUDA device is visible", fix="use --device cpu or auto")
     # A new or empty directory, or an earlier demo's (genolc-demo.json marked those before the shared marker).
+    check_output_dir(out, DEMO_KIND, legacy=(DEMO_MARKER,), replaces=False)
+    if _read_state(out).get("status") == "running":
+        _say(f"an earlier run into {out} stopped before it finished: removing its stage folders and putting back "
+             "the run's before it")
+        _roll_back(out)
+    _refuse_foreign_stage_files(out)
     with output_dir(out, DEMO_KIND, legacy=(DEMO_MARKER,)):
-        return _run_stages(config, plan, out)
+        set_aside = _set_aside(out, plan, config.seed)
+        try:
+            result = _run_stages(config, plan, out)
+        except BaseException:
+            if set_aside is None:
+                _keep_first_attempt(out, plan, config.seed)
+            else:
+                _put_back(out, set_aside)
+            raise
+        _write_state(out, plan, config.seed, "ok")
+        shutil.rmtree(out / PREVIOUS_DIRNAME, ignore_errors=True)
+        return result
+
+
+def _read_state(out: Path) -> dict[str, Any]:
+    """The demo's own record in ``out`` (genolc-demo.json): plan, seed, status and the files of each stage folder."""
+    try:
+        state = json.loads((out / DEMO_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def _write_state(out: Path, plan: DemoPlan, seed: int, status: str, set_aside: list[str] | None = None) -> None:
+    stages = {} if status == "running" else {stage: _files(out / stage) for stage in STAGE_DIRS
+                                              if (out / stage).is_dir()}
+    atomic_write_json(out / DEMO_MARKER, {"plan": asdict(plan), "seed": seed, "status": status,
+                                          "set_aside": set_aside or [], "stages": stages})
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file (and link) under ``folder``, as paths relative to it."""
+    found = []
+    for root, dirs, names in os.walk(folder):
+        here = Path(root)
+        names = names + [d for d in dirs if (here / d).is_symlink()]
+        found += [(here / name).relative_to(folder).as_posix() for name in names]
+    return sorted(found)
+
+
+def _refuse_foreign_stage_files(out: Path) -> None:
+    """RefusedOutputError, before anything is touched, if a stage folder the demo rebuilds holds a file the demo did
+    not write (its state lists what each of its runs wrote), or was written by a demo that did not list its files."""
+    stages = _read_state(out).get("stages")
+    foreign, unlisted = [], []
+    for stage in STAGE_DIRS:
+        folder = out / stage
+        if not (folder.exists() or folder.is_symlink()):
+            continue
+        if folder.is_symlink() or not folder.is_dir():
+            foreign.append(stage)
+        elif not isinstance(stages, dict) or not isinstance(stages.get(stage), list):
+            unlisted.append(f"{stage}/")
+        else:
+            written = set(stages[stage])
+            foreign += [f"{stage}/{name}" for name in _files(folder) if name not in written]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise RefusedOutputError(
+            f"the demo directory holds files the demo did not write ({shown}) where it rebuilds "
+            f"{', '.join(f'{s}/' for s in STAGE_DIRS)} on every run; refusing to run", where=str(out),
+            fix="move those files out of the demo directory, or choose another --out")
+    if unlisted:
+        raise RefusedOutputError(
+            f"the demo directory's {', '.join(unlisted)} come from an earlier genolc demo that did not list the files "
+            "it wrote, so genolc cannot tell them from files of yours; refusing to rebuild them", where=str(out),
+            fix="move any files of yours out of them and delete those folders, or choose another --out")
+
+
+def _set_aside(out: Path, plan: DemoPlan, seed: int) -> list[str] | None:
+    """Move the earlier run's stage folders (and its state) into ``out/.demo-previous``, to be removed once this run
+    succeeds or put back if it fails; None when there was no earlier run."""
+    previous = out / PREVIOUS_DIRNAME
+    # Left behind by a run whose clean-up after success failed: what it holds was replaced already.
+    shutil.rmtree(previous, ignore_errors=True)
+    existing = [stage for stage in STAGE_DIRS if (out / stage).is_dir()]
+    if not existing:
+        _write_state(out, plan, seed, "running")
+        return None
+    previous.mkdir()
+    if (out / DEMO_MARKER).is_file():
+        shutil.copy2(out / DEMO_MARKER, previous / DEMO_MARKER)
+    # The state says which folders go aside before any moves, so that a run killed halfway is rolled back by the
+    # next one (_roll_back).
+    _write_state(out, plan, seed, "running", set_aside=existing)
+    for stage in existing:
+        os.replace(out / stage, previous / stage)
+    return existing
+
+
+def _roll_back(out: Path) -> None:
+    """Remove the stage folders of a run that did not finish and put the earlier run's back (``out/.demo-previous``)."""
+    previous = out / PREVIOUS_DIRNAME
+    set_aside = _read_state(out).get("set_aside") or []
+    for stage in STAGE_DIRS:
+        if (previous / stage).is_dir():
+            shutil.rmtree(out / stage, ignore_errors=True)
+            os.replace(previous / stage, out / stage)
+        elif stage not in set_aside:
+            shutil.rmtree(out / stage, ignore_errors=True)
+    if (previous / DEMO_MARKER).is_file():
+        os.replace(previous / DEMO_MARKER, out / DEMO_MARKER)
+    else:
+        (out / DEMO_MARKER).unlink(missing_ok=True)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _put_back(out: Path, set_aside: list[str]) -> None:
+    """After a failed run: the earlier run's stage folders replace this run's, without hiding the run's error."""
+    try:
+        _roll_back(out)
+    except OSError as exc:
+        _say(f"could not put the earlier demo's output back ({exc}); it is in {out / PREVIOUS_DIRNAME}, and the next "
+             f"run into {out} puts it back first")
+        return
+    _say(f"this run's stage folders were removed; the earlier demo's {', '.join(f'{s}/' for s in set_aside)} are "
+         f"back in {out}")
+
+
+def _keep_first_attempt(out: Path, plan: DemoPlan, seed: int) -> None:
+    """A first run that failed keeps what it wrote (logs, checkpoints), listed as the demo's for the next run to
+    rebuild; one that wrote no stage folder leaves no state either."""
+    if any((out / stage).is_dir() for stage in STAGE_DIRS):
+        _write_state(out, plan, seed, "failed")
+    else:
+        (out / DEMO_MARKER).unlink(missing_ok=True)
 
 
 def _run_stages(config: DemoConfig, plan: DemoPlan, out: Path) -> dict[str, Any]:
@@ -149,15 +283,11 @@ def _run_stages(config: DemoConfig, plan: DemoPlan, out: Path) -> dict[str, Any]
     from genolc.train.config import TrainConfig
     from genolc.train.loop import finetune
 
-    atomic_write_json(out / DEMO_MARKER, {"plan": asdict(plan), "seed": config.seed})
-    # A fresh start, run and evaluation each time: an earlier demo's checkpoints would otherwise be resumed from.
-    for stale in ("init", "run", "eval", "report"):
-        shutil.rmtree(out / stale, ignore_errors=True)
     report = out / "report"
-    report.mkdir()
-    # The demo's own record goes into the report (its runs/ folder), beside the stages' records.
-    with run_record("demo", report, {"out": out, "smoke": config.smoke, "plan": asdict(plan),
-                                     "seed": config.seed}) as record:
+    # The demo's own record goes beside its stages, in out/runs/; the report gathers a copy with theirs.
+    with run_record("demo", out, {"out": out, "smoke": config.smoke, "plan": asdict(plan),
+                                  "seed": config.seed}) as record:
+        record.outputs.update({stage: str(out / stage) for stage in ("data", *STAGE_DIRS)})
         for path in sample_files():
             record.add_input(path)
         _say(f"1/4 prepare: {', '.join(p.name for p in sample_files())} -> {out / 'data'}")
@@ -178,24 +308,26 @@ def _run_stages(config: DemoConfig, plan: DemoPlan, out: Path) -> dict[str, Any]
                                       first_bucket=plan.first_bucket,
                                       max_windows=plan.max_windows, n_boot=plan.n_boot, seed=config.seed,
                                       device=plan.device, progress=config.progress)
-        with run_record("eval", evaluation.out, evaluation.to_dict()) as record:
-            summary = run_by_position(evaluation, record)
+        with run_record("eval", evaluation.out, evaluation.to_dict()) as eval_record:
+            summary = run_by_position(evaluation, eval_record)
         _say("4/4 report")
         write_report(out, plan, config.seed, summary)
+    if record.path is not None:
+        copy_record(record.path, report / RUNS_DIRNAME / record.path.name)
     return {"report": report, "summary": summary, "plan": plan}
 
 
 def write_report(out: Path, plan: DemoPlan, seed: int, summary: dict[str, Any]) -> Path:
     """Gather plot, tables, metrics, run records and commands into ``out/report``."""
     report = out / "report"
-    (report / "runs").mkdir(parents=True, exist_ok=True)
+    (report / RUNS_DIRNAME).mkdir(parents=True, exist_ok=True)
     for source, target in REPORT_FILES.items():
         shutil.copy2(out / "eval" / source, report / target)
     shutil.copy2(out / "run" / "metrics.jsonl", report / "train_metrics.jsonl")
     shutil.copy2(out / "run" / "summary.json", report / "train_summary.json")
     for stage in ("data", "run", "eval"):
-        for record in sorted((out / stage / "runs").glob("*.json")):
-            shutil.copy2(record, report / "runs" / f"{stage}_{record.name}")
+        for record in sorted((out / stage / RUNS_DIRNAME).glob("*.json")):
+            copy_record(record, report / RUNS_DIRNAME / f"{stage}_{record.name}")
     commands = equivalent_commands(out, plan, seed)
     script = ["#!/bin/sh", "# What `genolc demo` ran, as commands, writing under $1",
               f"# (default ./genolc-demo-rerun; the demo itself wrote under {out}).", "set -e",

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from genolc.cli import main
 from genolc.demo.config import DemoConfig
 from genolc.demo.pipeline import demo_plan
 from genolc.demo.pipeline import main as demo_main
+from genolc.errors import InputError
 from genolc.sample import SAMPLE_DIR, sample_files
 
 
@@ -39,13 +41,43 @@ def test_bundled_sample_matches_its_provenance():
     assert total < 1.5e6
 
 
-def test_demo_smoke_end_to_end(tmp_path, monkeypatch):
-    elsewhere = tmp_path / "somewhere"
+@pytest.fixture(scope="module")
+def smoke_demo(tmp_path_factory):
+    """`genolc demo --smoke` run once from another directory (its output lands under the working directory)."""
+    root = tmp_path_factory.mktemp("demo")
+    elsewhere = root / "somewhere"
     elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)  # runs from any directory; output lands under the working directory
-    result = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress"])
+    here = Path.cwd()
+    os.chdir(elsewhere)
+    try:
+        result = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress"])
+    finally:
+        os.chdir(here)
     assert result.exit_code == 0, result.output
-    out = elsewhere / "genolc-demo"
+    return elsewhere / "genolc-demo", result
+
+
+@pytest.fixture
+def earlier_demo(smoke_demo, tmp_path):
+    """A copy of the smoke demo's output, for a test to re-run the demo into."""
+    return Path(shutil.copytree(smoke_demo[0], tmp_path / "demo", symlinks=True))
+
+
+def _stage_contents(out: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file of the stage folders and the demo's state, with its bytes and modification time."""
+    return {str(p.relative_to(out)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(out.rglob("*")) if p.is_file() and p.relative_to(out).parts[0] in
+            ("init", "run", "eval", "report", "genolc-demo.json")}
+
+
+def _failing_finetune(config, *args, **kwargs):
+    (config.out / "checkpoints").mkdir(parents=True)
+    (config.out / "checkpoints" / "partial").write_text("half-written")
+    raise InputError("the disk is full", where=str(config.out), fix="free some space")
+
+
+def test_demo_smoke_end_to_end(smoke_demo, tmp_path):
+    out, result = smoke_demo
     report = out / "report"
     assert f"report: {report}" in result.output
     # bucket, tokens, then model, baseline (the untrained initialisation) and context-control bits/base
@@ -57,6 +89,7 @@ def test_demo_smoke_end_to_end(tmp_path, monkeypatch):
     assert (report / "by_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     records = {p.name.rsplit("_", 1)[1]: json.loads(p.read_text()) for p in (report / "runs").glob("*.json")}
     assert sorted(records) == ["demo.json", "eval.json", "finetune.json", "prepare.json"]
+    assert records["demo.json"]["copy_of"] == str(next((out / "runs").glob("*_demo.json")))
     for content in records.values():
         assert content["status"] == "ok"
         assert not any("shared" in Path(p).parts for p in content["inputs"]), content["inputs"]
@@ -84,9 +117,94 @@ def test_demo_smoke_end_to_end(tmp_path, monkeypatch):
     second = pd.read_csv(rerun / "eval" / "buckets.csv")
     pd.testing.assert_frame_equal(first, second, check_exact=False, rtol=1e-3, atol=1e-4)
     # a second run reuses the directory (prepare is a no-op) and starts the run afresh
+    out = Path(shutil.copytree(out, tmp_path / "again", symlinks=True))
     again = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress", "--out", str(out)])
     assert again.exit_code == 0, again.output
-    assert json.loads((report / "train_summary.json").read_text())["resumed_from_step"] == 0
+    assert json.loads((out / "report" / "train_summary.json").read_text())["resumed_from_step"] == 0
+    assert not (out / ".demo-previous").exists()
+    assert len(list((out / "run" / "runs").glob("*.json"))) == 1
+    assert len(list((out / "report" / "runs").glob("*_demo.json"))) == 1
+
+
+def test_demo_rerun_refuses_stage_folders_holding_user_files(earlier_demo):
+    (earlier_demo / "run" / "notes.txt").write_text("my notes")
+    (earlier_demo / "report" / "mine").mkdir()
+    (earlier_demo / "report" / "mine" / "table.csv").write_text("a,b")
+    before = _stage_contents(earlier_demo)
+    result = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress", "--out", str(earlier_demo)])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("error:") == 1
+    assert ("the demo directory holds files the demo did not write (run/notes.txt, report/mine/table.csv) where it "
+            f"rebuilds init/, run/, eval/, report/ on every run; refusing to run ({earlier_demo})") in result.output
+    assert "move those files out of the demo directory, or choose another --out" in result.output
+    assert _stage_contents(earlier_demo) == before
+    assert not (earlier_demo / ".demo-previous").exists()
+
+
+def test_demo_rerun_refuses_stage_folders_of_a_demo_that_did_not_list_its_files(earlier_demo):
+    state = json.loads((earlier_demo / "genolc-demo.json").read_text())
+    (earlier_demo / "genolc-demo.json").write_text(json.dumps({"plan": state["plan"], "seed": state["seed"]}))
+    before = _stage_contents(earlier_demo)
+    result = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress", "--out", str(earlier_demo)])
+    assert result.exit_code == 2, result.output
+    assert "init/, run/, eval/, report/ come from an earlier genolc demo that did not list" in result.output
+    assert _stage_contents(earlier_demo) == before
+
+
+def test_demo_rerun_that_fails_keeps_the_earlier_output(earlier_demo, monkeypatch):
+    before = _stage_contents(earlier_demo)
+    monkeypatch.setattr("genolc.train.loop.finetune", _failing_finetune)
+    result = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress", "--out", str(earlier_demo)])
+    assert result.exit_code == 2, result.output
+    assert "the disk is full" in result.output
+    assert "the earlier demo's init/, run/, eval/, report/ are back" in result.output
+    assert _stage_contents(earlier_demo) == before
+    assert not (earlier_demo / ".demo-previous").exists()
+    failed = json.loads(max((earlier_demo / "runs").glob("*_demo.json")).read_text())
+    assert failed["status"] == "failed" and "the disk is full" in failed["error"]
+
+
+def test_demo_rerun_after_one_killed_halfway_puts_the_earlier_output_back(earlier_demo, monkeypatch):
+    from genolc.demo.pipeline import _set_aside, demo_plan
+
+    before = _stage_contents(earlier_demo)
+    # A re-run killed outright (no clean-up) while fine-tuning: earlier stages set aside, init/ and run/ half new.
+    _set_aside(earlier_demo, demo_plan(DemoConfig(smoke=True)), 0)
+    for stage in ("init", "run"):
+        (earlier_demo / stage).mkdir()
+        (earlier_demo / stage / "partial").write_text("half-written")
+    monkeypatch.setattr("genolc.train.loop.finetune", _failing_finetune)
+    result = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress", "--out", str(earlier_demo)])
+    assert result.exit_code == 2, result.output
+    assert "stopped before it finished" in result.output and "the disk is full" in result.output
+    assert _stage_contents(earlier_demo) == before
+    assert not (earlier_demo / ".demo-previous").exists()
+
+
+def test_demo_first_run_that_fails_keeps_its_output_for_the_next(tmp_path, monkeypatch):
+    out = tmp_path / "demo"
+    monkeypatch.setattr("genolc.train.loop.finetune", _failing_finetune)
+    for attempt in range(2):
+        result = CliRunner().invoke(main, ["demo", "--smoke", "--no-progress", "--out", str(out)])
+        assert result.exit_code == 2 and "the disk is full" in result.output, result.output
+        assert (out / "run" / "checkpoints" / "partial").is_file() and (out / "init" / "config.json").is_file()
+        state = json.loads((out / "genolc-demo.json").read_text())
+        assert state["status"] == "failed" and "checkpoints/partial" in state["stages"]["run"]
+
+
+def test_runs_ls_and_show_on_a_demo_directory(smoke_demo):
+    out = smoke_demo[0]
+    listed = CliRunner().invoke(main, ["runs", "ls", str(out)])
+    assert listed.exit_code == 0, listed.output
+    rows = [line.split() for line in listed.output.splitlines()[1:]]
+    assert sorted((row[0], row[-1]) for row in rows) == [
+        ("demo", str(out)), ("eval", str(out / "eval")), ("finetune", str(out / "run")), ("prepare", str(out / "data"))]
+    shown = CliRunner().invoke(main, ["runs", "show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"^command:\s+demo$", shown.output, re.M) and re.search(r"^status:\s+ok$", shown.output, re.M)
+    assert f"  run: {out / 'run'}" in shown.output
+    assert f"runs of the outputs under {out} (`genolc runs ls {out}` lists them" in shown.output
+    assert shown.output.endswith("".join(f"  {out / stage}\n" for stage in ("data", "eval", "run")))
 
 
 def test_init_command_reports_a_missing_dataset(tmp_path, capsys):
