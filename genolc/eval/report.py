@@ -21,7 +21,9 @@ the windows (trials) scored and selected, and the plot's title says INTERRUPTED.
 Reports: :func:`bucket_report` is the per-bucket table ``genolc eval --by-position`` and ``genolc demo`` print;
 ``python -m genolc.eval.report --out results/report results/eval/NAME/CHROM [...]`` (the workflow's report rule)
 makes ``summary.md`` with one section per evaluation directory: its per-bucket table (model, baseline and
-context-control bits/base) and its plot, copied beside the summary.
+context-control bits/base) and its plot, copied beside the summary. It reads every evaluation first (a bad one is
+one message, exit code 2, nothing written) and builds ``--out`` whole: a new or empty directory, or an earlier
+report's, never one holding files genolc did not write.
 """
 
 from __future__ import annotations
@@ -30,16 +32,18 @@ import argparse
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from genolc.errors import InputError
-from genolc.fsutil import atomic_dir, atomic_write_bytes
+from genolc.errors import GenolcError, InputError
+from genolc.fsutil import atomic_dir, atomic_write_bytes, output_kind
 
 OUTPUT_KIND = "evaluation output directory"
+REPORT_KIND = "workflow report directory"
 
 
 def _clean(value: Any) -> Any:
@@ -140,7 +144,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         low, high = row.get("ci", (None, None))
         cells = [row["bucket"], str(row["tokens"])]
         cells += ["-" if row.get(s) is None else f"{row[s]:.4f}" for s in series]
-        cells.append("-" if low is None else f"[{low:.4f}, {high:.4f}]")
+        cells.append("-" if low is None or high is None else f"[{low:.4f}, {high:.4f}]")
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
@@ -152,8 +156,10 @@ def comparison_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     for row in summary.get("comparisons", []):
         if row.get("subset") == "all" and row.get("bucket") == "all" and row.get("delta_bits_per_base") is not None:
-            lines.append(f"- {row['comparison']}: {row['delta_bits_per_base']:+.4f} bits/base "
-                         f"(95% CI {row['ci_low']:+.4f} to {row['ci_high']:+.4f})")
+            # Too few blocks (a window or two) to bootstrap: the estimate without an interval.
+            interval = ("no 95% CI: too few blocks to bootstrap" if row.get("ci_low") is None
+                        or row.get("ci_high") is None else f"95% CI {row['ci_low']:+.4f} to {row['ci_high']:+.4f}")
+            lines.append(f"- {row['comparison']}: {row['delta_bits_per_base']:+.4f} bits/base ({interval})")
     return lines
 
 
@@ -164,40 +170,86 @@ def bucket_report(summary: dict[str, Any]) -> str:
 
 
 def write_workflow_report(out: Path, eval_dirs: list[Path]) -> Path:
-    """``out/summary.md`` with one section per evaluation, plots copied to ``out/<name>_<chrom>.png``."""
-    out.mkdir(parents=True, exist_ok=True)
+    """``out/summary.md`` with one section per evaluation, plots copied to ``out/<name>_<chrom>.png``.
+
+    Every evaluation is read before anything is written; ``out`` is built whole under a temporary name and replaces
+    an absent or empty directory, or an earlier report's (:func:`genolc.fsutil.atomic_dir`), never a folder holding
+    files genolc did not write, such as a summary.md of the user's.
+    """
     sections = ["# genolc workflow report", "",
                 "Held-out bits per base by preceding-context position (lower is better). `context:K` scores the "
                 "same targets with only the last K tokens visible; `baseline` is the baseline run's checkpoint.", ""]
+    plots: dict[str, Path] = {}
+    labels: dict[str, Path] = {}
     for directory in eval_dirs:
-        path = directory / "summary.json"
-        if not path.is_file():
-            raise InputError("not an evaluation output directory (no summary.json)", where=str(directory),
-                             fix="pass directories written by genolc eval --by-position")
-        summary = json.loads(path.read_text())
         label = "_".join(directory.parts[-2:])
-        plot = directory / "by_position.png"
-        if plot.is_file():
-            shutil.copy2(plot, out / f"{label}.png")
+        if label in labels:
+            raise InputError(f"two evaluation directories end in the same two folder names ({labels[label]} and "
+                             f"{directory}), so their plots would both be {label}.png", where=str(directory),
+                             fix="pass each evaluation once, from folders named <eval>/<chromosome>")
+        labels[label] = directory
+        sections += _workflow_section(directory, label)
+        if (directory / "by_position.png").is_file():
+            plots[f"{label}.png"] = directory / "by_position.png"
+    legacy = ("summary.md",) if _earlier_workflow_report(Path(out)) else ()
+    with atomic_dir(out, REPORT_KIND, legacy=legacy) as tmp:
+        for name, plot in plots.items():
+            shutil.copy2(plot, tmp / name)
+        atomic_write_bytes(tmp / "summary.md", "\n".join(sections).encode())
+    return Path(out) / "summary.md"
+
+
+def _workflow_section(directory: Path, label: str) -> list[str]:
+    """One evaluation's section of summary.md; InputError if ``directory`` is not a by-position evaluation."""
+    fix = "pass directories written by genolc eval --by-position"
+    path = directory / "summary.json"
+    if not path.is_file():
+        problem = "not an evaluation output directory (no summary.json)" if directory.exists() else "no such directory"
+        raise InputError(problem, where=str(directory), fix=fix)
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"the evaluation summary cannot be read ({exc})", where=str(path), fix=fix) from None
+    try:
         config = summary.get("config", {})
-        sections += [f"## {' / '.join(directory.parts[-2:])}", "",
-                     f"checkpoint `{config.get('checkpoint')}`" + (f", baseline `{config['baseline']}`"
-                                                                    if config.get("baseline") else "")
-                     + f"; {summary['windows']['scored']} windows of {int(config.get('seq_len', 0)) + 1} tokens "
-                     f"on {', '.join(summary.get('records', []))}", "",
-                     "```", format_table(bucket_table(summary)), "```", "",
-                     *comparison_lines(summary), "", f"![by position]({label}.png)", ""]
-    target = out / "summary.md"
-    atomic_write_bytes(target, "\n".join(sections).encode())
-    return target
+        return [f"## {' / '.join(directory.parts[-2:])}", "",
+                f"checkpoint `{config.get('checkpoint')}`" + (f", baseline `{config['baseline']}`"
+                                                               if config.get("baseline") else "")
+                + f"; {summary['windows']['scored']} windows of {int(config.get('seq_len', 0)) + 1} tokens "
+                f"on {', '.join(summary.get('records', []))}", "",
+                "```", format_table(bucket_table(summary)), "```", "",
+                *comparison_lines(summary), "", f"![by position]({label}.png)", ""]
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+        missing = f" (no {exc})" if isinstance(exc, KeyError) else ""
+        raise InputError(f"not the summary of a by-position evaluation{missing}", where=str(path),
+                         fix=fix + " (a --needle evaluation has no per-position table)") from None
+
+
+def _earlier_workflow_report(out: Path) -> bool:
+    """Whether ``out`` is a report written before outputs carried genolc's marker: only plots and a summary.md
+    that starts with the report's own heading."""
+    try:
+        entries = list(out.iterdir()) if out.is_dir() and output_kind(out) is None else []
+        heading = (out / "summary.md").read_text(errors="replace").split("\n", 1)[0] if entries else ""
+    except OSError:
+        return False
+    return heading == "# genolc workflow report" and all(
+        e.name == "summary.md" or (e.suffix == ".png" and e.is_file()) for e in entries)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m genolc.eval.report", description="One markdown summary of evaluation output directories.")
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("eval_dirs", nargs="+", type=Path)
+    parser = argparse.ArgumentParser(
+        prog="python -m genolc.eval.report",
+        description="One markdown summary (OUT/summary.md, plots beside it) of evaluation output directories. OUT "
+                    "must be new, empty or an earlier report's; it is replaced whole.")
+    parser.add_argument("--out", required=True, type=Path, help="report directory")
+    parser.add_argument("eval_dirs", nargs="+", type=Path, help="directories written by genolc eval --by-position")
     args = parser.parse_args(argv)
-    print(write_workflow_report(args.out, args.eval_dirs))
+    try:
+        print(write_workflow_report(args.out, args.eval_dirs))
+    except GenolcError as exc:
+        print(f"{parser.prog}: error: {exc.message}", file=sys.stderr)
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":
