@@ -11,6 +11,12 @@ chr22:20,480,001-20,680,000 held out. The demo calls each stage's Python entry p
     OUT/report/   what to look at: by_position.png, buckets.csv, comparisons.csv, eval_summary.json,
                   train_metrics.jsonl, train_summary.json, runs/ (the demo's and every stage's run record),
                   commands.sh (the equivalent commands), README.md (the per-bucket table and where it came from)
+    OUT/runs/     the demo's own run record (``genolc runs show OUT``)
+    OUT/genolc-demo.json   the plan, the seed and every file each stage folder holds from the demo's last run
+
+A re-run rebuilds init/, run/, eval/ and report/ without losing anything that is not the demo's: it refuses if they
+hold files genolc-demo.json does not list, sets the earlier run's folders aside (OUT/.demo-previous) and removes them
+only when it succeeds; a failure puts them back.
 
 The evaluation scores the fine-tuned model against its own untrained initialisation (``--baseline``), so the table
 shows what training gained, per position bucket, beside a context-truncation control.
