@@ -68,7 +68,7 @@ from genolc.parallel.step import all_reduce_gradients, context_parallel_forward_
 from genolc.runs import RunRecord, run_record
 from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt
-from genolc.train.apply import apply_transforms
+from genolc.train.apply import apply_recompute, apply_transforms
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
 from genolc.train.chunked import chunked_forward_backward
@@ -339,7 +339,13 @@ class _Trainer:
                     self.model.config, seq_len=shape.seq_len, windows=shape.windows, grad_accum=shape.grad_accum,
                     chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16,
                     fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
-                    where=f"--seq {format_length(shape.seq_len)} on {self.device}")
+                    where=f"--seq {format_length(shape.seq_len)} on {self.device}",
+                    auto_recompute=self.device.type == "cuda")
+                if strategy.recompute and not cfg.recompute:
+                    # Chosen per window length, after the model's transforms: checkpointing wraps each layer's
+                    # forward in place, so it is added here (applying it twice is a no-op).
+                    self.applied.append(f"recompute({apply_recompute(self.model)} layers, for "
+                                        f"--seq {format_length(shape.seq_len)})")
             else:
                 strategy = self._context_parallel_strategy(shape, multiple)
             self.strategies[key] = strategy

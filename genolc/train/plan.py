@@ -72,6 +72,10 @@ H200_BF16_FLOPS = PEAK_BF16_FLOPS["H200"]
 # The indexer's Triton scoring + top-k at 1M tokens on the H200: 2.2 s for 1.4e14 FLOPs
 # (benchmarks/results/indexer_2026-11-29.json).
 INDEXER_FLOPS_PER_S = 64e12
+# Chunks shorter than this leave the GPU's matmuls and the per-chunk cache reads inefficient enough that a third
+# forward (per-layer recompute) costs less: `base` at 1M on the H200 took > 390 s a step in 8k chunks, 153 s in 32k
+# chunks with recompute (benchmarks/results/long_context_2026-11-30.json).
+FAST_CHUNK = 32 * 1024
 # Lengths the fast kernels handle without padding on CUDA: KDA's chunk size (a multiple of the DSA pool size).
 CUDA_SEQ_MULTIPLE = 64
 
@@ -245,7 +249,7 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
 
     Tried in order of how little they change the run: fewer windows per micro-batch with more accumulation (same
     tokens per step), then --recompute, then the chunked step (the longest --chunk that fits; same results, two
-    forwards per step), then the longest shorter --seq (halving) that fits. ``chunk``: the run already asked for
+    forwards per step; with fast kernels ``--chunk 32k --recompute`` instead of a shorter chunk), then the longest shorter --seq (halving) that fits. ``chunk``: the run already asked for
     chunks of this length.
     """
     def fits(seq: int, windows: int, rc: bool) -> bool:
@@ -267,6 +271,11 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
         chosen = largest_fitting_chunk(config, seq_len=seq_len, windows=1, bf16=bf16, recompute=rc,
                                        budget_bytes=budget_bytes, fast_kernels=fast_kernels,
                                        multiple=chunk_multiple, smallest=chunk_multiple)
+        if (fast_kernels and not rc and not recompute and chosen is not None and chosen < FAST_CHUNK
+                and (chunk is None or FAST_CHUNK < chunk) and FAST_CHUNK < seq_len
+                and estimate_chunked_memory(config, seq_len=seq_len, chunk=FAST_CHUNK, bf16=bf16, recompute=True,
+                                            fast_kernels=True).total <= budget_bytes):
+            return f"--chunk {format_length(FAST_CHUNK)} --recompute" + batch
         if chosen is not None and (chunk is None or chosen < chunk):
             return f"--chunk {format_length(chosen)}" + (" --recompute" if rc and not recompute else "") + batch
     seq = seq_len // 2

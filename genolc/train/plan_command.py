@@ -15,9 +15,10 @@ from genolc.units import format_length, parse_length
 
 # Host memory besides the model: Python, torch and CUDA runtime, dataset maps (2.0-2.2 GiB in the H200 runs).
 HOST_RUNTIME_BYTES = int(2.1 * 1024**3)
-# Utilisation of the dense part measured on the H200 on 2026-11-30 (`small`, chunked; 512k-4M steps within 15 % of
-# estimate_step_seconds at this value, the indexer's quadratic scoring counted apart).
-MEASURED_MFU = 0.03
+# Utilisation of the dense part measured on the H200 on 2026-11-30 (chunked steps of `small` at 512k-4M and of `base`
+# with recompute at 512k-2M all within 10 % of estimate_step_seconds at this value, the indexer's quadratic scoring
+# counted apart at its kernel's rate).
+MEASURED_MFU = 0.034
 
 
 @click.command("plan")
@@ -54,14 +55,14 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, recompute: 
         strategy = choose_strategy(config, seq_len=seq_len, windows=micro_batch, grad_accum=1,
                                    chunk=parse_chunk(chunk), recompute=recompute, bf16=cuda, fast_kernels=cuda,
                                    budget_bytes=int(gpu_memory * GIB), multiple=CUDA_SEQ_MULTIPLE if cuda else 1,
-                                   where=f"--model {model} --seq {format_length(seq_len)}")
+                                   where=f"--model {model} --seq {format_length(seq_len)}", auto_recompute=cuda)
     except GenolcError as error:
         click.echo(f"does not fit: {error.message}")
         return
     params = parameter_counts(config)
     tokens = seq_len * micro_batch
     # The chunked step (like recompute) runs two forwards and one backward.
-    forwards = 2 if strategy.chunk is not None or recompute else 1
+    forwards = 2 if strategy.chunk is not None or strategy.recompute else 1
     seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards)
     host = HOST_RUNTIME_BYTES + 4 * params.total    # the model is built in fp32 on the host before it moves
     device_text = (f"a {gpu_memory:.1f} GiB CUDA device (bf16, fast kernels)" if cuda else

@@ -8,7 +8,8 @@ Strategies, from the memory plan (genolc/train/plan.py), before the first step a
   caches, two forwards and one backward (within each chunk per-layer recompute again when ``--recompute``).
 
 ``--chunk auto`` (the default) takes ``whole`` when its estimate fits the device and otherwise the longest chunk
-that fits; ``--chunk off`` insists on ``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit
+that fits; on a GPU, when that chunk is shorter than ``FAST_CHUNK`` (or none fits) and per-layer recompute lets
+chunks of ``FAST_CHUNK`` fit, it takes those with recompute (the setting measured on the H200); ``--chunk off`` insists on ``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit
 is refused up front with the estimate and an option that fits, never discovered by the kernel's OOM killer.
 """
 
@@ -24,8 +25,8 @@ import torch
 from genolc.model import ModelConfig
 from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
 from genolc.train.loss import LossTerms, micro_batch_loss
-from genolc.train.plan import (estimate_chunked_memory, estimate_memory, format_gib, largest_fitting_chunk,
-                               oom_error)
+from genolc.train.plan import (FAST_CHUNK, estimate_chunked_memory, estimate_memory, format_gib,
+                               largest_fitting_chunk, oom_error)
 from genolc.units import format_length
 
 
@@ -71,10 +72,12 @@ def device_budget_bytes(device: torch.device) -> int:
 
 def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
                     recompute: bool, bf16: bool, fast_kernels: bool, budget_bytes: int, multiple: int,
-                    where: str) -> StepStrategy:
+                    where: str, auto_recompute: bool = False) -> StepStrategy:
     """The strategy for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
-    ``chunk``: None (auto), 0 (whole window only) or a chunk length. Raises OutOfMemoryPlanError when the asked
-    (or, for auto, every) setting is estimated not to fit ``budget_bytes``."""
+    ``chunk``: None (auto), 0 (whole window only) or a chunk length. ``auto_recompute``: --chunk auto may add
+    per-layer recompute to run chunks of ``FAST_CHUNK`` (the caller applies it when the strategy says so).
+    Raises OutOfMemoryPlanError when the asked (or, for auto, every) setting is estimated not to fit
+    ``budget_bytes``."""
     plan_args = dict(windows=windows, bf16=bf16, recompute=recompute, fast_kernels=fast_kernels)
     budget = f"{format_gib(budget_bytes)} GiB"
     whole = estimate_memory(model_config, seq_len=seq_len, **plan_args).total
@@ -85,16 +88,31 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
         reason = "--chunk off" if chunk == 0 else f"fits the {budget} device"
         return StepStrategy(seq_len, None, recompute, whole, reason)
     if chunk is None:
+        smallest = max(multiple, SMALLEST_AUTO_CHUNK)
         chosen = largest_fitting_chunk(model_config, seq_len=seq_len, budget_bytes=budget_bytes, multiple=multiple,
-                                       smallest=max(multiple, SMALLEST_AUTO_CHUNK), **plan_args)
+                                       smallest=smallest, **plan_args)
+        reason = (f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device; "
+                  f"choose with --chunk")
+        if auto_recompute and not recompute and (chosen is None or chosen < FAST_CHUNK):
+            recomputed = {**plan_args, "recompute": True}
+            fast_fits = (seq_len > FAST_CHUNK and FAST_CHUNK % multiple == 0 and estimate_chunked_memory(
+                model_config, seq_len=seq_len, chunk=FAST_CHUNK, **recomputed).total <= budget_bytes)
+            if fast_fits:
+                without = ("no chunk fits without it" if chosen is None else
+                           f"without it the longest chunk that fits is {format_length(chosen)}, and chunks under "
+                           f"{format_length(FAST_CHUNK)} run slower than a recomputed forward costs")
+                reason = (f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device; "
+                          f"recompute added because {without}; choose with --chunk")
+                chosen, recompute, plan_args = FAST_CHUNK, True, recomputed
         if chosen is None:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                            multiple, where)
-        reason = (f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device; "
-                  f"choose with --chunk")
         estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chosen, **plan_args).total
         return StepStrategy(seq_len, chosen, recompute, estimate, reason)
     if chunk >= seq_len:
+        if whole > budget_bytes:
+            raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
+                           multiple, where)
         return StepStrategy(seq_len, None, recompute, whole, f"--chunk {format_length(chunk)} covers the window")
     estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chunk, **plan_args).total
     if estimate > budget_bytes:

@@ -192,3 +192,24 @@ def test_chunk_option_spellings(char_data, tmp_path):
     code, output = _run("--data", char_data, "--seq", "64", "--steps", "1", "--chunk", "1k", "--out", tmp_path / "w",
                         "--lr", "1e-3", "--warmup", "1")
     assert code == 0 and "whole-window step" in output and "covers the window" in output, output
+
+
+def test_a_strategy_that_adds_recompute_gets_it_applied(char_data, tmp_path, monkeypatch):
+    """--chunk auto on a GPU may add per-layer recompute (genolc.train.strategy); the trainer then wraps the layers
+    itself and records it, though --recompute was not given. Forced here on the CPU through the chooser."""
+    import dataclasses
+    import json
+
+    from genolc.train import strategy as strategy_module
+
+    def with_recompute(*args, **kwargs):
+        return dataclasses.replace(strategy_module.choose_strategy(*args, **kwargs), chunk=32, recompute=True,
+                                   reason="test")
+
+    monkeypatch.setattr(loop, "choose_strategy", with_recompute)
+    code, output = _run("--data", char_data, "--seq", "64", "--steps", "1", "--lr", "1e-3", "--warmup", "1",
+                        "--out", tmp_path / "rc")
+    assert code == 0, output
+    assert "--chunk 32 with per-layer recompute" in output
+    summary = json.loads((tmp_path / "rc" / "summary.json").read_text())
+    assert any(t.startswith("recompute(") for t in summary["transforms"]), summary["transforms"]
