@@ -165,7 +165,7 @@ def _score_vcf(contents, statuses: list[str], scores: np.ndarray, labels: tuple[
                     f'ALT vs REF ({config.reduce} of log p over the window), {label} window, {config.placement} '
                     f'placement, {strands}">')
     meta.append(f'##INFO=<ID={STATUS_INFO},Number=1,Type=String,Description="why genolc did not score this allele '
-                f'(symbolic, too_long, unknown_chrom, outside, ref_mismatch, edge)">')
+                f'(symbolic, alt_equals_ref, too_long, unknown_chrom, outside, ref_mismatch, edge)">')
     lines = meta + ["#" + "\t".join(contents.columns)]
     for variant, status, row in zip(contents.variants, statuses, scores):
         fields = list(variant.fields)

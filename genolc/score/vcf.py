@@ -5,6 +5,8 @@ which ALT it was, from 1). Alleles are classified here, before any model runs:
 
 * ``symbolic`` — ``<DEL>``, ``<INS:ME>``, breakends (``N[chr1:123[``), the spanning deletion ``*`` and a missing
   ALT ``.``: skipped and counted;
+* ``alt_equals_ref`` — ALT is REF (case ignored): no change to score, skipped and counted (a score of 0 would
+  read as a neutral variant);
 * ``too_long`` — REF or ALT longer than ``max_allele`` bases (not a small indel): skipped and counted;
 * otherwise ``ok`` (the reference checks happen in :mod:`genolc.score.variants`).
 
@@ -37,7 +39,7 @@ class Variant:
     ref: str
     alt: str
     allele_index: int  # which ALT of the record, from 1
-    status: str  # "ok", "symbolic" or "too_long" here; variants.py adds reference checks
+    status: str  # "ok", "symbolic", "alt_equals_ref" or "too_long" here; variants.py adds reference checks
 
     @property
     def key(self) -> str:
@@ -88,11 +90,14 @@ def read_vcf(path: str | Path, *, max_allele: int = DEFAULT_MAX_ALLELE) -> VcfCo
 
 
 def allele_status(ref: str, alt: str, max_allele: int = DEFAULT_MAX_ALLELE) -> str | None:
-    """'ok', 'symbolic' or 'too_long' for a REF that is bases; None when ALT is neither bases nor symbolic."""
+    """'ok', 'symbolic', 'alt_equals_ref' or 'too_long' for a REF that is bases; None when ALT is neither bases nor
+    symbolic."""
     if _SYMBOLIC_RE.search(alt):
         return "symbolic"
     if not _BASES_RE.fullmatch(alt):
         return None
+    if alt.upper() == ref.upper():
+        return "alt_equals_ref"
     return "too_long" if max(len(ref), len(alt)) > max_allele else "ok"
 
 

@@ -132,6 +132,35 @@ def test_statuses_split_and_counts(genome, vcf, checkpoint, tmp_path):
     assert record["outputs"]["forwards"]["saved_forward_tokens"] > 0 and "saved by sharing" in result.output
 
 
+def test_alt_equal_to_ref_is_skipped_with_its_own_status_and_counted(genome, bases, checkpoint, tmp_path):
+    """An ALT that is the REF (any case) changes nothing: not scored 0 with status ok, but skipped like the
+    other unscorable alleles, in the TSV, the printed counts, the run record and the Python API."""
+    import pandas as pd
+
+    from genolc.score.api import load
+
+    ref, other = chr(bases[5000]).upper(), {"A": "C", "C": "G", "G": "T", "T": "A"}[chr(bases[5000]).upper()]
+    indel = bytes(bases[7000:7003]).decode().upper()
+    same = tmp_path / "same.vcf"
+    same.write_text(f"chr22\t{_pos(5000)}\tsnv\t{ref}\t{ref.lower()}\t.\t.\t.\n"
+                    f"chr22\t{_pos(5000)}\tmulti\t{ref}\t{other},{ref}\t.\t.\t.\n"
+                    f"chr22\t{_pos(7000)}\tmnv\t{indel}\t{indel}\t.\t.\t.\n")
+    out = tmp_path / "scores.tsv"
+    result = _score(["--vcf", same, "--genome", genome, "--checkpoint", checkpoint, "--out", out])
+    rows = _rows(out)
+    assert [r["status"] for r in rows] == ["alt_equals_ref", "ok", "alt_equals_ref", "alt_equals_ref"]
+    assert [r["score"] == "" for r in rows] == [True, False, True, True]
+    assert "3 alt_equals_ref" in result.output and "1 ok" in result.output
+    record = json.loads(next((tmp_path / "runs").glob("*score.json")).read_text())
+    assert record["outputs"]["by_status"] == {"alt_equals_ref": 3, "ok": 1}
+
+    table = pd.DataFrame({"chrom": ["chr22", "chr22"], "pos": [_pos(5000)] * 2, "ref": [ref, ref],
+                          "alt": [ref, other]})
+    scored = load(checkpoint, device="cpu").score_variants(table, genome, windows=(128,))
+    assert scored["status"].tolist() == ["alt_equals_ref", "ok"]
+    assert np.isnan(scored["score"][0]) and np.isfinite(scored["score"][1])
+
+
 def test_bgzip_vcf_and_bgzip_genome_give_the_same_scores_deterministically(genome, vcf, bases, checkpoint, tmp_path):
     from Bio import bgzf
 
