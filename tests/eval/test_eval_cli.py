@@ -155,6 +155,28 @@ def test_eval_bad_input_one_clear_error(setup, args, message):
         assert "chr22 (heldout)" in result.output
 
 
+@pytest.mark.parametrize("mode,extra,named", [
+    (["--routing"], ["--baseline", "other"], "--baseline (read by --by-position) does not apply to --routing"),
+    (["--routing"], ["--seed", "3", "--bootstrap", "10"],
+     "--bootstrap (read by --by-position and --needle), --seed (read by --by-position and --needle) do not apply "
+     "to --routing"),
+    (["--needle"], ["--context", "64", "--per-target"],
+     "--context (read by --by-position), --per-target (read by --by-position) do not apply to --needle"),
+    (["--needle"], ["--max-tokens", "1k"], "--max-tokens (read by --by-position and --routing)"),
+    (["--by-position", "chr22"], ["--needle-trials", "2"], "--needle-trials (read by --needle)"),
+    (["--by-position", "chr22"], ["--routing-group", "4k"], "--routing-group (read by --routing)"),
+])
+def test_eval_refuses_an_option_the_mode_does_not_use(tmp_path, mode, extra, named):
+    """An option of another mode is one error naming it, the mode and the mode that reads it, before anything is
+    read or written (the inputs here do not even exist)."""
+    out = tmp_path / "out"
+    result = _run([*mode, *extra, "--data", tmp_path / "data", "--checkpoint", tmp_path / "model", "--seq", "1k",
+                   "--out", out])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("genolc: error:") == 1 and named in result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
 def test_eval_refuses_a_checkpoint_with_another_tokenizer(setup, tmp_path):
     from genolc.tokenize import make_tokenizer, save_tokenizer
 
