@@ -220,5 +220,30 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def atomic_write_new_files(files: dict[Path, bytes]) -> None:
+    """Write files that belong together (and do not exist yet) all or none: each goes to a temporary in its own
+    folder and is fsynced, then all are renamed into place; a failure removes the temporaries and any file this call
+    already renamed into place."""
+    temps: dict[Path, str] = {}
+    placed: list[Path] = []
+    try:
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temps[path] = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(temps[path], 0o666 & ~_umask())
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+            placed.append(path)
+    except BaseException:
+        for leftover in [*placed, *(Path(t) for p, t in temps.items() if p not in placed)]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+        raise
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())

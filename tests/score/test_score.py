@@ -308,6 +308,38 @@ def test_embed_shapes_names_layers_and_determinism(genome, checkpoint, tmp_path)
     assert not np.allclose(np.load(layer0), np.load(mean))
 
 
+def test_embed_failed_write_leaves_neither_file_and_a_rerun_works(genome, checkpoint, tmp_path, monkeypatch):
+    """The .npy and its names file appear together or not at all: a write that fails after the names file was
+    done leaves no names file behind to block the next run, and no temporaries."""
+    import os
+
+    import genolc.fsutil
+
+    start = REGION_START + SKIP - 1
+    bed = _bed(tmp_path, [f"chr22\t{start + 100}\t{start + 300}\tpromoter\n"])
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "regions.npy"
+    args = ["embed", "--no-progress", "--bed", str(bed), "--genome", str(genome), "--checkpoint", str(checkpoint),
+            "--out", str(out)]
+    real_replace = os.replace
+
+    def disk_full_for_the_npy(source, destination):
+        if str(destination).endswith(".npy"):
+            raise OSError(28, "No space left on device")
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(genolc.fsutil.os, "replace", disk_full_for_the_npy)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output + repr(result.exception)
+    assert result.output.count("genolc: error:") == 1 and "No space left on device" in result.output
+    assert [p.name for p in folder.iterdir()] == []
+    monkeypatch.setattr(genolc.fsutil.os, "replace", real_replace)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert sorted(p.name for p in folder.iterdir()) == ["regions.npy", "regions.npy.names.tsv", "runs"]
+
+
 def test_embed_long_region_in_chunks_matches_one_forward(genome, checkpoint, tmp_path):
     from genolc.score.api import load
     from genolc.score.embed import HiddenStates
