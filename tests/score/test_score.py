@@ -223,6 +223,36 @@ def test_genome_of_other_chromosomes_and_plain_gzip_genome_are_clear_errors(geno
     assert "not with bgzip" in result.output and "bgzip" in result.output and not out.exists()
 
 
+def test_score_and_embed_read_the_bundled_sample(checkpoint, tmp_path):
+    """The sample genome the demo and the docs use is bgzip with its indexes shipped: score and embed read it as
+    it is installed, writing nothing beside it."""
+    from genolc.sample import SAMPLE_DIR, sample_files
+
+    shipped = {p.name: p.stat().st_size for p in SAMPLE_DIR.iterdir() if p.name != "__pycache__"}
+    for n, path in enumerate(sample_files()):
+        with gzip.open(path, "rt") as fh:
+            header, *lines = fh.read().splitlines()
+        chrom, span = header[1:].split(":")
+        first = int(span.split("-")[0])
+        sequence = "".join(lines)
+        offset = 20_000                                  # past the chr2 piece's leading N run
+        ref = sequence[offset].upper()
+        alt = {"A": "C", "C": "G", "G": "T", "T": "A"}[ref]
+        vcf = tmp_path / f"sample{n}.vcf"
+        vcf.write_text(f"{chrom}\t{first + offset}\t.\t{ref}\t{alt}\t.\t.\t.\n")
+        out = tmp_path / f"scores{n}.tsv"
+        result = _score(["--vcf", vcf, "--genome", path, "--checkpoint", checkpoint, "--out", out])
+        assert [r["status"] for r in _rows(out)] == ["ok"], result.output
+        bed = tmp_path / f"sample{n}.bed"
+        bed.write_text(f"{chrom}\t{first - 1 + offset}\t{first - 1 + offset + 100}\n")
+        npy = tmp_path / f"sample{n}.npy"
+        result = CliRunner().invoke(main, ["embed", "--no-progress", "--bed", str(bed), "--genome", str(path),
+                                           "--checkpoint", str(checkpoint), "--out", str(npy)])
+        assert result.exit_code == 0, result.output
+        assert np.load(npy).shape[0] == 1
+    assert {p.name: p.stat().st_size for p in SAMPLE_DIR.iterdir() if p.name != "__pycache__"} == shipped
+
+
 @pytest.mark.parametrize("placement", ["center", "causal-end"])
 def test_rc_average_is_strand_symmetric(bases, checkpoint, tmp_path, placement):
     """The reverse-complement variant on the reverse-complement genome gets the same --rc-average score."""
