@@ -17,10 +17,11 @@ or ALT with characters other than bases) is an :class:`~genolc.errors.InputError
 from __future__ import annotations
 
 import gzip
+import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Sequence
 
 from genolc.errors import InputError
 
@@ -105,7 +106,7 @@ def is_bases(text: str) -> bool:
     return _BASES_RE.fullmatch(text) is not None
 
 
-def _parse_line(line: str, number: int, path: Path, max_allele: int) -> Iterator[Variant]:
+def _parse_line(line: str, number: int, path: Path, max_allele: int) -> list[Variant]:
     where = f"{path}, line {number}"
     cols = line.split("\t")
     if len(cols) < 8:
@@ -114,16 +115,42 @@ def _parse_line(line: str, number: int, path: Path, max_allele: int) -> Iterator
         raise InputError(f"a VCF data line needs 8 tab-separated columns (CHROM … INFO), this one has {len(cols)}",
                          where=where, fix="check the file is VCF and its columns are separated by tabs")
     chrom, pos_text, _, ref, alts = cols[:5]
-    # isascii: str.isdigit accepts digits such as '²' that int() refuses.
-    if not (pos_text.isascii() and pos_text.isdigit()) or int(pos_text) < 1:
-        raise InputError(f"POS must be a positive integer, got {pos_text!r}", where=where, fix="fix the line")
+    return site_variants(number, chrom, pos_text, ref, alts.split(","), fields=cols[:8], where=where,
+                         fix="fix the line", max_allele=max_allele)
+
+
+def site_variants(line: int, chrom: str, pos: object, ref: str, alts: Sequence[str], *,
+                  fields: Sequence[str] | None = None, where: str, fix: str,
+                  max_allele: int = DEFAULT_MAX_ALLELE) -> list[Variant]:
+    """One :class:`Variant` per ALT of a site, after the checks every variant passes, from a VCF line or a
+    DataFrame row: POS a positive integer, REF bases, each ALT bases or symbolic (InputError at ``where``
+    otherwise). ``fields``: the record's 8 fixed columns (default: CHROM, POS and REF, the rest '.')."""
+    position = _position(pos)
+    if position is None:
+        raise InputError(f"POS must be a positive integer, got {pos!r}", where=where, fix=fix)
     if not is_bases(ref):
-        raise InputError(f"REF must be bases (A, C, G, T, N), got {ref[:40]!r}", where=where, fix="fix the line")
-    fixed = tuple(cols[:8])
-    for index, alt in enumerate(alts.split(","), start=1):
+        raise InputError(f"REF must be bases (A, C, G, T, N), got {ref[:40]!r}", where=where, fix=fix)
+    fixed = tuple(fields) if fields is not None else (chrom, str(position), ".", ref) + (".",) * 4
+    variants = []
+    for index, alt in enumerate(alts, start=1):
         status = allele_status(ref, alt, max_allele)
         if status is None:
             raise InputError(f"ALT allele {index} must be bases, a symbolic allele (<…>), a breakend, '*' or '.', "
-                             f"got {alt[:40]!r}", where=where, fix="fix the line")
-        fields = fixed[:4] + (alt,) + fixed[5:]
-        yield Variant(number, fields, chrom, int(pos_text), ref.upper(), alt.upper(), index, status)
+                             f"got {alt[:40]!r}", where=where, fix=fix)
+        variants.append(Variant(line, fixed[:4] + (alt,) + fixed[5:], chrom, position, ref.upper(), alt.upper(),
+                                index, status))
+    return variants
+
+
+def _position(pos: object) -> int | None:
+    """A 1-based position given as text of ASCII digits (a VCF's POS) or as a whole number (a DataFrame cell)."""
+    if isinstance(pos, bool):
+        return None
+    if isinstance(pos, numbers.Integral) or (isinstance(pos, float) and pos.is_integer()):
+        value = int(pos)
+    # isascii: str.isdigit accepts digits such as '²' that int() refuses.
+    elif isinstance(pos, str) and pos.isascii() and pos.isdigit():
+        value = int(pos)
+    else:
+        return None
+    return value if value >= 1 else None

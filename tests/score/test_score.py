@@ -421,6 +421,31 @@ def test_reference_resolves_aliases_and_region_offsets(genome, bases):
         assert reference.locate("chr22", _pos(LENGTH - 1), _pos(LENGTH)) is None
 
 
+@pytest.mark.parametrize("pos,ref,alt,message", [
+    (5.7, "A", "G", "POS must be a positive integer, got 5.7"),
+    (0, "A", "G", "POS must be a positive integer, got 0"),
+    (100, "AX", "G", "REF must be bases (A, C, G, T, N), got 'AX'"),
+    (100, "A", "G,T", "ALT allele 1 must be bases, a symbolic allele"),
+])
+def test_dataframe_rows_get_the_checks_and_messages_of_vcf_lines(tmp_path, pos, ref, alt, message):
+    """One set of variant checks: a DataFrame row is refused for what a VCF line is, with the same words."""
+    import pandas as pd
+
+    from genolc.score.api import LoadedModel
+
+    vcf = tmp_path / "one.vcf"
+    vcf.write_text(f"chr22\t{pos}\t.\t{ref}\t{alt.split(',')[0] + 'X' if ',' in alt else alt}\t.\t.\t.\n")
+    table = pd.DataFrame({"chrom": ["chr22"], "pos": [pos], "ref": [ref], "alt": [alt]})
+    with pytest.raises(InputError) as from_table:
+        LoadedModel(scorer=None, tokenizer=None, checkpoint=tmp_path).score_variants(table, tmp_path / "unused.fa")
+    assert message in from_table.value.message and "DataFrame row 0" in from_table.value.message
+    from genolc.score.vcf import read_vcf
+
+    with pytest.raises(InputError) as from_vcf:
+        read_vcf(vcf)
+    assert from_vcf.value.what.split(", got")[0] == from_table.value.what.split(", got")[0]
+
+
 def test_unreadable_vcf_is_an_input_error(tmp_path):
     from genolc.score.vcf import read_vcf
 
