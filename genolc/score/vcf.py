@@ -16,7 +16,6 @@ or ALT with characters other than bases) is an :class:`~genolc.errors.InputError
 
 from __future__ import annotations
 
-import gzip
 import numbers
 import re
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from genolc.errors import InputError
+from genolc.fsutil import open_maybe_gzip
 
 FIXED_COLUMNS = ("CHROM", "POS", "ID", "REF", "ALT", "QUAL", "FILTER", "INFO")
 DEFAULT_MAX_ALLELE = 50
@@ -56,13 +56,6 @@ class VcfContents:
     records: int  # data lines read
 
 
-def _open_text(path: Path):
-    with open(path, "rb") as fh:
-        gzipped = fh.read(2) == b"\x1f\x8b"
-    opener = gzip.open if gzipped else open
-    return opener(path, "rt", encoding="utf-8", newline="")
-
-
 def read_vcf(path: str | Path, *, max_allele: int = DEFAULT_MAX_ALLELE) -> VcfContents:
     """All variants of a VCF (one per ALT allele), classified; InputError for a file or line that is not VCF."""
     p = Path(path)
@@ -72,7 +65,7 @@ def read_vcf(path: str | Path, *, max_allele: int = DEFAULT_MAX_ALLELE) -> VcfCo
     variants: list[Variant] = []
     records = 0
     try:
-        with _open_text(p) as fh:
+        with open_maybe_gzip(p, "rt", encoding="utf-8", newline="") as fh:
             for number, raw in enumerate(fh, start=1):
                 line = raw.rstrip("\r\n")
                 if line.startswith("##"):
