@@ -248,9 +248,9 @@ def test_eval_never_replaces_a_directory_genolc_did_not_write(setup, tmp_path, m
     mine = tmp_path / "d"
     mine.mkdir()
     (mine / "notes.txt").write_text("important\n")
-    common = ["--data", data, "--checkpoint", model, "--seq", "256", "--max-windows", "1", "--bootstrap", "10",
-              "--no-progress"]
-    for mode in (["--by-position", "chr22"], ["--needle", "chr22", "--needle-bases", "16", "--needle-trials", "1"]):
+    common = ["--data", data, "--checkpoint", model, "--seq", "256", "--bootstrap", "10", "--no-progress"]
+    by_position = ["--by-position", "chr22", "--max-windows", "1"]
+    for mode in (by_position, ["--needle", "chr22", "--needle-bases", "16", "--needle-trials", "1"]):
         result = _run([*mode, *common, "--out", mine])
         assert result.exit_code == 2, result.output
         assert result.output.count("genolc: error:") == 1 and "Traceback" not in result.output
@@ -260,13 +260,13 @@ def test_eval_never_replaces_a_directory_genolc_did_not_write(setup, tmp_path, m
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    result = _run(["--by-position", "chr22", *common, "--out", "."])
+    result = _run([*by_position, *common, "--out", "."])
     assert result.exit_code == 2 and "the current directory" in result.output
     assert not any(work.iterdir()) and sorted(p.name for p in tmp_path.iterdir()) == ["d", "work"]
     # an earlier evaluation's directory is replaced whole, by a new output with its own run record
     own = tmp_path / "own"
     for _ in range(2):
-        result = _run(["--by-position", "chr22", *common, "--out", own])
+        result = _run([*by_position, *common, "--out", own])
         assert result.exit_code == 0, result.output
     assert (own / "summary.json").is_file() and len(list((own / "runs").glob("*_eval.json"))) == 1
 
