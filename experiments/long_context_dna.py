@@ -431,11 +431,13 @@ class PhaseFailed(Exception):
 
 def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase]:
     data, checkpoints = work / "data", work / "runs"
-    common = ["--seed", str(config.seed), "--device", config.device]
+    how_to_run = ["--device", config.device]
     if not config.progress:
-        common.append("--no-progress")
+        how_to_run.append("--no-progress")
     if config.threads is not None:
-        common += ["--threads", str(config.threads)]
+        how_to_run += ["--threads", str(config.threads)]
+    # eval --routing draws nothing at random, so it takes no --seed (and refuses one).
+    common = ["--seed", str(config.seed), *how_to_run]
 
     def finetune(size: RunSize, out: Path, start: list[str]) -> list[str]:
         return ["finetune", "--data", str(data), "--seq", str(size.seq), *start, "--steps", str(size.steps),
@@ -469,7 +471,7 @@ def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase
                            "--out", str(evals / "needle_a"), *needle], evals / "needle_a", ("arm_a",)),
         Phase("routing_a", ["eval", "--routing", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
                             "--seq", ",".join(str(n) for n in plan.routing_lengths), "--max-tokens",
-                            str(plan.routing_lengths[-1]), *common, "--out", str(evals / "routing_a")],
+                            str(plan.routing_lengths[-1]), *how_to_run, "--out", str(evals / "routing_a")],
               evals / "routing_a", ("arm_a",)),
         Phase("needle_base", ["eval", "--needle", "heldout", "--data", str(data), "--checkpoint", str(base),
                               "--out", str(evals / "needle_base"), *needle], evals / "needle_base", ("pretrain",)),

@@ -1,4 +1,5 @@
-"""Filesystem helpers: atomic outputs, genolc's ownership of its output directories, md5 of inputs.
+"""Filesystem helpers: atomic outputs, genolc's ownership of its output directories, md5 of inputs, reading
+plain or gzip text inputs.
 
 Outputs appear whole or not at all: a directory is built under a temporary name beside its destination and
 renamed into place; a file is written to a temporary name and renamed. A failure removes the temporary, and the
@@ -15,6 +16,7 @@ genolc's marker for the same kind (:func:`check_output_dir`). A directory that r
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -25,6 +27,7 @@ from typing import Any, Iterator
 
 from genolc.errors import InputError, RefusedOutputError
 
+GZIP_MAGIC = b"\x1f\x8b"
 OUTPUT_MARKER = ".genolc-output.json"
 RUNS_DIRNAME = "runs"          # run records (genolc.runs) live here, in every output directory
 _MD5_CACHE: dict[tuple[str, int, int], str] = {}
@@ -49,6 +52,14 @@ def file_md5(path: str | os.PathLike, block: int = 1 << 22) -> str:
                 digest.update(chunk)
         _MD5_CACHE[key] = digest.hexdigest()
     return _MD5_CACHE[key]
+
+
+def open_maybe_gzip(path: str | os.PathLike, mode: str = "rt", **text: Any) -> Any:
+    """``path`` opened for reading (``mode`` 'rt' or 'rb'; ``text``: ``open``'s encoding, errors, newline), inflated
+    when its first bytes are gzip's magic, as plain gzip and bgzip files start: the name's extension is not trusted."""
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == GZIP_MAGIC
+    return gzip.open(path, mode, **text) if gzipped else open(path, mode, **text)
 
 
 def ensure_writable_parent(path: str | os.PathLike, what: str = "output directory") -> Path:
@@ -217,6 +228,31 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+
+
+def atomic_write_new_files(files: dict[Path, bytes]) -> None:
+    """Write files that belong together (and do not exist yet) all or none: each goes to a temporary in its own
+    folder and is fsynced, then all are renamed into place; a failure removes the temporaries and any file this call
+    already renamed into place."""
+    temps: dict[Path, str] = {}
+    placed: list[Path] = []
+    try:
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temps[path] = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(temps[path], 0o666 & ~_umask())
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+            placed.append(path)
+    except BaseException:
+        for leftover in [*placed, *(Path(t) for p, t in temps.items() if p not in placed)]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
         raise
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from genolc.errors import InputError
+from genolc.fsutil import GZIP_MAGIC
 
 try:
     from isal import isal_zlib as _inflate_lib
@@ -35,7 +36,6 @@ _READ_AHEAD_BLOCKS = 2
 _READ_SIZE = 1 << 20
 _BLOCK_MAX = 1 << 22
 _HEADER_MAX = 1 << 20
-GZIP_MAGIC = b"\x1f\x8b"
 # Deleted from sequence lines: line ends (LF, CRLF) and stray blanks; Biopython's FASTA parser drops them too.
 LINE_JUNK = b" \t\r\n\v\f"
 _NON_SPACE = re.compile(rb"\S")

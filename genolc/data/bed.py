@@ -8,8 +8,6 @@ Plain or gzip-compressed files are read.
 
 from __future__ import annotations
 
-import gzip
-import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ import numpy as np
 
 from genolc.data.genome import canonical_chrom, merge_intervals
 from genolc.errors import InputError
+from genolc.fsutil import open_maybe_gzip
 
 _INTEGER = re.compile(r"-?[0-9]+")
 _FIX = "BED lines are 'chrom<TAB>start<TAB>end' with 0-based start < end; comment other lines out with '#'"
@@ -79,11 +78,8 @@ def read_bed(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def _lines(path: Path):
-    with open(path, "rb") as probe:
-        gzipped = probe.read(2) == b"\x1f\x8b"
     try:
-        raw = gzip.open(path, "rb") if gzipped else open(path, "rb")
-        with io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as handle:
+        with open_maybe_gzip(path, "rt", encoding="utf-8", errors="replace") as handle:
             for lineno, line in enumerate(handle, start=1):
                 if "\x00" in line:
                     raise InputError("not a BED file: it holds binary data", where=f"{path}:{lineno}", fix=_FIX)

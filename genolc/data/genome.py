@@ -380,16 +380,13 @@ class GenomeReader:
             parser.close()
 
     def _genbank_records(self) -> Iterator[RecordStream]:
-        import gzip
-
         from Bio import SeqIO
         from Bio.Seq import UndefinedSequenceError
 
-        with open(self.path, "rb") as probe:
-            gzipped = probe.read(2) == _fasta.GZIP_MAGIC
-        opener = gzip.open if gzipped else open
+        from genolc.fsutil import open_maybe_gzip
+
         count = 0
-        with opener(self.path, "rt", encoding="utf-8", errors="replace") as handle:
+        with open_maybe_gzip(self.path, "rt", encoding="utf-8", errors="replace") as handle:
             parsed = SeqIO.parse(handle, "genbank")
             while True:
                 try:

@@ -110,6 +110,17 @@ RUN_OPTIONS = (
 )
 # Output directory names by mode when --out is not given: genolc-<name>-<time>.
 _OUT_NAMES = {"by_position": "eval", "needle": "needle", "routing": "routing"}
+_MODE_FLAGS = {"by_position": "--by-position", "needle": "--needle", "routing": "--routing"}
+# The options only some modes read (by parameter name); every other option applies to every mode. Giving one to a
+# mode that does not read it is refused (it would be silently ignored otherwise).
+MODES_OF_OPTION: dict[str, tuple[str, ...]] = {
+    "routing_group": ("routing",),
+    "baseline": ("by_position",), "contexts": ("by_position",), "context_block": ("by_position",),
+    "first_bucket": ("by_position",), "rc_average": ("by_position",), "max_windows": ("by_position",),
+    "max_tokens": ("by_position", "routing"),
+    "n_boot": ("by_position", "needle"), "seed": ("by_position", "needle"), "per_target": ("by_position",),
+    "needle_bases": ("needle",), "needle_trials": ("needle",), "needle_distances": ("needle",),
+}
 
 
 @click.command("eval")
@@ -120,7 +131,8 @@ def eval_command(by_position: str | None, needle: str | None, routing: str | Non
     Exactly one of --by-position, --needle and --routing is required. --by-position ends by printing the per-bucket
     table (bits/base of the model, the baseline and each context control) and the paired comparisons; --routing
     prints, per context length and MoE layer, the busiest expert's load, the router entropy and the share of tokens
-    capacity factors 1, 1.25, 1.5 and 2 would drop.
+    capacity factors 1, 1.25, 1.5 and 2 would drop. An option of another mode (e.g. --baseline with --routing) is
+    an error.
 
     \b
     Examples:
@@ -137,8 +149,24 @@ def eval_command(by_position: str | None, needle: str | None, routing: str | Non
         raise ConfigError("choose exactly one of --by-position CHROM[,CHROM…]|heldout, --needle and --routing",
                           fix="e.g. genolc eval --by-position chr22 --data DIR --checkpoint CKPT --seq 64k")
     [(mode, records)] = modes.items()
+    _refuse_options_of_other_modes(click.get_current_context(), mode)
     shared = _shared_setup(mode, records, options)
     {"by_position": _eval_by_position, "needle": _eval_needle, "routing": _eval_routing}[mode](shared, options)
+
+
+def _refuse_options_of_other_modes(ctx: click.Context, mode: str) -> None:
+    """ConfigError naming every option given on the command line that ``mode`` does not read, and its mode(s)."""
+    given = [param for param in ctx.command.params
+             if mode not in MODES_OF_OPTION.get(param.name, (mode,))
+             and ctx.get_parameter_source(param.name) not in (None, click.core.ParameterSource.DEFAULT)]
+    if not given:
+        return
+    names = [next(o for o in param.opts if o.startswith("--")) for param in given]
+    read_by = [f"{name} (read by {' and '.join(_MODE_FLAGS[m] for m in MODES_OF_OPTION[param.name])})"
+               for name, param in zip(names, given)]
+    one = len(names) == 1
+    raise ConfigError(f"{', '.join(read_by)} {'does' if one else 'do'} not apply to {_MODE_FLAGS[mode]}",
+                      fix=f"drop {'it' if one else 'them'}, or run the mode that reads {'it' if one else 'them'}")
 
 
 def _shared_setup(mode: str, records: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -201,20 +201,14 @@ class ModelScorer:
         x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
         with torch.no_grad():
             hook = getattr(self.model, "target_logprobs", None)
-            head = self._head_bypass()
             if callable(hook):
                 logp = hook(x, self.logits_chunk)
             elif self.window_chunk and x.shape[1] > self.window_chunk and _has_chunk_interface(self.model):
-                logp = chunked_target_logprobs(self.model, x, self.window_chunk, self.logits_chunk, head)
-            elif head is not None:
-                self.model.lm_head = torch.nn.Identity()
-                try:
-                    hidden = self.model(x).logits
-                finally:
-                    self.model.lm_head = head
-                logp = target_logprobs_from_logits(hidden, x, self.logits_chunk, head=head)
+                logp = chunked_target_logprobs(self.model, x, self.window_chunk, self.logits_chunk,
+                                               self._head_bypass())
             else:
-                logp = target_logprobs_from_logits(self.model(x).logits, x, self.logits_chunk)
+                logp = span_target_logprobs(self.model, None, x, 0, x.shape[1], None, self.logits_chunk,
+                                            self._head_bypass())
         return logp.double().cpu().numpy()
 
 
@@ -229,29 +223,68 @@ def chunked_target_logprobs(model: Any, ids: Any, window_chunk: int, logits_chun
     """float32 [B, T-1] like ``target_logprobs_from_logits(model(ids).logits, ids)``, the window run in chunks of
     ``window_chunk`` tokens through the model's chunk interface (genolc.model.cache): memory is one chunk's
     activations plus the window's caches, not the whole window's activations. ``head``: see ModelScorer."""
+    from genolc.model.cache import WindowCache
+
+    window = WindowCache(model.config.num_hidden_layers, ids.shape[1])
+    return span_target_logprobs(model, window, ids, 0, ids.shape[1], window_chunk, logits_chunk, head)
+
+
+def span_target_logprobs(model: Any, window: Any | None, ids: Any, start: int, stop: int, window_chunk: int | None,
+                         logits_chunk: int, head: Any | None = None) -> Any:
+    """float32 ``[B, min(stop, L-1) - start]``: the log-probabilities of targets ``start+1 .. min(stop, L-1)`` of
+    the rows ``ids [B, L]``, positions ``start .. stop-1`` run by :func:`forward_chunks` (``window``, ``window_chunk``
+    and ``head`` as there); each chunk's output is turned into log-probabilities ``logits_chunk`` positions at a
+    time."""
     import torch
 
-    from genolc.model.cache import WindowCache, chunk_bounds
-
     batch, length = ids.shape
-    window = WindowCache(model.config.num_hidden_layers, length)
-    out = torch.empty(batch, length - 1, dtype=torch.float32, device=ids.device)
+    out = torch.empty(batch, max(0, min(stop, length - 1) - start), dtype=torch.float32, device=ids.device)
+
+    def take(a: int, b: int, logits: Any) -> None:
+        if logits.ndim != 3 or tuple(logits.shape[:2]) != (batch, b - a):
+            raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] for ids {(batch, b - a)}")
+        last = min(b, length - 1)
+        if last > a:
+            out[:, a - start:last - start] = logprobs_of_targets(logits[:, :last - a], ids[:, a + 1:last + 1],
+                                                                 logits_chunk, head)
+
+    forward_chunks(model, window, ids, start, stop, window_chunk, head, take)
+    return out
+
+
+def forward_chunks(model: Any, window: Any | None, ids: Any, start: int, stop: int, window_chunk: int | None,
+                   head: Any | None, each: Callable[[int, int, Any], None]) -> None:
+    """Run positions ``start .. stop-1`` of the rows ``ids [B, L]`` through ``model`` and hand each piece's output to
+    ``each(a, b, output [B, b - a, …])``, under no_grad as the caller arranges.
+
+    With a :class:`genolc.model.cache.WindowCache` ``window`` (holding what positions ``0 .. start-1`` left) the
+    positions run through the model's chunk interface ``window_chunk`` tokens at a time (None: one chunk), so memory
+    is one chunk's activations plus the window's caches; with ``window`` None, ``ids`` run whole in one plain
+    forward (``start`` must be 0). ``head``: the model's ``lm_head``, replaced by Identity while the model runs so
+    that the outputs are hidden states (the [T, V] logits are never formed whole; ``each`` applies the head itself,
+    or never needs logits); None keeps the head and the outputs are logits.
+    """
+    import torch
+
     if head is not None:
         model.lm_head = torch.nn.Identity()
     try:
-        for start, stop in chunk_bounds(length, window_chunk):
-            cache = window.chunk(start)
-            logits = model(ids[:, start:stop], cache=cache).logits
-            window.commit(cache, stop)
-            last = min(stop, length - 1)
-            if last > start:
-                out[:, start:last] = logprobs_of_targets(logits[:, : last - start], ids[:, start + 1: last + 1],
-                                                         logits_chunk, head)
-            del logits, cache
+        if window is None:
+            if start != 0 or stop != ids.shape[1]:
+                raise ValueError("a forward without a window cache runs whole rows")
+            each(0, stop, model(ids).logits)
+            return
+        chunk = window_chunk or (stop - start)
+        for a in range(start, stop, chunk):
+            b = min(a + chunk, stop)
+            cache = window.chunk(a)
+            output = model(ids[:, a:b], cache=cache).logits
+            window.commit(cache, b)
+            each(a, b, output)
+            del output, cache
     finally:
         if head is not None:
             model.lm_head = head
-    return out
 
 
 def logprobs_of_targets(logits: Any, targets: Any, chunk: int = 1 << 14, head: Any | None = None) -> Any:

@@ -4,7 +4,9 @@
 
 Streams each source FASTA with the standard library (one is plain gzip, one bgzip), cuts a region, keeps case
 (soft-mask), writes 60-column FASTA with a region header (``>chr2:1-600000``) so prepared coordinates are the
-chromosome's, gzipped with mtime 0 so the bytes, and their md5s in PROVENANCE.md, are reproducible.
+chromosome's. The pieces are bgzipped (BGZF), not plain gzip, because ``genolc score`` and ``genolc embed`` read a
+genome by index; their ``.fai`` and ``.gzi`` indexes are written beside them, so an installed package needs no
+writable folder. BGZF block headers carry no time, so the bytes, and their md5s in PROVENANCE.md, are reproducible.
 """
 
 from __future__ import annotations
@@ -39,9 +41,20 @@ def main(source_dir: str, out_dir: str) -> None:
         assert len(piece) == last - first + 1, (name, len(piece))
         body = "\n".join(piece[i:i + LINE] for i in range(0, len(piece), LINE))
         text = f">{chrom}:{first}-{last}\n{body}\n".encode()
-        with open(out / name, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-            gz.write(text)
+        write_bgzf_fasta(out / name, text)
         print(f"{name}\t{len(piece)}")
+
+
+def write_bgzf_fasta(path: Path, text: bytes) -> None:
+    """``text`` as a BGZF file at ``path``, with the ``.fai`` and ``.gzi`` indexes pyfaidx reads it by."""
+    import pyfaidx
+    from Bio import bgzf
+
+    for stale in (path, path.with_name(path.name + ".fai"), path.with_name(path.name + ".gzi")):
+        stale.unlink(missing_ok=True)
+    with bgzf.BgzfWriter(str(path), "wb") as fh:
+        fh.write(text)
+    pyfaidx.Fasta(str(path)).close()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import numpy as np
 from genolc.errors import InputError
 from genolc.score.reference import Reference
 from genolc.score.variants import ScoreSettings, score_variants
-from genolc.score.vcf import FIXED_COLUMNS, Variant, allele_status, is_bases
+from genolc.score.vcf import site_variants
 
 
 @dataclass
@@ -43,9 +43,11 @@ class LoadedModel:
         missing = [c for c in ("chrom", "pos", "ref", "alt") if c not in columns]
         if missing:
             raise InputError(f"the DataFrame lacks column(s) {', '.join(missing)}", fix="name them chrom, pos, ref, alt")
-        parsed = [_variant_from_row(i, str(row[columns["chrom"]]), row[columns["pos"]], str(row[columns["ref"]]),
-                                    str(row[columns["alt"]]))
-                  for i, (_, row) in enumerate(table.iterrows())]
+        parsed = [variant
+                  for i, (_, row) in enumerate(table.iterrows())
+                  for variant in site_variants(i + 1, str(row[columns["chrom"]]), row[columns["pos"]],
+                                               str(row[columns["ref"]]), [str(row[columns["alt"]])],
+                                               where=f"DataFrame row {i}", fix="fix the row")]
         settings = ScoreSettings(windows=tuple(int(w) for w in windows), placement=placement, rc_average=rc_average,
                                  reduce=reduce)
         reference = genome if isinstance(genome, Reference) else Reference(genome)
@@ -70,21 +72,6 @@ class LoadedModel:
                     if not isinstance(s, np.ndarray) else s for s in sequences]
         out = embed_regions(hidden, self.tokenizer, as_bases, pool)
         return np.stack(out) if pool == "mean" and out else out
-
-
-def _variant_from_row(index: int, chrom: str, pos: Any, ref: str, alt: str) -> Variant:
-    where = f"DataFrame row {index}"
-    try:
-        pos = int(pos)
-    except (TypeError, ValueError):
-        raise InputError(f"pos must be an integer, got {pos!r}", where=where) from None
-    if pos < 1 or not is_bases(ref):
-        raise InputError(f"pos must be >= 1 and ref bases, got pos={pos}, ref={ref!r}", where=where)
-    status = allele_status(ref, alt)
-    if status is None:
-        raise InputError(f"alt must be bases or a symbolic allele, got {alt!r}", where=where)
-    fields = (chrom, str(pos), ".", ref, alt) + (".",) * (len(FIXED_COLUMNS) - 5)
-    return Variant(index + 1, fields, chrom, pos, ref.upper(), alt.upper(), 1, status)
 
 
 def load(checkpoint: str | Path, *, device: str = "auto", dtype: str = "auto", batch_tokens: int = 1 << 16

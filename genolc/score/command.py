@@ -67,8 +67,8 @@ def score_command(vcf, genome, checkpoint, window, windows, placement, rc_averag
 
     score = S(ALT window) - S(REF window), S = sum over the window's tokens (all but the first) of log p(token | the
     tokens before it), natural log; negative: the model finds ALT less likely. SNVs and indels up to 50 bases are
-    scored; symbolic/structural alleles, unknown chromosomes, positions outside the genome and REF alleles that
-    differ from the genome are counted and listed with their status, not scored. Multi-allelic records are split.
+    scored; symbolic/structural alleles, ALT alleles equal to REF, unknown chromosomes, positions outside the genome
+    and REF alleles that differ from the genome are counted and listed with their status, not scored. Multi-allelic records are split.
     See the README ("Variant scores and embeddings") for the exact definition.
 
     \b

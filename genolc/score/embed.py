@@ -92,29 +92,23 @@ class HiddenStates:
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         torch = self._torch
-        from genolc.model.cache import WindowCache, chunk_bounds
+        from genolc.eval.scorer import forward_chunks
+        from genolc.model.cache import WindowCache
 
         x = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device)
         if x.ndim == 1:
             x = x[None]
         captured: list = []
         handle = self._capture(captured)
-        head = self.model.lm_head
-        # The logits are not needed: skipping the head saves a [T, V] matmul per chunk.
-        self.model.lm_head = torch.nn.Identity()
+        length = x.shape[1]
+        chunked = bool(self.window_chunk) and length > self.window_chunk
+        window = WindowCache(self.model.config.num_hidden_layers, length) if chunked else None
         try:
             with torch.no_grad():
-                length = x.shape[1]
-                if self.window_chunk and length > self.window_chunk:
-                    window = WindowCache(self.model.config.num_hidden_layers, length)
-                    for start, stop in chunk_bounds(length, self.window_chunk):
-                        cache = window.chunk(start)
-                        self.model(x[:, start:stop], cache=cache)
-                        window.commit(cache, stop)
-                else:
-                    self.model(x)
+                # The logits are not needed: bypassing the head saves a [T, V] matmul per chunk.
+                forward_chunks(self.model, window, x, 0, length, self.window_chunk, self.model.lm_head,
+                               lambda *_: None)
         finally:
-            self.model.lm_head = head
             handle.remove()
         return torch.cat(captured, dim=1).cpu().numpy()
 

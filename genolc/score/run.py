@@ -1,7 +1,8 @@
 """``genolc score`` and ``genolc embed`` end to end: configs, reading inputs, scoring, writing outputs atomically.
 
-Outputs are built in memory and written with :func:`genolc.fsutil.atomic_write_bytes`, so a failed or interrupted
-run never leaves a half-written file. A successful run's record goes to ``runs/`` beside the output file; a failed
+Outputs are built in memory and written with :func:`genolc.fsutil.atomic_write_bytes` (embed's ``.npy`` and its
+names file together with :func:`genolc.fsutil.atomic_write_new_files`), so a failed or interrupted run never leaves
+a half-written file, nor one file of a pair. A successful run's record goes to ``runs/`` beside the output file; a failed
 or interrupted one leaves nothing there (the output folder is usually shared with other files, so no record).
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from genolc.errors import ConfigError, InputError
-from genolc.fsutil import atomic_write_bytes
+from genolc.fsutil import atomic_write_bytes, atomic_write_new_files
 from genolc.runs import run_record
 from genolc.score.variants import ScoreSettings
 
@@ -165,7 +166,7 @@ def _score_vcf(contents, statuses: list[str], scores: np.ndarray, labels: tuple[
                     f'ALT vs REF ({config.reduce} of log p over the window), {label} window, {config.placement} '
                     f'placement, {strands}">')
     meta.append(f'##INFO=<ID={STATUS_INFO},Number=1,Type=String,Description="why genolc did not score this allele '
-                f'(symbolic, too_long, unknown_chrom, outside, ref_mismatch, edge)">')
+                f'(symbolic, alt_equals_ref, too_long, unknown_chrom, outside, ref_mismatch, edge)">')
     lines = meta + ["#" + "\t".join(contents.columns)]
     for variant, status, row in zip(contents.variants, statuses, scores):
         fields = list(variant.fields)
@@ -221,8 +222,12 @@ def run_embed(config: EmbedConfig) -> dict[str, Any]:
             array, table = _embed_npy(regions, vectors, config.pool)
             buffer = io.BytesIO()
             np.save(buffer, array)
-            atomic_write_bytes(names, table)
-            atomic_write_bytes(config.out, buffer.getvalue())
+            # Both or neither: a names file left alone would make the next run refuse its output path.
+            try:
+                atomic_write_new_files({names: table, config.out: buffer.getvalue()})
+            except OSError as exc:
+                raise InputError(f"cannot write the embeddings ({exc.strerror or exc})", where=str(config.out),
+                                 fix="check the folder is writable and has space; nothing was written") from None
             outputs = {"npy": str(config.out), "names": str(names)}
         record.outputs.update(outputs)
         dim = int(vectors[0].shape[-1])

@@ -146,31 +146,9 @@ def _score_from_prefix(scorer: Any, model: Any, refs, alts, batch: list[tuple[in
 
 
 def _run_span(scorer: Any, model: Any, window: Any, ids: Any, start: int, stop: int) -> Any:
-    """Run positions ``start .. stop-1`` of the rows ``ids [B, L]`` continuing ``window`` (which holds what
-    positions ``0 .. start-1`` left), in chunks of the scorer's ``window_chunk``; float32 ``[B, n]``: the
-    log-probabilities of targets ``start+1 .. min(stop, L-1)``."""
-    import torch
+    """Positions ``start .. stop-1`` of the rows ``ids [B, L]`` continuing ``window``, in the scorer's chunks and
+    with its head bypass; float32 ``[B, n]``: the log-probabilities of targets ``start+1 .. min(stop, L-1)``."""
+    from genolc.eval.scorer import span_target_logprobs
 
-    from genolc.eval.scorer import logprobs_of_targets
-
-    batch, length = ids.shape
-    chunk = scorer.window_chunk or (stop - start)
-    out = torch.empty(batch, max(0, min(stop, length - 1) - start), dtype=torch.float32, device=ids.device)
-    head = scorer._head_bypass()
-    if head is not None:
-        model.lm_head = torch.nn.Identity()
-    try:
-        for a in range(start, stop, chunk):
-            b = min(a + chunk, stop)
-            cache = window.chunk(a)
-            logits = model(ids[:, a:b], cache=cache).logits
-            window.commit(cache, b)
-            last = min(b, length - 1)
-            if last > a:
-                out[:, a - start:last - start] = logprobs_of_targets(
-                    logits[:, :last - a], ids[:, a + 1:last + 1], scorer.logits_chunk, head)
-            del logits, cache
-    finally:
-        if head is not None:
-            model.lm_head = head
-    return out
+    return span_target_logprobs(model, window, ids, start, stop, scorer.window_chunk, scorer.logits_chunk,
+                                scorer._head_bypass())

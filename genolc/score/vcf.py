@@ -5,6 +5,8 @@ which ALT it was, from 1). Alleles are classified here, before any model runs:
 
 * ``symbolic`` — ``<DEL>``, ``<INS:ME>``, breakends (``N[chr1:123[``), the spanning deletion ``*`` and a missing
   ALT ``.``: skipped and counted;
+* ``alt_equals_ref`` — ALT is REF (case ignored): no change to score, skipped and counted (a score of 0 would
+  read as a neutral variant);
 * ``too_long`` — REF or ALT longer than ``max_allele`` bases (not a small indel): skipped and counted;
 * otherwise ``ok`` (the reference checks happen in :mod:`genolc.score.variants`).
 
@@ -14,13 +16,14 @@ or ALT with characters other than bases) is an :class:`~genolc.errors.InputError
 
 from __future__ import annotations
 
-import gzip
+import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Sequence
 
 from genolc.errors import InputError
+from genolc.fsutil import open_maybe_gzip
 
 FIXED_COLUMNS = ("CHROM", "POS", "ID", "REF", "ALT", "QUAL", "FILTER", "INFO")
 DEFAULT_MAX_ALLELE = 50
@@ -37,7 +40,7 @@ class Variant:
     ref: str
     alt: str
     allele_index: int  # which ALT of the record, from 1
-    status: str  # "ok", "symbolic" or "too_long" here; variants.py adds reference checks
+    status: str  # "ok", "symbolic", "alt_equals_ref" or "too_long" here; variants.py adds reference checks
 
     @property
     def key(self) -> str:
@@ -53,13 +56,6 @@ class VcfContents:
     records: int  # data lines read
 
 
-def _open_text(path: Path):
-    with open(path, "rb") as fh:
-        gzipped = fh.read(2) == b"\x1f\x8b"
-    opener = gzip.open if gzipped else open
-    return opener(path, "rt", encoding="utf-8", newline="")
-
-
 def read_vcf(path: str | Path, *, max_allele: int = DEFAULT_MAX_ALLELE) -> VcfContents:
     """All variants of a VCF (one per ALT allele), classified; InputError for a file or line that is not VCF."""
     p = Path(path)
@@ -69,7 +65,7 @@ def read_vcf(path: str | Path, *, max_allele: int = DEFAULT_MAX_ALLELE) -> VcfCo
     variants: list[Variant] = []
     records = 0
     try:
-        with _open_text(p) as fh:
+        with open_maybe_gzip(p, "rt", encoding="utf-8", newline="") as fh:
             for number, raw in enumerate(fh, start=1):
                 line = raw.rstrip("\r\n")
                 if line.startswith("##"):
@@ -88,11 +84,14 @@ def read_vcf(path: str | Path, *, max_allele: int = DEFAULT_MAX_ALLELE) -> VcfCo
 
 
 def allele_status(ref: str, alt: str, max_allele: int = DEFAULT_MAX_ALLELE) -> str | None:
-    """'ok', 'symbolic' or 'too_long' for a REF that is bases; None when ALT is neither bases nor symbolic."""
+    """'ok', 'symbolic', 'alt_equals_ref' or 'too_long' for a REF that is bases; None when ALT is neither bases nor
+    symbolic."""
     if _SYMBOLIC_RE.search(alt):
         return "symbolic"
     if not _BASES_RE.fullmatch(alt):
         return None
+    if alt.upper() == ref.upper():
+        return "alt_equals_ref"
     return "too_long" if max(len(ref), len(alt)) > max_allele else "ok"
 
 
@@ -100,7 +99,7 @@ def is_bases(text: str) -> bool:
     return _BASES_RE.fullmatch(text) is not None
 
 
-def _parse_line(line: str, number: int, path: Path, max_allele: int) -> Iterator[Variant]:
+def _parse_line(line: str, number: int, path: Path, max_allele: int) -> list[Variant]:
     where = f"{path}, line {number}"
     cols = line.split("\t")
     if len(cols) < 8:
@@ -109,16 +108,42 @@ def _parse_line(line: str, number: int, path: Path, max_allele: int) -> Iterator
         raise InputError(f"a VCF data line needs 8 tab-separated columns (CHROM … INFO), this one has {len(cols)}",
                          where=where, fix="check the file is VCF and its columns are separated by tabs")
     chrom, pos_text, _, ref, alts = cols[:5]
-    # isascii: str.isdigit accepts digits such as '²' that int() refuses.
-    if not (pos_text.isascii() and pos_text.isdigit()) or int(pos_text) < 1:
-        raise InputError(f"POS must be a positive integer, got {pos_text!r}", where=where, fix="fix the line")
+    return site_variants(number, chrom, pos_text, ref, alts.split(","), fields=cols[:8], where=where,
+                         fix="fix the line", max_allele=max_allele)
+
+
+def site_variants(line: int, chrom: str, pos: object, ref: str, alts: Sequence[str], *,
+                  fields: Sequence[str] | None = None, where: str, fix: str,
+                  max_allele: int = DEFAULT_MAX_ALLELE) -> list[Variant]:
+    """One :class:`Variant` per ALT of a site, after the checks every variant passes, from a VCF line or a
+    DataFrame row: POS a positive integer, REF bases, each ALT bases or symbolic (InputError at ``where``
+    otherwise). ``fields``: the record's 8 fixed columns (default: CHROM, POS and REF, the rest '.')."""
+    position = _position(pos)
+    if position is None:
+        raise InputError(f"POS must be a positive integer, got {pos!r}", where=where, fix=fix)
     if not is_bases(ref):
-        raise InputError(f"REF must be bases (A, C, G, T, N), got {ref[:40]!r}", where=where, fix="fix the line")
-    fixed = tuple(cols[:8])
-    for index, alt in enumerate(alts.split(","), start=1):
+        raise InputError(f"REF must be bases (A, C, G, T, N), got {ref[:40]!r}", where=where, fix=fix)
+    fixed = tuple(fields) if fields is not None else (chrom, str(position), ".", ref) + (".",) * 4
+    variants = []
+    for index, alt in enumerate(alts, start=1):
         status = allele_status(ref, alt, max_allele)
         if status is None:
             raise InputError(f"ALT allele {index} must be bases, a symbolic allele (<…>), a breakend, '*' or '.', "
-                             f"got {alt[:40]!r}", where=where, fix="fix the line")
-        fields = fixed[:4] + (alt,) + fixed[5:]
-        yield Variant(number, fields, chrom, int(pos_text), ref.upper(), alt.upper(), index, status)
+                             f"got {alt[:40]!r}", where=where, fix=fix)
+        variants.append(Variant(line, fixed[:4] + (alt,) + fixed[5:], chrom, position, ref.upper(), alt.upper(),
+                                index, status))
+    return variants
+
+
+def _position(pos: object) -> int | None:
+    """A 1-based position given as text of ASCII digits (a VCF's POS) or as a whole number (a DataFrame cell)."""
+    if isinstance(pos, bool):
+        return None
+    if isinstance(pos, numbers.Integral) or (isinstance(pos, float) and pos.is_integer()):
+        value = int(pos)
+    # isascii: str.isdigit accepts digits such as '²' that int() refuses.
+    elif isinstance(pos, str) and pos.isascii() and pos.isdigit():
+        value = int(pos)
+    else:
+        return None
+    return value if value >= 1 else None

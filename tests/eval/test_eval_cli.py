@@ -155,6 +155,28 @@ def test_eval_bad_input_one_clear_error(setup, args, message):
         assert "chr22 (heldout)" in result.output
 
 
+@pytest.mark.parametrize("mode,extra,named", [
+    (["--routing"], ["--baseline", "other"], "--baseline (read by --by-position) does not apply to --routing"),
+    (["--routing"], ["--seed", "3", "--bootstrap", "10"],
+     "--bootstrap (read by --by-position and --needle), --seed (read by --by-position and --needle) do not apply "
+     "to --routing"),
+    (["--needle"], ["--context", "64", "--per-target"],
+     "--context (read by --by-position), --per-target (read by --by-position) do not apply to --needle"),
+    (["--needle"], ["--max-tokens", "1k"], "--max-tokens (read by --by-position and --routing)"),
+    (["--by-position", "chr22"], ["--needle-trials", "2"], "--needle-trials (read by --needle)"),
+    (["--by-position", "chr22"], ["--routing-group", "4k"], "--routing-group (read by --routing)"),
+])
+def test_eval_refuses_an_option_the_mode_does_not_use(tmp_path, mode, extra, named):
+    """An option of another mode is one error naming it, the mode and the mode that reads it, before anything is
+    read or written (the inputs here do not even exist)."""
+    out = tmp_path / "out"
+    result = _run([*mode, *extra, "--data", tmp_path / "data", "--checkpoint", tmp_path / "model", "--seq", "1k",
+                   "--out", out])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("genolc: error:") == 1 and named in result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
 def test_eval_refuses_a_checkpoint_with_another_tokenizer(setup, tmp_path):
     from genolc.tokenize import make_tokenizer, save_tokenizer
 
@@ -226,9 +248,9 @@ def test_eval_never_replaces_a_directory_genolc_did_not_write(setup, tmp_path, m
     mine = tmp_path / "d"
     mine.mkdir()
     (mine / "notes.txt").write_text("important\n")
-    common = ["--data", data, "--checkpoint", model, "--seq", "256", "--max-windows", "1", "--bootstrap", "10",
-              "--no-progress"]
-    for mode in (["--by-position", "chr22"], ["--needle", "chr22", "--needle-bases", "16", "--needle-trials", "1"]):
+    common = ["--data", data, "--checkpoint", model, "--seq", "256", "--bootstrap", "10", "--no-progress"]
+    by_position = ["--by-position", "chr22", "--max-windows", "1"]
+    for mode in (by_position, ["--needle", "chr22", "--needle-bases", "16", "--needle-trials", "1"]):
         result = _run([*mode, *common, "--out", mine])
         assert result.exit_code == 2, result.output
         assert result.output.count("genolc: error:") == 1 and "Traceback" not in result.output
@@ -238,13 +260,13 @@ def test_eval_never_replaces_a_directory_genolc_did_not_write(setup, tmp_path, m
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    result = _run(["--by-position", "chr22", *common, "--out", "."])
+    result = _run([*by_position, *common, "--out", "."])
     assert result.exit_code == 2 and "the current directory" in result.output
     assert not any(work.iterdir()) and sorted(p.name for p in tmp_path.iterdir()) == ["d", "work"]
     # an earlier evaluation's directory is replaced whole, by a new output with its own run record
     own = tmp_path / "own"
     for _ in range(2):
-        result = _run(["--by-position", "chr22", *common, "--out", own])
+        result = _run([*by_position, *common, "--out", own])
         assert result.exit_code == 0, result.output
     assert (own / "summary.json").is_file() and len(list((own / "runs").glob("*_eval.json"))) == 1
 

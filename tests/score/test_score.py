@@ -132,6 +132,35 @@ def test_statuses_split_and_counts(genome, vcf, checkpoint, tmp_path):
     assert record["outputs"]["forwards"]["saved_forward_tokens"] > 0 and "saved by sharing" in result.output
 
 
+def test_alt_equal_to_ref_is_skipped_with_its_own_status_and_counted(genome, bases, checkpoint, tmp_path):
+    """An ALT that is the REF (any case) changes nothing: not scored 0 with status ok, but skipped like the
+    other unscorable alleles, in the TSV, the printed counts, the run record and the Python API."""
+    import pandas as pd
+
+    from genolc.score.api import load
+
+    ref, other = chr(bases[5000]).upper(), {"A": "C", "C": "G", "G": "T", "T": "A"}[chr(bases[5000]).upper()]
+    indel = bytes(bases[7000:7003]).decode().upper()
+    same = tmp_path / "same.vcf"
+    same.write_text(f"chr22\t{_pos(5000)}\tsnv\t{ref}\t{ref.lower()}\t.\t.\t.\n"
+                    f"chr22\t{_pos(5000)}\tmulti\t{ref}\t{other},{ref}\t.\t.\t.\n"
+                    f"chr22\t{_pos(7000)}\tmnv\t{indel}\t{indel}\t.\t.\t.\n")
+    out = tmp_path / "scores.tsv"
+    result = _score(["--vcf", same, "--genome", genome, "--checkpoint", checkpoint, "--out", out])
+    rows = _rows(out)
+    assert [r["status"] for r in rows] == ["alt_equals_ref", "ok", "alt_equals_ref", "alt_equals_ref"]
+    assert [r["score"] == "" for r in rows] == [True, False, True, True]
+    assert "3 alt_equals_ref" in result.output and "1 ok" in result.output
+    record = json.loads(next((tmp_path / "runs").glob("*score.json")).read_text())
+    assert record["outputs"]["by_status"] == {"alt_equals_ref": 3, "ok": 1}
+
+    table = pd.DataFrame({"chrom": ["chr22", "chr22"], "pos": [_pos(5000)] * 2, "ref": [ref, ref],
+                          "alt": [ref, other]})
+    scored = load(checkpoint, device="cpu").score_variants(table, genome, windows=(128,))
+    assert scored["status"].tolist() == ["alt_equals_ref", "ok"]
+    assert np.isnan(scored["score"][0]) and np.isfinite(scored["score"][1])
+
+
 def test_bgzip_vcf_and_bgzip_genome_give_the_same_scores_deterministically(genome, vcf, bases, checkpoint, tmp_path):
     from Bio import bgzf
 
@@ -192,6 +221,36 @@ def test_genome_of_other_chromosomes_and_plain_gzip_genome_are_clear_errors(geno
     ok.write_text(f"chr22\t{_pos(100)}\t.\t{chr(bases[100]).upper()}\tN\t.\t.\t.\n")
     result = _score(["--vcf", ok, "--genome", gz, "--checkpoint", checkpoint, "--out", out], expect=2)
     assert "not with bgzip" in result.output and "bgzip" in result.output and not out.exists()
+
+
+def test_score_and_embed_read_the_bundled_sample(checkpoint, tmp_path):
+    """The sample genome the demo and the docs use is bgzip with its indexes shipped: score and embed read it as
+    it is installed, writing nothing beside it."""
+    from genolc.sample import SAMPLE_DIR, sample_files
+
+    shipped = {p.name: p.stat().st_size for p in SAMPLE_DIR.iterdir() if p.name != "__pycache__"}
+    for n, path in enumerate(sample_files()):
+        with gzip.open(path, "rt") as fh:
+            header, *lines = fh.read().splitlines()
+        chrom, span = header[1:].split(":")
+        first = int(span.split("-")[0])
+        sequence = "".join(lines)
+        offset = 20_000                                  # past the chr2 piece's leading N run
+        ref = sequence[offset].upper()
+        alt = {"A": "C", "C": "G", "G": "T", "T": "A"}[ref]
+        vcf = tmp_path / f"sample{n}.vcf"
+        vcf.write_text(f"{chrom}\t{first + offset}\t.\t{ref}\t{alt}\t.\t.\t.\n")
+        out = tmp_path / f"scores{n}.tsv"
+        result = _score(["--vcf", vcf, "--genome", path, "--checkpoint", checkpoint, "--out", out])
+        assert [r["status"] for r in _rows(out)] == ["ok"], result.output
+        bed = tmp_path / f"sample{n}.bed"
+        bed.write_text(f"{chrom}\t{first - 1 + offset}\t{first - 1 + offset + 100}\n")
+        npy = tmp_path / f"sample{n}.npy"
+        result = CliRunner().invoke(main, ["embed", "--no-progress", "--bed", str(bed), "--genome", str(path),
+                                           "--checkpoint", str(checkpoint), "--out", str(npy)])
+        assert result.exit_code == 0, result.output
+        assert np.load(npy).shape[0] == 1
+    assert {p.name: p.stat().st_size for p in SAMPLE_DIR.iterdir() if p.name != "__pycache__"} == shipped
 
 
 @pytest.mark.parametrize("placement", ["center", "causal-end"])
@@ -279,6 +338,38 @@ def test_embed_shapes_names_layers_and_determinism(genome, checkpoint, tmp_path)
     assert not np.allclose(np.load(layer0), np.load(mean))
 
 
+def test_embed_failed_write_leaves_neither_file_and_a_rerun_works(genome, checkpoint, tmp_path, monkeypatch):
+    """The .npy and its names file appear together or not at all: a write that fails after the names file was
+    done leaves no names file behind to block the next run, and no temporaries."""
+    import os
+
+    import genolc.fsutil
+
+    start = REGION_START + SKIP - 1
+    bed = _bed(tmp_path, [f"chr22\t{start + 100}\t{start + 300}\tpromoter\n"])
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "regions.npy"
+    args = ["embed", "--no-progress", "--bed", str(bed), "--genome", str(genome), "--checkpoint", str(checkpoint),
+            "--out", str(out)]
+    real_replace = os.replace
+
+    def disk_full_for_the_npy(source, destination):
+        if str(destination).endswith(".npy"):
+            raise OSError(28, "No space left on device")
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(genolc.fsutil.os, "replace", disk_full_for_the_npy)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output + repr(result.exception)
+    assert result.output.count("genolc: error:") == 1 and "No space left on device" in result.output
+    assert [p.name for p in folder.iterdir()] == []
+    monkeypatch.setattr(genolc.fsutil.os, "replace", real_replace)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert sorted(p.name for p in folder.iterdir()) == ["regions.npy", "regions.npy.names.tsv", "runs"]
+
+
 def test_embed_long_region_in_chunks_matches_one_forward(genome, checkpoint, tmp_path):
     from genolc.score.api import load
     from genolc.score.embed import HiddenStates
@@ -328,6 +419,31 @@ def test_reference_resolves_aliases_and_region_offsets(genome, bases):
         assert record is not None and record.chrom == "chr22" and record.start == _pos(0)
         assert reference.fetch(record, 0, 10).tobytes() == bases[:10]
         assert reference.locate("chr22", _pos(LENGTH - 1), _pos(LENGTH)) is None
+
+
+@pytest.mark.parametrize("pos,ref,alt,message", [
+    (5.7, "A", "G", "POS must be a positive integer, got 5.7"),
+    (0, "A", "G", "POS must be a positive integer, got 0"),
+    (100, "AX", "G", "REF must be bases (A, C, G, T, N), got 'AX'"),
+    (100, "A", "G,T", "ALT allele 1 must be bases, a symbolic allele"),
+])
+def test_dataframe_rows_get_the_checks_and_messages_of_vcf_lines(tmp_path, pos, ref, alt, message):
+    """One set of variant checks: a DataFrame row is refused for what a VCF line is, with the same words."""
+    import pandas as pd
+
+    from genolc.score.api import LoadedModel
+
+    vcf = tmp_path / "one.vcf"
+    vcf.write_text(f"chr22\t{pos}\t.\t{ref}\t{alt.split(',')[0] + 'X' if ',' in alt else alt}\t.\t.\t.\n")
+    table = pd.DataFrame({"chrom": ["chr22"], "pos": [pos], "ref": [ref], "alt": [alt]})
+    with pytest.raises(InputError) as from_table:
+        LoadedModel(scorer=None, tokenizer=None, checkpoint=tmp_path).score_variants(table, tmp_path / "unused.fa")
+    assert message in from_table.value.message and "DataFrame row 0" in from_table.value.message
+    from genolc.score.vcf import read_vcf
+
+    with pytest.raises(InputError) as from_vcf:
+        read_vcf(vcf)
+    assert from_vcf.value.what.split(", got")[0] == from_table.value.what.split(", got")[0]
 
 
 def test_unreadable_vcf_is_an_input_error(tmp_path):
