@@ -2,8 +2,9 @@
 
     python benchmarks/profile_chunked_step.py --model base --seq 256k --chunks 8k,32k --profile-chunk 8k
 
-One chunked forward+backward (genolc.train.chunked, bf16 autocast, fast kernels, indexer KL "sparse" and the MoE
-balance loss on, as finetune runs it) per entry of ``--chunks``, timed wall to wall after a warm-up step at
+One chunked forward+backward (genolc.train.chunked, bf16 autocast, fast kernels; the indexer KL and the MoE balance
+loss off, as `genolc finetune` runs by default, or on with ``--indexer sparse --moe-balance 0.01``) per entry of
+``--chunks``, timed wall to wall after a warm-up step at
 ``--warmup-seq`` that compiles the kernels; optionally one step at ``--memory-chunk`` with the CUDA allocator's
 history recorded (the peak and what was alive then, by the genolc source line that allocated it); then one step at
 ``--profile-chunk`` under torch.profiler, whose table
@@ -43,10 +44,10 @@ def _window(length: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.ones(1, length, device=device)
 
 
-def _step(model, length: int, chunk: int) -> dict:
+def _step(model, length: int, chunk: int, indexer: str | None = None, moe_balance: float = 0.0) -> dict:
     ids, weights = _window(length, "cuda")
-    terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=0.01, indexer_kl_coef=1.0,
-                      indexer_mode="sparse")
+    terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=moe_balance, indexer_kl_coef=1.0,
+                      indexer_mode=indexer)
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -94,10 +95,10 @@ def peak_allocations(snapshot: dict, top: int) -> dict:
             "alive_at_peak": [{"where": k, "gib": round(v[0] / 2 ** 30, 3), "blocks": v[1]} for k, v in ranked]}
 
 
-def _memory_step(model, length: int, chunk: int, top: int) -> dict:
+def _memory_step(model, length: int, chunk: int, top: int, **loss) -> dict:
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=2_000_000)
     try:
-        row = _step(model, length, chunk)
+        row = _step(model, length, chunk, **loss)
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -124,12 +125,12 @@ def _label_forwards(model) -> list:
     return handles
 
 
-def _profiled_step(model, length: int, chunk: int, top: int) -> dict:
+def _profiled_step(model, length: int, chunk: int, top: int, **loss) -> dict:
     handles = _label_forwards(model)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     try:
         with torch.profiler.profile(activities=activities) as profiler:
-            row = _step(model, length, chunk)
+            row = _step(model, length, chunk, **loss)
     finally:
         for handle in handles:
             handle.remove()
@@ -162,6 +163,9 @@ def main() -> None:
     parser.add_argument("--warmup-seq", default="32k")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--recompute", action="store_true", help="per-layer recompute inside the chunks")
+    parser.add_argument("--indexer", default="off", choices=("off", "dense", "sparse"),
+                        help="the indexer KL's mode (finetune's --indexer; default off, as finetune)")
+    parser.add_argument("--moe-balance", type=float, default=0.0, help="weight of the MoE balance loss")
     parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
                         "recorded: what was alive at its peak, by allocating source line ('' for none)")
     args = parser.parse_args()
@@ -169,7 +173,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"command": "python benchmarks/profile_chunked_step.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
-              "recompute": args.recompute, "steps": []}
+              "recompute": args.recompute, "indexer": args.indexer, "moe_balance": args.moe_balance, "steps": []}
     path = out_dir / f"profile_chunked_{args.model}_{args.seq}.json"
 
     def save(row: dict) -> None:
@@ -183,14 +187,16 @@ def main() -> None:
         apply_recompute(model)
     seq = parse_length(args.seq)
     chunks = [parse_length(c) for c in args.chunks.split(",") if c]
-    save({"phase": "warm-up (compiles)", **_step(model, parse_length(args.warmup_seq), min(chunks or [8192]))})
+    loss = dict(indexer=None if args.indexer == "off" else args.indexer, moe_balance=args.moe_balance)
+    save({"phase": "warm-up (compiles)", **_step(model, parse_length(args.warmup_seq), min(chunks or [8192]), **loss)})
     for chunk in chunks:
-        save({"phase": "timed", **_step(model, seq, chunk)})
+        save({"phase": "timed", **_step(model, seq, chunk, **loss)})
     if args.memory_chunk:
-        save({"phase": "memory", **_memory_step(model, seq, parse_length(args.memory_chunk), args.top)})
+        save({"phase": "memory", **_memory_step(model, seq, parse_length(args.memory_chunk), args.top, **loss)})
     if args.profile_chunk:
         profile_seq = parse_length(args.profile_seq or args.seq)
-        save({"phase": "profiled", **_profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top)})
+        save({"phase": "profiled", **_profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top,
+                                                      **loss)})
     print(f"wrote {path}")
 
 

@@ -1,8 +1,8 @@
 """``genolc score`` and ``genolc embed`` end to end: configs, reading inputs, scoring, writing outputs atomically.
 
-Outputs are built in memory and written with :func:`genolc.fsutil.atomic_write_bytes` (embed's ``.npy`` and its
-names file together with :func:`genolc.fsutil.atomic_write_new_files`), so a failed or interrupted run never leaves
-a half-written file, nor one file of a pair. A successful run's record goes to ``runs/`` beside the output file; a failed
+Outputs are built in memory and written together with :func:`genolc.fsutil.atomic_write_new_files` (score's TSV and
+VCF, embed's ``.npy`` and its names file; existing outputs are refused up front), so a failed or interrupted run
+never leaves a half-written file, nor one file of a pair. A successful run's record goes to ``runs/`` beside the output file; a failed
 or interrupted one leaves nothing there (the output folder is usually shared with other files, so no record).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from genolc.errors import ConfigError, InputError
-from genolc.fsutil import atomic_write_bytes, atomic_write_new_files
+from genolc.fsutil import atomic_write_new_files
 from genolc.runs import run_record
 from genolc.score.variants import ScoreSettings
 
@@ -132,11 +132,12 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
                                                   settings, progress=bar.update, count=count)
         counts = Counter(statuses)
         labels = config.window_labels
-        atomic_write_bytes(config.out, _score_tsv(contents, statuses, scores, labels))
+        files = {config.out: _score_tsv(contents, statuses, scores, labels)}
         outputs = {"tsv": str(config.out)}
         if config.vcf_out is not None:
-            atomic_write_bytes(config.vcf_out, _score_vcf(contents, statuses, scores, labels, config))
+            files[config.vcf_out] = _score_vcf(contents, statuses, scores, labels, config)
             outputs["vcf"] = str(config.vcf_out)
+        _write_outputs(files, "scores")
         summary = {"records": contents.records, "variants": len(contents.variants),
                    "by_status": dict(sorted(counts.items())), "unknown_chromosomes": unknown, "outputs": outputs,
                    "forwards": count.to_dict()}
@@ -144,6 +145,15 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
         record.outputs["by_status"] = summary["by_status"]
         record.outputs["forwards"] = summary["forwards"]
         return summary
+
+
+def _write_outputs(files: dict[Path, bytes], what: str) -> None:
+    """All of ``files`` or none of them; a failure is one message."""
+    try:
+        atomic_write_new_files(files)
+    except OSError as exc:
+        raise InputError(f"cannot write the {what} ({exc.strerror or exc})", where=str(next(iter(files))),
+                         fix="check the folder is writable and has space; nothing was written") from None
 
 
 def _score_tsv(contents, statuses: list[str], scores: np.ndarray, labels: tuple[str, ...]) -> bytes:
@@ -215,7 +225,7 @@ def run_embed(config: EmbedConfig) -> dict[str, Any]:
                 vectors.extend(embed_regions(hidden, loaded.tokenizer, [bases], config.pool))
                 bar.update(1)
         if parquet:
-            atomic_write_bytes(config.out, _embed_parquet(regions, vectors, config.pool))
+            _write_outputs({config.out: _embed_parquet(regions, vectors, config.pool)}, "embeddings")
             outputs = {"parquet": str(config.out)}
         else:
             names = config.out.with_name(config.out.name + ".names.tsv")
@@ -223,11 +233,7 @@ def run_embed(config: EmbedConfig) -> dict[str, Any]:
             buffer = io.BytesIO()
             np.save(buffer, array)
             # Both or neither: a names file left alone would make the next run refuse its output path.
-            try:
-                atomic_write_new_files({names: table, config.out: buffer.getvalue()})
-            except OSError as exc:
-                raise InputError(f"cannot write the embeddings ({exc.strerror or exc})", where=str(config.out),
-                                 fix="check the folder is writable and has space; nothing was written") from None
+            _write_outputs({names: table, config.out: buffer.getvalue()}, "embeddings")
             outputs = {"npy": str(config.out), "names": str(names)}
         record.outputs.update(outputs)
         dim = int(vectors[0].shape[-1])

@@ -192,6 +192,33 @@ def test_vcf_output_carries_the_score_in_info(genome, vcf, checkpoint, tmp_path)
     assert rows[0]["score_64"] != rows[0]["score_128"]
 
 
+def test_score_failed_write_leaves_neither_output_and_a_rerun_works(genome, vcf, checkpoint, tmp_path, monkeypatch):
+    """The TSV and the VCF are written together: a run whose VCF cannot be placed is one message (no traceback)
+    and leaves no TSV behind (which would make the re-run refuse its output path), nor temporaries."""
+    import os
+
+    import genolc.fsutil
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out, vcf_out = folder / "s.tsv", folder / "s.vcf"
+    args = ["--vcf", vcf, "--genome", genome, "--checkpoint", checkpoint, "--out", out, "--vcf-out", vcf_out]
+    real_replace = os.replace
+
+    def disk_full_for_the_vcf(source, destination):
+        if str(destination).endswith("s.vcf"):
+            raise OSError(28, "No space left on device")
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(genolc.fsutil.os, "replace", disk_full_for_the_vcf)
+    result = _score(args, expect=2)
+    assert result.output.count("genolc: error:") == 1 and "cannot write the scores" in result.output
+    assert [p.name for p in folder.iterdir()] == []
+    monkeypatch.setattr(genolc.fsutil.os, "replace", real_replace)
+    _score(args)
+    assert sorted(p.name for p in folder.iterdir()) == ["runs", "s.tsv", "s.vcf"]
+
+
 def test_malformed_line_is_one_message_with_its_line_number_and_no_output(genome, vcf, checkpoint, tmp_path):
     broken = tmp_path / "broken.vcf"
     lines = vcf.read_text().splitlines()
