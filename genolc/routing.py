@@ -201,7 +201,10 @@ def plot_load_heatmap(by_length: dict[str, dict[str, Any]], path: Any, title: st
     import seaborn as sns
 
     lengths = list(by_length)
-    fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths) + 1, 3.5), squeeze=False)
+    n_layers = max((len(figures) for figures in by_length.values()), default=1)
+    # A quarter inch per layer row keeps the layer labels apart (`base` has 40 MoE layers).
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths) + 1, max(3.5, 1.5 + 0.25 * n_layers)),
+                             squeeze=False)
     top = max((max(l["tokens_per_expert"]) / np.mean(l["tokens_per_expert"])
                for figures in by_length.values() for l in figures.values()), default=2.0)
     for ax, length in zip(axes[0], lengths):
@@ -210,6 +213,7 @@ def plot_load_heatmap(by_length: dict[str, dict[str, Any]], path: Any, title: st
         grid = np.stack([r / r.mean() for r in rows]) if rows else np.zeros((0, 0))
         sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=0, vmax=max(top, 1.0), yticklabels=list(layers),
                     cbar_kws={"label": "load / mean"})
+        ax.tick_params(axis="y", labelrotation=0)
         ax.set_xlabel("expert")
         ax.set_ylabel("MoE layer")
         ax.set_title(length)

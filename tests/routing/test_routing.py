@@ -158,3 +158,20 @@ def test_ctrl_c_keeps_the_context_lengths_routed_and_prints_them(tiny_setup, mon
     record = json.loads(record.read_text())
     assert record["status"] == "interrupted" and list(record["outputs"]["routing"]) == ["1k"]
     assert (out / "routing_load.png").stat().st_size > 0
+
+
+def test_load_heatmap_grows_with_the_layer_count(tmp_path):
+    """Each MoE layer keeps a readable row: 40 layers (`base`) make a taller figure than 4, labels horizontal."""
+    import matplotlib.image
+
+    from genolc.routing import plot_load_heatmap
+
+    rng = np.random.default_rng(0)
+
+    def figures(layers):
+        return {"4k": {f"layer{i}": {"tokens_per_expert": rng.integers(1, 100, 16).tolist()} for i in range(layers)}}
+
+    plot_load_heatmap(figures(4), tmp_path / "few.png", "few")
+    plot_load_heatmap(figures(40), tmp_path / "many.png", "many")
+    few, many = (matplotlib.image.imread(tmp_path / name).shape[0] for name in ("few.png", "many.png"))
+    assert many >= 2.5 * few, (few, many)
