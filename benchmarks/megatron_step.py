@@ -1,4 +1,4 @@
-"""One real Megatron-core training step on genolc-exported data (issue 18's H200 check; so far run on CPU only).
+"""One real Megatron-core training step on genolc-exported data (issue 18's H200 check).
 
 What it does, on one GPU (or on CPU with ``--device cpu``, for a smoke run):
 
@@ -39,7 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", default="4k", help="input tokens a window (k = 1024)")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--windows", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--experts", type=int, default=8)
