@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,9 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
             "from genolc.cli import main\n"
             "sys.argv = ['genolc', 'runs', 'ls', sys.argv[1]]\n"
             "main()\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    # A background job's shell starts its children with SIGINT ignored, which Python then keeps: undo that.
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "genolc: interrupted (Ctrl-C)" and "Aborted" not in done.stdout + done.stderr
 
