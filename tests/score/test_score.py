@@ -192,29 +192,35 @@ def test_vcf_output_carries_the_score_in_info(genome, vcf, checkpoint, tmp_path)
     assert rows[0]["score_64"] != rows[0]["score_128"]
 
 
-def test_score_failed_write_leaves_neither_output_and_a_rerun_works(genome, vcf, checkpoint, tmp_path, monkeypatch):
-    """The TSV and the VCF are written together: a run whose VCF cannot be placed is one message (no traceback)
-    and leaves no TSV behind (which would make the re-run refuse its output path), nor temporaries."""
+def _disk_full_when_placing(monkeypatch, suffix: str) -> None:
+    """Make genolc.fsutil's rename of a finished file whose name ends with ``suffix`` fail as on a full disk
+    (``monkeypatch.undo()`` puts it back)."""
     import os
 
     import genolc.fsutil
 
+    real_replace = os.replace
+
+    def disk_full(source, destination):
+        if str(destination).endswith(suffix):
+            raise OSError(28, "No space left on device")
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(genolc.fsutil.os, "replace", disk_full)
+
+
+def test_score_failed_write_leaves_neither_output_and_a_rerun_works(genome, vcf, checkpoint, tmp_path, monkeypatch):
+    """The TSV and the VCF are written together: a run whose VCF cannot be placed is one message (no traceback)
+    and leaves no TSV behind (which would make the re-run refuse its output path), nor temporaries."""
     folder = tmp_path / "out"
     folder.mkdir()
     out, vcf_out = folder / "s.tsv", folder / "s.vcf"
     args = ["--vcf", vcf, "--genome", genome, "--checkpoint", checkpoint, "--out", out, "--vcf-out", vcf_out]
-    real_replace = os.replace
-
-    def disk_full_for_the_vcf(source, destination):
-        if str(destination).endswith("s.vcf"):
-            raise OSError(28, "No space left on device")
-        return real_replace(source, destination)
-
-    monkeypatch.setattr(genolc.fsutil.os, "replace", disk_full_for_the_vcf)
+    _disk_full_when_placing(monkeypatch, "s.vcf")
     result = _score(args, expect=2)
     assert result.output.count("genolc: error:") == 1 and "cannot write the scores" in result.output
     assert [p.name for p in folder.iterdir()] == []
-    monkeypatch.setattr(genolc.fsutil.os, "replace", real_replace)
+    monkeypatch.undo()
     _score(args)
     assert sorted(p.name for p in folder.iterdir()) == ["runs", "s.tsv", "s.vcf"]
 
@@ -368,10 +374,6 @@ def test_embed_shapes_names_layers_and_determinism(genome, checkpoint, tmp_path)
 def test_embed_failed_write_leaves_neither_file_and_a_rerun_works(genome, checkpoint, tmp_path, monkeypatch):
     """The .npy and its names file appear together or not at all: a write that fails after the names file was
     done leaves no names file behind to block the next run, and no temporaries."""
-    import os
-
-    import genolc.fsutil
-
     start = REGION_START + SKIP - 1
     bed = _bed(tmp_path, [f"chr22\t{start + 100}\t{start + 300}\tpromoter\n"])
     folder = tmp_path / "out"
@@ -379,19 +381,12 @@ def test_embed_failed_write_leaves_neither_file_and_a_rerun_works(genome, checkp
     out = folder / "regions.npy"
     args = ["embed", "--no-progress", "--bed", str(bed), "--genome", str(genome), "--checkpoint", str(checkpoint),
             "--out", str(out)]
-    real_replace = os.replace
-
-    def disk_full_for_the_npy(source, destination):
-        if str(destination).endswith(".npy"):
-            raise OSError(28, "No space left on device")
-        return real_replace(source, destination)
-
-    monkeypatch.setattr(genolc.fsutil.os, "replace", disk_full_for_the_npy)
+    _disk_full_when_placing(monkeypatch, ".npy")
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output + repr(result.exception)
     assert result.output.count("genolc: error:") == 1 and "No space left on device" in result.output
     assert [p.name for p in folder.iterdir()] == []
-    monkeypatch.setattr(genolc.fsutil.os, "replace", real_replace)
+    monkeypatch.undo()
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert sorted(p.name for p in folder.iterdir()) == ["regions.npy", "regions.npy.names.tsv", "runs"]
