@@ -387,5 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(write_initial_checkpoint(args.data, args.model, args.seed, args.out))
     except GenolcError as exc:
-        sys.exit(f"python -m genolc.demo: error: {exc.message}")
+        # Exit code 2 like every genolc command's user error (sys.exit with a message would give 1).
+        print(f"python -m genolc.demo: error: {exc.message}", file=sys.stderr)
+        sys.exit(2)
 

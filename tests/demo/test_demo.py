@@ -210,7 +210,8 @@ def test_runs_ls_and_show_on_a_demo_directory(smoke_demo):
 def test_init_command_reports_a_missing_dataset(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         demo_main(["init", "--data", str(tmp_path / "absent"), "--out", str(tmp_path / "init")])
-    assert "python -m genolc.demo: error:" in str(stop.value.code) and "absent" in str(stop.value.code)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("python -m genolc.demo: error:") and "absent" in err
     assert not (tmp_path / "init").exists()
 
 
