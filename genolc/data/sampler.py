@@ -24,6 +24,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from genolc.data.targets import window_targets
 from genolc.errors import ConfigError
 from genolc.units import parse_length
 
@@ -179,11 +180,7 @@ class TrainSampler:
 
     def batch(self, step: int, micro: int = 0) -> np.ndarray:
         """int64[seq_len + 1] token ids of :meth:`window`, reverse-complemented when the window says so."""
-        w = self.window(step, micro)
-        ids = np.asarray(self.dataset.tokens(w.key)[w.start:w.stop])
-        if w.reverse_complement:
-            ids = self.dataset.tokenizer.reverse_complement(ids)
-        return np.ascontiguousarray(ids, dtype=np.int64)
+        return window_targets(self.dataset, self.window(step, micro))[0]
 
     def state_dict(self) -> dict[str, Any]:
         """What fixes the window stream. Windows depend on nothing else, so this plus the step resumes exactly."""
