@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from functools import partial
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import click
 from genolc.config_defaults import config_default, config_option
 from genolc.errors import ConfigError
 from genolc.fsutil import output_dir
+from genolc.parallel.launch import writes_outputs
 from genolc.train.config import CP_LAYOUTS, DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES, TrainConfig
 from genolc.units import format_length, parse_length
 
@@ -142,8 +142,8 @@ def finetune_command(ctx: click.Context, data: Path, seq: str, model: str | None
                    f"warm-up step, so the learning rate only ramps up (to {lr_at(config.steps - 1, config):.3g} at "
                    f"the last step; --lr {config.lr:g}) and never decays", err=True)
     # --out is written step by step, not replaced whole: it must be new, empty or an earlier run's. Under torchrun
-    # only rank 0 claims and writes it (genolc.parallel.mesh).
-    writes = os.environ.get("RANK", "0") == "0"
+    # only rank 0 claims and writes it (genolc.parallel.launch).
+    writes = writes_outputs()
     with output_dir(config.out, RUN_KIND, legacy=LEGACY_RUN) if writes else contextlib.nullcontext():
         final = finetune(config)
     if writes:
