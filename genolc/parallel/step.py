@@ -1,6 +1,6 @@
 """One rank's micro-batch under context parallelism, and the mesh-wide gradient reduction.
 
-Every rank of a CP group reads the same whole window (the sampler's ``cp_rank`` does not enter the draw) and takes
+Every rank of a CP group reads the same whole window (the sampler draws per data-parallel rank only) and takes
 its pieces of the inputs, targets and target weights (genolc/parallel/layout.py). The loss is the window's:
 ``sum(w * CE)`` over this rank's targets divided by the step's total weight over all ranks, so the ranks' losses
 add up to the single-process loss, and so do their gradients. The auxiliary losses are already shares

@@ -324,8 +324,7 @@ class _Trainer:
             self.samplers[length] = TrainSampler(self.dataset, length, seed=self.config.seed,
                                                  max_n_fraction=self.config.max_n_fraction,
                                                  reverse_complement=self.config.reverse_complement,
-                                                 dp_rank=mesh.dp_rank, dp_size=mesh.dp_size,
-                                                 cp_rank=mesh.cp_rank, cp_size=mesh.cp_size)
+                                                 dp_rank=mesh.dp_rank, dp_size=mesh.dp_size)
         return self.samplers[length]
 
     def _strategy(self, shape: StepShape) -> StepStrategy:
