@@ -15,6 +15,7 @@ import click
 
 import genolc
 from genolc.errors import GenolcError
+from genolc.parallel.launch import leave_quietly, quiet_rank
 
 # command name -> (module, attribute, one-line summary shown by `genolc --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -60,6 +61,11 @@ class GenolcGroup(click.Group):
         except GenolcError as exc:
             click.echo(f"genolc: error: {exc.message}", err=True)
             sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            # Every torchrun rank parses the same command line: rank 0 alone reports a mistake in it.
+            if quiet_rank():
+                leave_quietly(exc.exit_code)
+            raise
         except KeyboardInterrupt:
             # Ctrl-C outside a command's own stop handling (start-up: importing torch, loading inputs): one line and
             # the shell's exit code for SIGINT, not click's "Aborted!" and exit code 1.

@@ -13,7 +13,8 @@ redraws (N filter, keyed on ``dp_rank`` and the attempt) stay inside that stratu
 or overlap a window while the data holds ``dp_size`` windows. A stratum can lie wholly inside an assembly gap (hg38
 chr1 has an 18 Mb N run; with chr1+chr2 and 32 ranks a stratum is 15 Mb), so after ``STRATUM_DRAWS`` rejected draws
 the rank redraws over all starts instead: its window may then overlap another rank's, which beats failing the step.
-Context-parallel ranks of one group share their window (``cp_rank`` does not enter the draw); the trainer splits it.
+Context-parallel ranks of one group share their window, so the sampler takes no context-parallel rank: each CP rank
+builds it with its DP rank and the trainer splits the window (genolc/parallel/step.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from genolc.data.targets import window_targets
 from genolc.errors import ConfigError
 from genolc.units import parse_length
 
@@ -78,7 +80,7 @@ def _check_fraction(value: float, name: str) -> float:
 
 
 class TrainSampler:
-    """Seeded, resumable, DP/CP-aware windows of ``seq_len + 1`` tokens from a dataset's train records."""
+    """Seeded, resumable, data-parallel-aware windows of ``seq_len + 1`` tokens from a dataset's train records."""
 
     def __init__(
         self,
@@ -90,8 +92,6 @@ class TrainSampler:
         reverse_complement: bool = False,
         dp_rank: int = 0,
         dp_size: int = 1,
-        cp_rank: int = 0,
-        cp_size: int = 1,
     ) -> None:
         self.dataset = dataset
         self.seq_len = _as_seq_len(seq_len)
@@ -101,11 +101,10 @@ class TrainSampler:
             raise ConfigError(f"seed must be a non-negative integer, got {seed}")
         self.max_n_fraction = _check_fraction(max_n_fraction, "max_n_fraction")
         self.reverse_complement = bool(reverse_complement)
-        for name, rank, size in (("data-parallel", dp_rank, dp_size), ("context-parallel", cp_rank, cp_size)):
-            if size < 1 or not 0 <= rank < size:
-                raise ConfigError(f"{name} rank {rank} is outside a group of size {size}",
-                                  fix="ranks count from 0 to size - 1")
-        self.dp_rank, self.dp_size, self.cp_rank, self.cp_size = int(dp_rank), int(dp_size), int(cp_rank), int(cp_size)
+        if dp_size < 1 or not 0 <= dp_rank < dp_size:
+            raise ConfigError(f"data-parallel rank {dp_rank} is outside a group of size {dp_size}",
+                              fix="ranks count from 0 to size - 1")
+        self.dp_rank, self.dp_size = int(dp_rank), int(dp_size)
 
         keys = list(dataset.keys("train"))
         if not keys:
@@ -179,11 +178,7 @@ class TrainSampler:
 
     def batch(self, step: int, micro: int = 0) -> np.ndarray:
         """int64[seq_len + 1] token ids of :meth:`window`, reverse-complemented when the window says so."""
-        w = self.window(step, micro)
-        ids = np.asarray(self.dataset.tokens(w.key)[w.start:w.stop])
-        if w.reverse_complement:
-            ids = self.dataset.tokenizer.reverse_complement(ids)
-        return np.ascontiguousarray(ids, dtype=np.int64)
+        return window_targets(self.dataset, self.window(step, micro))[0]
 
     def state_dict(self) -> dict[str, Any]:
         """What fixes the window stream. Windows depend on nothing else, so this plus the step resumes exactly."""

@@ -25,6 +25,15 @@ S tokens a window, ``Ls = ceil(layers / PP)`` layers a stage (the first stage ta
 - logits: S / CP tokens * vocab / TP * 6 bytes (bf16 logits and their fp32 softmax gradient) on the last stage;
 - a fixed reserve of 8 GiB (CUDA context, NCCL buffers, allocator fragmentation).
 
+This is not genolc's own trainer's model (genolc/train/plan.py), which it shares only where the two count the same
+thing: parameter counts (``parameter_counts``) and the residual streams per-layer recompute keeps
+(``recompute_checkpoint_bytes_per_token``). The rest differs because the training differs: Megatron keeps bf16
+weights with fp32 gradients and shards a distributed optimizer (plan.py: one process's fp32 master weights, gradients
+and AdamW moments, 16 bytes a parameter, nothing sharded); a Megatron layer's recompute working set is Korthikanti's
+``34 * hidden`` under sequence parallelism (plan.py: per-layer tables measured on genolc's own KDA, DSA and MoE
+code); Megatron's vocabulary-parallel loss keeps 6 bytes a logit (plan.py: genolc's loss keeps ``a + 8``); and a
+fixed 8 GiB reserve for NCCL buffers stands where plan.py adds 10 % for fragmentation.
+
 The search keeps TP within a node (TP <= GPUs per node), takes EP as large as divides the expert count and
 world / PP (experts spread over data-parallel ranks at no cost to throughput), and picks the layout with the least
 model parallelism TP * PP * CP that fits (most data parallelism), then the fewest pipeline stages (each adds a
@@ -41,9 +50,9 @@ from typing import Any
 from genolc.errors import ConfigError
 from genolc.model.config import ModelConfig
 from genolc.model.presets import parameter_counts
+from genolc.train.plan import GIB, recompute_checkpoint_bytes_per_token
 from genolc.units import format_length
 
-GIB = 1 << 30
 RESERVE_GIB = 8.0
 # Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022): 34 * s * h bytes of
 # activations per transformer layer with sequence parallelism; the recompute working set of one layer.
@@ -105,7 +114,7 @@ def memory_gib(config: ModelConfig, seq_tokens: int, world: int, tp: int, cp: in
         "weights": 2 * (dense_local + expert_local),
         "gradients": 4 * (dense_local + expert_local),
         "optimizer": 0.0 if optimizer_offload else 12 * (dense_local / (dp * cp) + expert_local / edp),
-        "activations": (per * tokens * 2 * config.hc_mult * d
+        "activations": (tokens * recompute_checkpoint_bytes_per_token(config, per, bf16=True)
                         + tokens * LAYER_WORKING_BYTES_PER_HIDDEN * d
                         + tokens * config.num_experts_per_tok * (2 * d + 3 * config.moe_intermediate_size) * 2),
         "logits": seq_tokens / cp * config.vocab_size / tp * 6,

@@ -31,8 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from genolc.data.targets import window_targets
 from genolc.export.layout import ParallelLayout
 from genolc.model.config import ModelConfig
 
@@ -183,11 +182,10 @@ class MegatronWindowDataset:
 
         if not 0 <= int(index) < self.length:
             raise IndexError(f"window {index} is outside 0..{self.length - 1}")
-        window = np.asarray(self.sampler.batch(int(index), 0), dtype=np.int64)
-        ambiguous = np.asarray(self.dataset.tokenizer.ambiguous_mask(window[1:]), dtype=bool)
+        ids, weights = window_targets(self.dataset, self.sampler.window(int(index), 0))
         return {
-            "tokens": torch.from_numpy(window[:-1].copy()),
-            "labels": torch.from_numpy(window[1:].copy()),
-            "loss_mask": torch.from_numpy((~ambiguous).astype(np.float32)),
-            "position_ids": torch.arange(window.size - 1, dtype=torch.int64),
+            "tokens": torch.from_numpy(ids[:-1].copy()),
+            "labels": torch.from_numpy(ids[1:].copy()),
+            "loss_mask": torch.from_numpy(weights),
+            "position_ids": torch.arange(ids.size - 1, dtype=torch.int64),
         }

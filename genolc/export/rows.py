@@ -5,7 +5,8 @@ one data-parallel rank): the window ``genolc finetune --micro-batch 1 --grad-acc
 
 Loss mask, per position: 0 for the first token (nothing precedes it, so it is never a target; SkyRL and Megatron
 both score token ``t`` from tokens ``< t``), 0 where the token is ambiguous (N / IUPAC / BED-excluded, the tokens
-genolc's own loss weights 0), 1 otherwise. Soft-masked (repeat) bases keep 1: a 0/1 mask cannot carry genolc's
+genolc's own loss weights 0: :func:`genolc.data.targets.window_targets`, which genolc's trainer reads too), 1
+otherwise. Soft-masked (repeat) bases keep 1: a 0/1 mask cannot carry genolc's
 fractional ``--softmask-weight``.
 
 Two tokenizations:
@@ -25,6 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from genolc.data.sampler import TrainSampler, Window
+from genolc.data.targets import window_targets
 from genolc.errors import ConfigError, InputError
 from genolc.fsutil import file_md5
 
@@ -92,19 +94,15 @@ class RowBuilder:
 
     def row(self, index: int) -> Row:
         window = self.sampler.window(index, 0)
-        ids = np.asarray(self.dataset.tokens(window.key)[window.start:window.stop])
-        tokenizer = self.dataset.tokenizer
-        if window.reverse_complement:
-            ids = tokenizer.reverse_complement(ids)
+        ids, weights = window_targets(self.dataset, window)
         if self.text_tokenizer is None:
-            ids = np.ascontiguousarray(ids, dtype=np.int64)
-            ambiguous = np.asarray(tokenizer.ambiguous_mask(ids), dtype=bool)
+            mask = np.concatenate([[0], weights > 0]).astype(np.int8)
         else:
-            ids, ambiguous = self.text_tokenizer.encode_bases(np.asarray(tokenizer.decode(ids), dtype=np.uint8),
-                                                              self.sampler.window_tokens)
-        mask = (~ambiguous).astype(np.int8)
-        if mask.size:
-            mask[0] = 0
+            bases = np.asarray(self.dataset.tokenizer.decode(ids), dtype=np.uint8)
+            ids, ambiguous = self.text_tokenizer.encode_bases(bases, self.sampler.window_tokens)
+            mask = (~ambiguous).astype(np.int8)
+            if mask.size:
+                mask[0] = 0
         if not mask.any():
             raise ConfigError(f"window {index} ({window.key}:{window.start}-{window.stop} tokens) has no token to "
                               f"train on (every target is ambiguous)", where=str(getattr(self.dataset, "path", "")),

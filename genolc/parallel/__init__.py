@@ -1,5 +1,6 @@
 """Parallel training over torch.distributed: the data-parallel x context-parallel mesh and context parallelism.
 
+    launch.py       which rank writes outputs and prints (rank 0), from torchrun's environment alone
     mesh.py         the process mesh from torchrun's environment (gloo on CPU, NCCL on CUDA)
     collectives.py  autograd-exact collectives: all-gather (backward: reduce-scatter), a gradient anchor
     layout.py       which positions of a window each context-parallel rank holds (contiguous or zigzag)

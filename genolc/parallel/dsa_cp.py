@@ -21,22 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from genolc.model.cache import LayerCache, append_rows
-from genolc.model.ops.indexer.pooling import pool_keys
+from genolc.model.layers.dsa import DSAAttention, DSAOutput, indexer_grad, indexer_inputs
 from genolc.parallel.collectives import anchor
 from genolc.parallel.context import ContextParallel
-
-
-def _index_rows(layer, hidden: torch.Tensor, indexer_loss: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The indexer's per-token keys and gate logits as ``DSAIndexer.features`` forms them (same grad rules)."""
-    indexer = layer.indexer
-    source = hidden if indexer_loss is None else hidden.detach()
-    with torch.set_grad_enabled(torch.is_grad_enabled() and indexer_loss is not None):
-        keys = indexer.k_norm(indexer.wk(source))
-        gates = nn.functional.linear(source, indexer.index_kpool_compress_gate)
-    return keys, gates
 
 
 @dataclass
@@ -79,14 +68,15 @@ def window_rows(layer, context: ContextParallel, hidden: torch.Tensor, indexer_l
     cache's ``past`` holds, and pool the indexer keys in absolute positions (from the last pool boundary before the
     span, whose keys the cache carries)."""
     past = past or {}
-    latent = layer.kv_a_layernorm(layer.kv_a_proj_with_mqa(hidden)[..., : layer.kv_lora_rank])
+    latent = layer.latent_rows(hidden)
     latent_rows, gathered_latent = context.gather_pieces(context.split(latent))
     span_latent = torch.cat(latent_rows, dim=1)
     rows = WindowRows(latent=append_rows(past.get("latent"), span_latent), keys=None, gates=None, pooled=None,
                       base=0, new_pools=None, span_latent=span_latent, gathered=[gathered_latent])
     if layer.indexer is None:
         return rows
-    keys, gates = _index_rows(layer, hidden, indexer_loss)
+    with indexer_grad(indexer_loss):
+        keys, gates = layer.indexer.key_rows(*indexer_inputs(indexer_loss, hidden))
     # Each gather is tied after the previous one so every rank runs the backward collectives in one order.
     key_rows, gathered_keys = context.gather_pieces(context.split(anchor(keys, gathered_latent)))
     gate_rows, gathered_gates = context.gather_pieces(context.split(anchor(gates, gathered_keys)))
@@ -94,8 +84,8 @@ def window_rows(layer, context: ContextParallel, hidden: torch.Tensor, indexer_l
     rows.keys = append_rows(past.get("pool_tail_keys"), torch.cat(key_rows, dim=1))
     rows.gates = append_rows(past.get("pool_tail_gates"), torch.cat(gate_rows, dim=1))
     rows.base = context.start // layer.kpool * layer.kpool
-    with torch.set_grad_enabled(torch.is_grad_enabled() and indexer_loss is not None):
-        rows.new_pools = pool_keys(rows.keys, rows.gates, layer.indexer.index_kpool_compress_ape, layer.kpool)
+    with indexer_grad(indexer_loss):
+        rows.new_pools = layer.indexer.pool(rows.keys, rows.gates)
     rows.pooled = append_rows(past.get("pooled"), rows.new_pools)
     return rows
 
@@ -104,8 +94,6 @@ def dsa_forward(layer, context: ContextParallel, hidden: torch.Tensor, shared_in
                 indexer_loss: str | None = None, cache: LayerCache | None = None):
     """``DSAAttention.forward`` for this rank's concatenated pieces ``hidden [B, T_local, D]``; with ``cache`` the
     span is one chunk of the window (earlier rows in ``cache.past``, the chunk's rows to ``cache.present``)."""
-    from genolc.model.layers.dsa import DSAAttention, DSAOutput
-
     pieces = context.pieces
     rows = window_rows(layer, context, hidden, indexer_loss, None if cache is None else cache.past)
     if cache is not None:

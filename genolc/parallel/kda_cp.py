@@ -45,16 +45,17 @@ def _tail_before(piece_index: int, tails: list[torch.Tensor], lengths: list[int]
 
 
 def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-    """``KimiDeltaAttention.forward`` for this rank's concatenated pieces ``x [B, T_local, D]``; with ``cache``
-    the span is one chunk of the window (the state and convolution inputs before it in ``cache.past``, the
-    chunk's in ``cache.present``)."""
-    batch, length, _ = x.shape
+    """``KimiDeltaAttention.forward`` for this rank's concatenated pieces ``x [B, T_local, D]``, from the layer's own
+    steps (``mixer_inputs``, ``short_conv``, ``split_heads``, ``recurrence``, ``output``); with ``cache`` the span
+    is one chunk of the window (the state and convolution inputs before it in ``cache.past``, the chunk's in
+    ``cache.present``)."""
+    batch = x.shape[0]
     heads, dim = layer.num_heads, layer.head_dim
     keep = layer.conv1d.weight.shape[-1] - 1
     pieces = context.pieces
     past = {} if cache is None else cache.past
     conv_before = past.get("conv_tail")
-    conv_input = torch.cat([layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)], dim=-1)
+    conv_input, gate_input, beta = layer.mixer_inputs(x)
     inputs = context.split(conv_input)
     own_tails = [torch.nn.functional.pad(t[:, max(0, t.shape[1] - keep):], (0, 0, keep - min(keep, t.shape[1]), 0))
                  for t in inputs]
@@ -62,19 +63,17 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
     lengths = context.span_lengths
     first = context.layout.rank_pieces(context.rank)
 
-    gate_inputs = context.split(layer.forget_gate.pre_activation(x))
-    betas = context.split(torch.sigmoid(layer.b_proj(x)))
+    gate_inputs = context.split(gate_input)
+    betas = context.split(beta)
     locals_, throughs, finals = [], [], []
-    for piece, relative, conv_in, gate_input, beta in zip(pieces, first, inputs, gate_inputs, betas):
-        qkv = layer.short_conv(conv_in, _tail_before(relative.index, tails, lengths, keep, conv_before))
-        q, k, v = (t.reshape(batch, len(piece), heads, dim) for t in qkv.split(layer.width, dim=-1))
+    for piece, relative, conv_in, piece_gate, piece_beta in zip(pieces, first, inputs, gate_inputs, betas):
+        q, k, v = layer.split_heads(layer.short_conv(conv_in, _tail_before(relative.index, tails, lengths, keep,
+                                                                           conv_before)))
         value_dim = v.shape[-1]
         values = torch.cat([v, v.new_zeros(batch, len(piece), heads, dim)], dim=-1)
         start_state = torch.cat([torch.zeros(batch, heads, dim, value_dim, device=x.device),
                                  torch.eye(dim, device=x.device).expand(batch, heads, dim, dim)], dim=-1)
-        core, final = layer.kda_op(q, k, values, gate_input, beta, initial_state=start_state,
-                                   output_final_state=True, use_qk_l2norm_in_kernel=True,
-                                   **layer.forget_gate.op_arguments())
+        core, final = layer.recurrence(q, k, values, piece_gate, piece_beta, start_state, True)
         locals_.append(core[..., :value_dim])
         throughs.append(core[..., value_dim:])
         finals.append(final)                                   # [B, H, Dk, Dv + Dk] = [offset B | transition A]
@@ -100,7 +99,4 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
     if cache is not None:
         cache.present["state"] = state
         cache.present["conv_tail"] = _tail_before(len(lengths), tails, lengths, keep, conv_before)
-    core = torch.cat(cores, dim=1)
-    gate = layer.g_b_proj(layer.g_a_proj(x)).view(batch, length, heads, dim)
-    out = layer.o_proj(layer.o_norm(core, gate).reshape(batch, length, layer.width))
-    return anchor(out, gathered_tails, gathered_finals)
+    return anchor(layer.output(x, torch.cat(cores, dim=1)), gathered_tails, gathered_finals)

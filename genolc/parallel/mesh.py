@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from genolc.errors import ConfigError
+from genolc.parallel.launch import alike_on_every_rank, launched_by_torchrun, rank_writes
 
 
 @dataclass(frozen=True)
@@ -36,15 +37,11 @@ class Mesh:
 
     @property
     def writes(self) -> bool:
-        """Whether this process writes the run's files (checkpoints, metrics, summary): global rank 0 only."""
-        return self.rank == 0
+        """Whether this process writes the run's files (checkpoints, metrics, summary): genolc.parallel.launch."""
+        return rank_writes(self.rank)
 
 
 SINGLE = Mesh(rank=0, world_size=1, dp_rank=0, dp_size=1, cp_rank=0, cp_size=1)
-
-
-def launched_by_torchrun() -> bool:
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
 def split_world(world_size: int, cp: int) -> int:
@@ -76,7 +73,8 @@ def init_mesh(cp: int, device_type: str) -> Mesh:
         raise ConfigError(f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} in the "
                           "environment are not whole numbers", where="the environment",
                           fix="launch with torchrun, or unset RANK and WORLD_SIZE") from None
-    dp_size = split_world(world_size, cp)
+    with alike_on_every_rank():
+        dp_size = split_world(world_size, cp)
     if world_size == 1:
         return SINGLE
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]

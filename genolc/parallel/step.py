@@ -1,6 +1,6 @@
 """One rank's micro-batch under context parallelism, and the mesh-wide gradient reduction.
 
-Every rank of a CP group reads the same whole window (the sampler's ``cp_rank`` does not enter the draw) and takes
+Every rank of a CP group reads the same whole window (the sampler draws per data-parallel rank only) and takes
 its pieces of the inputs, targets and target weights (genolc/parallel/layout.py). The loss is the window's:
 ``sum(w * CE)`` over this rank's targets divided by the step's total weight over all ranks, so the ranks' losses
 add up to the single-process loss, and so do their gradients. The auxiliary losses are already shares
@@ -20,7 +20,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from genolc.parallel.context import ContextParallel
 from genolc.train.chunked import MicroBatchResult
-from genolc.train.loss import LossTerms, micro_batch_loss
+from genolc.train.loss import LossTerms
+from genolc.train.strategy import whole_forward_backward
 
 # Gradient all-reduce bucket: large enough to keep the collective efficient, small enough that the flat copy stays
 # a small fraction of a GPU (the base preset's fp32 gradients are 7.7 GB).
@@ -34,14 +35,8 @@ def context_parallel_forward_backward(model: torch.nn.Module, context: ContextPa
     """Forward and backward of this rank's share of ``ids [B, T + 1]`` (the whole window, weights ``[B, T]``);
     ``.grad`` accumulates this rank's share of the window's gradient (sum them with :func:`all_reduce_gradients`)."""
     context.set_window(ids.shape[1] - 1)
-    inputs, targets = context.local(ids[:, :-1]), context.local(ids[:, 1:])
-    local_weights = context.local(weights)
-    with autocast():
-        out = model(inputs, indexer_loss=terms.indexer_mode)
-    parts = micro_batch_loss(out, targets, local_weights, terms)
-    loss = on_loss(parts.loss)
-    loss.backward()
-    return MicroBatchResult(lm=parts.lm.double().cpu(), aux=parts.aux, tokens_per_expert=out.tokens_per_expert)
+    return whole_forward_backward(model, context.local(ids[:, :-1]), context.local(ids[:, 1:]),
+                                  context.local(weights), terms, autocast, on_loss)
 
 
 @torch.no_grad()

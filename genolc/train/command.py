@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from functools import partial
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import click
 from genolc.config_defaults import config_default, config_option
 from genolc.errors import ConfigError
 from genolc.fsutil import output_dir
+from genolc.parallel.launch import alike_on_every_rank, writes_outputs
 from genolc.train.config import CP_LAYOUTS, DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES, TrainConfig
 from genolc.units import format_length, parse_length
 
@@ -131,20 +131,24 @@ def finetune_command(ctx: click.Context, data: Path, seq: str, model: str | None
     from genolc.train.schedule import lr_at
     from genolc.train.state import resolve_checkpoint
 
-    if model is not None and init is not None:
-        raise ConfigError("--model and --init both given", fix="use --model for a fresh preset or --init CHECKPOINT")
-    if init is not None:
-        init = resolve_checkpoint(init, "--init")
-    config = TrainConfig(data=data, seq_len=parse_length(seq, what="--seq"), model=model or TrainConfig.model,
-                         init=init, seq_warmup=_lengths(seq_warmup), chunk=parse_chunk(chunk),
-                         routing_group=parse_length(routing_group, what="--routing-group"), **options)
-    if config.warmup_steps >= config.steps:
+    # Under torchrun every rank checks the options alike: rank 0 alone reports a bad one (genolc.parallel.launch).
+    with alike_on_every_rank():
+        if model is not None and init is not None:
+            raise ConfigError("--model and --init both given",
+                              fix="use --model for a fresh preset or --init CHECKPOINT")
+        config = TrainConfig(data=data, seq_len=parse_length(seq, what="--seq"), model=model or TrainConfig.model,
+                             init=init, seq_warmup=_lengths(seq_warmup), chunk=parse_chunk(chunk),
+                             routing_group=parse_length(routing_group, what="--routing-group"), **options)
+    if config.init is not None:
+        # Outside: a checkpoint can be missing on one node only, and that rank must say so.
+        config = config.replace(init=resolve_checkpoint(config.init, "--init"))
+    writes = writes_outputs()
+    if writes and config.warmup_steps >= config.steps:
         click.echo(f"genolc: warning: --warmup {config.warmup_steps} >= --steps {config.steps}: every step is a "
                    f"warm-up step, so the learning rate only ramps up (to {lr_at(config.steps - 1, config):.3g} at "
                    f"the last step; --lr {config.lr:g}) and never decays", err=True)
     # --out is written step by step, not replaced whole: it must be new, empty or an earlier run's. Under torchrun
-    # only rank 0 claims and writes it (genolc.parallel.mesh).
-    writes = os.environ.get("RANK", "0") == "0"
+    # only rank 0 claims and writes it (genolc.parallel.launch).
     with output_dir(config.out, RUN_KIND, legacy=LEGACY_RUN) if writes else contextlib.nullcontext():
         final = finetune(config)
     if writes:

@@ -62,7 +62,7 @@ from tqdm import tqdm
 from genolc.determinism import ComputeSettings, compute_settings, note_kernels
 from genolc.errors import ConfigError, GenolcError, InputError
 from genolc.fsutil import atomic_write_json, ensure_writable_parent
-from genolc.parallel.mesh import launched_by_torchrun
+from genolc.parallel.launch import writes_outputs
 from genolc.parallel.collectives import all_reduce_counts
 from genolc.parallel.step import all_reduce_gradients, context_parallel_forward_backward
 from genolc.runs import RunRecord, run_record
@@ -100,8 +100,8 @@ class TrainHooks:
 def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
     """Train per ``config`` and return the final checkpoint directory (see the module docstring).
 
-    Under torchrun every process calls this; only global rank 0 writes the run's files (genolc.parallel.mesh)."""
-    writes = not launched_by_torchrun() or int(os.environ["RANK"]) == 0
+    Under torchrun every process calls this; only global rank 0 writes the run's files (genolc.parallel.launch)."""
+    writes = writes_outputs()
     record_block = run_record("finetune", config.out, config.to_dict()) if writes else \
         contextlib.nullcontext(RunRecord("finetune", {}, config.out))
     with record_block as record, compute_settings(config.threads, config.deterministic, _say, record) as compute:
@@ -121,7 +121,7 @@ def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
 
 
 def _say(message: str) -> None:
-    if os.environ.get("RANK", "0") != "0":
+    if not writes_outputs():
         return      # under torchrun rank 0 speaks for every rank
     tqdm.write(f"genolc finetune: {message}", file=sys.stderr)   # above the progress bar, not through it
 
@@ -324,8 +324,7 @@ class _Trainer:
             self.samplers[length] = TrainSampler(self.dataset, length, seed=self.config.seed,
                                                  max_n_fraction=self.config.max_n_fraction,
                                                  reverse_complement=self.config.reverse_complement,
-                                                 dp_rank=mesh.dp_rank, dp_size=mesh.dp_size,
-                                                 cp_rank=mesh.cp_rank, cp_size=mesh.cp_size)
+                                                 dp_rank=mesh.dp_rank, dp_size=mesh.dp_size)
         return self.samplers[length]
 
     def _strategy(self, shape: StepShape) -> StepStrategy:

@@ -160,6 +160,12 @@ def activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: bool = T
     return per_layer
 
 
+def recompute_checkpoint_bytes_per_token(config: ModelConfig, layers: int, bf16: bool = True) -> int:
+    """Bytes per token that per-layer recompute keeps for ``layers`` layers: each layer's input, ``hc_mult``
+    residual streams of ``hidden_size`` values (genolc/export/layout.py counts Megatron's the same way)."""
+    return layers * config.hc_mult * config.hidden_size * (2 if bf16 else 4)
+
+
 def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16: bool = True,
                     recompute: bool = False, fast_kernels: bool = False) -> MemoryPlan:
     """Peak training memory for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
@@ -170,7 +176,7 @@ def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16
     table = fast_activation_bytes_per_token if fast_kernels else activation_bytes_per_token
     per_layer = table(config, seq_len, bf16)
     if recompute:
-        saved = config.num_hidden_layers * config.hc_mult * config.hidden_size * a + max(per_layer)
+        saved = recompute_checkpoint_bytes_per_token(config, config.num_hidden_layers, bf16) + max(per_layer)
     else:
         saved = sum(per_layer)
     activations = tokens * saved

@@ -135,9 +135,17 @@ def run_micro_batch(strategy: StepStrategy, model: torch.nn.Module, ids: torch.T
     ``.grad`` accumulate. ``on_loss`` sees (and may replace, or refuse by raising) each loss before backward."""
     if strategy.chunk is not None:
         return chunked_forward_backward(model, ids, weights, terms, strategy.chunk, autocast, on_loss)
+    return whole_forward_backward(model, ids[:, :-1], ids[:, 1:], weights, terms, autocast, on_loss)
+
+
+def whole_forward_backward(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
+                           terms: LossTerms, autocast: Callable[[], AbstractContextManager],
+                           on_loss: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatchResult:
+    """One forward and backward of ``inputs [B, T]`` against ``targets`` / ``weights [B, T]``: the whole window, or
+    under context parallelism this rank's pieces of it (genolc/parallel/step.py)."""
     with autocast():
-        out = model(ids[:, :-1], indexer_loss=terms.indexer_mode)
-    parts = micro_batch_loss(out, ids[:, 1:], weights, terms)
+        out = model(inputs, indexer_loss=terms.indexer_mode)
+    parts = micro_batch_loss(out, targets, weights, terms)
     loss = on_loss(parts.loss)
     loss.backward()
     return MicroBatchResult(lm=parts.lm.double().cpu(), aux=parts.aux, tokens_per_expert=out.tokens_per_expert)

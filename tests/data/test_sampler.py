@@ -86,16 +86,20 @@ def test_resume_via_state_dict_reproduces_the_stream(dataset):
         TrainSampler(dataset, 128, reverse_complement=True, dp_size=2).load_state_dict(state)
 
 
-def test_data_parallel_ranks_differ_and_context_parallel_ranks_agree(dataset):
+def test_data_parallel_ranks_differ(dataset):
     dp_size = 3
     for step in range(30):
         per_rank = [TrainSampler(dataset, 200, seed=1, dp_rank=r, dp_size=dp_size).window(step) for r in range(dp_size)]
         spans = sorted((w.key, w.start, w.stop) for w in per_rank)
         for (k1, s1, e1), (k2, s2, e2) in zip(spans, spans[1:]):
             assert k1 != k2 or e1 <= s2, f"DP ranks overlap at step {step}: {spans}"
-        cp = [TrainSampler(dataset, 200, seed=1, dp_rank=1, dp_size=dp_size, cp_rank=c, cp_size=4).window(step)
-              for c in range(4)]
-        assert all(w == per_rank[1] for w in cp)
+
+
+def test_the_sampler_takes_no_context_parallel_rank(dataset):
+    """A CP group's ranks share one window: each builds the sampler of its DP rank, so a CP rank is no argument
+    (it used to be accepted and ignored)."""
+    with pytest.raises(TypeError, match="cp_rank"):
+        TrainSampler(dataset, 200, dp_rank=1, dp_size=2, cp_rank=1, cp_size=2)
 
 
 def test_windows_follow_valid_start_counts(dataset):

@@ -195,6 +195,27 @@ def test_megatron_dataset_yields_the_sampler_windows_and_the_exported_rows(datas
     assert batch["tokens"].shape == (2, SEQ) and batch["loss_mask"].dtype == torch.float32
 
 
+def test_exports_and_the_trainer_read_a_window_alike(dataset, tmp_path):
+    """The trainer's micro-batch (--micro-batch 1, softmask weight 1), the SkyRL rows and the Megatron items of
+    the same steps hold the same ids and the same N-masked targets (one reader: genolc.data.targets)."""
+    from genolc.train.batch import read_micro_batch
+    from genolc.train.schedule import StepShape
+
+    out = tmp_path / "skyrl"
+    export(_config(dataset, out, windows=32, reverse_complement=True))
+    megatron = MegatronWindowDataset(dataset.path, SEQ, 32, seed=5, max_n_fraction=0.5, reverse_complement=True)
+    sampler = TrainSampler(dataset, SEQ, seed=5, max_n_fraction=0.5, reverse_complement=True)
+    shape = StepShape(seq_len=SEQ, windows=1, grad_accum=1, stage=0)
+    masked = 0
+    for step, (ids, mask) in enumerate(skyrl_export.read_rows(out)):
+        trainer_ids, trainer_weights = read_micro_batch(dataset, sampler, step, shape, 0, 1.0)
+        np.testing.assert_array_equal(trainer_ids[0].numpy(), ids)
+        np.testing.assert_array_equal(trainer_weights[0].numpy(), mask[1:].astype(np.float32))
+        np.testing.assert_array_equal(megatron[step]["loss_mask"].numpy(), trainer_weights[0].numpy())
+        masked += int((trainer_weights == 0).sum())
+    assert masked > 0, "no window overlapped the N run; the N-mask went untested"
+
+
 @pytest.mark.parametrize("name,gpus", [("tiny", 8), ("glm-5.3-flash", 64)])
 def test_megatron_provider_arguments_build_megatron_cores_config(name, gpus):
     mcore = pytest.importorskip("megatron.core.transformer.transformer_config")

@@ -73,6 +73,18 @@ class IndexerFeatures:
     pooled: torch.Tensor
 
 
+def indexer_grad(indexer_loss: str | None):
+    """The grad mode the indexer runs in: off without an ``indexer_loss`` mode (inference, LM-only training), as is
+    otherwise; with a mode its inputs come through :func:`indexer_inputs` detached, so only its KL trains it."""
+    return torch.set_grad_enabled(torch.is_grad_enabled() and indexer_loss is not None)
+
+
+def indexer_inputs(indexer_loss: str | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` as the indexer reads them: detached under an ``indexer_loss`` mode (the LM loss never reaches
+    the indexer, nor its KL the layers below)."""
+    return tuple(t if indexer_loss is None else t.detach() for t in tensors)
+
+
 class DSAIndexer(nn.Module):
     """The k-pool lightning indexer (``Glm5NextTextIndexer``'s parameters); see genolc/model/ops/indexer."""
 
@@ -92,6 +104,15 @@ class DSAIndexer(nn.Module):
         self.index_kpool_compress_ape = nn.Parameter(torch.zeros(self.kpool, self.head_dim))
         self.index_kpool_compress_gate = nn.Parameter(torch.ones(self.head_dim, config.hidden_size))
 
+    def key_rows(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token indexer keys ``[B, T, Di]`` (normalised) and their pool gate logits ``[B, T, Di]``: what later
+        positions read of ``hidden [B, T, D]`` (genolc/parallel/dsa_cp.py gathers them across ranks)."""
+        return self.k_norm(self.wk(hidden)), nn.functional.linear(hidden, self.index_kpool_compress_gate)
+
+    def pool(self, keys: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
+        """``[B, T // kpool, Di]``: every complete pool of :meth:`key_rows` that start at a pool boundary."""
+        return pool_keys(keys, gate_logits, self.index_kpool_compress_ape, self.kpool)
+
     def features(self, hidden: torch.Tensor, q_resid: torch.Tensor,
                  cache: LayerCache | None = None) -> IndexerFeatures:
         """hidden ``[B, T, D]`` and the MLA query latent q_resid ``[B, T, q_lora_rank]`` -> :class:`IndexerFeatures`.
@@ -102,15 +123,13 @@ class DSAIndexer(nn.Module):
         """
         batch, seq_len = hidden.shape[:2]
         queries = self.wq_b(q_resid).view(batch, seq_len, self.n_heads, self.head_dim)
-        keys = self.k_norm(self.wk(hidden))
-        gate_logits = nn.functional.linear(hidden, self.index_kpool_compress_gate)
+        keys, gate_logits = self.key_rows(hidden)
         head_weights = self.weights_proj(hidden).float() * self.n_heads ** -0.5
         if cache is None:
-            return IndexerFeatures(queries, head_weights,
-                                   pool_keys(keys, gate_logits, self.index_kpool_compress_ape, self.kpool))
+            return IndexerFeatures(queries, head_weights, self.pool(keys, gate_logits))
         keys = append_rows(cache.past.get("pool_tail_keys"), keys)
         gate_logits = append_rows(cache.past.get("pool_tail_gates"), gate_logits)
-        new_pools = pool_keys(keys, gate_logits, self.index_kpool_compress_ape, self.kpool)
+        new_pools = self.pool(keys, gate_logits)
         complete = new_pools.shape[1] * self.kpool
         cache.present["pooled"] = new_pools
         cache.present["pool_tail_keys"] = keys[:, complete:]
@@ -167,6 +186,11 @@ class DSAAttention(nn.Module):
                                   select_tail=self.select_tail, softmax_scale=self.indexer.softmax_scale,
                                   **options)
 
+    def latent_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The normalised latent ``c [B, T, R]`` of ``hidden [B, T, D]``: every key and value of these positions
+        (genolc/parallel/dsa_cp.py gathers it across ranks)."""
+        return self.kv_a_layernorm(self.kv_a_proj_with_mqa(hidden)[..., : self.kv_lora_rank])
+
     def _key_value_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``kv_b_proj``'s weight split per head: ``W_k [H, Dk, R]`` and ``W_v [H, Dv, R]`` (views)."""
         weight = self.kv_b_proj.weight.view(self.num_heads, self.qk_head_dim + self.v_head_dim, self.kv_lora_rank)
@@ -197,7 +221,7 @@ class DSAAttention(nn.Module):
 
         q_resid = self.q_a_layernorm(self.q_a_proj(hidden))
         queries = self.q_b_proj(q_resid).view(batch, seq_len, self.num_heads, self.qk_head_dim)
-        latent = self.kv_a_layernorm(self.kv_a_proj_with_mqa(hidden)[..., : self.kv_lora_rank])  # [B, T, R]
+        latent = self.latent_rows(hidden)                                                    # [B, T, R]
         if cache is not None:
             cache.present["latent"] = latent
             latent = append_rows(cache.past.get("latent"), latent)                           # [B, start + T, R]
@@ -207,11 +231,8 @@ class DSAAttention(nn.Module):
 
         features = None
         if self.indexer is not None:
-            if indexer_loss is None:
-                with torch.no_grad():
-                    features = self.indexer.features(hidden, q_resid, cache)
-            else:
-                features = self.indexer.features(hidden.detach(), q_resid.detach(), cache)
+            with indexer_grad(indexer_loss):
+                features = self.indexer.features(*indexer_inputs(indexer_loss, hidden, q_resid), cache)
             indices = self._select(features, cache)
         else:
             if shared_indices is None:

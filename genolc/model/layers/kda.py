@@ -93,28 +93,46 @@ class KimiDeltaAttention(nn.Module):
         mixed = F.conv1d(channels_first, self.conv1d.weight, groups=qkv.shape[-1])
         return F.silu(mixed).transpose(1, 2).to(qkv.dtype)
 
+    def mixer_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-token inputs of ``x [B, T, D]``: the convolution's input (q, k, v projections concatenated,
+        ``[B, T, 3 W]``), the forget gate's pre-activation ``[B, T, H, Dk]`` and ``beta [B, T, H]``."""
+        conv_input = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        return conv_input, self.forget_gate.pre_activation(x), torch.sigmoid(self.b_proj(x))
+
+    def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The short convolution's output ``[B, T, 3 W]`` as q, k, v ``[B, T, H, Dk]``."""
+        heads_shape = (*qkv.shape[:2], self.num_heads, self.head_dim)
+        q, k, v = (t.reshape(heads_shape) for t in qkv.split(self.width, dim=-1))
+        return q, k, v
+
+    def recurrence(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_input: torch.Tensor,
+                   beta: torch.Tensor, initial_state: torch.Tensor | None,
+                   output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(core [B, T, H, Dv], final state or None)``: the KDA op from ``initial_state`` (None: zeros)."""
+        return self.kda_op(q, k, v, gate_input, beta, initial_state=initial_state,
+                           output_final_state=output_final_state, use_qk_l2norm_in_kernel=True,
+                           **self.forget_gate.op_arguments())
+
+    def output(self, x: torch.Tensor, core: torch.Tensor) -> torch.Tensor:
+        """The op's ``core [B, T, H, Dv]`` through the gated norm (gate from ``x [B, T, D]``) and ``o_proj``."""
+        batch, length = x.shape[:2]
+        gate = self.g_b_proj(self.g_a_proj(x)).view(batch, length, self.num_heads, self.head_dim)
+        return self.o_proj(self.o_norm(core, gate).reshape(batch, length, self.width))
+
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         """``x [B, T, D] -> [B, T, D]``; with ``cache`` (genolc.model.cache) x is one chunk of a window: the state
         and convolution inputs of the positions before it come from ``cache.past``, this chunk's go to
-        ``cache.present``."""
+        ``cache.present``. genolc/parallel/kda_cp.py runs the same steps over a context-parallel rank's pieces."""
         if x.dim() != 3:
             raise ValueError(f"KDA input must be [B, T, D]; got {tuple(x.shape)}")
-        batch, length, _ = x.shape
-        heads_shape = (batch, length, self.num_heads, self.head_dim)
-        conv_input = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        conv_input, gate_input, beta = self.mixer_inputs(x)
         conv_tail = None if cache is None else cache.past.get("conv_tail")
-        qkv = self.short_conv(conv_input, conv_tail)
-        q, k, v = (t.reshape(heads_shape) for t in qkv.split(self.width, dim=-1))
-        gate_input = self.forget_gate.pre_activation(x)
-        beta = torch.sigmoid(self.b_proj(x))
+        q, k, v = self.split_heads(self.short_conv(conv_input, conv_tail))
         initial_state = None if cache is None else cache.past.get("state")
-        core, final_state = self.kda_op(q, k, v, gate_input, beta, initial_state=initial_state,
-                                        output_final_state=cache is not None, use_qk_l2norm_in_kernel=True,
-                                        **self.forget_gate.op_arguments())
+        core, final_state = self.recurrence(q, k, v, gate_input, beta, initial_state, cache is not None)
         if cache is not None:
             keep = self.conv1d.weight.shape[-1] - 1
             seen = conv_input if conv_tail is None else torch.cat([conv_tail.to(conv_input.dtype), conv_input], 1)
             cache.present["conv_tail"] = seen[:, max(0, seen.shape[1] - keep):]
             cache.present["state"] = final_state
-        gate = self.g_b_proj(self.g_a_proj(x)).view(heads_shape)
-        return self.o_proj(self.o_norm(core, gate).reshape(batch, length, self.width))
+        return self.output(x, core)
