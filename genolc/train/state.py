@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from genolc.errors import GenolcError, InputError
 from genolc.fsutil import atomic_dir, atomic_write_json
+from genolc.parallel.launch import writes_outputs
 from genolc.model.config import ModelConfig
 
 STATE_VERSION = 1
@@ -94,7 +95,8 @@ def resolve_checkpoint(path: Path, option: str) -> Path:
                          where=str(path),
                          fix="let the run save one (it saves at the end, and every --checkpoint-every steps) or "
                              "point at a checkpoint directory")
-    print(f"genolc: {option} {path}: using the run's newest checkpoint {newest}", file=sys.stderr)
+    if writes_outputs():
+        print(f"genolc: {option} {path}: using the run's newest checkpoint {newest}", file=sys.stderr)
     return newest
 
 

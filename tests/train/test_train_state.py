@@ -108,6 +108,20 @@ def test_resolve_checkpoint_takes_a_runs_newest_complete_checkpoint_and_says_so(
     assert capsys.readouterr().err == ""
 
 
+def test_resolve_checkpoint_is_said_by_the_writing_rank_alone(tmp_path, capsys, monkeypatch):
+    """Under torchrun every rank resolves --init; only global rank 0 says which checkpoint it took."""
+    model, opt = _setup()
+    st.save_checkpoint(tmp_path / "run", 2, model=model, optimizer=opt, tokenizer=None, trainer_state={}, keep=5)
+    newest = tmp_path / "run" / "checkpoints" / "step-000002"
+    said = {}
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        assert st.resolve_checkpoint(tmp_path / "run", "--init") == newest
+        said[rank] = capsys.readouterr().err
+    assert said["1"] == "" and "using the run's newest checkpoint" in said["0"]
+
+
 @pytest.mark.parametrize("leftover", ["checkpoints", "metrics.jsonl"])
 def test_resolve_checkpoint_refuses_a_run_without_a_checkpoint(tmp_path, leftover):
     run = tmp_path / "run"
