@@ -52,6 +52,9 @@ class GenolcGroup(click.Group):
     def make_context(self, *args, **kwargs) -> click.Context:
         try:
             return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:
+            _quiet_on_other_ranks(exc)
+            raise
         except KeyboardInterrupt:
             _interrupted()
 
@@ -62,14 +65,18 @@ class GenolcGroup(click.Group):
             click.echo(f"genolc: error: {exc.message}", err=True)
             sys.exit(exc.exit_code)
         except click.UsageError as exc:
-            # Every torchrun rank parses the same command line: rank 0 alone reports a mistake in it.
-            if quiet_rank():
-                leave_quietly(exc.exit_code)
+            _quiet_on_other_ranks(exc)
             raise
         except KeyboardInterrupt:
             # Ctrl-C outside a command's own stop handling (start-up: importing torch, loading inputs): one line and
             # the shell's exit code for SIGINT, not click's "Aborted!" and exit code 1.
             _interrupted()
+
+
+def _quiet_on_other_ranks(exc: click.UsageError) -> None:
+    # Every torchrun rank parses the same command line: rank 0 alone reports a mistake in it.
+    if quiet_rank():
+        leave_quietly(exc.exit_code)
 
 
 def _interrupted() -> None:

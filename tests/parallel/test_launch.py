@@ -90,6 +90,17 @@ def test_an_option_error_is_printed_by_rank_0_alone(char_data, tmp_path, no_torc
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("line", [["--no-such-option", "finetune"], ["no-such-command"]],
+                         ids=["option", "command"])
+def test_a_top_level_usage_error_is_printed_by_rank_0_alone(no_torchrun, line):
+    _torchrun_rank(no_torchrun, 0)
+    said = CliRunner().invoke(main, line)
+    assert said.exit_code == 2 and said.output.count("Error") == 1, said.output
+    _torchrun_rank(no_torchrun, 1)
+    quiet = CliRunner().invoke(main, line)
+    assert quiet.exit_code == 2 and quiet.output == ""
+
+
 def test_rank_variables_without_a_rendezvous_still_say_the_error(char_data, tmp_path, no_torchrun):
     """RANK=1 WORLD_SIZE=2 without MASTER_ADDR/PORT is no torchrun launch: no rank 0 exists to speak for it."""
     _torchrun_rank(no_torchrun, 1, rendezvous=False)
