@@ -355,10 +355,10 @@ class _Trainer:
 
     def _context_parallel_strategy(self, shape: StepShape, multiple: int) -> StepStrategy:
         """A rank holds 1/cp of each window, or of each chunk of it, and what the whole span adds (the DSA rows
-        gathered over it, KDA's wider values): planned by genolc.train.plan.choose_context_parallel_strategy; the
+        gathered over it, KDA's wider values): planned by genolc.train.strategy.choose_context_parallel_strategy; the
         window's caches are whole on every rank, as in one process."""
         from genolc.parallel.layout import Layout
-        from genolc.train.plan import choose_context_parallel_strategy
+        from genolc.train.strategy import choose_context_parallel_strategy
 
         cfg = self.config
         cp = self.mesh.cp_size

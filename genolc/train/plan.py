@@ -51,6 +51,26 @@ The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk'
     pool keys         B T / kpool * Di * 8 n_dsa  rows and their gradient
     KDA states        ceil(T / chunk) n_kda B H Dk Dv * 4   one per chunk boundary
 
+A context-parallel rank (``--cp N``, genolc/parallel) holds its share ``s = ceil(S / N)`` of each span (the window,
+or one chunk of ``S`` tokens under the chunked step) and is planned as one process with a window (or chunk) of ``s``
+tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per layer; zigzag layout, ``2N`` pieces)::
+
+    DSA layer         4 R (S + S / 2N - s) + (a + 4) R s     each piece saves the fp32 latent rows from position 0
+                                                             to its end, and the rank's rows are projected again for
+                                                             the gather; chunked: 4 R (P + S / 2N - s) with P tokens
+                                                             before the last chunk (its second piece reads them again)
+      with indexer    + 4 Di (2 S + (3 S + P) / kpool)       the span's keys and gate logits pooled by every rank
+    KDA layer         reference: 24 W s + 4 H Dk^2 s / 64    five value-sized tensors Dk columns wider, the
+                      fast:      (2 a + 4) W s               correction's fp32 input; fast: padded values, correction
+                      + 24 N H Dk^2                          the gathered end states and the identity start states
+    one DSA backward  4 R (3 S + P) + 16 Di S               the rows' fp32 gradients and the padded gather buffer
+
+(summed over layers; with recompute the largest layer's). Measured on CPU (`tiny`, 2 gloo ranks, 2048 tokens):
+823,292 bytes more than one process of 1024 tokens in the DSA layer (819,200 planned) and up to 1,661,200 in each
+KDA layer (1,687,552); the rank's peak within 3 % of the plan whole and chunked
+(tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank: `small` at
+4M over 8 ranks in 256k chunks plans 143 GiB per rank against 122 GiB for a one-process 32k chunk.
+
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
 (defaults: H200 bf16 dense 989 TFLOP/s, 30 %), the indexer's scoring at its kernel's measured rate. That assumes the fast kernels; the
 pure-torch reference path runs orders of magnitude below it (about 230 tokens/s for the small preset at 4k on an
@@ -459,52 +479,3 @@ def context_parallel_oom_error(config: ModelConfig, *, seq_len: int, cp: int, ch
            "no chunk fits on this many ranks; use a larger --cp or a smaller --model")
     return OutOfMemoryPlanError(what, where=where, fix=fix)
 
-
-def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: int, pieces: int, windows: int,
-                                     chunk: int | None, recompute: bool, bf16: bool, fast_kernels: bool,
-                                     budget_bytes: int, multiple: int, where: str):
-    """The step strategy of one rank of ``--cp cp`` (``pieces``: the layout's pieces per span), as
-    genolc.train.strategy.choose_strategy chooses for one process but from
-    :func:`estimate_context_parallel_memory`: the whole window when it fits (or ``chunk`` is 0 or covers the
-    window), else ``chunk`` or, for None (auto), the longest chunk that fits. Raises OutOfMemoryPlanError when the
-    setting is estimated not to fit ``budget_bytes``, ConfigError for a last chunk shorter than ``pieces``."""
-    from genolc.errors import ConfigError
-    from genolc.train.strategy import SMALLEST_AUTO_CHUNK, StepStrategy
-
-    plan_args = dict(cp=cp, windows=windows, recompute=recompute, bf16=bf16, fast_kernels=fast_kernels)
-    # A chunk is cut into the layout's pieces, each a multiple of the kernels' chunk.
-    chunk_multiple = multiple * pieces if multiple > 1 else 1
-
-    def refusal(asked: int | None) -> OutOfMemoryPlanError:
-        return context_parallel_oom_error(config, seq_len=seq_len, chunk=asked, budget_bytes=budget_bytes,
-                                          chunk_multiple=chunk_multiple, where=where, **plan_args)
-
-    share = -(-seq_len // cp)
-    whole = estimate_context_parallel_memory(config, seq_len=seq_len, **plan_args).total
-    if chunk == 0 or (chunk is not None and chunk >= seq_len) or (chunk is None and whole <= budget_bytes):
-        if whole > budget_bytes:
-            raise refusal(None)
-        return StepStrategy(share, None, recompute, whole,
-                            f"--cp {cp}: this rank's {share} of the window's {seq_len} tokens, run whole")
-    if chunk is None:
-        chunk = largest_fitting_context_parallel_chunk(config, seq_len=seq_len, budget_bytes=budget_bytes,
-                                                       multiple=chunk_multiple,
-                                                       smallest=max(chunk_multiple, SMALLEST_AUTO_CHUNK * cp),
-                                                       **plan_args)
-        if chunk is None:
-            raise refusal(None)
-        reason = (f"the whole window needs an estimated {format_gib(whole)} GiB per rank of the "
-                  f"{format_gib(budget_bytes)} GiB device; choose with --chunk")
-    else:
-        reason = "as asked"
-    estimate = estimate_context_parallel_memory(config, seq_len=seq_len, chunk=chunk, **plan_args).total
-    if estimate > budget_bytes:
-        raise refusal(chunk)
-    last = seq_len % chunk
-    if last and last < pieces:
-        raise ConfigError(f"the last chunk of a {seq_len}-token window in chunks of {chunk} has {last} tokens, fewer "
-                          f"than the {pieces} pieces --cp {cp} cuts each chunk into", where="--chunk / --cp",
-                          fix="choose a --chunk that divides --seq")
-    return StepStrategy(seq_len, chunk, recompute, estimate, reason=(
-        f"--cp {cp}: chunks of {format_length(chunk)} split over the ranks, {format_length(-(-chunk // cp))} tokens "
-        f"each; {reason}"))
