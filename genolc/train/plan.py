@@ -56,20 +56,23 @@ or one chunk of ``S`` tokens under the chunked step) and is planned as one proce
 tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per layer; zigzag layout, ``2N`` pieces)::
 
     DSA layer         4 R (S + S / 2N - s) + (a + 4) R s     each piece saves the fp32 latent rows from position 0
-                                                             to its end, and the rank's rows are projected again for
-                                                             the gather; chunked: 4 R (P + S / 2N - s) with P tokens
-                                                             before the last chunk (its second piece reads them again)
+                      (+ a d s under bf16)                   to its end, and the rank's rows are projected again for
+                                                             the gather (its bf16 cast of the hidden states); chunked:
+                                                             4 R (P + S / 2N - s), P tokens before the last chunk (its
+                                                             second piece reads them again)
       with indexer    + 4 Di (2 S + (3 S + P) / kpool)       the span's keys and gate logits pooled by every rank
+                      (+ 2 a d s under bf16)                 and two more casts for their projections
     KDA layer         reference: 24 W s + 4 H Dk^2 s / 64    five value-sized tensors Dk columns wider, the
                       fast:      (2 a + 4) W s               correction's fp32 input; fast: padded values, correction
                       + 24 N H Dk^2                          the gathered end states and the identity start states
     one DSA backward  4 R (3 S + P) + 16 Di S               the rows' fp32 gradients and the padded gather buffer
 
 (summed over layers; with recompute the largest layer's). Measured on CPU (`tiny`, 2 gloo ranks, 2048 tokens):
-823,292 bytes more than one process of 1024 tokens in the DSA layer (819,200 planned) and up to 1,661,200 in each
-KDA layer (1,687,552); the rank's peak within 3 % of the plan whole and chunked
+823,292 bytes more than one process of 1024 tokens in the DSA token mixer (819,200 planned) and up to 1,661,200 in
+each KDA one (1,687,552); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast
+1,208,316 (1,146,880) and 562,304 (573,440); the rank's peak within 3 % of the plan whole and chunked
 (tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank: `small` at
-4M over 8 ranks in 256k chunks plans 143 GiB per rank against 122 GiB for a one-process 32k chunk.
+4M over 8 ranks in 256k chunks plans 144 GiB per rank against 122 GiB for a one-process 32k chunk.
 
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
 (defaults: H200 bf16 dense 989 TFLOP/s, 30 %), the indexer's scoring at its kernel's measured rate. That assumes the fast kernels; the
@@ -353,7 +356,8 @@ def context_parallel_saved_bytes(config: ModelConfig, *, span: int, cp: int, pas
     kda_states = (pieces + cp) * c.linear_num_heads * c.linear_head_dim * 2 * c.linear_head_dim * 4
     if fast_kernels:
         # SegmentedKDA saves its inputs: the values padded with Dk zero columns are a new [T, H, Dv + Dk] tensor;
-        # the correction's einsum saves an fp32 copy of the extra output columns [T, H, Dk].
+        # the correction's einsum saves an fp32 copy of the extra output columns [T, H, Dk] (`tiny`, 2 ranks of
+        # 1024 tokens, stand-in kernels: 562,304 bytes more than one process; this 573,440).
         kda = share * (2 * a + 4) * width + kda_states
     else:
         # The chunked reference saves five value-sized fp32 tensors per token, each Dk columns wider, the
@@ -367,14 +371,17 @@ def context_parallel_saved_bytes(config: ModelConfig, *, span: int, cp: int, pas
     # rows in all (contiguous: at most span), against ``share`` in one process; fp32 (an fp32-weighted RMSNorm's
     # output) on both paths. Under the chunked step both pieces of the last chunk also read the ``past`` rows of
     # the earlier chunks, where one process's chunk reads them once (in its cache terms). The rank's own rows are
-    # projected and normalised once more for the gather (the norm's input, ``a`` bytes, and output).
+    # projected and normalised once more for the gather (the norm's input, ``a`` bytes, and output), and under bf16
+    # autocast that projection saves its own bf16 cast of the rank's hidden states [share, d].
     rows = (span + -(-span // pieces) - share) if not past else (past + -(-span // pieces) - share)
-    dsa = rows * c.kv_lora_rank * 4 + share * c.kv_lora_rank * (a + 4)
+    cast = share * c.hidden_size * a if bf16 else 0
+    dsa = rows * c.kv_lora_rank * 4 + share * c.kv_lora_rank * (a + 4) + cast
     # With an indexer: pool_keys over the whole span saves its per-token keys and gate logits (fp32 [span, Di]
     # each) besides each piece's own pooling, and three pooled-size tensors of the span's pools; the second piece
-    # reads the past's pools again.
-    indexer = (2 * span + (3 * span + past) // c.index_kpool) * c.index_head_dim * 4
-    # Measured for `tiny` (2048 tokens, 2 ranks): 823,292 bytes more in its DSA layer; these terms give 819,200.
+    # reads the past's pools again. The gather's key and gate projections cast the hidden states once more each.
+    indexer = (2 * span + (3 * span + past) // c.index_kpool) * c.index_head_dim * 4 + 2 * cast
+    # Measured for `tiny` (2048 tokens, 2 ranks): 823,292 bytes more in its DSA layer (fast path 1,208,316); these
+    # terms give 819,200 (1,146,880).
     per_layer = []
     for attn, index in zip(c.layer_types, c.indexer_types):
         if attn == "linear_attention":

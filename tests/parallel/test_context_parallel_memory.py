@@ -7,11 +7,13 @@ tests/tensor_memory.py's PeakTensorBytes, whole-window and chunked (512-token ch
 activations and logits: within 20 %. Measured on 2026-11-30: whole window 264.0 MB on the larger rank (parameter
 gradients left out), planned 259.2 MB now and 252.0 MB by the old one-process plan of the rank's 1024 tokens;
 chunked 68.4 MB, planned 66.7 MB now and 64.5 MB before. At CP 2 on `tiny` the span's terms are small (about 3 %),
-so both plans are inside that band; the terms themselves are checked layer by layer against what autograd saves:
+so both plans are inside that band; the terms themselves are checked mixer by mixer against what autograd saves:
 a CP rank's DSA layer saves 823,292 bytes more than one process of its 1024 tokens (the old plan: none; the terms:
-819,200), each KDA layer up to 1,661,200 (the terms: 1,687,552). They grow with the span over the share: `small`
-at 4M over 8 ranks in 256k chunks plans 143 GiB per rank, where the old plan said 122 GiB (the longest chunk it
-would pick, which then ran out of the 140 GiB device).
+819,200), each KDA layer up to 1,661,200 (the terms: 1,687,552); with the fast ops' autograd Functions around
+stand-in kernels under bf16 autocast 1,208,316 (1,146,880) and 562,304 (573,440). They grow
+with the span over the share: `small` at 4M over 8 ranks in 256k chunks (32k tokens a rank, the chunk the old
+one-process plan of the share picked) plans 143.8 GiB per rank, more than the 139.8 GiB of an H200, where the old
+plan said 122 GiB; --chunk auto now picks 128k (107.1 GiB).
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ def _terms(weights):
                      indexer_mode="sparse")
 
 
-def _saved_per_layer(model, run) -> list[int]:
-    """Bytes autograd saves in each decoder layer while ``run()`` runs the model's forward (parameters left out)."""
+def _saved_per_mixer(model, run, bf16: bool = False) -> list[int]:
+    """Bytes autograd saves in each layer's token mixer while ``run()`` runs the model's forward (parameters left
+    out), under bf16 autocast with ``bf16``."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
-    per_layer: list[int] = []
+    per_mixer: list[int] = []
 
     def pack(tensor):
         ptr = tensor.untyped_storage().data_ptr()
@@ -57,11 +60,22 @@ def _saved_per_layer(model, run) -> list[int]:
         saved.clear()
 
     for layer in model.layers:
-        layer.register_forward_pre_hook(start)
-        layer.register_forward_hook(lambda *args: per_layer.append(sum(saved.values())))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer.self_attn.register_forward_pre_hook(start)
+        layer.self_attn.register_forward_hook(lambda *args: per_mixer.append(sum(saved.values())))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         run()
-    return per_layer
+    return per_mixer
+
+
+def _mixers(bf16: bool):
+    """The tiny model, with the fast ops' autograd Functions (around CPU stand-in kernels) for ``bf16``."""
+    from tensor_memory import use_fast_kernel_stand_ins
+
+    model = tiny_model_with_skewed_routing()
+    if bf16:
+        use_fast_kernel_stand_ins(model)
+    return model
 
 
 def _worker(rank: int, world: int, port: int, results: str) -> None:
@@ -87,10 +101,12 @@ def _worker(rank: int, world: int, port: int, results: str) -> None:
                                          lambda loss: loss, shard=context)
         # Parameter gradients are created during the backward too; the plan counts them apart.
         out[chunk] = tracker.peak - sum(p.numel() * p.element_size() for p in model.parameters())
-    model = tiny_model_with_skewed_routing()
-    context = apply_context_parallel(model, dist.group.WORLD, "zigzag")
-    context.set_window(WINDOW)
-    out["saved"] = _saved_per_layer(model, lambda: model(context.local(ids[:, :-1]), indexer_loss="sparse"))
+    for bf16 in (False, True):
+        model = _mixers(bf16)
+        context = apply_context_parallel(model, dist.group.WORLD, "zigzag")
+        context.set_window(WINDOW)
+        out["saved", bf16] = _saved_per_mixer(model, lambda: model(context.local(ids[:, :-1]), indexer_loss="sparse"),
+                                              bf16)
     gathered = [None] * world
     dist.all_gather_object(gathered, out)
     if rank == 0:
@@ -121,16 +137,18 @@ def test_each_rank_peak_within_20_percent_of_the_context_parallel_plan(ranks, ch
         assert abs(planned / measured - 1) <= 0.2, (rank, planned, measured)
 
 
-def test_context_parallel_terms_match_what_each_layer_saves_beyond_one_process(ranks, one_thread):
-    """Layer by layer, what a CP rank saves for backward beyond one process running the rank's share (both
-    measured, so the one-process table's own error cancels) against context_parallel_saved_bytes."""
+@pytest.mark.parametrize("bf16", [False, True], ids=["reference", "fast-kernels"])
+def test_context_parallel_terms_match_what_each_mixer_saves_beyond_one_process(ranks, bf16, one_thread):
+    """Token mixer by token mixer, what a CP rank saves for backward beyond one process running the rank's share
+    (both measured, so the one-process table's own error cancels) against context_parallel_saved_bytes: fp32
+    reference ops, and the fast ops' autograd Functions under bf16 autocast."""
     ids, _ = _window()
     share = WINDOW // CP
-    model = tiny_model_with_skewed_routing()
-    one_process = _saved_per_layer(model, lambda: model(ids[:, :share], indexer_loss="sparse"))
-    extra = [max(rank_result["saved"][layer] for rank_result in ranks) - alone
+    model = _mixers(bf16)
+    one_process = _saved_per_mixer(model, lambda: model(ids[:, :share], indexer_loss="sparse"), bf16)
+    extra = [max(rank_result["saved", bf16][layer] for rank_result in ranks) - alone
              for layer, alone in enumerate(one_process)]
-    planned = context_parallel_saved_bytes(model.config, span=WINDOW, cp=CP, bf16=False)
+    planned = context_parallel_saved_bytes(model.config, span=WINDOW, cp=CP, bf16=bf16, fast_kernels=bf16)
     for layer, (mine, actual) in enumerate(zip(planned, extra)):
         assert actual > 0 and abs(mine / actual - 1) <= 0.1, (layer, mine, actual)
 
@@ -154,7 +172,7 @@ def test_cp_chunk_choice_uses_the_context_parallel_estimate():
     with pytest.raises(OutOfMemoryPlanError) as refused:
         choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=256 * 1024,
                                          budget_bytes=budget, multiple=64, where="test", **args)
-    assert "--seq 4M --cp 8 --chunk 256k: estimated 143.2 GiB per rank" in refused.value.message
+    assert "--seq 4M --cp 8 --chunk 256k: estimated 143.8 GiB per rank" in refused.value.message
     assert "try --recompute (estimated to fit)" in refused.value.message
 
 
@@ -165,7 +183,7 @@ def test_plan_command_plans_a_context_parallel_rank():
 
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M", "--cp", "8"])
     assert result.exit_code == 0, result.output
-    assert "--seq 4M: chunked step, --chunk 128k, estimated peak 106.8 GiB (--cp 8: chunks of 128k" in result.output
-    assert "peak device memory 106.8 GiB of 139.8 on each of the 8 ranks" in result.output
+    assert "--seq 4M: chunked step, --chunk 128k, estimated peak 107.1 GiB (--cp 8: chunks of 128k" in result.output
+    assert "peak device memory 107.1 GiB of 139.8 on each of the 8 ranks" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M", "--cp", "8", "--chunk", "off"])
     assert result.exit_code == 0 and "does not fit: out of device memory at --seq 4M --cp 8:" in result.output
