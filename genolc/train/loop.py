@@ -353,38 +353,20 @@ class _Trainer:
         return self.strategies[key]
 
     def _context_parallel_strategy(self, shape: StepShape, multiple: int) -> StepStrategy:
-        """A rank holds 1/cp of each window, or of each chunk of it: planned as one process with a window (or
-        chunk) of that share; the window's caches are whole on every rank, as in one process."""
+        """A rank holds 1/cp of each window, or of each chunk of it, and what the whole span adds (the DSA rows
+        gathered over it, KDA's wider values): planned by genolc.train.strategy.choose_context_parallel_strategy; the
+        window's caches are whole on every rank, as in one process."""
         from genolc.parallel.layout import Layout
+        from genolc.train.strategy import choose_context_parallel_strategy
 
         cfg = self.config
         cp = self.mesh.cp_size
         pieces = Layout(shape.seq_len, cp, cfg.cp_layout).piece_count
-        common = dict(windows=shape.windows, grad_accum=shape.grad_accum, recompute=cfg.recompute, bf16=self.bf16,
-                      fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(),
-                      where=f"--seq {format_length(shape.seq_len)} over --cp {cp} on {self.device}")
-        share = -(-shape.seq_len // cp)
-        whole = f"--cp {cp}: this rank's {share} of the window's {shape.seq_len} tokens, run whole"
-        if cfg.chunk == 0 or (cfg.chunk is not None and cfg.chunk >= shape.seq_len):
-            strategy = choose_strategy(self.model.config, seq_len=share, chunk=0, multiple=multiple, **common)
-            return dataclasses.replace(strategy, reason=whole)
-        # A chunk's share per rank must keep every piece a multiple of the kernels' chunk.
-        per_rank_multiple = multiple * pieces // cp if multiple > 1 else 1
-        per_rank = None if cfg.chunk is None else -(-cfg.chunk // cp)
-        planned = choose_strategy(self.model.config, seq_len=shape.seq_len, chunk=per_rank,
-                                  multiple=per_rank_multiple, **common)
-        if planned.chunk is None:
-            strategy = choose_strategy(self.model.config, seq_len=share, chunk=0, multiple=multiple, **common)
-            return dataclasses.replace(strategy, reason=whole)
-        chunk = cfg.chunk if cfg.chunk is not None else planned.chunk * cp
-        last = shape.seq_len % chunk
-        if last and last < pieces:
-            raise ConfigError(f"the last chunk of a {shape.seq_len}-token window in chunks of {chunk} has {last} "
-                              f"tokens, fewer than the {pieces} pieces --cp {cp} cuts each chunk into",
-                              where="--chunk / --cp", fix="choose a --chunk that divides --seq")
-        return dataclasses.replace(planned, chunk=chunk, reason=(
-            f"--cp {cp}: chunks of {format_length(chunk)} split over the ranks, {format_length(-(-chunk // cp))} "
-            f"tokens each; {planned.reason}"))
+        return choose_context_parallel_strategy(
+            self.model.config, seq_len=shape.seq_len, cp=cp, pieces=pieces,
+            windows=shape.windows, chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16,
+            fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
+            where=f"--seq {format_length(shape.seq_len)} over --cp {cp} on {self.device}")
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.config

@@ -51,6 +51,29 @@ The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk'
     pool keys         B T / kpool * Di * 8 n_dsa  rows and their gradient
     KDA states        ceil(T / chunk) n_kda B H Dk Dv * 4   one per chunk boundary
 
+A context-parallel rank (``--cp N``, genolc/parallel) holds its share ``s = ceil(S / N)`` of each span (the window,
+or one chunk of ``S`` tokens under the chunked step) and is planned as one process with a window (or chunk) of ``s``
+tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per layer; zigzag layout, ``2N`` pieces)::
+
+    DSA layer         4 R (S + S / 2N - s) + (a + 4) R s     each piece saves the fp32 latent rows from position 0
+                      (+ a d s under bf16)                   to its end, and the rank's rows are projected again for
+                                                             the gather (its bf16 cast of the hidden states); chunked:
+                                                             4 R (P + S / 2N - s), P tokens before the last chunk (its
+                                                             second piece reads them again)
+      with indexer    + 4 Di (2 S + (3 S + P) / kpool)       the span's keys and gate logits pooled by every rank
+                      (+ 2 a d s under bf16)                 and two more casts for their projections
+    KDA layer         reference: 24 W s + 4 H Dk^2 s / 64    five value-sized tensors Dk columns wider, the
+                      fast:      (2 a + 4) W s               correction's fp32 input; fast: padded values, correction
+                      + 24 N H Dk^2                          the gathered end states and the identity start states
+    one DSA backward  4 R (3 S + P) + 16 Di S               the rows' fp32 gradients and the padded gather buffer
+
+(summed over layers; with recompute the largest layer's). Measured on CPU (`tiny`, 2 gloo ranks, 2048 tokens):
+823,292 bytes more than one process of 1024 tokens in the DSA token mixer (819,200 planned) and up to 1,661,200 in
+each KDA one (1,687,552); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast
+1,208,316 (1,146,880) and 562,304 (573,440); the rank's peak within 3 % of the plan whole and chunked
+(tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank: `small` at
+4M over 8 ranks in 256k chunks plans 144 GiB per rank against 122 GiB for a one-process 32k chunk.
+
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
 (defaults: H200 bf16 dense 989 TFLOP/s, 30 %), the indexer's scoring at its kernel's measured rate. That assumes the fast kernels; the
 pure-torch reference path runs orders of magnitude below it (about 230 tokens/s for the small preset at 4k on an
@@ -322,3 +345,150 @@ def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum
 def required_seq_multiple(device_type: str) -> int:
     """Window lengths the kernels need: any on CPU (reference path), a multiple of 64 on CUDA (KDA chunks)."""
     return CUDA_SEQ_MULTIPLE if device_type == "cuda" else 1
+
+
+def context_parallel_saved_bytes(config: ModelConfig, *, span: int, cp: int, past: int = 0, bf16: bool = True,
+                                 fast_kernels: bool = False) -> list[int]:
+    """Bytes a context-parallel rank saves for backward in each decoder layer beyond what one process running its
+    share of ``span`` tokens (a window, or one chunk of it after ``past`` tokens of the window, counted as
+    :func:`estimate_chunked_memory` counts them) saves, for one window (module notes)."""
+    c = config
+    a = 2 if bf16 else 4
+    share = -(-span // cp)
+    pieces = 2 * cp
+    width = c.linear_num_heads * c.linear_head_dim
+    # Per piece the [offset | transition] end state all-gathered (fp32 [H, Dk, Dv + Dk], 2cp of them) and the
+    # [0 | I] start state its op call keeps.
+    kda_states = (pieces + cp) * c.linear_num_heads * c.linear_head_dim * 2 * c.linear_head_dim * 4
+    if fast_kernels:
+        # SegmentedKDA saves its inputs: the values padded with Dk zero columns are a new [T, H, Dv + Dk] tensor;
+        # the correction's einsum saves an fp32 copy of the extra output columns [T, H, Dk] (`tiny`, 2 ranks of
+        # 1024 tokens, stand-in kernels: 562,304 bytes more than one process; this 573,440).
+        kda = share * (2 * a + 4) * width + kda_states
+    else:
+        # The chunked reference saves five value-sized fp32 tensors per token, each Dk columns wider, the
+        # correction's einsum the extra output columns, and one [H, Dk, Dv + Dk] state per 64-token chunk instead of
+        # [H, Dk, Dv]: `tiny` at 2048 tokens over 2 ranks saved 1.66 MB more per KDA layer than one process of
+        # 1024 tokens (saved_tensors_hooks), this 1.69 MB.
+        kda = (share * 6 * 4 * width + -(-share // KDA_CHUNK) * c.linear_num_heads * c.linear_head_dim ** 2 * 4
+               + kda_states)
+    # Each piece's attention (and its indexer KL's key head) saves the latent rows from position 0 to the piece's
+    # end: under zigzag a rank's two pieces end at (r + 1) / 2cp and (2cp - r) / 2cp of the span, span (1 + 1 / 2cp)
+    # rows in all (contiguous: at most span), against ``share`` in one process; fp32 (an fp32-weighted RMSNorm's
+    # output) on both paths. Under the chunked step both pieces of the last chunk also read the ``past`` rows of
+    # the earlier chunks, where one process's chunk reads them once (in its cache terms). The rank's own rows are
+    # projected and normalised once more for the gather (the norm's input, ``a`` bytes, and output), and under bf16
+    # autocast that projection saves its own bf16 cast of the rank's hidden states [share, d].
+    rows = (span + -(-span // pieces) - share) if not past else (past + -(-span // pieces) - share)
+    cast = share * c.hidden_size * a if bf16 else 0
+    dsa = rows * c.kv_lora_rank * 4 + share * c.kv_lora_rank * (a + 4) + cast
+    # With an indexer: pool_keys over the whole span saves its per-token keys and gate logits (fp32 [span, Di]
+    # each) besides each piece's own pooling, and three pooled-size tensors of the span's pools; the second piece
+    # reads the past's pools again. The gather's key and gate projections cast the hidden states once more each.
+    indexer = (2 * span + (3 * span + past) // c.index_kpool) * c.index_head_dim * 4 + 2 * cast
+    # Measured for `tiny` (2048 tokens, 2 ranks): 823,292 bytes more in its DSA layer (fast path 1,208,316); these
+    # terms give 819,200 (1,146,880).
+    per_layer = []
+    for attn, index in zip(c.layer_types, c.indexer_types):
+        if attn == "linear_attention":
+            per_layer.append(kda)
+        else:
+            per_layer.append(dsa + (indexer if index == "full" else 0))
+    return per_layer
+
+
+def context_parallel_extra_bytes(config: ModelConfig, *, span: int, cp: int, past: int = 0, windows: int = 1,
+                                 bf16: bool = True, recompute: bool = False, fast_kernels: bool = False) -> int:
+    """Bytes a context-parallel rank holds beyond a one-process run of its share of ``span`` tokens (after ``past``
+    tokens under the chunked step): what its layers save (:func:`context_parallel_saved_bytes`; one layer's with
+    per-layer recompute) and one DSA layer's backward."""
+    c = config
+    per_layer = context_parallel_saved_bytes(c, span=span, cp=cp, past=past, bf16=bf16, fast_kernels=fast_kernels)
+    saved = max(per_layer) if recompute else sum(per_layer)
+    backward = 0
+    if c.dsa_layers:
+        # One DSA layer's backward at a time: the fp32 gradient of the pieces' latent rows, of the span's rows and
+        # the padded all-gather buffer it reduce-scatters from (three [span, R]), and of the span's indexer keys and
+        # gate logits with their gathered buffers; under the chunked step the second piece's gradient of the past
+        # rows.
+        indexed = any(c.indexer_types[i] == "full" for i in c.dsa_layers)
+        backward = (3 * span + past) * c.kv_lora_rank * 4 + (4 * span * c.index_head_dim * 4 if indexed else 0)
+    return windows * (saved + backward)
+
+
+def estimate_context_parallel_memory(config: ModelConfig, *, seq_len: int, cp: int, chunk: int | None = None,
+                                     windows: int = 1, bf16: bool = True, recompute: bool = False,
+                                     fast_kernels: bool = False) -> MemoryPlan:
+    """Peak memory of one rank of ``--cp cp``: the one-process estimate for its share of the window (or, with
+    ``chunk`` shorter than the window, of each chunk plus the window's caches, whole on every rank) plus
+    :func:`context_parallel_extra_bytes` for the span (counted with the activations)."""
+    if chunk is None or chunk >= seq_len:
+        span, past = seq_len, 0
+        base = estimate_memory(config, seq_len=-(-seq_len // cp), windows=windows, bf16=bf16, recompute=recompute,
+                               fast_kernels=fast_kernels)
+        caches = 0
+    else:
+        # The last chunk is the largest: it reads the rows of all the window before it.
+        span = chunk
+        past = (seq_len - 1) // chunk * chunk
+        base = estimate_memory(config, seq_len=-(-chunk // cp), windows=windows, bf16=bf16, recompute=recompute,
+                               fast_kernels=fast_kernels)
+        # The chunk caches hold the whole window on every rank, with one KDA state per chunk (not per rank's share).
+        caches = chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows)
+    extra = context_parallel_extra_bytes(config, span=span, cp=cp, past=past, windows=windows, bf16=bf16,
+                                         recompute=recompute, fast_kernels=fast_kernels)
+    activations = base.activations + caches + extra
+    fixed = base.weights + base.gradients + base.optimizer
+    return MemoryPlan(parameters=base.parameters, weights=base.weights, gradients=base.gradients,
+                      optimizer=base.optimizer, activations=activations, logits=base.logits,
+                      total=int((fixed + activations + base.logits) * 1.10),
+                      per_token_per_layer=base.per_token_per_layer)
+
+
+def largest_fitting_context_parallel_chunk(config: ModelConfig, *, seq_len: int, cp: int, windows: int, bf16: bool,
+                                           recompute: bool, budget_bytes: int, fast_kernels: bool, multiple: int = 1,
+                                           smallest: int = 1024) -> int | None:
+    """The longest chunk (``seq_len`` halved until it is a multiple of ``multiple``, down to ``smallest``) whose
+    context-parallel chunked step is estimated to fit ``budget_bytes`` on each rank, or None."""
+    chunk = seq_len // 2
+    while chunk >= min(smallest, seq_len):
+        if chunk % multiple == 0 and estimate_context_parallel_memory(
+                config, seq_len=seq_len, cp=cp, chunk=chunk, windows=windows, bf16=bf16, recompute=recompute,
+                fast_kernels=fast_kernels).total <= budget_bytes:
+            return chunk
+        chunk //= 2
+    return None
+
+
+def context_parallel_oom_error(config: ModelConfig, *, seq_len: int, cp: int, chunk: int | None, windows: int,
+                               recompute: bool, bf16: bool, fast_kernels: bool, budget_bytes: int, where: str,
+                               chunk_multiple: int = 1) -> OutOfMemoryPlanError:
+    """The error for a context-parallel run whose ranks would not fit: the per-rank estimate, the device size, and
+    the first of --recompute or the longest --chunk that fits."""
+    chunk = None if chunk is not None and chunk >= seq_len else chunk
+    plan = estimate_context_parallel_memory(config, seq_len=seq_len, cp=cp, chunk=chunk, windows=windows, bf16=bf16,
+                                            recompute=recompute, fast_kernels=fast_kernels)
+    setting = f"--seq {format_length(seq_len)} --cp {cp}"
+    if chunk is not None:
+        setting += f" --chunk {format_length(chunk)}"
+    option = None
+    if not recompute and estimate_context_parallel_memory(
+            config, seq_len=seq_len, cp=cp, chunk=chunk, windows=windows, bf16=bf16, recompute=True,
+            fast_kernels=fast_kernels).total <= budget_bytes:
+        option = "--recompute"
+    for rc in ((recompute,) if recompute else (False, True)):
+        if option is not None:
+            break
+        chosen = largest_fitting_context_parallel_chunk(
+            config, seq_len=seq_len, cp=cp, windows=windows, bf16=bf16, recompute=rc, budget_bytes=budget_bytes,
+            fast_kernels=fast_kernels, multiple=chunk_multiple, smallest=chunk_multiple)
+        if chosen is not None and (chunk is None or chosen < chunk):
+            option = f"--chunk {format_length(chosen)}" + (" --recompute" if rc and not recompute else "")
+    what = (f"out of device memory at {setting}: estimated {format_gib(plan.total)} GiB per rank (weights+grads+AdamW "
+            f"{format_gib(plan.weights + plan.gradients + plan.optimizer)}, activations "
+            f"{format_gib(plan.activations)}, logits {format_gib(plan.logits)}) on a {format_gib(budget_bytes)} GiB "
+            "device")
+    fix = (f"try {option} (estimated to fit)" if option else
+           "no chunk fits on this many ranks; use a larger --cp or a smaller --model")
+    return OutOfMemoryPlanError(what, where=where, fix=fix)
+

@@ -2,6 +2,7 @@
 
 Prints the step strategy (genolc/train/strategy.py) that ``--chunk`` would give on the device, the predicted peak
 device memory with its parts, the predicted peak host memory and the step time at a given model-FLOP utilisation.
+With ``--cp N`` the memory is one context-parallel rank's (genolc/train/plan.py, estimate_context_parallel_memory).
 The figures are the memory plan's (genolc/train/plan.py; within 5 % of the H200 runs of `small` at 512k-4M,
 benchmarks/results/long_context_2026-11-30.json), not measurements.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import click
 
-from genolc.errors import GenolcError
 from genolc.units import format_length, parse_length
 
 # Host memory besides the model: Python, torch and CUDA runtime, dataset maps (2.0-2.2 GiB in the H200 runs).
@@ -28,6 +28,8 @@ MEASURED_MFU = 0.034
 @click.option("--chunk", "chunk", default="auto", show_default=True,
               help="As finetune's --chunk: auto, off, or a chunk length such as 64k.")
 @click.option("--micro-batch", default=1, show_default=True, type=int, help="Windows per micro-batch.")
+@click.option("--cp", "cp", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Context-parallel ranks per window, as finetune's --cp (zigzag layout): memory is per rank.")
 @click.option("--recompute/--no-recompute", default=False, show_default=True,
               help="Per-layer activation checkpointing (inside each chunk when chunked).")
 @click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]),
@@ -37,33 +39,43 @@ MEASURED_MFU = 0.034
 @click.option("--vocab", default=16, show_default=True, type=int, help="Vocabulary size (char tokenizer: 16).")
 @click.option("--mfu", default=MEASURED_MFU, show_default=True, type=float,
               help="Model-FLOP utilisation for the step-time estimate (default: measured on the H200).")
-def plan_command(model: str, seq: str, chunk: str, micro_batch: int, recompute: bool, device: str,
+def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, recompute: bool, device: str,
                  gpu_memory: float, vocab: int, mfu: float) -> None:
     """Predict memory and time of `genolc finetune --model M --seq L` without running it.
 
     Example: genolc plan --model base --seq 1M --chunk 8k
+
+    Example: genolc plan --model small --seq 4M --cp 8
     """
     from genolc.model import parameter_counts, preset
+    from genolc.parallel.layout import Layout
     from genolc.train.command import parse_chunk
-    from genolc.train.plan import GIB, CUDA_SEQ_MULTIPLE, estimate_step_seconds, format_gib
-    from genolc.train.strategy import choose_strategy
+    from genolc.train.plan import GIB, CUDA_SEQ_MULTIPLE, OutOfMemoryPlanError, estimate_step_seconds, format_gib
+    from genolc.train.strategy import choose_context_parallel_strategy, choose_strategy
 
     seq_len = parse_length(seq, what="--seq")
     config = preset(model, vocab_size=vocab)
     cuda = device == "cuda"
+    common = dict(windows=micro_batch, chunk=parse_chunk(chunk), recompute=recompute, bf16=cuda, fast_kernels=cuda,
+                  budget_bytes=int(gpu_memory * GIB), multiple=CUDA_SEQ_MULTIPLE if cuda else 1)
     try:
-        strategy = choose_strategy(config, seq_len=seq_len, windows=micro_batch, grad_accum=1,
-                                   chunk=parse_chunk(chunk), recompute=recompute, bf16=cuda, fast_kernels=cuda,
-                                   budget_bytes=int(gpu_memory * GIB), multiple=CUDA_SEQ_MULTIPLE if cuda else 1,
-                                   where=f"--model {model} --seq {format_length(seq_len)}", auto_recompute=cuda)
-    except GenolcError as error:
+        if cp == 1:
+            strategy = choose_strategy(config, seq_len=seq_len, grad_accum=1, auto_recompute=cuda,
+                                       where=f"--model {model} --seq {format_length(seq_len)}", **common)
+        else:
+            pieces = Layout(seq_len, cp, "zigzag").piece_count
+            strategy = choose_context_parallel_strategy(
+                config, seq_len=seq_len, cp=cp, pieces=pieces,
+                where=f"--model {model} --seq {format_length(seq_len)} --cp {cp}", **common)
+    except OutOfMemoryPlanError as error:
         click.echo(f"does not fit: {error.message}")
         return
     params = parameter_counts(config)
     tokens = seq_len * micro_batch
-    # The chunked step (like recompute) runs two forwards and one backward.
+    # The chunked step (like recompute) runs two forwards and one backward; under --cp each rank runs 1/cp of the
+    # FLOPs (zigzag balances the causal attention), the collectives not counted.
     forwards = 2 if strategy.chunk is not None or strategy.recompute else 1
-    seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards)
+    seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards) / cp
     host = HOST_RUNTIME_BYTES + 4 * params.total    # the model is built in fp32 on the host before it moves
     device_text = (f"a {gpu_memory:.1f} GiB CUDA device (bf16, fast kernels)" if cuda else
                    f"the CPU with {gpu_memory:.1f} GiB (fp32, reference ops)")
@@ -71,6 +83,7 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, recompute: 
     click.echo(strategy.describe())
     click.echo(f"  parameters {params.total:,} ({params.active:,} active); weights + gradients + AdamW "
                f"{format_gib(16 * params.total)} GiB")
-    click.echo(f"  peak device memory {format_gib(strategy.estimate_bytes)} GiB of {gpu_memory:.1f}")
+    per_rank = f" on each of the {cp} ranks" if cp > 1 else ""
+    click.echo(f"  peak device memory {format_gib(strategy.estimate_bytes)} GiB of {gpu_memory:.1f}{per_rank}")
     click.echo(f"  peak host memory {format_gib(host)} GiB")
     click.echo(f"  step time {seconds:.0f} s at {mfu:.1%} MFU ({tokens / seconds:,.0f} tokens/s)")

@@ -11,6 +11,9 @@ Strategies, from the memory plan (genolc/train/plan.py), before the first step a
 that fits; on a GPU, when that chunk is shorter than ``FAST_CHUNK`` (or none fits) and per-layer recompute lets
 chunks of ``FAST_CHUNK`` fit, it takes those with recompute (the setting measured on the H200); ``--chunk off`` insists on ``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit
 is refused up front with the estimate and an option that fits, never discovered by the kernel's OOM killer.
+
+Under ``--cp N`` (:func:`choose_context_parallel_strategy`) the same choice is made per rank from
+estimate_context_parallel_memory: the rank's share of the window (or of each chunk) plus what the whole span adds.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import torch
 from genolc.model import ModelConfig
 from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
 from genolc.train.loss import LossTerms, micro_batch_loss
-from genolc.train.plan import (FAST_CHUNK, estimate_chunked_memory, estimate_memory, format_gib,
-                               largest_fitting_chunk, oom_error)
+from genolc.errors import ConfigError
+from genolc.train.plan import (FAST_CHUNK, OutOfMemoryPlanError, context_parallel_oom_error, estimate_chunked_memory,
+                               estimate_context_parallel_memory, estimate_memory, format_gib,
+                               largest_fitting_chunk, largest_fitting_context_parallel_chunk, oom_error)
 from genolc.units import format_length
 
 
@@ -149,3 +154,50 @@ def whole_forward_backward(model: torch.nn.Module, inputs: torch.Tensor, targets
     loss = on_loss(parts.loss)
     loss.backward()
     return MicroBatchResult(lm=parts.lm.double().cpu(), aux=parts.aux, tokens_per_expert=out.tokens_per_expert)
+
+
+def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: int, pieces: int, windows: int,
+                                     chunk: int | None, recompute: bool, bf16: bool, fast_kernels: bool,
+                                     budget_bytes: int, multiple: int, where: str) -> StepStrategy:
+    """The step strategy of one rank of ``--cp cp`` (``pieces``: the layout's pieces per span), as
+    :func:`choose_strategy` chooses for one process but from estimate_context_parallel_memory (genolc/train/plan.py,
+    the rank's share plus what the span adds): the whole window when it fits (or ``chunk`` is 0 or covers the
+    window), else ``chunk`` or, for None (auto), the longest chunk that fits. Raises OutOfMemoryPlanError when the
+    setting is estimated not to fit ``budget_bytes``, ConfigError for a last chunk shorter than ``pieces``."""
+    plan_args = dict(cp=cp, windows=windows, recompute=recompute, bf16=bf16, fast_kernels=fast_kernels)
+    # A chunk is cut into the layout's pieces, each a multiple of the kernels' chunk.
+    chunk_multiple = multiple * pieces if multiple > 1 else 1
+
+    def refusal(asked: int | None) -> OutOfMemoryPlanError:
+        return context_parallel_oom_error(config, seq_len=seq_len, chunk=asked, budget_bytes=budget_bytes,
+                                          chunk_multiple=chunk_multiple, where=where, **plan_args)
+
+    share = -(-seq_len // cp)
+    whole = estimate_context_parallel_memory(config, seq_len=seq_len, **plan_args).total
+    if chunk == 0 or (chunk is not None and chunk >= seq_len) or (chunk is None and whole <= budget_bytes):
+        if whole > budget_bytes:
+            raise refusal(None)
+        return StepStrategy(share, None, recompute, whole,
+                            f"--cp {cp}: this rank's {share} of the window's {seq_len} tokens, run whole")
+    if chunk is None:
+        chunk = largest_fitting_context_parallel_chunk(config, seq_len=seq_len, budget_bytes=budget_bytes,
+                                                       multiple=chunk_multiple,
+                                                       smallest=max(chunk_multiple, SMALLEST_AUTO_CHUNK * cp),
+                                                       **plan_args)
+        if chunk is None:
+            raise refusal(None)
+        reason = (f"the whole window needs an estimated {format_gib(whole)} GiB per rank of the "
+                  f"{format_gib(budget_bytes)} GiB device; choose with --chunk")
+    else:
+        reason = "as asked"
+    estimate = estimate_context_parallel_memory(config, seq_len=seq_len, chunk=chunk, **plan_args).total
+    if estimate > budget_bytes:
+        raise refusal(chunk)
+    last = seq_len % chunk
+    if last and last < pieces:
+        raise ConfigError(f"the last chunk of a {seq_len}-token window in chunks of {chunk} has {last} tokens, fewer "
+                          f"than the {pieces} pieces --cp {cp} cuts each chunk into", where="--chunk / --cp",
+                          fix="choose a --chunk that divides --seq")
+    return StepStrategy(seq_len, chunk, recompute, estimate, reason=(
+        f"--cp {cp}: chunks of {format_length(chunk)} split over the ranks, {format_length(-(-chunk // cp))} tokens "
+        f"each; {reason}"))

@@ -2,49 +2,20 @@
 
 The backward's replay of a checkpointed layer used to write the chunk cache: the entries it wrote held the replay's
 graph, so every layer's recomputed activations stayed alive until the chunk's backward ended (tiny, 2k window, 512
-chunks: 2.1x the plan; `base` at 1M on the H200: 92 GiB against 69.6 planned). Memory is counted by a dispatch
-mode that adds each new storage's bytes and subtracts them when the storage is freed.
+chunks: 2.1x the plan; `base` at 1M on the H200: 92 GiB against 69.6 planned). Memory is counted by
+tests/tensor_memory.py's PeakTensorBytes.
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from genolc.model import build_model, preset
 from genolc.train.apply import apply_recompute
 from genolc.train.chunked import chunked_forward_backward
 from genolc.train.loss import LossTerms
 from genolc.train.plan import estimate_chunked_memory
-
-
-class PeakTensorBytes(TorchDispatchMode):
-    """The most bytes of tensor storage created inside the mode and alive at once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.current = 0
-        self.peak = 0
-
-    def _free(self, key: int) -> None:
-        self.current -= self.live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for value in tree_flatten(out)[0]:
-            if isinstance(value, torch.Tensor):
-                storage = value.untyped_storage()
-                key = storage.data_ptr()
-                if key and key not in self.live:
-                    self.live[key] = storage.nbytes()
-                    self.current += storage.nbytes()
-                    weakref.finalize(storage, self._free, key)
-        self.peak = max(self.peak, self.current)
-        return out
+from tensor_memory import PeakTensorBytes
 
 
 def test_recompute_inside_chunks_keeps_one_layer_of_activations():

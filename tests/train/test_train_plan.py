@@ -88,35 +88,13 @@ def _fast_path_saved_bytes_per_token(cfg, seq: int) -> list[float]:
     import torch
 
     import genolc.model.layers.moe as moe_layer
-    from genolc.model.layers.dsa import DSAAttention
-    from genolc.model.layers.kda import KimiDeltaAttention
     from genolc.model.model import build_model
-    from genolc.model.ops.dsa import reference as dsa_reference, triton as dsa_triton
-    from genolc.model.ops.kda import fla as kda_fla
     from genolc.model.ops.moe import grouped_mm as moe_grouped_mm
-
-    def kda_op(q, k, v, g, beta, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
-               dt_bias=None, lower_bound=None, **unused):
-        q, k, v, g, beta, _ = kda_fla.prepare_inputs(q, k, v, g, beta, None)
-        gate = kda_fla.resolve_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound, None)
-        return kda_fla.segmented_kda(q, k, v, g, beta, q.shape[-1] ** -0.5, None, False, use_qk_l2norm_in_kernel,
-                                      q.shape[1] // 2 + 1, kernel=kda_fla.reference_segment_kernel, gate=gate)
-
-    def sparse_forward(q_lat, latent, indices, scale):
-        return (dsa_reference.sparse_latent_attention(q_lat, latent, indices, scale),
-                torch.zeros(q_lat.shape[:3]))
-
-    def sparse_op(q_lat, latent, indices, softmax_scale, **unused):
-        q_lat, latent, indices = dsa_triton.prepare_inputs(q_lat, latent, indices.int())
-        return dsa_triton.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale, (sparse_forward, None))
+    from tensor_memory import use_fast_kernel_stand_ins
 
     torch.manual_seed(0)
     model = build_model(cfg)
-    for module in model.modules():
-        if isinstance(module, KimiDeltaAttention):
-            module.kda_op = kda_op
-        if isinstance(module, DSAAttention):
-            module.sparse_attention_op = sparse_op
+    use_fast_kernel_stand_ins(model)
     param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
     per_layer: list[float] = []
