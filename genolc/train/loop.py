@@ -42,7 +42,6 @@ embedding rows).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import math
