@@ -82,6 +82,7 @@ H200), so use it only to compare settings. These are estimates for choosing opti
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from genolc.errors import GenolcError
@@ -235,13 +236,15 @@ def estimate_chunked_memory(config: ModelConfig, *, seq_len: int, chunk: int, wi
     chunk = min(chunk, seq_len)
     one_chunk = estimate_memory(config, seq_len=chunk, windows=windows, bf16=bf16, recompute=recompute,
                                 fast_kernels=fast_kernels)
-    caches = chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows)
-    activations = one_chunk.activations + caches
-    fixed = one_chunk.weights + one_chunk.gradients + one_chunk.optimizer
-    return MemoryPlan(parameters=one_chunk.parameters, weights=one_chunk.weights, gradients=one_chunk.gradients,
-                      optimizer=one_chunk.optimizer, activations=activations, logits=one_chunk.logits,
-                      total=int((fixed + activations + one_chunk.logits) * 1.10),
-                      per_token_per_layer=one_chunk.per_token_per_layer)
+    return with_more_activations(one_chunk, chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows))
+
+
+def with_more_activations(plan: MemoryPlan, extra: int) -> MemoryPlan:
+    """``plan`` with ``extra`` bytes of activations added (and its total, with the same 10 % margin)."""
+    activations = plan.activations + extra
+    fixed = plan.weights + plan.gradients + plan.optimizer
+    return dataclasses.replace(plan, activations=activations,
+                               total=int((fixed + activations + plan.logits) * 1.10))
 
 
 def largest_fitting_chunk(config: ModelConfig, *, seq_len: int, windows: int, bf16: bool, recompute: bool,
@@ -437,12 +440,7 @@ def estimate_context_parallel_memory(config: ModelConfig, *, seq_len: int, cp: i
         caches = chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows)
     extra = context_parallel_extra_bytes(config, span=span, cp=cp, past=past, windows=windows, bf16=bf16,
                                          recompute=recompute, fast_kernels=fast_kernels)
-    activations = base.activations + caches + extra
-    fixed = base.weights + base.gradients + base.optimizer
-    return MemoryPlan(parameters=base.parameters, weights=base.weights, gradients=base.gradients,
-                      optimizer=base.optimizer, activations=activations, logits=base.logits,
-                      total=int((fixed + activations + base.logits) * 1.10),
-                      per_token_per_layer=base.per_token_per_layer)
+    return with_more_activations(base, caches + extra)
 
 
 def largest_fitting_context_parallel_chunk(config: ModelConfig, *, seq_len: int, cp: int, windows: int, bf16: bool,
