@@ -116,3 +116,14 @@ def test_kda_by_heads_refuses_heads_the_ranks_do_not_divide(heads_results):
     message, untouched = heads_results["refused"]
     assert "--cp 2" in message and "3 heads" in message and "--cp-kda" in message
     assert untouched, "a refused model must keep its own forwards"
+
+
+def test_cp_kda_option_names_the_forwards_and_refuses_others(tmp_path):
+    from genolc.errors import ConfigError
+    from genolc.parallel.apply import KDA_FORWARDS
+    from genolc.train.config import CP_KDA_MODES, TrainConfig
+
+    assert CP_KDA_MODES == tuple(KDA_FORWARDS)
+    assert TrainConfig(data=tmp_path, out=tmp_path / "run", seq_len=64).cp_kda == "state"
+    with pytest.raises(ConfigError, match="--cp-kda"):
+        TrainConfig(data=tmp_path, out=tmp_path / "run", seq_len=64, cp_kda="rows")
