@@ -4,7 +4,9 @@ The model is not rewritten: the token mixers' and MoE layers' ``forward`` of eac
 genolc/train/apply.py does for recompute; parameter names and checkpoints are unchanged) by versions that take the
 rank's concatenated pieces (genolc/parallel/layout.py) and exchange, per layer, only what crosses positions:
 
-    KDA   each piece's last ``kernel - 1`` convolution inputs and its boundary state transition (kda_cp.py)
+    KDA   each piece's last ``kernel - 1`` convolution inputs and its boundary state transition (kda_cp.py), or
+          with ``--cp-kda heads`` the convolution inputs and an all-to-all to H / cp heads of the span and back
+          (kda_heads.py)
     DSA   the latent rows and per-token indexer keys / gate logits of the whole window (dsa_cp.py)
     MoE   the window's tokens per expert, for the balance loss's expert fractions (moe_cp.py)
 
