@@ -3,7 +3,8 @@
 As tests/parallel/test_context_parallel.py does for the default ``state`` mode: the `tiny` preset (4 KDA heads, fp32,
 CPU reference ops, gloo) on 405 tokens of real human DNA (GRCh37 chr22, its N run masked out of the loss), 2
 processes spawned with torch.multiprocessing, zigzag and contiguous, the whole window and the chunk-recurrent step
-(chunks of 170 and 135 tokens: the chunk cache's state and convolution tail cross ranks' heads and pieces). 405 is
+(chunks of 170 and 135 tokens: the chunk cache's state and convolution tail cross ranks' heads and pieces), and with
+per-layer recompute. 405 is
 no multiple of any piece count, so pieces differ in length and the all-to-all pads. "Equal" is each gradient within
 1e-4 of its own size (relative L2); a head or piece placed wrongly gives 1e-2 or more. Also: a head count that the
 ranks do not divide is refused before any layer is patched.
@@ -24,8 +25,9 @@ from genolc.train.loss import LossTerms, micro_batch_loss
 from conftest import chr22_window, shared_file, tiny_model_with_skewed_routing
 
 WINDOW = 405
-# (layout, chunk of the chunk-recurrent step or None)
-CASES = [("zigzag", None), ("contiguous", None), ("zigzag", 170), ("contiguous", 135)]
+# (layout, chunk of the chunk-recurrent step or None, per-layer recompute: the exchanges run again in backward)
+CASES = [("zigzag", None, False), ("contiguous", None, False), ("zigzag", 170, False), ("contiguous", 135, False),
+         ("zigzag", None, True)]
 
 
 def _dna_window(path: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,6 +50,7 @@ def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
     from genolc.errors import ConfigError
     from genolc.parallel.apply import apply_context_parallel
     from genolc.parallel.step import all_reduce_gradients, context_parallel_forward_backward
+    from genolc.train.apply import apply_recompute
     from genolc.train.chunked import chunked_forward_backward
 
     torch.set_num_threads(1)
@@ -55,8 +58,10 @@ def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
     ids, weights = _dna_window(path)
     out = {}
     for case in CASES:
-        layout, chunk = case
+        layout, chunk, recompute = case
         model = tiny_model_with_skewed_routing()
+        if recompute:
+            apply_recompute(model)
         context = apply_context_parallel(model, dist.group.WORLD, layout, kda="heads")
         if chunk is None:
             result = context_parallel_forward_backward(model, context, ids, weights, _terms(weights),

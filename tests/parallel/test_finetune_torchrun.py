@@ -1,6 +1,6 @@
 """`torchrun --nproc-per-node 2 -m genolc.cli finetune --cp 2` on CPU (gloo), whole windows (zigzag; KDA by state
-and by heads) and chunked (contiguous): trains, checkpoints once, and its steps' losses equal the single-process run's on the same data and
-seed (to fp32 rounding)."""
+and by heads) and chunked (contiguous): trains, checkpoints once, and its steps' losses equal the single-process
+run's on the same data and seed (to fp32 rounding)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def single_run(char_data, tmp_path_factory) -> Path:
     return single
 
 
-@pytest.mark.parametrize("extra", [[], pytest.param(["--chunk", "151", "--cp-layout", "contiguous"], marks=pytest.mark.slow),
-                                   ["--cp-kda", "heads"]],
+@pytest.mark.parametrize("extra", [[], pytest.param(["--chunk", "151", "--cp-layout", "contiguous"],
+                                                   marks=pytest.mark.slow), ["--cp-kda", "heads"]],
                          ids=["whole", "chunked", "kda-heads"])
 def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra, one_thread):
     parallel = tmp_path / "cp2"
