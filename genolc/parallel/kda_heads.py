@@ -26,6 +26,8 @@ the reverse exchange (genolc/parallel/collectives.py).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from genolc.errors import ConfigError
@@ -64,9 +66,7 @@ def kda_forward_heads(layer, context: ContextParallel, x: torch.Tensor, cache: L
                        for piece, piece_input in zip(context.layout.rank_pieces(context.rank), inputs)], dim=1)
     per_head = (*layer.split_heads(mixed), gate_input, beta.unsqueeze(-1))
     dtypes = [t.dtype for t in per_head]
-    common = dtypes[0]
-    for dtype in dtypes[1:]:
-        common = torch.promote_types(common, dtype)
+    common = functools.reduce(torch.promote_types, dtypes)     # one exchange; each input gets its dtype back
     span = context.heads_to_span(torch.cat([t.to(common) for t in per_head], dim=-1))
     q, k, v, span_gate, span_beta = (t.to(dtype) for t, dtype in zip(span.split([dim, dim, dim, dim, 1], dim=-1),
                                                                         dtypes))
