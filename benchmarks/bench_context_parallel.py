@@ -1,13 +1,15 @@
 """Context parallelism on two GPUs against one: tokens/s, scaling efficiency, peak memory per GPU, first-step loss.
 
     python benchmarks/bench_context_parallel.py --fasta .gpudata/GRCh37_chrX_1-24000000.fa.gz \
-        --models small,base --lengths 1M,2M --steps 3 [--cp 2] [--layouts zigzag,contiguous] [--recompute]
+        --models small,base --lengths 1M,2M --steps 3 [--cp 2] [--layouts zigzag,contiguous] [--recompute] \
+        [--cp-kda state,heads]
 
 For each (model, length) two real commands run on the same prepared data with the same seed, so they train on the
 same windows from the same weights:
 
     one GPU   CUDA_VISIBLE_DEVICES=0 genolc finetune --seq L --model M --steps N           (--chunk auto)
-    CP        torchrun --standalone --nproc-per-node CP -m genolc.cli finetune ... --cp CP --cp-layout LAYOUT
+    CP        torchrun --standalone --nproc-per-node CP -m genolc.cli finetune ... --cp CP --cp-layout LAYOUT \
+                  --cp-kda MODE
 
 A CP run the plan refuses (or that runs out of memory) is tried once more with ``--recompute``. A row holds both
 runs' tokens/s (the last step's: the first includes kernel compilation), every step's seconds and loss, peak GPU
@@ -15,7 +17,10 @@ memory (per rank for CP, from summary.json's ``peak_memory_gib_ranks``), the sca
 ``tokens/s(CP) / (CP x tokens/s(one GPU))`` and the first-step losses with their relative difference (bf16 autocast
 in both; equal means within ``--loss-rtol``). Each run is its own process tree with a timeout; results are written
 after every row to ``$OUT/context_parallel_<date><BENCH_TAG>.json`` (benchmarks/results by default) with the
-command, git SHA (``GENOLC_GIT_SHA`` on the device) and device.
+command, git SHA (``GENOLC_GIT_SHA`` on the device) and device. With ``--cp-kda state,heads`` each layout runs once
+per KDA mode (boundary-state passing against the heads all-to-all, genolc/parallel/kda_heads.py), and a
+``kda_modes`` entry per (model, length, layout) sets the modes' tokens/s and peak memory side by side with the
+faster one named.
 """
 
 from __future__ import annotations
@@ -68,14 +73,16 @@ def one_gpu(data: Path, model: str, length: int, args, env: dict, work: Path) ->
     return run
 
 
-def context_parallel(data: Path, model: str, length: int, layout: str, args, env: dict, work: Path) -> dict:
+def context_parallel(data: Path, model: str, length: int, layout: str, kda: str, args, env: dict,
+                     work: Path) -> dict:
     attempts = [args.recompute] if args.recompute else [False, True]
     run: dict = {}
     for recompute in attempts:
-        out = work / f"cp{args.cp}-{layout}-{model}-{format_length(length)}{'-recompute' if recompute else ''}"
+        out = work / (f"cp{args.cp}-{layout}-kda-{kda}-{model}-{format_length(length)}"
+                      f"{'-recompute' if recompute else ''}")
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.cp),
                 "-m", "genolc.cli", *_finetune_args(data, model, length, out, args), "--cp", str(args.cp),
-                "--cp-layout", layout]
+                "--cp-layout", layout, "--cp-kda", kda]
         if recompute:
             argv.append("--recompute")
         code, tail, wall, rss = run_child(argv, env, args.timeout)
@@ -100,6 +107,17 @@ def compare(one: dict, cp: dict, cp_size: int, rtol: float) -> dict:
             "loss_rel_diffs": [abs(a - b) / abs(a) for a, b in zip(one["losses"], cp["losses"])]}
 
 
+def compare_kda_modes(rows: list[dict]) -> dict:
+    """Tokens/s and peak GPU memory (the largest rank's) of each KDA mode that ran, and the faster mode."""
+    runs = {row["cp_kda"]: row["context_parallel"] for row in rows if row["context_parallel"].get("ok")}
+    modes = {kda: {"tokens_per_s": run["tokens_per_s"], "recompute": run["recompute"],
+                   "peak_gpu_gib": max(run["peak_gpu_gib_ranks"] or [run["peak_gpu_gib"]])}
+             for kda, run in runs.items()}
+    if not modes:
+        return {}
+    return {"modes": modes, "faster": max(modes, key=lambda kda: modes[kda]["tokens_per_s"])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -111,6 +129,8 @@ def main() -> None:
     parser.add_argument("--cp", type=int, default=2, help="context-parallel ranks (GPUs) for the CP runs")
     parser.add_argument("--layouts", default="zigzag", help="CP layouts to run, e.g. zigzag,contiguous")
     parser.add_argument("--recompute", action="store_true", help="pass --recompute to every run")
+    parser.add_argument("--cp-kda", default="state",
+                        help="KDA context-parallel modes to run for each layout, e.g. state,heads (finetune --cp-kda)")
     parser.add_argument("--timeout", type=float, default=280, help="seconds per run")
     parser.add_argument("--budget", type=float, default=0, help="stop starting rows after this many seconds")
     parser.add_argument("--loss-rtol", type=float, default=5e-3,
@@ -136,14 +156,23 @@ def main() -> None:
                 print(json.dumps({"model": model, "seq": format_length(length), "one_gpu":
                                   {k: v for k, v in one.items() if k != "error"}}), flush=True)
                 for layout in args.layouts.split(","):
-                    cp = context_parallel(data, model, length, layout, args, env, work)
-                    row = {"model": model, "seq_len": length, "seq": format_length(length), "cp": args.cp,
-                           "layout": layout, "one_gpu": one, "context_parallel": cp,
-                           **compare(one, cp, args.cp, args.loss_rtol)}
-                    rows.append(row)
-                    print(json.dumps({k: v for k, v in row.items() if k not in ("one_gpu",)}, default=str),
-                          flush=True)
-                    _write(out_dir, rows, started)
+                    layout_rows = []
+                    for kda in args.cp_kda.split(","):
+                        cp = context_parallel(data, model, length, layout, kda, args, env, work)
+                        row = {"model": model, "seq_len": length, "seq": format_length(length), "cp": args.cp,
+                               "layout": layout, "cp_kda": kda, "one_gpu": one, "context_parallel": cp,
+                               **compare(one, cp, args.cp, args.loss_rtol)}
+                        rows.append(row)
+                        layout_rows.append(row)
+                        print(json.dumps({k: v for k, v in row.items() if k not in ("one_gpu",)}, default=str),
+                              flush=True)
+                        _write(out_dir, rows, started)
+                    if len(layout_rows) > 1:
+                        modes = {"model": model, "seq": format_length(length), "layout": layout,
+                                 "kda_modes": compare_kda_modes(layout_rows)}
+                        rows.append(modes)
+                        print(json.dumps(modes), flush=True)
+                        _write(out_dir, rows, started)
     print(f"wrote {_write(out_dir, rows, started)}")
 
 

@@ -2,7 +2,8 @@
 
 :func:`all_gather` stacks every rank's tensor; its backward is the reduce-scatter of the gradient (each rank gets the
 sum over ranks of the gradient that reached its own tensor). gloo has no reduce-scatter, so there it is an all-reduce
-followed by taking this rank's slice: the same sum.
+followed by taking this rank's slice: the same sum. :func:`all_to_all` sends row ``r`` of a ``[size, ...]`` tensor to
+rank ``r``; its backward is the same exchange of the gradient the other way (gloo and NCCL both have it).
 
 Every rank must run the same collectives in the same order, in backward too. A rank whose loss does not use what it
 gathered (CP rank 0 reads no earlier rank's rows) would skip the gather's backward and leave the others waiting;
@@ -41,6 +42,32 @@ class _AllGather(torch.autograd.Function):
 def all_gather(tensor: torch.Tensor, group) -> torch.Tensor:
     """``[size, *tensor.shape]``: every rank's ``tensor`` of the group, in group-rank order (same shape on all)."""
     return _AllGather.apply(tensor, group)
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        tensor = tensor.contiguous()
+        received = torch.empty_like(tensor)
+        dist.all_to_all_single(received, tensor, group=group)
+        return received
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        # Row r of the result came from rank r's row ``rank``: its gradient goes back there by the same exchange.
+        grad = grad.contiguous()
+        returned = torch.empty_like(grad)
+        dist.all_to_all_single(returned, grad, group=ctx.group)
+        return returned, None
+
+
+def all_to_all(tensor: torch.Tensor, group) -> torch.Tensor:
+    """``tensor [size, ...]`` (the same shape on every rank of the group) -> ``[size, ...]`` whose row ``r`` is row
+    ``rank`` of rank ``r``'s ``tensor``."""
+    if tensor.shape[0] != dist.get_world_size(group):
+        raise ValueError(f"all_to_all needs one row per rank ({dist.get_world_size(group)}), got {tuple(tensor.shape)}")
+    return _AllToAll.apply(tensor, group)
 
 
 class _Anchor(torch.autograd.Function):

@@ -4,7 +4,9 @@ The model is not rewritten: the token mixers' and MoE layers' ``forward`` of eac
 genolc/train/apply.py does for recompute; parameter names and checkpoints are unchanged) by versions that take the
 rank's concatenated pieces (genolc/parallel/layout.py) and exchange, per layer, only what crosses positions:
 
-    KDA   each piece's last ``kernel - 1`` convolution inputs and its boundary state transition (kda_cp.py)
+    KDA   each piece's last ``kernel - 1`` convolution inputs and its boundary state transition (kda_cp.py), or
+          with ``--cp-kda heads`` the convolution inputs and an all-to-all to H / cp heads of the span and back
+          (kda_heads.py)
     DSA   the latent rows and per-token indexer keys / gate logits of the whole window (dsa_cp.py)
     MoE   the window's tokens per expert, for the balance loss's expert fractions (moe_cp.py)
 
@@ -26,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from genolc.parallel.collectives import all_gather, all_reduce_counts
+from genolc.parallel.collectives import all_gather, all_reduce_counts, all_to_all
 from genolc.parallel.layout import Layout, Piece
 
 CONTEXT_ATTRIBUTE = "_genolc_context_parallel"
@@ -110,6 +112,40 @@ class ContextParallel:
         layout = self._layout()
         gathered = all_gather(torch.stack(per_piece), self.group)
         return [gathered[layout.owner(p.index)] for p in layout.pieces], gathered
+
+    def heads_to_span(self, local: torch.Tensor) -> torch.Tensor:
+        """This rank's positions of every head ``[B, T_local, H, F]`` -> every position of the span, in window order,
+        of this rank's ``H / size`` heads ``[B, T_span, H / size, F]`` (heads ``rank * H / size`` onwards).
+
+        One all-to-all: each rank sends every other rank that rank's heads of its own pieces (padded to the longest
+        piece, so every rank sends one shape) and places what it receives by :meth:`Layout.owner`."""
+        layout = self._layout()
+        longest = layout.longest_piece
+        batch, _, heads, features = local.shape
+        share = heads // self.size
+        slots = torch.stack([nn.functional.pad(t, (0, 0, 0, 0, 0, longest - t.shape[1])) for t in self.split(local)])
+        outgoing = slots.view(len(slots), batch, longest, self.size, share, features).permute(3, 0, 1, 2, 4, 5)
+        received = all_to_all(outgoing, self.group)                 # [source rank, slot, B, longest, share, F]
+        rows = []
+        for piece in layout.pieces:
+            rank, slot = layout.owner(piece.index)
+            rows.append(received[rank, slot, :, : len(piece)])
+        return torch.cat(rows, dim=1)
+
+    def span_to_heads(self, span: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`heads_to_span`: ``[B, T_span, H / size, F]`` (this rank's heads, every position)
+        -> ``[B, T_local, H, F]`` (every head, this rank's positions, pieces concatenated in window order)."""
+        layout = self._layout()
+        longest = layout.longest_piece
+        batch, _, share, features = span.shape
+        rows = span.split(self.span_lengths, dim=1)
+        outgoing = torch.stack([
+            torch.stack([nn.functional.pad(rows[p.index], (0, 0, 0, 0, 0, longest - len(p)))
+                         for p in layout.rank_pieces(rank)])
+            for rank in range(self.size)])                          # [destination rank, slot, B, longest, share, F]
+        received = all_to_all(outgoing, self.group)                 # [head group, slot, B, longest, share, F]
+        slots = received.permute(1, 2, 3, 0, 4, 5).reshape(-1, batch, longest, self.size * share, features)
+        return torch.cat([slots[slot, :, : len(p)] for slot, p in enumerate(layout.rank_pieces(self.rank))], dim=1)
 
     @property
     def span_lengths(self) -> list[int]:

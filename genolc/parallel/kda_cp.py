@@ -26,7 +26,7 @@ from genolc.model.cache import LayerCache
 from genolc.parallel.context import ContextParallel
 
 
-def _tail_before(piece_index: int, tails: list[torch.Tensor], lengths: list[int], keep: int,
+def tail_before(piece_index: int, tails: list[torch.Tensor], lengths: list[int], keep: int,
                  before: torch.Tensor | None) -> torch.Tensor | None:
     """The last ``keep`` convolution inputs before piece ``piece_index`` of the span (``before``: those before the
     span, from the chunk cache; fewer at the window's start)."""
@@ -44,6 +44,15 @@ def _tail_before(piece_index: int, tails: list[torch.Tensor], lengths: list[int]
     return torch.cat(parts, dim=1)[:, -keep:]
 
 
+def gather_conv_tails(context: ContextParallel, inputs: list[torch.Tensor],
+                      keep: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Every piece's last ``keep`` convolution inputs (zero-padded in front when shorter), in window order, from this
+    rank's ``inputs`` (one ``[B, len, C]`` per piece); and the raw collective output for ``anchor``."""
+    own_tails = [torch.nn.functional.pad(t[:, max(0, t.shape[1] - keep):], (0, 0, keep - min(keep, t.shape[1]), 0))
+                 for t in inputs]
+    return context.gather_fixed(own_tails)
+
+
 def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
     """``KimiDeltaAttention.forward`` for this rank's concatenated pieces ``x [B, T_local, D]``, from the layer's own
     steps (``mixer_inputs``, ``short_conv``, ``split_heads``, ``recurrence``, ``output``); with ``cache`` the span
@@ -57,9 +66,7 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
     conv_before = past.get("conv_tail")
     conv_input, gate_input, beta = layer.mixer_inputs(x)
     inputs = context.split(conv_input)
-    own_tails = [torch.nn.functional.pad(t[:, max(0, t.shape[1] - keep):], (0, 0, keep - min(keep, t.shape[1]), 0))
-                 for t in inputs]
-    tails, gathered_tails = context.gather_fixed(own_tails)
+    tails, gathered_tails = gather_conv_tails(context, inputs, keep)
     lengths = context.span_lengths
     first = context.layout.rank_pieces(context.rank)
 
@@ -67,7 +74,7 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
     betas = context.split(beta)
     locals_, throughs, finals = [], [], []
     for piece, relative, conv_in, piece_gate, piece_beta in zip(pieces, first, inputs, gate_inputs, betas):
-        q, k, v = layer.split_heads(layer.short_conv(conv_in, _tail_before(relative.index, tails, lengths, keep,
+        q, k, v = layer.split_heads(layer.short_conv(conv_in, tail_before(relative.index, tails, lengths, keep,
                                                                            conv_before)))
         value_dim = v.shape[-1]
         values = torch.cat([v, v.new_zeros(batch, len(piece), heads, dim)], dim=-1)
@@ -98,5 +105,5 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
             state = offset if state is None else transition @ state + offset
     if cache is not None:
         cache.present["state"] = state
-        cache.present["conv_tail"] = _tail_before(len(lengths), tails, lengths, keep, conv_before)
+        cache.present["conv_tail"] = tail_before(len(lengths), tails, lengths, keep, conv_before)
     return anchor(layer.output(x, torch.cat(cores, dim=1)), gathered_tails, gathered_finals)

@@ -12,7 +12,7 @@ from genolc.config_defaults import config_default, config_option
 from genolc.errors import ConfigError
 from genolc.fsutil import output_dir
 from genolc.parallel.launch import alike_on_every_rank, writes_outputs
-from genolc.train.config import CP_LAYOUTS, DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES, TrainConfig
+from genolc.train.config import CP_KDA_MODES, CP_LAYOUTS, DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES, TrainConfig
 from genolc.units import format_length, parse_length
 
 RUN_KIND = "run directory"
@@ -108,6 +108,11 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @_option("--cp-layout", "cp_layout", type=click.Choice(CP_LAYOUTS),
          help="Which positions each --cp rank holds: zigzag (one early and one late piece each, balanced DSA "
               "work) or contiguous (one piece each).")
+@_option("--cp-kda", "cp_kda", type=click.Choice(CP_KDA_MODES),
+         help="How KDA layers run over the --cp ranks: state (each rank runs its own positions and passes boundary "
+              "states; any --cp) or heads (an all-to-all gives each rank every position of the window for KDA "
+              "heads / N heads; N must divide the heads). Same results; which is faster depends on the model and "
+              "window (benchmarks/bench_context_parallel.py --cp-kda state,heads).")
 @click.pass_context
 def finetune_command(ctx: click.Context, data: Path, seq: str, model: str | None, init: Path | None,
                      seq_warmup: str | None, chunk: str, routing_group: str, backend: str, **options) -> None:

@@ -22,6 +22,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
 DASHBOARDS = ("tensorboard", "wandb")
 CP_LAYOUTS = LAYOUTS                        # genolc/parallel/layout.py: which positions each CP rank holds
+CP_KDA_MODES = ("state", "heads")           # how KDA runs over CP ranks: genolc.parallel.apply.KDA_FORWARDS
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class TrainConfig:
     cp: int = 1                                 # context-parallel ranks per window (genolc.parallel); the
                                                 # data-parallel size is torchrun's world size / cp
     cp_layout: str = "zigzag"                   # which positions each CP rank holds: zigzag | contiguous
+    cp_kda: str = "state"                       # KDA under CP: state (boundary-state passing) | heads
+                                                # (all-to-all to H / cp heads of the whole window)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", Path(self.data))
@@ -119,6 +122,9 @@ class TrainConfig:
         if self.cp_layout not in CP_LAYOUTS:
             raise ConfigError(f"unknown --cp-layout {self.cp_layout!r}", where="--cp-layout",
                               fix=f"choose one of {', '.join(CP_LAYOUTS)}")
+        if self.cp_kda not in CP_KDA_MODES:
+            raise ConfigError(f"unknown --cp-kda {self.cp_kda!r}", where="--cp-kda",
+                              fix=f"choose one of {', '.join(CP_KDA_MODES)}")
         if self.routing_group <= 0:
             raise ConfigError(f"routing_group must be positive, got {self.routing_group}", where="--routing-group")
         if self.dtype not in DTYPES:
@@ -178,7 +184,7 @@ def option_name(field: str) -> str:
 # changes what a step computes (so does the data-parallel size, torchrun's world size / --cp: it picks the windows).
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
                                "progress", "device", "chunk", "threads", "deterministic", "log", "routing_group",
-                               "cp", "cp_layout"})
+                               "cp", "cp_layout", "cp_kda"})
 
 
 # Fields added after checkpoints were first written, with the value such older checkpoints were trained with.

@@ -176,8 +176,8 @@ class _Trainer:
             # Last, as genolc/train/apply.py orders the transforms: it changes the shapes the others see at run time.
             from genolc.parallel.apply import apply_context_parallel
 
-            self.context = apply_context_parallel(self.model, self.mesh.cp_group, config.cp_layout)
-            self.applied.append(f"context_parallel(cp={self.mesh.cp_size}, {config.cp_layout})")
+            self.context = apply_context_parallel(self.model, self.mesh.cp_group, config.cp_layout, config.cp_kda)
+            self.applied.append(f"context_parallel(cp={self.mesh.cp_size}, {config.cp_layout}, kda {config.cp_kda})")
         if self.mesh.distributed:
             _say(f"{self.mesh.world_size} processes: {self.mesh.dp_size} data-parallel x {self.mesh.cp_size} "
                  f"context-parallel ({config.cp_layout})")

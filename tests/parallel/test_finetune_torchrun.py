@@ -1,6 +1,6 @@
-"""`torchrun --nproc-per-node 2 -m genolc.cli finetune --cp 2` on CPU (gloo), whole windows (zigzag) and chunked
-(contiguous): trains, checkpoints once, and its steps' losses equal the single-process run's on the same data and
-seed (to fp32 rounding)."""
+"""`torchrun --nproc-per-node 2 -m genolc.cli finetune --cp 2` on CPU (gloo), whole windows (zigzag; KDA by state
+and by heads) and chunked (contiguous): trains, checkpoints once, and its steps' losses equal the single-process
+run's on the same data and seed (to fp32 rounding)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ def single_run(char_data, tmp_path_factory) -> Path:
     return single
 
 
-@pytest.mark.parametrize("extra", [[], pytest.param(["--chunk", "151", "--cp-layout", "contiguous"], marks=pytest.mark.slow)],
-                         ids=["whole", "chunked"])
+@pytest.mark.parametrize("extra", [[], pytest.param(["--chunk", "151", "--cp-layout", "contiguous"],
+                                                   marks=pytest.mark.slow), ["--cp-kda", "heads"]],
+                         ids=["whole", "chunked", "kda-heads"])
 def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra, one_thread):
     parallel = tmp_path / "cp2"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -59,13 +60,14 @@ def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra
     assert (parallel / "checkpoints" / "step-000002" / "model.safetensors").is_file()
     summary = json.loads((parallel / "summary.json").read_text())
     assert summary["status"] == "ok"
-    layout = "contiguous" if extra else "zigzag"
+    layout = "contiguous" if "contiguous" in extra else "zigzag"
     assert summary["mesh"] == {"world_size": 2, "data_parallel": 1, "context_parallel": 2, "cp_layout": layout}
-    assert any(t.startswith("context_parallel(cp=2") for t in summary["transforms"])
+    kda = "heads" if "heads" in extra else "state"
+    assert f"context_parallel(cp=2, {layout}, kda {kda})" in summary["transforms"]
     assert len(summary["peak_memory_gib_ranks"]) == 2
     expected, got = _metrics(single_run), _metrics(parallel)
     assert [m["step"] for m in got] == [1, 2]
-    assert [m["step_strategy"] for m in got] == ["chunked" if extra else "whole"] * 2
+    assert [m["step_strategy"] for m in got] == ["chunked" if "--chunk" in extra else "whole"] * 2
     for one, two in zip(expected, got):
         assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)
         assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)

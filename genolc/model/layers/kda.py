@@ -48,9 +48,13 @@ class ForgetGate(nn.Module):
         batch, length = x.shape[:2]
         return self.f_b_proj(self.f_a_proj(x)).view(batch, length, self.num_heads, self.head_dim)
 
-    def op_arguments(self) -> dict:
-        """The KDA op's keyword arguments that form this gate from :meth:`pre_activation` inside the op."""
-        return dict(use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias, lower_bound=self.lower_bound)
+    def op_arguments(self, heads: slice | None = None) -> dict:
+        """The KDA op's keyword arguments that form this gate from :meth:`pre_activation` inside the op (``heads``:
+        those of a range of heads only, for an op call over those heads)."""
+        A_log, dt_bias = self.A_log, self.dt_bias
+        if heads is not None:
+            A_log, dt_bias = A_log[heads], dt_bias.view(self.num_heads, self.head_dim)[heads].reshape(-1)
+        return dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=self.lower_bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kda_gate(self.pre_activation(x), self.A_log, self.dt_bias, self.lower_bound)
@@ -107,11 +111,12 @@ class KimiDeltaAttention(nn.Module):
 
     def recurrence(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_input: torch.Tensor,
                    beta: torch.Tensor, initial_state: torch.Tensor | None,
-                   output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(core [B, T, H, Dv], final state or None)``: the KDA op from ``initial_state`` (None: zeros)."""
+                   output_final_state: bool, heads: slice | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(core [B, T, H, Dv], final state or None)``: the KDA op from ``initial_state`` (None: zeros). With
+        ``heads`` the inputs hold only that range of heads (genolc/parallel/kda_heads.py)."""
         return self.kda_op(q, k, v, gate_input, beta, initial_state=initial_state,
                            output_final_state=output_final_state, use_qk_l2norm_in_kernel=True,
-                           **self.forget_gate.op_arguments())
+                           **self.forget_gate.op_arguments(heads))
 
     def output(self, x: torch.Tensor, core: torch.Tensor) -> torch.Tensor:
         """The op's ``core [B, T, H, Dv]`` through the gated norm (gate from ``x [B, T, D]``) and ``o_proj``."""
