@@ -29,7 +29,7 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         group = ctx.group
-        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        rank = dist.get_rank(group)
         grad = grad.contiguous()
         if dist.get_backend(group) == "nccl":
             own = torch.empty_like(grad[0])

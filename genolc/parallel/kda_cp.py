@@ -19,7 +19,10 @@ end state and last convolution inputs to the cache (genolc/parallel/context.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torch import nn
 
 from genolc.parallel.collectives import anchor
 from genolc.model.cache import LayerCache
@@ -53,6 +56,38 @@ def gather_conv_tails(context: ContextParallel, inputs: list[torch.Tensor],
     return context.gather_fixed(own_tails)
 
 
+@dataclass
+class PieceInputs:
+    """A KDA layer's inputs for this rank's pieces (both context-parallel forms): the convolution inputs split by
+    piece, the gate input and beta of all of them, and every piece's convolution tail from the other ranks."""
+
+    layer: nn.Module
+    past: dict[str, torch.Tensor]
+    inputs: list[torch.Tensor]
+    gate_input: torch.Tensor
+    beta: torch.Tensor
+    tails: list[torch.Tensor]
+    gathered_tails: torch.Tensor
+    lengths: list[int]
+    keep: int
+
+    @classmethod
+    def of(cls, layer, context: ContextParallel, x: torch.Tensor, cache: LayerCache | None) -> "PieceInputs":
+        keep = layer.conv1d.weight.shape[-1] - 1
+        conv_input, gate_input, beta = layer.mixer_inputs(x)
+        inputs = context.split(conv_input)
+        tails, gathered_tails = gather_conv_tails(context, inputs, keep)
+        return cls(layer, {} if cache is None else cache.past, inputs, gate_input, beta, tails, gathered_tails,
+                   context.span_lengths, keep)
+
+    def convolved(self, piece_index: int, piece_input: torch.Tensor) -> torch.Tensor:
+        """Piece ``piece_index`` (of the span) through the layer's short convolution, after the inputs before it."""
+        return self.layer.short_conv(piece_input, self.tail_before(piece_index))
+
+    def tail_before(self, piece_index: int) -> torch.Tensor | None:
+        return tail_before(piece_index, self.tails, self.lengths, self.keep, self.past.get("conv_tail"))
+
+
 def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
     """``KimiDeltaAttention.forward`` for this rank's concatenated pieces ``x [B, T_local, D]``, from the layer's own
     steps (``mixer_inputs``, ``short_conv``, ``split_heads``, ``recurrence``, ``output``); with ``cache`` the span
@@ -60,22 +95,16 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
     ``cache.present``)."""
     batch = x.shape[0]
     heads, dim = layer.num_heads, layer.head_dim
-    keep = layer.conv1d.weight.shape[-1] - 1
     pieces = context.pieces
-    past = {} if cache is None else cache.past
-    conv_before = past.get("conv_tail")
-    conv_input, gate_input, beta = layer.mixer_inputs(x)
-    inputs = context.split(conv_input)
-    tails, gathered_tails = gather_conv_tails(context, inputs, keep)
-    lengths = context.span_lengths
+    given = PieceInputs.of(layer, context, x, cache)
+    past, inputs, lengths = given.past, given.inputs, given.lengths
     first = context.layout.rank_pieces(context.rank)
 
-    gate_inputs = context.split(gate_input)
-    betas = context.split(beta)
+    gate_inputs = context.split(given.gate_input)
+    betas = context.split(given.beta)
     locals_, throughs, finals = [], [], []
     for piece, relative, conv_in, piece_gate, piece_beta in zip(pieces, first, inputs, gate_inputs, betas):
-        q, k, v = layer.split_heads(layer.short_conv(conv_in, tail_before(relative.index, tails, lengths, keep,
-                                                                           conv_before)))
+        q, k, v = layer.split_heads(given.convolved(relative.index, conv_in))
         value_dim = v.shape[-1]
         values = torch.cat([v, v.new_zeros(batch, len(piece), heads, dim)], dim=-1)
         start_state = torch.cat([torch.zeros(batch, heads, dim, value_dim, device=x.device),
@@ -105,5 +134,5 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
             state = offset if state is None else transition @ state + offset
     if cache is not None:
         cache.present["state"] = state
-        cache.present["conv_tail"] = tail_before(len(lengths), tails, lengths, keep, conv_before)
-    return anchor(layer.output(x, torch.cat(cores, dim=1)), gathered_tails, gathered_finals)
+        cache.present["conv_tail"] = given.tail_before(len(lengths))
+    return anchor(layer.output(x, torch.cat(cores, dim=1)), given.gathered_tails, gathered_finals)

@@ -34,7 +34,7 @@ from genolc.errors import ConfigError
 from genolc.model.cache import LayerCache
 from genolc.parallel.collectives import all_gather, anchor
 from genolc.parallel.context import ContextParallel
-from genolc.parallel.kda_cp import gather_conv_tails, tail_before
+from genolc.parallel.kda_cp import PieceInputs
 
 
 def check_heads(num_heads: int, cp: int) -> None:
@@ -55,16 +55,11 @@ def kda_forward_heads(layer, context: ContextParallel, x: torch.Tensor, cache: L
     heads, dim = layer.num_heads, layer.head_dim
     share = heads // context.size
     own_heads = slice(context.rank * share, (context.rank + 1) * share)
-    keep = layer.conv1d.weight.shape[-1] - 1
-    past = {} if cache is None else cache.past
-    conv_before = past.get("conv_tail")
-    conv_input, gate_input, beta = layer.mixer_inputs(x)
-    inputs = context.split(conv_input)
-    tails, gathered_tails = gather_conv_tails(context, inputs, keep)
-    lengths = context.span_lengths
-    mixed = torch.cat([layer.short_conv(piece_input, tail_before(piece.index, tails, lengths, keep, conv_before))
-                       for piece, piece_input in zip(context.layout.rank_pieces(context.rank), inputs)], dim=1)
-    per_head = (*layer.split_heads(mixed), gate_input, beta.unsqueeze(-1))
+    given = PieceInputs.of(layer, context, x, cache)
+    past = given.past
+    mixed = torch.cat([given.convolved(piece.index, piece_input)
+                       for piece, piece_input in zip(context.layout.rank_pieces(context.rank), given.inputs)], dim=1)
+    per_head = (*layer.split_heads(mixed), given.gate_input, given.beta.unsqueeze(-1))
     dtypes = [t.dtype for t in per_head]
     common = functools.reduce(torch.promote_types, dtypes)     # one exchange; each input gets its dtype back
     span = context.heads_to_span(torch.cat([t.to(common) for t in per_head], dim=-1))
@@ -79,5 +74,5 @@ def kda_forward_heads(layer, context: ContextParallel, x: torch.Tensor, cache: L
         # Every rank's cache holds the whole state, as in kda_cp.py: the next chunk's ranks each read their heads.
         gathered_state = all_gather(final, context.group)                  # [cp, B, H / cp, Dk, Dv]
         cache.present["state"] = gathered_state.transpose(0, 1).flatten(1, 2)
-        cache.present["conv_tail"] = tail_before(len(lengths), tails, lengths, keep, conv_before)
-    return anchor(layer.output(x, context.span_to_heads(core)), gathered_tails, gathered_state)
+        cache.present["conv_tail"] = given.tail_before(len(given.lengths))
+    return anchor(layer.output(x, context.span_to_heads(core)), given.gathered_tails, gathered_state)

@@ -13,7 +13,6 @@ fla's chunk_kda with ``Dv + Dk`` value columns and an initial state (genolc/para
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import pytest
@@ -24,6 +23,7 @@ import torch.multiprocessing as mp
 from genolc.model import build_model, preset
 from genolc.train.chunked import chunked_forward_backward
 from genolc.train.loss import LossTerms
+from process_group import free_port
 
 pytestmark = pytest.mark.gpu
 
@@ -93,12 +93,6 @@ def _worker(rank: int, port: int, results: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_context_parallel_two_gpus_matches_one_small_64k(tmp_path):
     device = torch.device("cuda", 0)
@@ -114,7 +108,7 @@ def test_context_parallel_two_gpus_matches_one_small_64k(tmp_path):
     for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                         ("NVSHMEM_DISABLE_NVLS", "1")):
         os.environ.setdefault(name, value)      # NVLink multicast stays off on shared GPU hosts
-    mp.spawn(_worker, args=(_free_port(), str(results)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), str(results)), nprocs=2, join=True)
     for case, (values, got, seconds, peak) in torch.load(results).items():
         errors = {name: float((got[name] - expected[name]).norm() / expected[name].norm().clamp_min(1e-30))
                   for name in expected}

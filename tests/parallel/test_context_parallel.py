@@ -13,7 +13,6 @@ gradient within 1e-4 of its own size (relative L2); a boundary handled wrongly g
 from __future__ import annotations
 
 import contextlib
-import socket
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ import torch.multiprocessing as mp
 
 from genolc.train.loss import LossTerms, micro_batch_loss
 from conftest import chr22_window, shared_file, tiny_model_with_skewed_routing
+from process_group import free_port
 
 WINDOW = 405
 # (layout, indexer mode, per-layer recompute, chunk of the chunk-recurrent step or None) per world size.
@@ -120,16 +120,10 @@ def _pools_under_cp(group) -> torch.Tensor:
         return window_rows(layer, context, context.local(_hidden(model)), None).pooled
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(world: int, tmp_path_factory) -> dict:
     path = str(shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz"))
     results = tmp_path_factory.mktemp(f"cp{world}") / "cp.pt"
-    mp.spawn(_worker, args=(world, _free_port(), path, str(results)), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, free_port(), path, str(results)), nprocs=world, join=True)
     return torch.load(results)
 
 

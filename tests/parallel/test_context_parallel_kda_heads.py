@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import socket
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ import torch.multiprocessing as mp
 
 from genolc.train.loss import LossTerms, micro_batch_loss
 from conftest import chr22_window, shared_file, tiny_model_with_skewed_routing
+from process_group import free_port
 
 WINDOW = 405
 # (layout, chunk of the chunk-recurrent step or None, per-layer recompute: the exchanges run again in backward)
@@ -85,17 +85,11 @@ def _worker(rank: int, world: int, port: int, path: str, results: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def heads_results(tmp_path_factory):
     path = str(shared_file("human/GRCh37_chr22_20000001-21000000.fa.gz"))
     results = tmp_path_factory.mktemp("cp-kda-heads") / "cp.pt"
-    mp.spawn(_worker, args=(2, _free_port(), path, str(results)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), path, str(results)), nprocs=2, join=True)
     return torch.load(results)
 
 

@@ -19,7 +19,6 @@ plan said 122 GiB; --chunk auto now picks 128k (107.1 GiB).
 from __future__ import annotations
 
 import contextlib
-import socket
 
 import pytest
 import torch
@@ -30,6 +29,7 @@ from conftest import chr22_window, shared_file, tiny_model_with_skewed_routing
 from genolc.train.loss import LossTerms
 from genolc.train.plan import (GIB, context_parallel_saved_bytes, estimate_context_parallel_memory,
                                largest_fitting_chunk)
+from process_group import free_port
 
 WINDOW, CHUNK, CP = 2048, 512, 2
 
@@ -114,17 +114,11 @@ def _worker(rank: int, world: int, port: int, results: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     _window()                                   # skips before spawning when the DNA is absent
     results = tmp_path_factory.mktemp("cp_memory") / "ranks.pt"
-    mp.spawn(_worker, args=(CP, _free_port(), str(results)), nprocs=CP, join=True)
+    mp.spawn(_worker, args=(CP, free_port(), str(results)), nprocs=CP, join=True)
     return torch.load(results)
 
 
