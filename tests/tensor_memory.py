@@ -65,3 +65,30 @@ def use_fast_kernel_stand_ins(model) -> None:
             module.kda_op = kda_op
         if isinstance(module, DSAAttention):
             module.sparse_attention_op = sparse_op
+
+
+def saved_bytes_per_module(model, modules, run, bf16: bool = False) -> list[int]:
+    """Bytes autograd saves for backward inside each of ``modules`` (in call order; the model's parameters left out)
+    while ``run()`` runs the model's forward, under bf16 autocast with ``bf16``."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+    per_module: list[int] = []
+
+    def pack(tensor):
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr not in params:
+            saved[ptr] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    handles = []
+    for module in modules:
+        handles.append(module.register_forward_pre_hook(lambda *args: saved.clear()))
+        handles.append(module.register_forward_hook(lambda *args: per_module.append(sum(saved.values()))))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return per_module

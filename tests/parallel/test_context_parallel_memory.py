@@ -44,28 +44,10 @@ def _terms(weights):
 
 
 def _saved_per_mixer(model, run, bf16: bool = False) -> list[int]:
-    """Bytes autograd saves in each layer's token mixer while ``run()`` runs the model's forward (parameters left
-    out), under bf16 autocast with ``bf16``."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-    per_mixer: list[int] = []
+    """Bytes autograd saves in each layer's token mixer while ``run()`` runs the model's forward."""
+    from tensor_memory import saved_bytes_per_module
 
-    def pack(tensor):
-        ptr = tensor.untyped_storage().data_ptr()
-        if ptr not in params:
-            saved[ptr] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    def start(*args):
-        saved.clear()
-
-    for layer in model.layers:
-        layer.self_attn.register_forward_pre_hook(start)
-        layer.self_attn.register_forward_hook(lambda *args: per_mixer.append(sum(saved.values())))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        run()
-    return per_mixer
+    return saved_bytes_per_module(model, [layer.self_attn for layer in model.layers], run, bf16)
 
 
 def _mixers(bf16: bool):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from genolc.model.presets import parameter_counts, preset
 from genolc.train.plan import (GIB, activation_bytes_per_token, estimate_memory, estimate_step_seconds,
                                fast_activation_bytes_per_token, fitting_option, oom_error, required_seq_multiple)
@@ -90,33 +88,19 @@ def _fast_path_saved_bytes_per_token(cfg, seq: int) -> list[float]:
     import genolc.model.layers.moe as moe_layer
     from genolc.model.model import build_model
     from genolc.model.ops.moe import grouped_mm as moe_grouped_mm
-    from tensor_memory import use_fast_kernel_stand_ins
+    from tensor_memory import saved_bytes_per_module, use_fast_kernel_stand_ins
 
     torch.manual_seed(0)
     model = build_model(cfg)
     use_fast_kernel_stand_ins(model)
-    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-    per_layer: list[float] = []
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in param_storages:
-            saved[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    for layer in model.layers:
-        layer.register_forward_pre_hook(lambda *args: saved.clear())
-        layer.register_forward_hook(lambda *args: per_layer.append(sum(saved.values()) / seq))
     original_experts = moe_layer.routed_experts
     moe_layer.routed_experts = lambda *args: moe_grouped_mm.grouped_experts(*args, chunk_tokens=seq // 2)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast("cpu", dtype=torch.bfloat16):
-            model(torch.randint(0, cfg.vocab_size, (1, seq)))
+        per_layer = saved_bytes_per_module(model, model.layers,
+                                           lambda: model(torch.randint(0, cfg.vocab_size, (1, seq))), bf16=True)
     finally:
         moe_layer.routed_experts = original_experts
-    return per_layer
+    return [saved / seq for saved in per_layer]
 
 
 def test_fast_path_activation_estimate_matches_what_autograd_saves():
