@@ -634,7 +634,7 @@ class _Trainer:
             "transforms": self.applied,
             "step_strategies": [strategy.describe() for strategy in self.strategies.values()], "parameters": sum(p.numel() for p in self.model.parameters()),
             "mesh": {"world_size": self.mesh.world_size, "data_parallel": self.mesh.dp_size,
-                     "context_parallel": self.mesh.cp_size, "cp_layout": cfg.cp_layout},
+                     "context_parallel": self.mesh.cp_size, "cp_layout": cfg.cp_layout, "cp_kda": cfg.cp_kda},
             "config": cfg.to_dict(),
         }
         atomic_write_json(cfg.out / SUMMARY, summary)

@@ -61,8 +61,9 @@ def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra
     summary = json.loads((parallel / "summary.json").read_text())
     assert summary["status"] == "ok"
     layout = "contiguous" if "contiguous" in extra else "zigzag"
-    assert summary["mesh"] == {"world_size": 2, "data_parallel": 1, "context_parallel": 2, "cp_layout": layout}
     kda = "heads" if "heads" in extra else "state"
+    assert summary["mesh"] == {"world_size": 2, "data_parallel": 1, "context_parallel": 2, "cp_layout": layout,
+                               "cp_kda": kda}
     assert f"context_parallel(cp=2, {layout}, kda {kda})" in summary["transforms"]
     assert len(summary["peak_memory_gib_ranks"]) == 2
     expected, got = _metrics(single_run), _metrics(parallel)
