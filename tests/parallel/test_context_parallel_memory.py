@@ -32,6 +32,7 @@ from genolc.train.plan import (GIB, context_parallel_saved_bytes, estimate_conte
 from process_group import free_port
 
 WINDOW, CHUNK, CP = 2048, 512, 2
+KDA_FORMS = ("state", "heads")
 
 
 def _window():
@@ -84,11 +85,12 @@ def _worker(rank: int, world: int, port: int, results: str) -> None:
         # Parameter gradients are created during the backward too; the plan counts them apart.
         out[chunk] = tracker.peak - sum(p.numel() * p.element_size() for p in model.parameters())
     for bf16 in (False, True):
-        model = _mixers(bf16)
-        context = apply_context_parallel(model, dist.group.WORLD, "zigzag")
-        context.set_window(WINDOW)
-        out["saved", bf16] = _saved_per_mixer(model, lambda: model(context.local(ids[:, :-1]), indexer_loss="sparse"),
-                                              bf16)
+        for kda in KDA_FORMS:
+            model = _mixers(bf16)
+            context = apply_context_parallel(model, dist.group.WORLD, "zigzag", kda=kda)
+            context.set_window(WINDOW)
+            out["saved", bf16, kda] = _saved_per_mixer(
+                model, lambda: model(context.local(ids[:, :-1]), indexer_loss="sparse"), bf16)
     gathered = [None] * world
     dist.all_gather_object(gathered, out)
     if rank == 0:
@@ -113,20 +115,26 @@ def test_each_rank_peak_within_20_percent_of_the_context_parallel_plan(ranks, ch
         assert abs(planned / measured - 1) <= 0.2, (rank, planned, measured)
 
 
+@pytest.mark.parametrize("kda", KDA_FORMS)
 @pytest.mark.parametrize("bf16", [False, True], ids=["reference", "fast-kernels"])
-def test_context_parallel_terms_match_what_each_mixer_saves_beyond_one_process(ranks, bf16, one_thread):
+def test_context_parallel_terms_match_what_each_mixer_saves_beyond_one_process(ranks, bf16, kda, one_thread):
     """Token mixer by token mixer, what a CP rank saves for backward beyond one process running the rank's share
     (both measured, so the one-process table's own error cancels) against context_parallel_saved_bytes: fp32
-    reference ops, and the fast ops' autograd Functions under bf16 autocast."""
+    reference ops, and the fast ops' autograd Functions under bf16 autocast; KDA by state passing and by heads."""
     ids, _ = _window()
     share = WINDOW // CP
     model = _mixers(bf16)
     one_process = _saved_per_mixer(model, lambda: model(ids[:, :share], indexer_loss="sparse"), bf16)
-    extra = [max(rank_result["saved", bf16][layer] for rank_result in ranks) - alone
+    extra = [max(rank_result["saved", bf16, kda][layer] for rank_result in ranks) - alone
              for layer, alone in enumerate(one_process)]
     planned = context_parallel_saved_bytes(model.config, span=WINDOW, cp=CP, bf16=bf16, fast_kernels=bf16)
-    for layer, (mine, actual) in enumerate(zip(planned, extra)):
-        assert actual > 0 and abs(mine / actual - 1) <= 0.1, (layer, mine, actual)
+    for layer, (kind, mine, actual) in enumerate(zip(model.config.layer_types, planned, extra)):
+        if kda == "heads" and kind == "linear_attention":
+            # The plan counts the state form's wider values for both forms: an upper bound for the head-parallel
+            # one, which saves about what one process saves (the exchange's buffer kept by its views aside).
+            assert 0 <= actual <= mine, (layer, mine, actual)
+        else:
+            assert actual > 0 and abs(mine / actual - 1) <= 0.1, (layer, mine, actual)
 
 
 def test_cp_chunk_choice_uses_the_context_parallel_estimate():
