@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_long_context import run_child  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
-from prepared import dataset_for  # noqa: E402
+from prepared import add_dataset_options, dataset_for  # noqa: E402
 
 
 def _finetune_args(data: Path, model: str, length: int, out: Path, args) -> list[str]:
@@ -120,9 +120,7 @@ def compare_kda_modes(rows: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--fasta", type=Path, help="genome to prepare (char tokenizer, every record trains)")
-    source.add_argument("--data", type=Path, help="a prepared dataset")
+    add_dataset_options(parser, fasta_help="genome to prepare (char tokenizer, every record trains)")
     parser.add_argument("--models", default="small,base")
     parser.add_argument("--lengths", default="1M,2M")
     parser.add_argument("--steps", type=int, default=3)

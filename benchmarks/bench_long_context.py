@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from genolc.units import format_length, parse_length  # noqa: E402
-from prepared import dataset_for  # noqa: E402
+from prepared import add_dataset_options, dataset_for  # noqa: E402
 
 BASELINE_SCRIPT = r"""
 import sys, time, torch
@@ -171,9 +171,7 @@ def eval_row(data: Path, model: str, length: int, record: str, env: dict, work: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--fasta", type=Path, help="genome to prepare (char tokenizer, every record trains)")
-    source.add_argument("--data", type=Path, help="a prepared dataset")
+    add_dataset_options(parser, fasta_help="genome to prepare (char tokenizer, every record trains)")
     parser.add_argument("--models", default="small,base")
     parser.add_argument("--lengths", default="128k,512k,1M,2M,4M")
     parser.add_argument("--steps", type=int, default=2)

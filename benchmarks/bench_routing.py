@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_long_context import EVAL_CHECKPOINT_SCRIPT, run_child  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
-from prepared import dataset_for  # noqa: E402
+from prepared import add_dataset_options, dataset_for  # noqa: E402
 
 PROBE = ("import torch, runpy, sys; sys.argv = sys.argv[1:]; import atexit; "
          "atexit.register(lambda: print('PEAK_GPU_GIB', torch.cuda.max_memory_allocated() / 2**30 "
@@ -59,9 +59,7 @@ def length_figures(layers: dict, tokens: int, seconds: float | None) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--fasta", type=Path, help="genome to prepare (char tokenizer)")
-    source.add_argument("--data", type=Path, help="a prepared dataset with held-out records")
+    add_dataset_options(parser, data_help="a prepared dataset with held-out records")
     parser.add_argument("--heldout", default="X:1-8000000", help="prepare's --heldout (with --fasta)")
     parser.add_argument("--model", default="small")
     parser.add_argument("--checkpoint", type=Path, default=None, help="report this checkpoint's routing instead")

@@ -19,3 +19,15 @@ gpu_env_pack_caches() {
   tar -czf "$OUT/tilelang-cache.tar.gz" -C "$HOME" .tilelang 2>/dev/null
   return 0
 }
+
+# gpu_env_run SCRIPT ARGS...: the whole call of a run_*.sh: setup, SCRIPT with ARGS (its output also in
+# $OUT/bench.log, indented lines left out of the call's reply), the caches packed; returns SCRIPT's exit code.
+gpu_env_run() {
+  gpu_env_setup || return 1
+  local script="$1"
+  shift
+  python3 "$script" "$@" 2>&1 | tee -a "$OUT/bench.log" | grep -v '^ '
+  local rc=${PIPESTATUS[0]}
+  gpu_env_pack_caches
+  return "$rc"
+}

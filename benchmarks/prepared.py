@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -21,3 +22,11 @@ def dataset_for(data: Path | None, fasta: Path | None, heldout: str, work: Path,
     if prep.returncode:
         sys.exit(f"prepare failed: {prep.stderr[-2000:]}")
     return data
+
+
+def add_dataset_options(parser: argparse.ArgumentParser, *, fasta_help: str = "genome to prepare (char tokenizer)",
+                        data_help: str = "a prepared dataset") -> None:
+    """The benchmark's one required source: ``--fasta`` (prepared by :func:`dataset_for`) or ``--data``."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--fasta", type=Path, help=fasta_help)
+    source.add_argument("--data", type=Path, help=data_help)

@@ -5,8 +5,4 @@
 # GENOLC_GIT_SHA must be set by the caller (the device copy has no .git).
 set -uo pipefail
 source benchmarks/gpu_env.sh
-gpu_env_setup || exit 1
-python3 benchmarks/bench_long_context.py "$@" 2>&1 | tee -a "$OUT/bench.log" | grep -v '^ '
-rc=${PIPESTATUS[0]}
-gpu_env_pack_caches
-exit $rc
+gpu_env_run benchmarks/bench_long_context.py "$@"
