@@ -75,7 +75,7 @@ from genolc.train.config import TrainConfig, changed_for_resume
 from genolc.train.flops import device_peak_flops, token_flops
 from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
-from genolc.train.plan import GIB, oom_error, required_seq_multiple
+from genolc.train.plan import GIB, check_window_lengths, oom_error, required_seq_multiple
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
 from genolc.train.strategy import StepStrategy, choose_strategy, device_budget_bytes, run_micro_batch
 from genolc.units import format_length
@@ -210,25 +210,7 @@ class _Trainer:
                 f"--seq {format_length(cfg.seq_len)} ({cfg.seq_len} tokens, + 1 for the last target) is longer than "
                 f"every training chromosome; the longest, {longest}, has {lengths[longest]} tokens",
                 where=str(cfg.data), fix=f"use --seq {lengths[longest] - 1} or less, or prepare longer chromosomes")
-        multiple = required_seq_multiple(self.device.type)
-        pieces = ""
-        if cfg.cp > 1 and multiple > 1:
-            # Each context-parallel piece runs through the kernels on its own.
-            from genolc.parallel.layout import Layout
-
-            count = Layout(max(stage_lengths(cfg)), cfg.cp, cfg.cp_layout).piece_count
-            multiple *= count
-            pieces = f"; --cp {cfg.cp} {cfg.cp_layout} cuts each window into {count} pieces"
-        bad = [n for n in stage_lengths(cfg) if n % multiple]
-        if bad:
-            n = bad[0]
-            lower, upper = n // multiple * multiple, -(-n // multiple) * multiple
-            raise ConfigError(
-                f"window length {n} is not a multiple of {multiple}, which the {self.device.type} kernels need "
-                f"(KDA processes 64-token chunks{pieces}; the CPU reference path takes any length)",
-                where="--seq / --seq-warmup",
-                fix=f"use {upper}" + (f" or {lower}" if lower else "") + " (genolc does not pad training windows: "
-                    "padding would train on positions that are not genome)")
+        check_window_lengths(stage_lengths(cfg), self.device.type, cfg.cp, cfg.cp_layout)
 
     def _find_resume_point(self) -> Path | None:
         cfg = self.config

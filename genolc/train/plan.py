@@ -85,7 +85,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from genolc.errors import GenolcError
+from genolc.errors import ConfigError, GenolcError
 from genolc.model import ModelConfig, parameter_counts
 from genolc.train.flops import PEAK_BF16_FLOPS, token_flops
 from genolc.units import format_length
@@ -348,6 +348,29 @@ def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum
 def required_seq_multiple(device_type: str) -> int:
     """Window lengths the kernels need: any on CPU (reference path), a multiple of 64 on CUDA (KDA chunks)."""
     return CUDA_SEQ_MULTIPLE if device_type == "cuda" else 1
+
+
+def check_window_lengths(lengths, device_type: str, cp: int = 1, cp_layout: str = "zigzag") -> None:
+    """ConfigError naming the first of ``lengths`` the ``device_type`` kernels cannot run (each context-parallel
+    piece runs through them on its own), with the nearest lengths that they can."""
+    multiple = required_seq_multiple(device_type)
+    pieces = ""
+    if cp > 1 and multiple > 1:
+        from genolc.parallel.layout import Layout
+
+        count = Layout(max(lengths), cp, cp_layout).piece_count
+        multiple *= count
+        pieces = f"; --cp {cp} {cp_layout} cuts each window into {count} pieces"
+    bad = [n for n in lengths if n % multiple]
+    if bad:
+        n = bad[0]
+        lower, upper = n // multiple * multiple, -(-n // multiple) * multiple
+        raise ConfigError(
+            f"window length {n} is not a multiple of {multiple}, which the {device_type} kernels need "
+            f"(KDA processes 64-token chunks{pieces}; the CPU reference path takes any length)",
+            where="--seq / --seq-warmup",
+            fix=f"use {upper}" + (f" or {lower}" if lower else "") + " (genolc does not pad training windows: "
+                "padding would train on positions that are not genome)")
 
 
 def context_parallel_saved_bytes(config: ModelConfig, *, span: int, cp: int, past: int = 0, bf16: bool = True,

@@ -50,7 +50,8 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     from genolc.model import parameter_counts, preset
     from genolc.parallel.layout import Layout
     from genolc.train.command import parse_chunk
-    from genolc.train.plan import GIB, CUDA_SEQ_MULTIPLE, OutOfMemoryPlanError, estimate_step_seconds, format_gib
+    from genolc.train.plan import (GIB, CUDA_SEQ_MULTIPLE, OutOfMemoryPlanError, check_window_lengths,
+                                   estimate_step_seconds, format_gib)
     from genolc.train.strategy import choose_context_parallel_strategy, choose_strategy
 
     seq_len = parse_length(seq, what="--seq")
@@ -59,6 +60,7 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     common = dict(windows=micro_batch, chunk=parse_chunk(chunk), recompute=recompute, bf16=cuda, fast_kernels=cuda,
                   budget_bytes=int(gpu_memory * GIB), multiple=CUDA_SEQ_MULTIPLE if cuda else 1)
     try:
+        check_window_lengths([seq_len], device, cp)
         if cp == 1:
             strategy = choose_strategy(config, seq_len=seq_len, grad_accum=1, auto_recompute=cuda,
                                        where=f"--model {model} --seq {format_length(seq_len)}", **common)

@@ -116,7 +116,9 @@ def test_seq_longer_than_every_training_chromosome(char_data, tmp_path):
 
 def test_seq_not_a_multiple_of_the_kernel_chunk(char_data, tmp_path, monkeypatch):
     # On CUDA the KDA kernels need 64-token multiples; the CPU reference takes any length. Simulate the CUDA rule.
-    monkeypatch.setattr(loop, "required_seq_multiple", lambda device_type: 64)
+    import genolc.train.plan as plan
+
+    monkeypatch.setattr(plan, "required_seq_multiple", lambda device_type: 64)
     out = _error("--data", char_data, "--seq", "100", "--out", tmp_path / "run")
     assert "not a multiple of 64" in out and "use 128 or 64" in out
 

@@ -232,3 +232,15 @@ def test_auto_chunk_adds_recompute_on_a_gpu_rather_than_run_short_chunks():
     assert "recompute added because without it the longest chunk that fits is 16k" in chosen.describe()
     small = choose_strategy(preset("small"), recompute=False, auto_recompute=True, **common)
     assert (small.chunk, small.recompute) == (32 * 1024, False)
+
+
+def test_plan_refuses_a_window_the_cuda_kernels_cannot_run_as_finetune_does():
+    from click.testing import CliRunner
+
+    from genolc.cli import main
+
+    result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "100"])
+    assert result.exit_code == 2, result.output
+    assert "window length 100 is not a multiple of 64" in result.output and "use 128 or 64" in result.output
+    result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "1000", "--cp", "2"])
+    assert result.exit_code == 2 and "window length 1000 is not a multiple of 256" in result.output, result.output
