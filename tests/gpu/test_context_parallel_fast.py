@@ -2,8 +2,9 @@
 
 The reference is the chunk-recurrent step on one GPU (tests/gpu/test_chunked_step_fast.py checks it against the whole
 window); then two processes run the same window with --cp 2: zigzag whole shares with per-layer recompute, and
-contiguous with 32k chunks split over the ranks. Same weights and window (random A/C/G/T, a stretch of weight 0),
-indexer KL ("sparse") and MoE balance loss on. bf16 with fp32 master weights: equal to bf16 rounding, as the
+contiguous with 32k chunks split over the ranks, each with KDA by state passing; and KDA by heads
+(genolc/parallel/kda_heads.py: fla's chunk_kda over the whole span for half the heads), whole and in 32k chunks.
+Same weights and window (random A/C/G/T, a stretch of weight 0), indexer KL ("sparse") and MoE balance loss on. bf16 with fp32 master weights: equal to bf16 rounding, as the
 chunked step's test measures it (loss 1e-3 relative, all gradients together 1 %, each within 5 %). This also checks
 fla's chunk_kda with ``Dv + Dk`` value columns and an initial state (genolc/parallel/kda_cp.py).
 
@@ -28,7 +29,9 @@ from process_group import free_port
 pytestmark = pytest.mark.gpu
 
 LENGTH = 65536
-CASES = [("zigzag", None, True), ("contiguous", 32768, False)]     # (layout, chunk, recompute)
+# (layout, chunk, recompute, KDA form)
+CASES = [("zigzag", None, True, "state"), ("contiguous", 32768, False, "state"), ("zigzag", None, False, "heads"),
+         ("zigzag", 32768, False, "heads")]
 
 
 def _inputs(device):
@@ -65,11 +68,11 @@ def _worker(rank: int, port: int, results: str) -> None:
     device = torch.device("cuda", rank)
     ids, weights, terms = _inputs(device)
     out = {}
-    for layout, chunk, recompute in CASES:
+    for layout, chunk, recompute, kda in CASES:
         model = _model(device)
         if recompute:
             apply_recompute(model)
-        context = apply_context_parallel(model, dist.group.WORLD, layout)
+        context = apply_context_parallel(model, dist.group.WORLD, layout, kda=kda)
         torch.cuda.synchronize()
         started = time.monotonic()
         if chunk is None:
@@ -83,7 +86,7 @@ def _worker(rank: int, port: int, results: str) -> None:
         values = torch.tensor([float(result.lm), *(float(result.aux[k]) for k in ("moe_balance", "indexer_kl"))],
                               dtype=torch.float64, device=device)
         dist.all_reduce(values)
-        out[(layout, chunk, recompute)] = (values.tolist(), _grads(model), seconds,
+        out[(layout, chunk, recompute, kda)] = (values.tolist(), _grads(model), seconds,
                                            torch.cuda.max_memory_allocated(device) / 2 ** 30)
         del model, context, result
         torch.cuda.empty_cache()
