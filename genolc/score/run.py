@@ -1,9 +1,10 @@
 """``genolc score`` and ``genolc embed`` end to end: configs, reading inputs, scoring, writing outputs atomically.
 
 Outputs are built in memory and written together with :func:`genolc.fsutil.atomic_write_new_files` (score's TSV and
-VCF, embed's ``.npy`` and its names file; existing outputs are refused up front), so a failed or interrupted run
-never leaves a half-written file, nor one file of a pair. A successful run's record goes to ``runs/`` beside the output file; a failed
-or interrupted one leaves nothing there (the output folder is usually shared with other files, so no record).
+VCF, embed's ``.npy`` and its names file; existing outputs are refused up front), so a failed or interrupted run never
+leaves a half-written file, nor one file of a pair. A successful run's record goes to ``runs/`` beside the output
+file; a failed or interrupted one leaves nothing there (the output folder is usually shared with other files, so no
+record).
 """
 
 from __future__ import annotations

@@ -75,9 +75,9 @@ each KDA one (1,687,552); with the fast ops' autograd Functions around stand-in 
 4M over 8 ranks in 256k chunks plans 144 GiB per rank against 122 GiB for a one-process 32k chunk.
 
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
-(defaults: H200 bf16 dense 989 TFLOP/s, 30 %), the indexer's scoring at its kernel's measured rate. That assumes the fast kernels; the
-pure-torch reference path runs orders of magnitude below it (about 230 tokens/s for the small preset at 4k on an
-H200), so use it only to compare settings. These are estimates for choosing options, not measurements.
+(defaults: H200 bf16 dense 989 TFLOP/s, 30 %), the indexer's scoring at its kernel's measured rate. That assumes the
+fast kernels; the pure-torch reference path runs orders of magnitude below it (about 230 tokens/s for the small preset
+at 4k on an H200), so use it only to compare settings. These are estimates for choosing options, not measurements.
 """
 
 from __future__ import annotations
@@ -281,8 +281,8 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
 
     Tried in order of how little they change the run: fewer windows per micro-batch with more accumulation (same
     tokens per step), then --recompute, then the chunked step (the longest --chunk that fits; same results, two
-    forwards per step; with fast kernels ``--chunk 32k --recompute`` instead of a shorter chunk), then the longest shorter --seq (halving) that fits. ``chunk``: the run already asked for
-    chunks of this length.
+    forwards per step; with fast kernels ``--chunk 32k --recompute`` instead of a shorter chunk), then the longest
+    shorter --seq (halving) that fits. ``chunk``: the run already asked for chunks of this length.
     """
     def fits(seq: int, windows: int, rc: bool) -> bool:
         if chunk is not None and chunk < seq:

@@ -7,10 +7,11 @@ Strategies, from the memory plan (genolc/train/plan.py), before the first step a
 - ``chunked``: the chunk-recurrent exact step (genolc/train/chunked.py): one chunk's activations plus the window's
   caches, two forwards and one backward (within each chunk per-layer recompute again when ``--recompute``).
 
-``--chunk auto`` (the default) takes ``whole`` when its estimate fits the device and otherwise the longest chunk
-that fits; on a GPU, when that chunk is shorter than ``FAST_CHUNK`` (or none fits) and per-layer recompute lets
-chunks of ``FAST_CHUNK`` fit, it takes those with recompute (the setting measured on the H200); ``--chunk off`` insists on ``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit
-is refused up front with the estimate and an option that fits, never discovered by the kernel's OOM killer.
+``--chunk auto`` (the default) takes ``whole`` when its estimate fits the device and otherwise the longest chunk that
+fits; on a GPU, when that chunk is shorter than ``FAST_CHUNK`` (or none fits) and per-layer recompute lets chunks of
+``FAST_CHUNK`` fit, it takes those with recompute (the setting measured on the H200); ``--chunk off`` insists on
+``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit is refused up front with the estimate and
+an option that fits, never discovered by the kernel's OOM killer.
 
 Under ``--cp N`` (:func:`choose_context_parallel_strategy`) the same choice is made per rank from
 estimate_context_parallel_memory: the rank's share of the window (or of each chunk) plus what the whole span adds.

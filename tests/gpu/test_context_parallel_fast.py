@@ -3,10 +3,11 @@
 The reference is the chunk-recurrent step on one GPU (tests/gpu/test_chunked_step_fast.py checks it against the whole
 window); then two processes run the same window with --cp 2: zigzag whole shares with per-layer recompute, and
 contiguous with 32k chunks split over the ranks, each with KDA by state passing; and KDA by heads
-(genolc/parallel/kda_heads.py: fla's chunk_kda over the whole span for half the heads), whole and in 32k chunks.
-Same weights and window (random A/C/G/T, a stretch of weight 0), indexer KL ("sparse") and MoE balance loss on. bf16 with fp32 master weights: equal to bf16 rounding, as the
-chunked step's test measures it (loss 1e-3 relative, all gradients together 1 %, each within 5 %). This also checks
-fla's chunk_kda with ``Dv + Dk`` value columns and an initial state (genolc/parallel/kda_cp.py).
+(genolc/parallel/kda_heads.py: fla's chunk_kda over the whole span for half the heads), whole and in 32k chunks. Same
+weights and window (random A/C/G/T, a stretch of weight 0), indexer KL ("sparse") and MoE balance loss on. bf16 with
+fp32 master weights: equal to bf16 rounding, as the chunked step's test measures it (loss 1e-3 relative, all gradients
+together 1 %, each within 5 %). This also checks fla's chunk_kda with ``Dv + Dk`` value columns and an initial state
+(genolc/parallel/kda_cp.py).
 
     python -m pytest tests/gpu/test_context_parallel_fast.py -m gpu -s     # on a host with 2 GPUs
 """
