@@ -219,6 +219,8 @@ class RecordWriter:
         checking = None if self._byte_table is None else _checking_table(self._byte_table, tokenizer.n_id)
         self._checking_pairs = None if checking is None else _pair_table(checking)
         self._worker = _SerialWorker()
+        # The md5 has a thread of its own: with the writes in one thread, the two made the longest serial chain.
+        self._hasher = _SerialWorker()
         self._scans: collections.deque[tuple[Future, np.ndarray]] = collections.deque()
         self.length_committed = 0
         self._bases_tokenized = 0
@@ -281,7 +283,7 @@ class RecordWriter:
         if scan.iupac is not None:
             for letter, count in scan.iupac.items():
                 self.iupac[letter] = self.iupac.get(letter, 0) + int(count)
-        self._worker.submit(self._md5.update, scan.upper.data)
+        self._hasher.submit(self._md5.update, scan.upper.data)
         self.n_bases += scan.n_here
         self.softmask_bases += scan.soft
         if not self.write:
@@ -359,6 +361,7 @@ class RecordWriter:
         """Close the files and return the record's manifest fields (paths relative to the dataset)."""
         try:
             self._drain()
+            self._hasher.wait()
             self._worker.wait()
             # Empty records never get here: RecordStream refuses them when their (absent) sequence ends.
             fields: dict = {
@@ -402,6 +405,7 @@ class RecordWriter:
         for scanned, _ in self._scans:
             scanned.cancel()
         self._scans.clear()
+        self._hasher.shutdown()
         self._worker.shutdown()
         for fh in self._files.values():
             fh.close()
