@@ -204,7 +204,7 @@ class FastaParser:
     """Splits a stream of raw FASTA bytes into header lines and cleaned sequence pieces.
 
     A header is a '>' at the start of a line. Sequence pieces are the bytes between headers with line ends and
-    blanks removed, as writable ``bytearray``s of at most one input block each.
+    blanks removed, as ``bytes`` or ``bytearray``s of at most one input block each.
     """
 
     def __init__(self, blocks: Iterator[bytes], path: Path):
@@ -268,7 +268,7 @@ class FastaParser:
         self._line_start = True
         return b"".join(parts).decode("utf-8", errors="replace").strip()
 
-    def sequence_pieces(self) -> Iterator[bytearray]:
+    def sequence_pieces(self) -> Iterator[bytes | bytearray]:
         """Cleaned sequence of the current record, piece by piece, stopping before the next header."""
         while self._fill():
             buf, pos = self._buf, self._pos
@@ -282,7 +282,9 @@ class FastaParser:
                 end = boundary + 1
                 self._line_start = True
             self._pos = end
-            piece = bytearray(memoryview(buf)[pos:end]).translate(None, LINE_JUNK)
+            # A whole block (the common case) is cleaned without first copying it out.
+            source = buf if pos == 0 and end == len(buf) else bytearray(memoryview(buf)[pos:end])
+            piece = source.translate(None, LINE_JUNK)
             if piece:
                 yield piece
 

@@ -274,17 +274,27 @@ class RecordStream:
     def __repr__(self) -> str:
         return f"RecordStream({self.info.name!r}, chrom={self.info.chrom!r}, start={self.info.start})"
 
-    def chunks(self, size: int = DEFAULT_CHUNK) -> Iterator[np.ndarray]:
+    def chunks(self, size: int = DEFAULT_CHUNK, *, exact: bool = True) -> Iterator[np.ndarray]:
         """uint8 ASCII arrays of exactly ``size`` bases (the last may be shorter), as in the file minus line ends.
 
-        Consume them before asking the reader for the next record.
+        ``exact=False``: arrays of at most ``size`` bases, cut where the reader's blocks end, so no piece is
+        copied to fill a chunk (what a consumer that carries state across chunk edges wants). The arrays may be
+        read-only. Consume them before asking the reader for the next record.
         """
         if int(size) < 1:
             raise ValueError(f"chunk size must be >= 1, got {size}")
         if self._started or self._stale:
             raise RuntimeError(f"record {self.info.name!r} was already read; open the genome again to re-read it")
         self._started = True
-        return self._sized_chunks(int(size))
+        return self._sized_chunks(int(size)) if exact else self._cut_chunks(int(size))
+
+    def _cut_chunks(self, size: int) -> Iterator[np.ndarray]:
+        for arr in self._counted():
+            for start in range(0, arr.size, size):
+                yield arr[start:start + size]
+        if self._stale:
+            raise RuntimeError(f"record {self.info.name!r} was read after the reader moved past it")
+        self._finish()
 
     def _counted(self) -> Iterator[np.ndarray]:
         for piece in self._pieces:

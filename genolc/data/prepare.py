@@ -567,7 +567,7 @@ def _write_whole(out: _Pass, stream: genome.RecordStream, key: str, source: int,
     writer = out.writer(key, stream.info, split)
     try:
         out.bar.set_description_str(f"{key} ({split})")
-        for chunk in stream.chunks(out.chunk_bases):
+        for chunk in stream.chunks(out.chunk_bases, exact=False):
             writer.add(chunk)
             out.bar.update(len(chunk))
         fields = writer.finish()
@@ -606,7 +606,7 @@ def _write_pieces(out: _Pass, stream: genome.RecordStream, key: str, source: int
     writers: list[RecordWriter] = []
     try:
         position, next_piece, piece_end = 0, 0, 0
-        for chunk in stream.chunks(out.chunk_bases):
+        for chunk in stream.chunks(out.chunk_bases, exact=False):
             at = 0
             while at < len(chunk):
                 if next_piece < len(bounds) and position + at >= piece_end:

@@ -2,15 +2,21 @@
 
 Everything here is per chunk and vectorised; the only state carried between chunks is small (a k-mer remainder,
 fewer than 8 soft-mask bits, interval lists), so memory is bounded by the chunk size, not the record length.
-The md5 and the file writes of a chunk run in a background thread while the next chunk is read and tokenized
-(hashlib and file writes release the GIL), in submission order, at most a few calls behind.
+Each chunk is first scanned on its own (soft-mask flags, upper case, N count and runs, the character check and,
+for one-token-per-base tokenizers, the token ids) in a small pool of threads, so consecutive chunks are scanned at
+once on several cores (numpy releases the GIL); the scans are then taken in order, and the md5 and the file
+writes run in one background thread (hashlib and file writes release the GIL too), in submission order, at most
+a few calls behind.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
+import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -28,8 +34,26 @@ _N = ord("N")
 _PLAIN_BASES = b"ACGTNacgtn"
 _LUT_BLOCK = 1 << 16
 _EMPTY = np.empty((0, 2), dtype=np.int64)
+# Token id of a byte that is not A/C/G/T/N in the checking table (see _checking_table).
+_UNUSUAL = 0xFFFF
 # Calls the background writer may have queued before add() waits for it: two chunks' worth at most.
 _WRITES_IN_FLIGHT = 8
+# Chunks being scanned ahead of the one add() commits: bounds memory at a few chunks whatever the record's length.
+_SCANS_IN_FLIGHT = 4
+# Upper-cases a letter (clears its lower-case bit); other bytes change too, but those are refused as invalid.
+_UPPER_MASK = np.uint8(0xDF)
+_scan_pool: ThreadPoolExecutor | None = None
+_scan_pool_lock = threading.Lock()
+
+
+def _scanner() -> ThreadPoolExecutor:
+    """The threads chunks are scanned in, shared by every record (created on first use)."""
+    global _scan_pool
+    with _scan_pool_lock:
+        if _scan_pool is None:
+            _scan_pool = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 1)),
+                                            thread_name_prefix="genolc-prepare-scan")
+        return _scan_pool
 
 
 class _SerialWorker:
@@ -115,6 +139,18 @@ def _pair_table(table: np.ndarray) -> np.ndarray | None:
     return table[pairs & 0xFF].astype("<u4") | (table[pairs >> 8].astype("<u4") << np.uint32(16))
 
 
+def _checking_table(table: np.ndarray, n_id: int) -> np.ndarray | None:
+    """For an ACGT-or-N uint16 table: the same ids for ACGTN (either case), the dtype's largest value for every other
+    byte (IUPAC codes and invalid characters), so one ``max`` over a chunk's ids finds a chunk that needs the slow
+    checks, and the ids it holds are put back to ``n_id`` there. None when an id could collide with the marker."""
+    if table.dtype != np.dtype("<u2") or int(table.max()) >= _UNUSUAL or not _only_acgt_escape_n(table, n_id):
+        return None
+    checking = np.full(256, _UNUSUAL, dtype=table.dtype)
+    plain = np.frombuffer(_PLAIN_BASES, dtype=np.uint8)
+    checking[plain] = table[plain]
+    return checking
+
+
 def _only_acgt_escape_n(table: np.ndarray, n_id: int) -> bool:
     """True when every byte except A/C/G/T (either case) is encoded as ``n_id`` (and those four are not)."""
     sinks = table == n_id
@@ -180,8 +216,13 @@ class RecordWriter:
         self._checkpoints: list[np.ndarray] = []
         self._byte_table = _byte_table(tokenizer, dtype)
         self._pair_table = None if self._byte_table is None else _pair_table(self._byte_table)
+        checking = None if self._byte_table is None else _checking_table(self._byte_table, tokenizer.n_id)
+        self._checking_pairs = None if checking is None else _pair_table(checking)
         self._worker = _SerialWorker()
-        self._n_sink = self._byte_table is not None and _only_acgt_escape_n(self._byte_table, tokenizer.n_id)
+        # The md5 has a thread of its own: with the writes in one thread, the two made the longest serial chain.
+        self._hasher = _SerialWorker()
+        self._scans: collections.deque[tuple[Future, np.ndarray]] = collections.deque()
+        self.length_committed = 0
         self._bases_tokenized = 0
         self._files: dict[str, BinaryIO] = {}
         if write:
@@ -195,71 +236,95 @@ class RecordWriter:
                 self._files["heldout"] = open(heldout_copy, "wb")
 
     def add(self, chunk: np.ndarray) -> None:
-        lo = self.length
+        """Take the record's next chunk (uint8 ASCII, any length; read-only is fine): scanned in the background,
+        committed in order once a few more chunks are under way (:meth:`finish` commits the rest)."""
         n = len(chunk)
         if n == 0:
             return
+        lo = self.length
+        self.length += n
+        masked = self.mask.masked(lo, lo + n) if self.write and self.mask.active else _EMPTY
+        with_ids = self.write and self._checking_pairs is not None and not len(masked)
+        self._scans.append((_scanner().submit(self._scan, chunk, lo, with_ids), masked))
+        while len(self._scans) > _SCANS_IN_FLIGHT:
+            self._commit(*self._scans.popleft())
+
+    def _scan(self, chunk: np.ndarray, lo: int, with_ids: bool) -> "_Scan":
+        """What can be learnt of one chunk on its own; runs in a scan thread, touches no state of the writer."""
         flags = genome.softmask_flags(chunk)
-        soft = int(np.count_nonzero(flags))
-        # Lowercase letters are 32 above their capitals, so subtracting 32 where flagged upper-cases in one pass.
-        upper = chunk if soft == 0 else chunk - (flags.view(np.uint8) << np.uint8(5))
+        # Valid characters are letters, which the mask upper-cases; any other byte is refused below before use.
+        upper = np.bitwise_and(chunk, _UPPER_MASK)
         is_n = upper == _N
         n_here = int(np.count_nonzero(is_n))
-        masked = self.mask.masked(lo, lo + n) if self.write and self.mask.active else _EMPTY
         ids = None
-        if self.write and self._n_sink and not len(masked):
-            # Every byte other than ACGT/acgt encodes as n_id, so more n_id tokens than N bases means the chunk holds
-            # something else (IUPAC or invalid): the token count doubles as the character check.
-            ids = self._lookup(upper)
-            unusual = int(np.count_nonzero(ids == self.tokenizer.n_id)) != n_here
+        if with_ids:
+            ids = self._lookup(upper, self._checking_pairs)
+            unusual = int(ids.max()) == _UNUSUAL
+            if unusual:
+                ids[ids == _UNUSUAL] = self.tokenizer.n_id
         else:
             unusual = bool(chunk.tobytes().translate(None, _PLAIN_BASES))
+        iupac = None
         if unusual:
             genome.check_characters(chunk, self.info, self.record_offset + lo)
-            for letter, count in genome.iupac_counts(chunk).items():
+            iupac = genome.iupac_counts(chunk)
+        n_runs = _EMPTY
+        if self.write:
+            if unusual:
+                n_runs = genome.n_intervals(chunk, lo, include_iupac=True)
+            elif n_here:
+                n_runs = genome.true_runs(is_n) + lo
+        return _Scan(flags, int(np.count_nonzero(flags)), upper, n_here, iupac, n_runs, ids)
+
+    def _commit(self, scanned: Future, masked: np.ndarray) -> None:
+        scan: _Scan = scanned.result()
+        lo = self.length_committed
+        self.length_committed += len(scan.upper)
+        if scan.iupac is not None:
+            for letter, count in scan.iupac.items():
                 self.iupac[letter] = self.iupac.get(letter, 0) + int(count)
-        self._worker.submit(self._md5.update, np.ascontiguousarray(upper).data)
-        self.n_bases += n_here
-        self.softmask_bases += soft
-        self.length += n
+        self._hasher.submit(self._md5.update, scan.upper.data)
+        self.n_bases += scan.n_here
+        self.softmask_bases += scan.soft
         if not self.write:
             return
-        if unusual:
-            n_runs = genome.n_intervals(chunk, lo, include_iupac=True)
-        elif n_here:
-            n_runs = genome.true_runs(is_n) + lo
-        else:
-            n_runs = _EMPTY
-        if len(n_runs):
-            self._runs.append(n_runs)
-        seq = upper
+        if len(scan.n_runs):
+            self._runs.append(scan.n_runs)
+        seq = scan.upper
         if len(masked):
             self._runs.append(masked)
             self.excluded_bases += int((masked[:, 1] - masked[:, 0]).sum())
-            seq = upper.copy()
+            seq = scan.upper.copy()
             for a, b in masked - lo:
                 seq[a:b] = _N
-        if ids is not None:
-            self._worker.submit(self._files["tokens"].write, ids.data)
-            self.n_tokens += len(ids)
+        if scan.ids is not None:
+            self._worker.submit(self._files["tokens"].write, scan.ids.data)
+            self.n_tokens += len(scan.ids)
         else:
             self._write_tokens(seq)
-        self._worker.submit(self._bits.add, flags)
+        self._worker.submit(self._bits.add, scan.flags)
         if self.train_index is not None:
-            bad = merge_intervals([n_runs, masked]) - lo
+            bad = merge_intervals([scan.n_runs, masked]) - lo
             self.train_index.add(seq, bad)
         if "heldout" in self._files:
-            self._worker.submit(self._files["heldout"].write, np.ascontiguousarray(seq).data)
+            self._worker.submit(self._files["heldout"].write, seq.data)
 
-    def _lookup(self, seq: np.ndarray) -> np.ndarray:
+    def _drain(self) -> None:
+        while self._scans:
+            self._commit(*self._scans.popleft())
+
+    def _lookup(self, seq: np.ndarray, pair_table: np.ndarray | None = None) -> np.ndarray:
+        """Ids of ``seq`` from the byte table (or, given ``pair_table``, from that pair table: the checking one)."""
         assert self._byte_table is not None
+        pair_table = self._pair_table if pair_table is None else pair_table
         ids = np.empty(len(seq), dtype=self.dtype)
-        if self._pair_table is not None and seq.flags.c_contiguous:
+        if pair_table is not None and seq.flags.c_contiguous:
             even = len(seq) // 2 * 2
             pairs, out = seq[:even].view("<u2"), ids[:even].view("<u4")
             for start in range(0, len(pairs), _LUT_BLOCK):
-                np.take(self._pair_table, pairs[start:start + _LUT_BLOCK], out=out[start:start + _LUT_BLOCK])
-            ids[even:] = self._byte_table[seq[even:]]
+                np.take(pair_table, pairs[start:start + _LUT_BLOCK], out=out[start:start + _LUT_BLOCK])
+            if even < len(seq):
+                ids[even:] = (pair_table[int(seq[-1])] & np.uint32(0xFFFF)).astype(self.dtype)
             return ids
         for start in range(0, len(seq), _LUT_BLOCK):
             np.take(self._byte_table, seq[start:start + _LUT_BLOCK], out=ids[start:start + _LUT_BLOCK])
@@ -295,6 +360,8 @@ class RecordWriter:
     def finish(self) -> dict:
         """Close the files and return the record's manifest fields (paths relative to the dataset)."""
         try:
+            self._drain()
+            self._hasher.wait()
             self._worker.wait()
             # Empty records never get here: RecordStream refuses them when their (absent) sequence ends.
             fields: dict = {
@@ -335,7 +402,24 @@ class RecordWriter:
             self.close()
 
     def close(self) -> None:
+        for scanned, _ in self._scans:
+            scanned.cancel()
+        self._scans.clear()
+        self._hasher.shutdown()
         self._worker.shutdown()
         for fh in self._files.values():
             fh.close()
         self._files = {}
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """One chunk scanned on its own (see :meth:`RecordWriter._scan`); ``ids`` None when tokens are made at commit."""
+
+    flags: np.ndarray
+    soft: int
+    upper: np.ndarray
+    n_here: int
+    iupac: dict[str, int] | None
+    n_runs: np.ndarray
+    ids: np.ndarray | None
