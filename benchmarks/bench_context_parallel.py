@@ -123,7 +123,9 @@ def main() -> None:
     add_dataset_options(parser, fasta_help="genome to prepare (char tokenizer, every record trains)")
     parser.add_argument("--models", default="small,base")
     parser.add_argument("--lengths", default="1M,2M")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3,
+                        help="steps per run, at least 2: AdamW allocates its state after the first step's "
+                             "peak, so only a later step's peak is the steady state")
     parser.add_argument("--cp", type=int, default=2, help="context-parallel ranks (GPUs) for the CP runs")
     parser.add_argument("--layouts", default="zigzag", help="CP layouts to run, e.g. zigzag,contiguous")
     parser.add_argument("--recompute", action="store_true", help="pass --recompute to every run")
@@ -134,6 +136,8 @@ def main() -> None:
     parser.add_argument("--loss-rtol", type=float, default=5e-3,
                         help="first-step losses count as equal within this relative difference (bf16 autocast)")
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2 (a first step's peak lacks AdamW's state)")
 
     # NVLink multicast stays off in every child (the lent GPUs' hosts are shared; see the device's KINDS.md).
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -142,6 +146,7 @@ def main() -> None:
     rows: list[dict] = []
     out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    machine = _machine()
     with tempfile.TemporaryDirectory(prefix="genolc-cp-") as tmp:
         work = Path(tmp)
         data = dataset_for(args.data, args.fasta, "none", work, env)
@@ -164,25 +169,31 @@ def main() -> None:
                         layout_rows.append(row)
                         print(json.dumps({k: v for k, v in row.items() if k not in ("one_gpu",)}, default=str),
                               flush=True)
-                        _write(out_dir, rows, started)
+                        _write(out_dir, machine, rows, started)
                     if len(layout_rows) > 1:
                         modes = {"model": model, "seq": format_length(length), "layout": layout,
                                  "kda_modes": compare_kda_modes(layout_rows)}
                         rows.append(modes)
                         print(json.dumps(modes), flush=True)
-                        _write(out_dir, rows, started)
-    print(f"wrote {_write(out_dir, rows, started)}")
+                        _write(out_dir, machine, rows, started)
+    print(f"wrote {_write(out_dir, machine, rows, started)}")
 
 
-def _write(out_dir: Path, rows: list[dict], started: float) -> Path:
+def _machine() -> dict:
+    """The record's command, git SHA and devices, found before the first run: importing torch takes seconds, and a
+    device call that ends during the first write would otherwise leave no record (it happened on 2026-12-01)."""
     import torch
     from gpu_bench_common import git_sha
 
-    path = out_dir / f"context_parallel_{datetime.date.today().isoformat()}{os.environ.get('BENCH_TAG', '')}.json"
     devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() \
         else ["cpu"]
-    record = {"command": "python " + " ".join(sys.argv), "git_sha": git_sha(), "devices": devices,
-              "torch": torch.__version__, "seconds": round(time.monotonic() - started, 1), "rows": rows}
+    return {"command": "python " + " ".join(sys.argv), "git_sha": git_sha(), "devices": devices,
+            "torch": torch.__version__}
+
+
+def _write(out_dir: Path, machine: dict, rows: list[dict], started: float) -> Path:
+    path = out_dir / f"context_parallel_{datetime.date.today().isoformat()}{os.environ.get('BENCH_TAG', '')}.json"
+    record = {**machine, "seconds": round(time.monotonic() - started, 1), "rows": rows}
     path.write_text(json.dumps(record, indent=1))
     return path
 

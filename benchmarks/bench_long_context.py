@@ -174,7 +174,9 @@ def main() -> None:
     add_dataset_options(parser, fasta_help="genome to prepare (char tokenizer, every record trains)")
     parser.add_argument("--models", default="small,base")
     parser.add_argument("--lengths", default="128k,512k,1M,2M,4M")
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2,
+                        help="steps per run, at least 2: AdamW allocates its state after the first step's "
+                             "peak, so only a later step's peak is the steady state")
     parser.add_argument("--chunk", default="auto", help="passed to finetune --chunk")
     parser.add_argument("--recompute", action="store_true", help="pass --recompute")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
@@ -185,6 +187,8 @@ def main() -> None:
     parser.add_argument("--eval-lengths", default="", help="genolc eval --by-position window lengths, e.g. 1M,4M")
     parser.add_argument("--eval-models", default="base", help="models for --eval-lengths")
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2 (a first step's peak lacks AdamW's state)")
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()

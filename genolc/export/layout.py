@@ -29,7 +29,8 @@ This is not genolc's own trainer's model (genolc/train/plan.py), which it shares
 thing: parameter counts (``parameter_counts``) and the residual streams per-layer recompute keeps
 (``recompute_checkpoint_bytes_per_token``). The rest differs because the training differs: Megatron keeps bf16
 weights with fp32 gradients and shards a distributed optimizer (plan.py: one process's fp32 master weights, gradients
-and AdamW moments, 16 bytes a parameter, nothing sharded); a Megatron layer's recompute working set is Korthikanti's
+and AdamW moments, 16 bytes a parameter, 18 with autocast's bf16 copies, nothing sharded); a Megatron layer's
+recompute working set is Korthikanti's
 ``34 * hidden`` under sequence parallelism (plan.py: per-layer tables measured on genolc's own KDA, DSA and MoE
 code); Megatron's vocabulary-parallel loss keeps 6 bytes a logit (plan.py: genolc's loss keeps ``a + 8``); and a
 fixed 8 GiB reserve for NCCL buffers stands where plan.py adds 10 % for fragmentation.

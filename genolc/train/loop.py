@@ -321,13 +321,14 @@ class _Trainer:
                     fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
                     where=f"--seq {format_length(shape.seq_len)} on {self.device}",
                     auto_recompute=self.device.type == "cuda")
-                if strategy.recompute and not cfg.recompute:
-                    # Chosen per window length, after the model's transforms: checkpointing wraps each layer's
-                    # forward in place, so it is added here (applying it twice is a no-op).
-                    self.applied.append(f"recompute({apply_recompute(self.model)} layers, for "
-                                        f"--seq {format_length(shape.seq_len)})")
             else:
                 strategy = self._context_parallel_strategy(shape, multiple)
+            if strategy.recompute and not cfg.recompute:
+                # Chosen per window length, after the model's transforms: checkpointing wraps each layer's forward
+                # in place (the context-parallel mixers inside it are unchanged), so it is added here (applying it
+                # twice is a no-op).
+                self.applied.append(f"recompute({apply_recompute(self.model)} layers, for "
+                                    f"--seq {format_length(shape.seq_len)})")
             self.strategies[key] = strategy
             if strategy.chunk is not None or cfg.chunk is not None:
                 _say(strategy.describe())
@@ -347,7 +348,8 @@ class _Trainer:
             self.model.config, seq_len=shape.seq_len, cp=cp, pieces=pieces,
             windows=shape.windows, chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16,
             fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
-            where=f"--seq {format_length(shape.seq_len)} over --cp {cp} on {self.device}")
+            where=f"--seq {format_length(shape.seq_len)} over --cp {cp} on {self.device}",
+            auto_recompute=self.device.type == "cuda")
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.config

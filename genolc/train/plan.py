@@ -3,7 +3,7 @@
 Formula (bytes; ``P`` parameters, ``N`` tokens per micro-batch = windows * seq_len, ``a`` bytes per activation
 value: 2 under bf16 autocast, 4 in fp32)::
 
-    weights       4 P          fp32 master weights
+    weights       4 P (+ 2 P)  fp32 master weights (and under bf16 autocast the bf16 copies its matmuls save)
     gradients     4 P          fp32
     optimizer     8 P          AdamW exp_avg + exp_avg_sq
     activations   N * sum over layers of act(layer)                    saved for backward, reference path
@@ -40,8 +40,14 @@ Functions around stand-in kernels: tests/train/test_train_plan.py)::
     dense MLP         a (6 I + d)
     MoE               a (n_shared (6 I_moe + d) + 2 d + 2 E + 2 k)            routed experts checkpointed per chunk
 
-Not yet checked against a GPU run of the whole model; the kernels' own transient workspace (KDA's segment, DSA's
-fp32 latent gradient) is left to the 10 % margin.
+On the GPU the activations get one more ``max act(layer)`` per token: what a fused kernel's backward holds beside
+its saved values (the gradients of all of them at once, KDA's segment state, DSA's fp32 latent gradient). That term
+and the bf16 weight copies (2 P) are fitted to the whole model's steady-state peaks on the H200 (the second step's,
+with AdamW's state allocated; a first step's peak lacks those 8 P): `small` 512k-4M in 32k chunks 80.5-119.4 GiB
+and `base` 512k-2M in 32k chunks with recompute 66.0-94.2 GiB, which the terms above without them under-estimated by
+6.4-8.5 and 11.4-12.5 GiB before the margin (benchmarks/results/long_context_2026-11-30.json, first steps, and
+context_parallel_2026-12-01_base.json, whose one-GPU run measured `base` at 1M in its second step: 75.4 GiB, the
+first step's 61.1 plus AdamW's 14.3). With them the plan is 8-11 % above each of those peaks.
 
 The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk's activations (the table above for
 ``chunk`` tokens, with or without recompute) plus, for the whole window of ``T`` tokens and ``B`` windows::
@@ -72,7 +78,7 @@ tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per laye
 each KDA one (1,687,552); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast
 1,208,316 (1,146,880) and 562,304 (573,440); the rank's peak within 3 % of the plan whole and chunked
 (tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank: `small` at
-4M over 8 ranks in 256k chunks plans 144 GiB per rank against 122 GiB for a one-process 32k chunk.
+4M over 8 ranks in 256k chunks plans 151 GiB per rank against 129 GiB for a one-process 32k chunk.
 
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
 (defaults: H200 bf16 dense 989 TFLOP/s, 30 %), the indexer's scoring at its kernel's measured rate. That assumes the
@@ -203,9 +209,11 @@ def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16
         saved = recompute_checkpoint_bytes_per_token(config, config.num_hidden_layers, bf16) + max(per_layer)
     else:
         saved = sum(per_layer)
-    activations = tokens * saved
+    # On the GPU a fused kernel's backward holds the gradients of all it saved, and its workspace, beside them: about
+    # one more layer's activations (fitted to the H200's steady-state peaks: module notes).
+    activations = tokens * (saved + (max(per_layer) if fast_kernels else 0))
     logits = tokens * config.vocab_size * (a + 8)
-    weights, grads, optim = 4 * params, 4 * params, 8 * params
+    weights, grads, optim = (6 if bf16 else 4) * params, 4 * params, 8 * params
     total = int((weights + grads + optim + activations + logits) * 1.10)
     kinds: dict[str, int] = {}
     for attn, layer_bytes in zip(config.layer_types, per_layer):

@@ -67,7 +67,7 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
         else:
             pieces = Layout(seq_len, cp, "zigzag").piece_count
             strategy = choose_context_parallel_strategy(
-                config, seq_len=seq_len, cp=cp, pieces=pieces,
+                config, seq_len=seq_len, cp=cp, pieces=pieces, auto_recompute=cuda,
                 where=f"--model {model} --seq {format_length(seq_len)} --cp {cp}", **common)
     except OutOfMemoryPlanError as error:
         click.echo(f"does not fit: {error.message}")
@@ -83,8 +83,10 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
                    f"the CPU with {gpu_memory:.1f} GiB (fp32, reference ops)")
     click.echo(f"planned for {device_text}; --device and --gpu-memory change that")
     click.echo(strategy.describe())
+    # fp32 weights, gradients and AdamW's two moments; under bf16 autocast also the weights' bf16 copies
+    fixed = (18 if cuda else 16) * params.total
     click.echo(f"  parameters {params.total:,} ({params.active:,} active); weights + gradients + AdamW "
-               f"{format_gib(16 * params.total)} GiB")
+               f"{format_gib(fixed)} GiB")
     per_rank = f" on each of the {cp} ranks" if cp > 1 else ""
     click.echo(f"  peak device memory {format_gib(strategy.estimate_bytes)} GiB of {gpu_memory:.1f}{per_rank}")
     click.echo(f"  peak host memory {format_gib(host)} GiB")

@@ -9,7 +9,8 @@ Strategies, from the memory plan (genolc/train/plan.py), before the first step a
 
 ``--chunk auto`` (the default) takes ``whole`` when its estimate fits the device and otherwise the longest chunk that
 fits; on a GPU, when that chunk is shorter than ``FAST_CHUNK`` (or none fits) and per-layer recompute lets chunks of
-``FAST_CHUNK`` fit, it takes those with recompute (the setting measured on the H200); ``--chunk off`` insists on
+``FAST_CHUNK`` fit, it takes those with recompute (the setting measured on the H200), and when no chunk fits without
+recompute and ``FAST_CHUNK`` does not fit with it, the longest that fits with it; ``--chunk off`` insists on
 ``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit is refused up front with the estimate and
 an option that fits, never discovered by the kernel's OOM killer.
 
@@ -110,6 +111,13 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
                 reason = (f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device; "
                           f"recompute added because {without}; choose with --chunk")
                 chosen, recompute, plan_args = FAST_CHUNK, True, recomputed
+            elif chosen is None:
+                chosen = largest_fitting_chunk(model_config, seq_len=seq_len, budget_bytes=budget_bytes,
+                                               multiple=multiple, smallest=smallest, **recomputed)
+                if chosen is not None:
+                    reason = (f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device; "
+                              f"recompute added because no chunk fits without it; choose with --chunk")
+                    recompute, plan_args = True, recomputed
         if chosen is None:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                            multiple, where)
@@ -159,11 +167,14 @@ def whole_forward_backward(model: torch.nn.Module, inputs: torch.Tensor, targets
 
 def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: int, pieces: int, windows: int,
                                      chunk: int | None, recompute: bool, bf16: bool, fast_kernels: bool,
-                                     budget_bytes: int, multiple: int, where: str) -> StepStrategy:
+                                     budget_bytes: int, multiple: int, where: str,
+                                     auto_recompute: bool = False) -> StepStrategy:
     """The step strategy of one rank of ``--cp cp`` (``pieces``: the layout's pieces per span), as
     :func:`choose_strategy` chooses for one process but from estimate_context_parallel_memory (genolc/train/plan.py,
     the rank's share plus what the span adds): the whole window when it fits (or ``chunk`` is 0 or covers the
-    window), else ``chunk`` or, for None (auto), the longest chunk that fits. Raises OutOfMemoryPlanError when the
+    window), else ``chunk`` or, for None (auto), the longest chunk that fits (``auto_recompute``: or chunks of
+    ``FAST_CHUNK`` with per-layer recompute, by choose_strategy's rule, the chunk counted whole, not per rank: the
+    window's caches are read once per chunk on every rank). Raises OutOfMemoryPlanError when the
     setting is estimated not to fit ``budget_bytes``, ConfigError for a last chunk shorter than ``pieces``."""
     plan_args = dict(cp=cp, windows=windows, recompute=recompute, bf16=bf16, fast_kernels=fast_kernels)
     # A chunk is cut into the layout's pieces, each a multiple of the kernels' chunk.
@@ -185,10 +196,30 @@ def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: i
                                                        multiple=chunk_multiple,
                                                        smallest=max(chunk_multiple, SMALLEST_AUTO_CHUNK * cp),
                                                        **plan_args)
-        if chunk is None:
-            raise refusal(None)
         reason = (f"the whole window needs an estimated {format_gib(whole)} GiB per rank of the "
                   f"{format_gib(budget_bytes)} GiB device; choose with --chunk")
+        if auto_recompute and not recompute and (chunk is None or chunk < FAST_CHUNK):
+            recomputed = {**plan_args, "recompute": True}
+            if (seq_len > FAST_CHUNK and FAST_CHUNK % chunk_multiple == 0 and estimate_context_parallel_memory(
+                    config, seq_len=seq_len, chunk=FAST_CHUNK, **recomputed).total <= budget_bytes):
+                without = ("no chunk fits without it" if chunk is None else
+                           f"without it the longest chunk that fits is {format_length(chunk)}, and chunks under "
+                           f"{format_length(FAST_CHUNK)} run slower than a recomputed forward costs")
+                reason = (f"the whole window needs an estimated {format_gib(whole)} GiB per rank of the "
+                          f"{format_gib(budget_bytes)} GiB device; recompute added because {without}; "
+                          f"choose with --chunk")
+                chunk, recompute, plan_args = FAST_CHUNK, True, recomputed
+            elif chunk is None:
+                chunk = largest_fitting_context_parallel_chunk(
+                    config, seq_len=seq_len, budget_bytes=budget_bytes, multiple=chunk_multiple,
+                    smallest=max(chunk_multiple, SMALLEST_AUTO_CHUNK * cp), **recomputed)
+                if chunk is not None:
+                    reason = (f"the whole window needs an estimated {format_gib(whole)} GiB per rank of the "
+                              f"{format_gib(budget_bytes)} GiB device; recompute added because no chunk fits "
+                              f"without it; choose with --chunk")
+                    recompute, plan_args = True, recomputed
+        if chunk is None:
+            raise refusal(None)
     else:
         reason = "as asked"
     estimate = estimate_context_parallel_memory(config, seq_len=seq_len, chunk=chunk, **plan_args).total

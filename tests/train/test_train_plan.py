@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from genolc.model.presets import parameter_counts, preset
 from genolc.train.plan import (GIB, activation_bytes_per_token, estimate_memory, estimate_step_seconds,
                                fast_activation_bytes_per_token, fitting_option, oom_error, required_seq_multiple)
@@ -11,7 +16,9 @@ def test_memory_components_add_up_and_scale():
     cfg = preset("small")
     p = estimate_memory(cfg, seq_len=4096)
     assert p.parameters == parameter_counts(cfg).total
-    assert p.weights == 4 * p.parameters and p.optimizer == 8 * p.parameters
+    # fp32 master weights and, under bf16 autocast (the default), the bf16 copies its matmuls save for backward
+    assert p.weights == 6 * p.parameters and p.optimizer == 8 * p.parameters
+    assert estimate_memory(cfg, seq_len=4096, bf16=False).weights == 4 * p.parameters
     assert p.total == int((p.weights + p.gradients + p.optimizer + p.activations + p.logits) * 1.10)
     double = estimate_memory(cfg, seq_len=8192)
     assert 1.9 < double.activations / p.activations < 2.2       # ~linear in T (sparse attention, pooled indexer)
@@ -129,16 +136,27 @@ def test_oom_advice_on_cuda_uses_the_fast_path_table():
     assert f"{estimate_memory(cfg, seq_len=2 * seq, fast_kernels=True).gib():.1f} GiB" in err.message
 
 
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
 def _h200_chunked_rows(recompute: bool) -> list[dict]:
     """The chunked `genolc finetune` steps measured on the H200 (benchmarks/results/long_context_2026-11-30.json)."""
-    import json
-    from pathlib import Path
-
-    record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" /
-                         "long_context_2026-11-30.json").read_text())
+    record = json.loads((RESULTS / "long_context_2026-11-30.json").read_text())
     return [row for call in record["device_calls"] for row in call["rows"]
             if row.get("ok") and row.get("strategy") == "chunked" and row.get("recompute", False) == recompute
             and "superseded_by" not in row]
+
+
+def _adamw_state_gib(model: str) -> float:
+    return 8 * parameter_counts(preset(model)).total / GIB
+
+
+def _steady_peak_gib(row: dict) -> float:
+    """A run's peak once AdamW's state exists: a one-step run's peak lacks it (the optimizer allocates its 8 bytes
+    per parameter at the end of the first step, after that step's peak), so it is added."""
+    if len(row["step_seconds"]) >= 2:
+        return row["peak_gpu_gib"]
+    return row["peak_gpu_gib"] + _adamw_state_gib(row["model"])
 
 
 def _plan_gib(row: dict) -> float:
@@ -149,35 +167,47 @@ def _plan_gib(row: dict) -> float:
                                    recompute=row.get("recompute", False), fast_kernels=True).gib()
 
 
-def test_chunked_plan_within_15_percent_of_the_h200_runs():
-    """The chunked step's estimate against the peaks measured on the H200: `genolc finetune --model small` at
-    512k..4M with --chunk auto (32k chunks), bf16, fast kernels."""
+def test_a_first_step_peak_plus_adamw_state_is_the_second_steps_peak():
+    """`base` at 1M in 32k chunks with recompute on one H200: the first step's peak (2026-11-30) plus AdamW's state
+    is the peak the same run reached in its second step (the one-GPU run of 2026-12-01's context-parallel benchmark)."""
+    first = next(row for row in _h200_chunked_rows(recompute=True) if row["model"] == "base" and row["seq"] == "1M")
+    assert len(first["step_seconds"]) == 1
+    record = json.loads((RESULTS / "context_parallel_2026-12-01_base.json").read_text())
+    second = record["rows"][0]["one_gpu"]
+    assert second["chunk"] == first["chunk"] and "recompute(16 layers" in second["transforms"][0]
+    assert len(second["step_seconds"]) == 2
+    assert _steady_peak_gib(first) == pytest.approx(second["peak_gpu_gib"], abs=0.1)
+
+
+def _check_plan_above_each_peak(rows: list[dict]) -> None:
+    for row in rows:
+        ratio = _plan_gib(row) / _steady_peak_gib(row)
+        assert 1.0 <= ratio <= 1.15, (row["model"], row["seq"], _plan_gib(row), _steady_peak_gib(row))
+
+
+def test_chunked_plan_within_15_percent_above_the_h200_runs():
+    """The chunked step's estimate against the steady-state peaks measured on the H200: `genolc finetune --model
+    small` at 512k..4M with --chunk auto (32k chunks), bf16, fast kernels. Never below: a plan under a real peak
+    sends a run into the out-of-memory error it exists to prevent."""
     measured = _h200_chunked_rows(recompute=False)
     assert {row["seq"] for row in measured} >= {"512k", "1M", "2M", "4M"}
-    for row in measured:
-        assert abs(_plan_gib(row) / row["peak_gpu_gib"] - 1) <= 0.15, (row["seq"], _plan_gib(row), row["peak_gpu_gib"])
+    _check_plan_above_each_peak(measured)
 
 
-def test_chunked_recompute_plan_within_15_percent_of_the_h200_runs():
+def test_chunked_recompute_plan_within_15_percent_above_the_h200_runs():
     """`genolc finetune --model base --chunk 32k --recompute` at 512k, 1M and 2M on the H200."""
     measured = _h200_chunked_rows(recompute=True)
     assert {row["seq"] for row in measured} >= {"512k", "1M", "2M"}
-    for row in measured:
-        assert abs(_plan_gib(row) / row["peak_gpu_gib"] - 1) <= 0.15, (row["seq"], _plan_gib(row), row["peak_gpu_gib"])
+    _check_plan_above_each_peak(measured)
 
 
 def test_step_time_estimate_within_15_percent_of_the_h200_runs():
     """estimate_step_seconds at `genolc plan`'s default utilisation against the chunked H200 steps (small 512k-4M,
     base 512k-2M with recompute):
     the indexer's quadratic scoring is what makes 4M take 17x as long as 512k, not 8x."""
-    import json
-    from pathlib import Path
-
-    from genolc.model import preset
     from genolc.train.plan_command import MEASURED_MFU
 
-    record = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" /
-                         "long_context_2026-11-30.json").read_text())
+    record = json.loads((RESULTS / "long_context_2026-11-30.json").read_text())
     steps = [row for call in record["device_calls"] for row in call["rows"]
              if row.get("ok") and "step_seconds" in row and "superseded_by" not in row]
     for row in steps:
@@ -193,7 +223,7 @@ def test_plan_command_says_what_finetune_would_choose():
 
     result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "8k"])
     assert result.exit_code == 0, result.output
-    assert "--seq 1M: chunked step, --chunk 8k, estimated peak 88" in result.output
+    assert "--seq 1M: chunked step, --chunk 8k, estimated peak 94.8 GiB" in result.output
     assert "peak host memory" in result.output and "step time" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "off"])
     assert result.exit_code == 0 and "does not fit" in result.output, result.output
@@ -232,6 +262,58 @@ def test_auto_chunk_adds_recompute_on_a_gpu_rather_than_run_short_chunks():
     assert "recompute added because without it the longest chunk that fits is 16k" in chosen.describe()
     small = choose_strategy(preset("small"), recompute=False, auto_recompute=True, **common)
     assert (small.chunk, small.recompute) == (32 * 1024, False)
+
+
+def test_auto_chunk_takes_the_longest_recomputed_chunk_when_nothing_else_fits():
+    """`base` at 4M on the H200: no chunk fits without recompute and 32k chunks with it need more than the device, so
+    --chunk auto takes 16k chunks with recompute (it used to refuse and suggest them)."""
+    from genolc.model import preset
+    from genolc.train.strategy import choose_strategy
+
+    common = dict(seq_len=1 << 22, windows=1, grad_accum=1, chunk=None, bf16=True, fast_kernels=True,
+                  budget_bytes=int(139.8 * GIB), multiple=64, where="test")
+    chosen = choose_strategy(preset("base"), recompute=False, auto_recompute=True, **common)
+    assert (chosen.chunk, chosen.recompute) == (16 * 1024, True)
+    assert "recompute added because no chunk fits without it" in chosen.describe()
+
+
+def test_context_parallel_auto_chunk_adds_recompute_on_a_gpu_rather_than_run_short_chunks():
+    """`base` at 1M over 2 H200s: without recompute only 16k chunks (8k tokens a rank) fit the plan, so --chunk auto
+    takes 32k chunks with recompute, as one process does; `small` keeps its 64k chunks."""
+    from genolc.model import preset
+    from genolc.train.strategy import choose_context_parallel_strategy
+
+    common = dict(seq_len=1 << 20, cp=2, pieces=4, windows=1, chunk=None, recompute=False, bf16=True,
+                  fast_kernels=True, budget_bytes=int(139.8 * GIB), multiple=64, where="test")
+    plain = choose_context_parallel_strategy(preset("base"), **common)
+    assert (plain.chunk, plain.recompute) == (16 * 1024, False)
+    chosen = choose_context_parallel_strategy(preset("base"), auto_recompute=True, **common)
+    assert (chosen.chunk, chosen.recompute) == (32 * 1024, True)
+    assert "recompute added because without it the longest chunk that fits is 16k" in chosen.describe()
+    small = choose_context_parallel_strategy(preset("small"), auto_recompute=True, **common)
+    assert (small.chunk, small.recompute) == (64 * 1024, False)
+
+
+def test_context_parallel_plan_within_15_percent_above_the_two_h200_runs():
+    """Each rank's peak in `finetune --cp 2` on two H200s (2026-12-01, second steps, so AdamW's state is in): `small`
+    at 1M in 64k chunks, `base` at 1M in 32k chunks (asked for explicitly by today's plan, which would now take
+    recompute), both KDA forms where run."""
+    from genolc.model import preset
+    from genolc.train.plan import estimate_context_parallel_memory
+
+    runs = []
+    for name in ("context_parallel_2026-12-01_small.json", "context_parallel_2026-12-01_base.json"):
+        runs += [row for row in json.loads((RESULTS / name).read_text())["rows"]
+                 if row.get("context_parallel", {}).get("ok")]
+    assert {(row["model"], row["cp_kda"]) for row in runs} >= {("small", "state"), ("small", "heads"),
+                                                                ("base", "state")}
+    for row in runs:
+        run = row["context_parallel"]
+        assert len(run["step_seconds"]) >= 2 and not run["recompute"]
+        planned = estimate_context_parallel_memory(preset(row["model"]), seq_len=row["seq_len"], cp=row["cp"],
+                                                   chunk=run["chunk"], bf16=True, fast_kernels=True).gib()
+        peak = max(run["peak_gpu_gib_ranks"])
+        assert 1.0 <= planned / peak <= 1.2, (row["model"], row["cp_kda"], planned, peak)
 
 
 def test_plan_refuses_a_window_the_cuda_kernels_cannot_run_as_finetune_does():
