@@ -8,6 +8,7 @@ to. Buffers (the router's correction bias) are not parameters.
 
     preset          vocab  total parameters   active parameters
     tiny            16             248,900            212,036
+    mini            16          38,979,912         22,464,840
     small           16         356,911,952        114,690,896
     base            16       1,924,049,904        437,693,424
     glm-5.3-flash   154880 313,326,816,766     17,376,726,526
@@ -76,6 +77,15 @@ def tiny(vocab_size: int = GENOME_VOCAB_SIZE) -> ModelConfig:
                           experts_per_tok=2, moe_inter=32, dense_inter=128, vocab_size=vocab_size)
 
 
+def mini(vocab_size: int = GENOME_VOCAB_SIZE) -> ModelConfig:
+    """8 layers (every 4th DSA), hidden 512: about 39M total / 22M active. ``small``'s per-head shapes (KDA and MLA
+    head dims, latent rank, indexer, top-k), so the same kernels serve it; sized for experiments that must train many
+    tokens in minutes on one GPU (experiments/long_context_dna.py)."""
+    return _genome_preset(hidden=512, layers=8, kda_heads=4, kda_head_dim=128, mla_heads=8, q_lora=192,
+                          kv_lora=256, qk_nope=128, v_dim=128, index_heads=8, index_head_dim=64, kpool=4, topk=2048,
+                          experts=8, experts_per_tok=2, moe_inter=256, dense_inter=1408, vocab_size=vocab_size)
+
+
 def small(vocab_size: int = GENOME_VOCAB_SIZE) -> ModelConfig:
     """12 layers (every 4th DSA), hidden 1024: about 0.36B total / 0.12B active."""
     return _genome_preset(hidden=1024, layers=12, kda_heads=8, kda_head_dim=128, mla_heads=8, q_lora=384,
@@ -99,7 +109,7 @@ def glm_5_3_flash(vocab_size: int | None = None) -> ModelConfig:
     return config
 
 
-PRESETS = {"tiny": tiny, "small": small, "base": base, "glm-5.3-flash": glm_5_3_flash}
+PRESETS = {"tiny": tiny, "mini": mini, "small": small, "base": base, "glm-5.3-flash": glm_5_3_flash}
 
 
 def preset(name: str, vocab_size: int | None = None) -> ModelConfig:

@@ -23,7 +23,7 @@ MEASURED_MFU = 0.034
 
 @click.command("plan")
 @click.option("--model", "model", default="small", show_default=True,
-              help="Preset: tiny | small | base | glm-5.3-flash.")
+              help="Preset: tiny | mini | small | base | glm-5.3-flash.")
 @click.option("--seq", "seq", required=True, help="Input tokens per window, e.g. 1M.")
 @click.option("--chunk", "chunk", default="auto", show_default=True,
               help="As finetune's --chunk: auto, off, or a chunk length such as 64k.")

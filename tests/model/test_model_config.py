@@ -132,6 +132,9 @@ def test_parameter_counts_match_built_models():
     assert counts.total == sum(p.numel() for p in model.parameters()) == 356_911_952
     assert counts.active == 114_690_896
     assert parameter_counts(preset("tiny")).total == 248_900
+    mini = preset("mini")
+    assert parameter_counts(mini).total == sum(p.numel() for p in build_model(mini, device="meta").parameters()) \
+        == 38_979_912
     assert parameter_counts(preset("base")).total == 1_924_049_904
 
 
