@@ -47,7 +47,8 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @click.option("--seq", "seq", required=True, metavar="LENGTH",
               help="Input tokens per window, e.g. 512k (k = 1024).")
 @click.option("--model", "model", default=None,
-              help=f"Preset to train from scratch: tiny | mini | small | base | glm-5.3-flash (default: {TrainConfig.model}).")
+              help="Preset to train from scratch: tiny | mini | small | base | glm-5.3-flash "
+                   f"(default: {TrainConfig.model}).")
 @click.option("--init", "init", default=None, type=click.Path(path_type=Path),
               help="Start from a checkpoint: genolc's or a transformers-layout GLM-5.3-Flash (vocabulary resized), "
                    "or a finetune run directory: its newest checkpoint.")

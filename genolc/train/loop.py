@@ -75,7 +75,7 @@ from genolc.train.config import TrainConfig, changed_for_resume
 from genolc.train.flops import device_peak_flops, token_flops
 from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
-from genolc.train.plan import GIB, check_window_lengths, oom_error, required_seq_multiple
+from genolc.train.plan import GIB, check_window_lengths, context_parallel_oom_error, oom_error, required_seq_multiple
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
 from genolc.train.strategy import StepStrategy, choose_strategy, device_budget_bytes, run_micro_batch
 from genolc.units import format_length
@@ -185,6 +185,8 @@ class _Trainer:
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
         self.strategies: dict[tuple[int, int], StepStrategy] = {}
+        # Per-layer recompute wraps the layers for every length once a strategy adds it (--chunk auto on a GPU).
+        self.recompute = config.recompute
         self.start_step, self.tokens_seen, self.targets_seen = 0, 0, 0
         if self.resume_from is not None:
             saved = ckpt.load_checkpoint(self.resume_from, model=self.model, optimizer=self.optimizer)
@@ -226,7 +228,8 @@ class _Trainer:
         changed = changed_for_resume(saved["config"], cfg)
         if changed:
             raise ConfigError("cannot resume: settings differ from the checkpoint's (" + "; ".join(changed) + ")",
-                              where=str(latest), fix="resume with the same options, or start a new run in another --out")
+                              where=str(latest),
+                              fix="resume with the same options, or start a new run in another --out")
         self._check_checkpoint_tokenizer(latest, trained_on=saved["config"].get("data"))
         return latest
 
@@ -278,7 +281,8 @@ class _Trainer:
                     raise InputError(f"the checkpoint's vocabulary ({model.config.vocab_size}) does not match its "
                                      f"tokenizer ({vocab})", where=str(cfg.init))
                 _say(f"--init: resizing the vocabulary from {model.config.vocab_size} text tokens to {vocab} genome "
-                     f"tokens: every transformer-block weight is kept, and the first {min(vocab, model.config.vocab_size)}"
+                     f"tokens: every transformer-block weight is kept, and the first "
+                     f"{min(vocab, model.config.vocab_size)}"
                      " rows of the embedding and LM head (text tokens, so they carry little); any new rows start "
                      "fresh")
                 model = resize_vocab(model, vocab)
@@ -317,16 +321,17 @@ class _Trainer:
             if self.mesh.cp_size == 1:
                 strategy = choose_strategy(
                     self.model.config, seq_len=shape.seq_len, windows=shape.windows, grad_accum=shape.grad_accum,
-                    chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16,
+                    chunk=cfg.chunk, recompute=self.recompute, bf16=self.bf16,
                     fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
                     where=f"--seq {format_length(shape.seq_len)} on {self.device}",
                     auto_recompute=self.device.type == "cuda")
             else:
                 strategy = self._context_parallel_strategy(shape, multiple)
-            if strategy.recompute and not cfg.recompute:
+            if strategy.recompute and not self.recompute:
                 # Chosen per window length, after the model's transforms: checkpointing wraps each layer's forward
-                # in place (the context-parallel mixers inside it are unchanged), so it is added here (applying it
-                # twice is a no-op).
+                # in place (the context-parallel mixers inside it are unchanged), so it is added here, once; the
+                # lengths planned after this one are planned with it.
+                self.recompute = True
                 self.applied.append(f"recompute({apply_recompute(self.model)} layers, for "
                                     f"--seq {format_length(shape.seq_len)})")
             self.strategies[key] = strategy
@@ -346,7 +351,7 @@ class _Trainer:
         pieces = Layout(shape.seq_len, cp, cfg.cp_layout).piece_count
         return choose_context_parallel_strategy(
             self.model.config, seq_len=shape.seq_len, cp=cp, pieces=pieces,
-            windows=shape.windows, chunk=cfg.chunk, recompute=cfg.recompute, bf16=self.bf16,
+            windows=shape.windows, chunk=cfg.chunk, recompute=self.recompute, bf16=self.bf16,
             fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
             where=f"--seq {format_length(shape.seq_len)} over --cp {cp} on {self.device}",
             auto_recompute=self.device.type == "cuda")
@@ -492,11 +497,22 @@ class _Trainer:
         cfg = self.config
         shape = step_shape(step, cfg)
         strategy = self.strategies.get((shape.seq_len, shape.windows))
+        chunk = strategy.chunk if strategy else None
+        where = f"step {step + 1}, {self.device}"
+        fast = self.device.type == "cuda"
+        multiple = required_seq_multiple(self.device.type)
+        if self.mesh.cp_size > 1:
+            from genolc.parallel.layout import Layout
+
+            pieces = Layout(shape.seq_len, self.mesh.cp_size, cfg.cp_layout).piece_count
+            return context_parallel_oom_error(self.model.config, seq_len=shape.seq_len, cp=self.mesh.cp_size,
+                                              chunk=chunk, windows=shape.windows, recompute=self.recompute,
+                                              bf16=self.bf16, fast_kernels=fast, budget_bytes=self._device_bytes(),
+                                              where=where, chunk_multiple=multiple * pieces if multiple > 1 else 1)
         return oom_error(self.model.config, seq_len=shape.seq_len, micro_batch=cfg.micro_batch,
-                         grad_accum=cfg.grad_accum, recompute=cfg.recompute, bf16=self.bf16,
-                         budget_bytes=self._device_bytes(), where=f"step {step + 1}, {self.device}",
-                         fast_kernels=self.device.type == "cuda", chunk=strategy.chunk if strategy else None,
-                         chunk_multiple=required_seq_multiple(self.device.type))
+                         grad_accum=cfg.grad_accum, recompute=self.recompute, bf16=self.bf16,
+                         budget_bytes=self._device_bytes(), where=where, fast_kernels=fast, chunk=chunk,
+                         chunk_multiple=multiple)
 
     def run(self) -> Path:
         cfg = self.config
@@ -616,7 +632,8 @@ class _Trainer:
             "device": str(self.device), "bf16": self.bf16,
             **self.compute.to_dict(),
             "transforms": self.applied,
-            "step_strategies": [strategy.describe() for strategy in self.strategies.values()], "parameters": sum(p.numel() for p in self.model.parameters()),
+            "step_strategies": [strategy.describe() for strategy in self.strategies.values()],
+            "parameters": sum(p.numel() for p in self.model.parameters()),
             "mesh": {"world_size": self.mesh.world_size, "data_parallel": self.mesh.dp_size,
                      "context_parallel": self.mesh.cp_size, "cp_layout": cfg.cp_layout, "cp_kda": cfg.cp_kda},
             "config": cfg.to_dict(),

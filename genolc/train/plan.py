@@ -47,7 +47,8 @@ with AdamW's state allocated; a first step's peak lacks those 8 P): `small` 512k
 and `base` 512k-2M in 32k chunks with recompute 66.0-94.2 GiB, which the terms above without them under-estimated by
 6.4-8.5 and 11.4-12.5 GiB before the margin (benchmarks/results/long_context_2026-11-30.json, first steps, and
 context_parallel_2026-12-01_base.json, whose one-GPU run measured `base` at 1M in its second step: 75.4 GiB, the
-first step's 61.1 plus AdamW's 14.3). With them the plan is 8-11 % above each of those peaks.
+first step's 61.1 plus AdamW's 14.3). With them the plan is 8-11 % above each of those peaks. All were chunked
+steps: a whole window with recompute has not been measured against these terms.
 
 The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk's activations (the table above for
 ``chunk`` tokens, with or without recompute) plus, for the whole window of ``T`` tokens and ``B`` windows::
@@ -106,6 +107,10 @@ INDEXER_FLOPS_PER_S = 64e12
 # forward (per-layer recompute) costs less: `base` at 1M on the H200 took > 390 s a step in 8k chunks, 153 s in 32k
 # chunks with recompute (benchmarks/results/long_context_2026-11-30.json).
 FAST_CHUNK = 32 * 1024
+# Allocator fragmentation and kernel workspaces on top of every estimate. An explicit --chunk may run inside it
+# (fits_within_margin), with a warning: `base` at 1M over 2 H200s ran in 32k chunks at 134.0 GiB a rank, planned
+# 142.6 with the margin and 129.6 without.
+PLAN_MARGIN = 1.10
 # Lengths the fast kernels handle without padding on CUDA: KDA's chunk size (a multiple of the DSA pool size).
 CUDA_SEQ_MULTIPLE = 64
 
@@ -214,7 +219,7 @@ def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16
     activations = tokens * (saved + (max(per_layer) if fast_kernels else 0))
     logits = tokens * config.vocab_size * (a + 8)
     weights, grads, optim = (6 if bf16 else 4) * params, 4 * params, 8 * params
-    total = int((weights + grads + optim + activations + logits) * 1.10)
+    total = int((weights + grads + optim + activations + logits) * PLAN_MARGIN)
     kinds: dict[str, int] = {}
     for attn, layer_bytes in zip(config.layer_types, per_layer):
         kinds[attn] = max(kinds.get(attn, 0), layer_bytes)
@@ -247,12 +252,17 @@ def estimate_chunked_memory(config: ModelConfig, *, seq_len: int, chunk: int, wi
     return with_more_activations(one_chunk, chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows))
 
 
+def fits_within_margin(total_bytes: int, budget_bytes: int) -> bool:
+    """True when an estimate over ``budget_bytes`` fits once the plan's margin (``PLAN_MARGIN``) is taken off."""
+    return total_bytes / PLAN_MARGIN <= budget_bytes
+
+
 def with_more_activations(plan: MemoryPlan, extra: int) -> MemoryPlan:
     """``plan`` with ``extra`` bytes of activations added (and its total, with the same 10 % margin)."""
     activations = plan.activations + extra
     fixed = plan.weights + plan.gradients + plan.optimizer
     return dataclasses.replace(plan, activations=activations,
-                               total=int((fixed + activations + plan.logits) * 1.10))
+                               total=int((fixed + activations + plan.logits) * PLAN_MARGIN))
 
 
 def largest_fitting_chunk(config: ModelConfig, *, seq_len: int, windows: int, bf16: bool, recompute: bool,

@@ -51,7 +51,7 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     from genolc.parallel.layout import Layout
     from genolc.train.command import parse_chunk
     from genolc.train.plan import (GIB, CUDA_SEQ_MULTIPLE, OutOfMemoryPlanError, check_window_lengths,
-                                   estimate_step_seconds, format_gib)
+                                   estimate_memory, estimate_step_seconds, format_gib)
     from genolc.train.strategy import choose_context_parallel_strategy, choose_strategy
 
     seq_len = parse_length(seq, what="--seq")
@@ -83,8 +83,8 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
                    f"the CPU with {gpu_memory:.1f} GiB (fp32, reference ops)")
     click.echo(f"planned for {device_text}; --device and --gpu-memory change that")
     click.echo(strategy.describe())
-    # fp32 weights, gradients and AdamW's two moments; under bf16 autocast also the weights' bf16 copies
-    fixed = (18 if cuda else 16) * params.total
+    fixed_plan = estimate_memory(config, seq_len=1, bf16=cuda, fast_kernels=cuda)
+    fixed = fixed_plan.weights + fixed_plan.gradients + fixed_plan.optimizer
     click.echo(f"  parameters {params.total:,} ({params.active:,} active); weights + gradients + AdamW "
                f"{format_gib(fixed)} GiB")
     per_rank = f" on each of the {cp} ranks" if cp > 1 else ""

@@ -12,7 +12,8 @@ fits; on a GPU, when that chunk is shorter than ``FAST_CHUNK`` (or none fits) an
 ``FAST_CHUNK`` fit, it takes those with recompute (the setting measured on the H200), and when no chunk fits without
 recompute and ``FAST_CHUNK`` does not fit with it, the longest that fits with it; ``--chunk off`` insists on
 ``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit is refused up front with the estimate and
-an option that fits, never discovered by the kernel's OOM killer.
+an option that fits, never discovered by the kernel's OOM killer; a chunk the user chose runs, with a warning in its
+reason, when it fits once the plan's margin (``PLAN_MARGIN``) is taken off.
 
 Under ``--cp N`` (:func:`choose_context_parallel_strategy`) the same choice is made per rank from
 estimate_context_parallel_memory: the rank's share of the window (or of each chunk) plus what the whole span adds.
@@ -31,9 +32,10 @@ from genolc.model import ModelConfig
 from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
 from genolc.train.loss import LossTerms, micro_batch_loss
 from genolc.errors import ConfigError
-from genolc.train.plan import (FAST_CHUNK, OutOfMemoryPlanError, context_parallel_oom_error, estimate_chunked_memory,
-                               estimate_context_parallel_memory, estimate_memory, format_gib,
-                               largest_fitting_chunk, largest_fitting_context_parallel_chunk, oom_error)
+from genolc.train.plan import (FAST_CHUNK, PLAN_MARGIN, OutOfMemoryPlanError, context_parallel_oom_error,
+                               estimate_chunked_memory, estimate_context_parallel_memory, estimate_memory,
+                               fits_within_margin, format_gib, largest_fitting_chunk,
+                               largest_fitting_context_parallel_chunk, oom_error)
 from genolc.units import format_length
 
 
@@ -82,7 +84,8 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
                     where: str, auto_recompute: bool = False) -> StepStrategy:
     """The strategy for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
     ``chunk``: None (auto), 0 (whole window only) or a chunk length. ``auto_recompute``: --chunk auto may add
-    per-layer recompute to run chunks of ``FAST_CHUNK`` (the caller applies it when the strategy says so).
+    per-layer recompute to run chunks of ``FAST_CHUNK``, or, when no chunk fits without it and ``FAST_CHUNK`` does
+    not fit with it, the longest chunk that fits with it (the caller applies it when the strategy says so).
     Raises OutOfMemoryPlanError when the asked (or, for auto, every) setting is estimated not to fit
     ``budget_bytes``."""
     plan_args = dict(windows=windows, bf16=bf16, recompute=recompute, fast_kernels=fast_kernels)
@@ -129,10 +132,17 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
                            multiple, where)
         return StepStrategy(seq_len, None, recompute, whole, f"--chunk {format_length(chunk)} covers the window")
     estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chunk, **plan_args).total
-    if estimate > budget_bytes:
+    if estimate > budget_bytes and not fits_within_margin(estimate, budget_bytes):
         raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                        multiple, where, chunk=chunk)
-    return StepStrategy(seq_len, chunk, recompute, estimate, "as asked")
+    return StepStrategy(seq_len, chunk, recompute, estimate, _as_asked(estimate, budget_bytes))
+
+
+def _as_asked(estimate: int, budget_bytes: int) -> str:
+    if estimate <= budget_bytes:
+        return "as asked"
+    return (f"as asked, though over the {format_gib(budget_bytes)} GiB device once the plan's "
+            f"{PLAN_MARGIN - 1:.0%} margin is added: it may run out of memory")
 
 
 def _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes, multiple, where,
@@ -220,11 +230,14 @@ def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: i
                     recompute, plan_args = True, recomputed
         if chunk is None:
             raise refusal(None)
+        estimate = estimate_context_parallel_memory(config, seq_len=seq_len, chunk=chunk, **plan_args).total
+        if estimate > budget_bytes:
+            raise refusal(chunk)
     else:
-        reason = "as asked"
-    estimate = estimate_context_parallel_memory(config, seq_len=seq_len, chunk=chunk, **plan_args).total
-    if estimate > budget_bytes:
-        raise refusal(chunk)
+        estimate = estimate_context_parallel_memory(config, seq_len=seq_len, chunk=chunk, **plan_args).total
+        if estimate > budget_bytes and not fits_within_margin(estimate, budget_bytes):
+            raise refusal(chunk)
+        reason = _as_asked(estimate, budget_bytes)
     last = seq_len % chunk
     if last and last < pieces:
         raise ConfigError(f"the last chunk of a {seq_len}-token window in chunks of {chunk} has {last} tokens, fewer "

@@ -135,6 +135,7 @@ def test_parameter_counts_match_built_models():
     mini = preset("mini")
     assert parameter_counts(mini).total == sum(p.numel() for p in build_model(mini, device="meta").parameters()) \
         == 38_979_912
+    assert parameter_counts(mini).active == 22_464_840
     assert parameter_counts(preset("base")).total == 1_924_049_904
 
 

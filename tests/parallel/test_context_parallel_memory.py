@@ -12,8 +12,8 @@ a CP rank's DSA layer saves 823,292 bytes more than one process of its 1024 toke
 819,200), each KDA layer up to 1,661,200 (the terms: 1,687,552); with the fast ops' autograd Functions around
 stand-in kernels under bf16 autocast 1,208,316 (1,146,880) and 562,304 (573,440). They grow
 with the span over the share: `small` at 4M over 8 ranks in 256k chunks (32k tokens a rank, the chunk the old
-one-process plan of the share picked) plans 143.8 GiB per rank, more than the 139.8 GiB of an H200, where the old
-plan said 122 GiB; --chunk auto now picks 128k (107.1 GiB).
+one-process plan of the share picked) plans 151.3 GiB per rank, more than the 139.8 GiB of an H200, where the
+one-process plan says 129 GiB; --chunk auto picks 128k (111.2 GiB). These figures are quoted in the README.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def test_context_parallel_terms_match_what_each_mixer_saves_beyond_one_process(r
 
 def test_cp_chunk_choice_uses_the_context_parallel_estimate():
     """`small` at 4M over 8 ranks on the H200: the one-process plan of a rank's share fits 32k tokens a rank, chunks
-    of 256k; with the span's DSA rows those need more than the device, so the longest chunk that fits is 128k."""
+    of 256k; with the span's DSA rows those need more than the device, so the longest chunk that fits is 128k (256k
+    asked for runs with a warning, inside the plan's margin; 512k is refused)."""
     from genolc.model import preset
     from genolc.train.plan import OutOfMemoryPlanError
     from genolc.train.strategy import choose_context_parallel_strategy
@@ -153,10 +154,14 @@ def test_cp_chunk_choice_uses_the_context_parallel_estimate():
                                                 budget_bytes=budget, multiple=64, where="test", **args)
     assert strategy.chunk == 128 * 1024 and strategy.estimate_bytes <= budget
     assert "chunks of 128k split over the ranks, 16k tokens each" in strategy.describe()
+    asked = choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=256 * 1024,
+                                             budget_bytes=budget, multiple=64, where="test", **args)
+    assert "estimated peak 151.3 GiB" in asked.describe() and "it may run out of memory" in asked.describe()
     with pytest.raises(OutOfMemoryPlanError) as refused:
-        choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=256 * 1024,
+        choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=512 * 1024,
                                          budget_bytes=budget, multiple=64, where="test", **args)
-    assert "--seq 4M --cp 8 --chunk 256k: estimated 151.3 GiB per rank" in refused.value.message
+    planned = estimate_context_parallel_memory(config, seq_len=seq, cp=cp, chunk=512 * 1024, **args).gib()
+    assert f"--seq 4M --cp 8 --chunk 512k: estimated {planned:.1f} GiB per rank" in refused.value.message
     assert "try --recompute (estimated to fit)" in refused.value.message
 
 

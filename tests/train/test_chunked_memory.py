@@ -2,7 +2,7 @@
 
 The backward's replay of a checkpointed layer used to write the chunk cache: the entries it wrote held the replay's
 graph, so every layer's recomputed activations stayed alive until the chunk's backward ended (tiny, 2k window, 512
-chunks: 2.1x the plan; `base` at 1M on the H200: 92 GiB against 69.6 planned). Memory is counted by
+chunks: 2.1x the plan; `base` at 1M on the H200: 92 GiB against 69.6 planned then). Memory is counted by
 tests/tensor_memory.py's PeakTensorBytes.
 """
 
