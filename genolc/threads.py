@@ -158,13 +158,8 @@ def torch_threads(choice: ThreadChoice) -> Iterator[ThreadChoice]:
 def run_threads(requested: int | None, record=None, *, deterministic: bool = False) -> Iterator[ThreadChoice]:
     """Choose the thread count by the rule, note it in ``record`` (a :class:`genolc.runs.RunRecord`) and run the
     block on it."""
-    from genolc.hostmem import MMAP_THRESHOLD_BYTES, return_large_frees_to_the_system
-
     choice = choose_threads(requested, deterministic=deterministic)
-    # Set here because every training and evaluation run on the host passes through: see genolc/hostmem.py.
-    fixed = return_large_frees_to_the_system()
     if record is not None:
         record.compute.update(choice.to_dict())
-        record.compute["malloc_mmap_threshold"] = MMAP_THRESHOLD_BYTES if fixed else None
     with torch_threads(choice):
         yield choice

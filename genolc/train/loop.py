@@ -187,6 +187,7 @@ class _Trainer:
         self.strategies: dict[tuple[int, int], StepStrategy] = {}
         # Per-layer recompute wraps the layers for every length once a strategy adds it (--chunk auto on a GPU).
         self.recompute = config.recompute
+        self.malloc_mmap_threshold: int | None = None
         self.start_step, self.tokens_seen, self.targets_seen = 0, 0, 0
         if self.resume_from is not None:
             saved = ckpt.load_checkpoint(self.resume_from, model=self.model, optimizer=self.optimizer)
@@ -337,7 +338,22 @@ class _Trainer:
             self.strategies[key] = strategy
             if strategy.chunk is not None or cfg.chunk is not None:
                 _say(strategy.describe())
+            self._bound_heap_fragments(strategy)
         return self.strategies[key]
+
+    def _bound_heap_fragments(self, strategy: StepStrategy) -> None:
+        """On CPU, when the plan leaves too little room for glibc's heap fragments, have freed tensors returned to
+        the system (slower steps, no out-of-memory kill: genolc/hostmem.py)."""
+        from genolc import hostmem
+
+        if self.device.type != "cpu" or self.malloc_mmap_threshold is not None:
+            return
+        budget = self._device_bytes()
+        if hostmem.heap_overhead_may_not_fit(strategy.estimate_bytes, budget) and \
+                hostmem.return_large_frees_to_the_system():
+            self.malloc_mmap_threshold = hostmem.MMAP_THRESHOLD_BYTES
+            _say(f"estimated {strategy.estimate_bytes / GIB:.1f} GiB of the {budget / GIB:.1f} GiB free: freed tensors "
+                 f"of 1 MiB or more go back to the system (fewer heap fragments, slower steps)")
 
     def _context_parallel_strategy(self, shape: StepShape, multiple: int) -> StepStrategy:
         """A rank holds 1/cp of each window, or of each chunk of it, and what the whole span adds (the DSA rows
@@ -632,6 +648,7 @@ class _Trainer:
             "device": str(self.device), "bf16": self.bf16,
             **self.compute.to_dict(),
             "transforms": self.applied,
+            "malloc_mmap_threshold": self.malloc_mmap_threshold,
             "step_strategies": [strategy.describe() for strategy in self.strategies.values()],
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "mesh": {"world_size": self.mesh.world_size, "data_parallel": self.mesh.dp_size,

@@ -215,3 +215,23 @@ def test_a_strategy_that_adds_recompute_gets_it_applied(char_data, tmp_path, mon
     assert "--chunk 32 with per-layer recompute" in output
     summary = json.loads((tmp_path / "rc" / "summary.json").read_text())
     assert any(t.startswith("recompute(") for t in summary["transforms"]), summary["transforms"]
+
+
+def test_a_tight_cpu_plan_has_freed_tensors_returned_to_the_system(char_data, tmp_path, monkeypatch):
+    """genolc/hostmem.py: when the plan times glibc's measured heap overhead would not fit the free memory, the
+    trainer fixes glibc's mmap threshold (a stand-in here, so the test process's malloc is untouched), says so and
+    records it; with room to spare it leaves malloc alone (the fix makes steps slower)."""
+    import json
+
+    from genolc import hostmem
+
+    calls = []
+    monkeypatch.setattr(hostmem, "return_large_frees_to_the_system", lambda: calls.append(1) or True)
+    code, output = _run("--data", char_data, "--seq", "64", "--steps", "1", "--warmup", "1", "--out", tmp_path / "a")
+    assert code == 0, output
+    assert calls == [] and json.loads((tmp_path / "a" / "summary.json").read_text())["malloc_mmap_threshold"] is None
+    monkeypatch.setattr(hostmem, "HEAP_OVERHEAD", 1e9)
+    code, output = _run("--data", char_data, "--seq", "64", "--steps", "2", "--warmup", "1", "--out", tmp_path / "b")
+    assert code == 0, output
+    assert calls == [1] and "freed tensors of 1 MiB or more go back to the system" in output
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["malloc_mmap_threshold"] == 1 << 20

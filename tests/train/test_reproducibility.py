@@ -170,7 +170,7 @@ def test_threads_are_honoured_recorded_and_restored(char_data, tmp_path, monkeyp
     assert (summary["threads"], summary["threads_rule"], summary["deterministic"]) == (1, "--threads", False)
     assert _record(tmp_path / "one")["compute"] == {
         "threads": 1, "threads_rule": "--threads", "deterministic": False, "deterministic_requested": False,
-        "nondeterministic_ops": [], "malloc_mmap_threshold": 1 << 20}
+        "nondeterministic_ops": []}
     # More threads than the cores free is still what was asked for; the caller's setting comes back afterwards.
     seen = []
     before = torch.get_num_threads()
