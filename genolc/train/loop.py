@@ -534,8 +534,9 @@ class _Trainer:
         cfg = self.config
         # Every window length the remaining steps use is planned before the first step: a setting that does not fit
         # the device is refused now, with the estimate and an option that fits, not found by an out-of-memory kill.
+        # Longest first: recompute that one adds wraps the layers for all, so the shorter ones are planned with it.
         stage_starts = [i * cfg.seq_warmup_steps for i in range(len(cfg.seq_warmup) + 1)]
-        for step in sorted({max(start, self.start_step) for start in stage_starts if start < cfg.steps}):
+        for step in sorted({max(start, self.start_step) for start in stage_starts if start < cfg.steps}, reverse=True):
             self._strategy(step_shape(step, cfg))
         if self.mesh.writes:
             cfg.out.mkdir(parents=True, exist_ok=True)

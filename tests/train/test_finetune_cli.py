@@ -235,3 +235,27 @@ def test_a_tight_cpu_plan_has_freed_tensors_returned_to_the_system(char_data, tm
     assert code == 0, output
     assert calls == [1] and "freed tensors of 1 MiB or more go back to the system" in output
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["malloc_mmap_threshold"] == 1 << 20
+
+
+def test_recompute_added_for_the_longest_length_is_planned_for_the_shorter_ones(char_data, tmp_path, monkeypatch):
+    """With --seq-warmup, the longest window is planned first: recompute its strategy adds wraps the layers for every
+    length, so the warm-up length's strategy (and its hardware FLOPs) say recompute too."""
+    import dataclasses
+    import json
+
+    from genolc.train import strategy as strategy_module
+
+    def recompute_for_the_longest(*args, **kwargs):
+        chosen = strategy_module.choose_strategy(*args, **kwargs)
+        if kwargs["seq_len"] == 64:
+            return dataclasses.replace(chosen, chunk=32, recompute=True, reason="test")
+        return chosen
+
+    monkeypatch.setattr(loop, "choose_strategy", recompute_for_the_longest)
+    code, output = _run("--data", char_data, "--seq", "64", "--seq-warmup", "32", "--seq-warmup-steps", "1",
+                        "--steps", "2", "--warmup", "1", "--out", tmp_path / "rc")
+    assert code == 0, output
+    summary = json.loads((tmp_path / "rc" / "summary.json").read_text())
+    assert [t for t in summary["transforms"] if t.startswith("recompute(")] == ["recompute(4 layers, for --seq 64)"]
+    assert len(summary["step_strategies"]) == 2
+    assert all("with per-layer recompute" in s for s in summary["step_strategies"]), summary["step_strategies"]
