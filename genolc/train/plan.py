@@ -527,7 +527,19 @@ def context_parallel_oom_error(config: ModelConfig, *, seq_len: int, cp: int, ch
             f"{format_gib(plan.weights + plan.gradients + plan.optimizer)}, activations "
             f"{format_gib(plan.activations)}, logits {format_gib(plan.logits)}) on a {format_gib(budget_bytes)} GiB "
             "device")
-    fix = (f"try {option} (estimated to fit)" if option else
-           "no chunk fits on this many ranks; use a larger --cp or a smaller --model")
+    if option:
+        fix = f"try {option} (estimated to fit)"
+    else:
+        # Every rank keeps the whole window's caches, so one process of the window may fit where its ranks do not.
+        alone = None
+        for rc in (False, True):
+            alone = largest_fitting_chunk(config, seq_len=seq_len, windows=windows, bf16=bf16, recompute=rc,
+                                          budget_bytes=budget_bytes, fast_kernels=fast_kernels,
+                                          multiple=CUDA_SEQ_MULTIPLE if fast_kernels else 1)
+            if alone is not None:
+                alone = f"--cp 1 --chunk {format_length(alone)}" + (" --recompute" if rc else "")
+                break
+        fix = ("no chunk fits on this many ranks (each keeps the whole window's caches); use a larger --cp or a "
+               "smaller --model" + (f", or one GPU per window: {alone} is estimated to fit" if alone else ""))
     return OutOfMemoryPlanError(what, where=where, fix=fix)
 

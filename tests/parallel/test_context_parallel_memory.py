@@ -176,3 +176,16 @@ def test_plan_command_plans_a_context_parallel_rank():
     assert "peak device memory 111.2 GiB of 139.8 on each of the 8 ranks" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M", "--cp", "8", "--chunk", "off"])
     assert result.exit_code == 0 and "does not fit: out of device memory at --seq 4M --cp 8:" in result.output
+
+
+def test_a_window_no_rank_split_fits_points_to_one_gpu_when_that_fits():
+    """`base` at 4M over 2 H200s: every rank keeps the whole window's caches, so no chunk fits either rank, while one
+    process fits 16k chunks with recompute: the refusal says so rather than only "a larger --cp"."""
+    from click.testing import CliRunner
+
+    from genolc.cli import main
+
+    result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "4M", "--cp", "2"])
+    assert result.exit_code == 0 and "does not fit" in result.output, result.output
+    assert "no chunk fits on this many ranks" in result.output
+    assert "one GPU per window: --cp 1 --chunk 16k --recompute is estimated to fit" in result.output
