@@ -101,26 +101,20 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
         smallest = max(multiple, SMALLEST_AUTO_CHUNK)
         chosen = largest_fitting_chunk(model_config, seq_len=seq_len, budget_bytes=budget_bytes, multiple=multiple,
                                        smallest=smallest, **plan_args)
-        reason = (f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device; "
-                  f"choose with --chunk")
-        if auto_recompute and not recompute and (chosen is None or chosen < FAST_CHUNK):
+        needs = f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device"
+        reason = f"{needs}; choose with --chunk"
+        if auto_recompute and not recompute:
             recomputed = {**plan_args, "recompute": True}
-            fast_fits = (seq_len > FAST_CHUNK and FAST_CHUNK % multiple == 0 and estimate_chunked_memory(
-                model_config, seq_len=seq_len, chunk=FAST_CHUNK, **recomputed).total <= budget_bytes)
-            if fast_fits:
-                without = ("no chunk fits without it" if chosen is None else
-                           f"without it the longest chunk that fits is {format_length(chosen)}, and chunks under "
-                           f"{format_length(FAST_CHUNK)} run slower than a recomputed forward costs")
-                reason = (f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device; "
-                          f"recompute added because {without}; choose with --chunk")
-                chosen, recompute, plan_args = FAST_CHUNK, True, recomputed
-            elif chosen is None:
-                chosen = largest_fitting_chunk(model_config, seq_len=seq_len, budget_bytes=budget_bytes,
-                                               multiple=multiple, smallest=smallest, **recomputed)
-                if chosen is not None:
-                    reason = (f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device; "
-                              f"recompute added because no chunk fits without it; choose with --chunk")
-                    recompute, plan_args = True, recomputed
+            chosen, why = _recompute_rather_than(
+                chosen, seq_len=seq_len, multiple=multiple, budget_bytes=budget_bytes,
+                recomputed_bytes=lambda c: estimate_chunked_memory(model_config, seq_len=seq_len, chunk=c,
+                                                                   **recomputed).total,
+                longest_recomputed=lambda: largest_fitting_chunk(model_config, seq_len=seq_len,
+                                                                 budget_bytes=budget_bytes, multiple=multiple,
+                                                                 smallest=smallest, **recomputed))
+            if why:
+                reason = f"{needs}; recompute added because {why}; choose with --chunk"
+                recompute, plan_args = True, recomputed
         if chosen is None:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                            multiple, where)
@@ -136,6 +130,26 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
         raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                        multiple, where, chunk=chunk)
     return StepStrategy(seq_len, chunk, recompute, estimate, _as_asked(estimate, budget_bytes))
+
+
+def _recompute_rather_than(chosen: int | None, *, seq_len: int, multiple: int, budget_bytes: int,
+                           recomputed_bytes: Callable[[int], int],
+                           longest_recomputed: Callable[[], int | None]) -> tuple[int | None, str | None]:
+    """--chunk auto's recompute rule on a GPU (module docstring), given ``chosen``, the longest chunk that fits
+    without recompute (None: none): the chunk to run and why recompute was added, or ``(chosen, None)`` to run
+    without it. ``recomputed_bytes(chunk)`` and ``longest_recomputed()`` are the plan with recompute."""
+    if chosen is not None and chosen >= FAST_CHUNK:
+        return chosen, None
+    if seq_len > FAST_CHUNK and FAST_CHUNK % multiple == 0 and recomputed_bytes(FAST_CHUNK) <= budget_bytes:
+        if chosen is None:
+            return FAST_CHUNK, "no chunk fits without it"
+        return FAST_CHUNK, (f"without it the longest chunk that fits is {format_length(chosen)}, and chunks under "
+                            f"{format_length(FAST_CHUNK)} run slower than a recomputed forward costs")
+    if chosen is None:
+        longest = longest_recomputed()
+        if longest is not None:
+            return longest, "no chunk fits without it"
+    return chosen, None
 
 
 def _as_asked(estimate: int, budget_bytes: int) -> str:
@@ -206,28 +220,21 @@ def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: i
                                                        multiple=chunk_multiple,
                                                        smallest=max(chunk_multiple, SMALLEST_AUTO_CHUNK * cp),
                                                        **plan_args)
-        reason = (f"the whole window needs an estimated {format_gib(whole)} GiB per rank of the "
-                  f"{format_gib(budget_bytes)} GiB device; choose with --chunk")
-        if auto_recompute and not recompute and (chunk is None or chunk < FAST_CHUNK):
+        needs = (f"the whole window needs an estimated {format_gib(whole)} GiB per rank of the "
+                 f"{format_gib(budget_bytes)} GiB device")
+        reason = f"{needs}; choose with --chunk"
+        if auto_recompute and not recompute:
             recomputed = {**plan_args, "recompute": True}
-            if (seq_len > FAST_CHUNK and FAST_CHUNK % chunk_multiple == 0 and estimate_context_parallel_memory(
-                    config, seq_len=seq_len, chunk=FAST_CHUNK, **recomputed).total <= budget_bytes):
-                without = ("no chunk fits without it" if chunk is None else
-                           f"without it the longest chunk that fits is {format_length(chunk)}, and chunks under "
-                           f"{format_length(FAST_CHUNK)} run slower than a recomputed forward costs")
-                reason = (f"the whole window needs an estimated {format_gib(whole)} GiB per rank of the "
-                          f"{format_gib(budget_bytes)} GiB device; recompute added because {without}; "
-                          f"choose with --chunk")
-                chunk, recompute, plan_args = FAST_CHUNK, True, recomputed
-            elif chunk is None:
-                chunk = largest_fitting_context_parallel_chunk(
+            chunk, why = _recompute_rather_than(
+                chunk, seq_len=seq_len, multiple=chunk_multiple, budget_bytes=budget_bytes,
+                recomputed_bytes=lambda c: estimate_context_parallel_memory(config, seq_len=seq_len, chunk=c,
+                                                                            **recomputed).total,
+                longest_recomputed=lambda: largest_fitting_context_parallel_chunk(
                     config, seq_len=seq_len, budget_bytes=budget_bytes, multiple=chunk_multiple,
-                    smallest=max(chunk_multiple, SMALLEST_AUTO_CHUNK * cp), **recomputed)
-                if chunk is not None:
-                    reason = (f"the whole window needs an estimated {format_gib(whole)} GiB per rank of the "
-                              f"{format_gib(budget_bytes)} GiB device; recompute added because no chunk fits "
-                              f"without it; choose with --chunk")
-                    recompute, plan_args = True, recomputed
+                    smallest=max(chunk_multiple, SMALLEST_AUTO_CHUNK * cp), **recomputed))
+            if why:
+                reason = f"{needs}; recompute added because {why}; choose with --chunk"
+                recompute, plan_args = True, recomputed
         if chunk is None:
             raise refusal(None)
         estimate = estimate_context_parallel_memory(config, seq_len=seq_len, chunk=chunk, **plan_args).total
