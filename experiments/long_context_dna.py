@@ -688,9 +688,24 @@ def phase_table(phases: list[Phase], results: Path) -> list[dict[str, Any]]:
             row.update(peak_device_memory_gib=train.get("peak_memory_gib"), steps=train.get("steps_done"),
                        tokens=train.get("tokens_seen"), final_loss=train.get("final_loss"),
                        mean_loss_last_10=train.get("mean_loss_last_10"), tokens_per_s=train.get("tokens_per_s"),
-                       train_seconds=train.get("seconds"), step_strategies=train.get("step_strategies"))
+                       train_seconds=train.get("seconds"), step_strategies=train.get("step_strategies"),
+                       **first_and_steady_steps(results / phase.name / "metrics.jsonl"))
         rows.append(row)
     return rows
+
+
+def first_and_steady_steps(metrics: Path) -> dict[str, Any]:
+    """The first step's seconds (compilation, autotuning and allocator warm-up fall in it) and the median tokens/s of
+    the later steps: what a fresh process pays once, and the rate the plan's TRAIN_RATES stand for."""
+    if not metrics.is_file():
+        return {}
+    steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    steps = [s for s in steps if "step_seconds" in s]
+    if not steps:
+        return {}
+    later = sorted(s["tokens_per_s"] for s in steps[1:])
+    return {"first_step_seconds": round(steps[0]["step_seconds"], 2),
+            "steady_tokens_per_s": round(later[len(later) // 2], 1) if later else None}
 
 
 def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig, prov: dict,
@@ -728,11 +743,16 @@ def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig
         lines.append(f"| {r['bucket']} | {r['base_bits_per_base']:.4f} | {r['a_bits_per_base']:.4f} | "
                      f"{r['b_bits_per_base']:.4f} | {fmt(r['a_minus_base'])} | {fmt(r['a_minus_b'])} | "
                      f"{fmt(r['truncated_minus_a'])} |")
-    lines += ["", "| phase | wall s | peak host RSS GiB | peak GPU GiB | command |", "|---|---|---|---|---|"]
+    lines += ["", "| phase | wall s | first step s | later steps tokens/s | peak host RSS GiB | peak GPU GiB | "
+              "command |", "|---|---|---|---|---|---|---|"]
+
+    def cell(value: Any) -> str:
+        return "-" if value is None else f"{value:,.0f}" if isinstance(value, float) and value > 1000 else str(value)
+
     for row in phases_rows:
-        lines.append(f"| {row['phase']} | {row['wall_seconds']} | {row['peak_host_rss_gib']} | "
-                     f"{row.get('peak_gpu_gib') if row.get('peak_gpu_gib') is not None else '-'} | "
-                     f"`{row['command']}` |")
+        lines.append(f"| {row['phase']} | {row['wall_seconds']} | {cell(row.get('first_step_seconds'))} | "
+                     f"{cell(row.get('steady_tokens_per_s'))} | {row['peak_host_rss_gib']} | "
+                     f"{cell(row.get('peak_gpu_gib'))} | `{row['command']}` |")
     lines += ["", "Files: summary.json (these numbers), plan.json, phases.json, commands.sh, plots/, and one folder "
               "per phase with what its command wrote (metrics.jsonl, summary.json, eval CSVs and plots, run "
               "records, log.txt).", ""]
