@@ -5,7 +5,8 @@
 # `python benchmarks/make_gpu_data.py`): trains on the GRCh37 chrX 1-24 Mbp prefix and hg38 chr2:1-2,333,275, holds
 # out GRCh37 chr22, hg19 chr3/chr4/chr5 and GRCh38 chr19 (8.1 Mbp). Unpacks the GPU packages and the carried caches
 # (fla/Triton autotune results, TileLang's compiled kernels) as run_long_context.sh does; OPTIONS go to the
-# experiment (e.g. --preset small --time-budget 480, or --gpus 0,1 on nvidia-h200-x2). $OUT receives four files:
+# experiment (e.g. --preset mini --jobs 2 --time-budget 540 --compile-seconds 0 --eval-tokens 1M, the run in the
+# README; --gpus 0,1 on nvidia-h200-x2). $OUT receives four files:
 # <date>_long_context_dna.tar.gz (the results folder), flagship.log, triton-autotune.tar.gz, tilelang-cache.tar.gz.
 # GENOLC_GIT_SHA must be set by the caller (the device copy has no .git).
 set -uo pipefail

@@ -6,7 +6,7 @@ How to run (from the repository root):
     python experiments/long_context_dna.py --cpu --out results/cpu_long_context_dna
 
     # one H200 (<= 9 minutes with compile; see benchmarks/run_flagship.sh, which also unpacks the GPU packages):
-    python experiments/long_context_dna.py --preset small --time-budget 480 \
+    python experiments/long_context_dna.py --preset mini --jobs 2 --time-budget 540 --eval-tokens 1M \
         --train-fasta .gpudata/GRCh37_chrX_1-24000000.fa.gz --train-fasta .gpudata/hg38_chr2_1-2333275.fa.gz \
         --heldout-fasta .gpudata/GRCh37_chr22_20000001-21000000.fa.gz --heldout-fasta ...hg19_chr3/4/5, GRCh38 chr19 \
         --train chrX,chr2 --heldout chr22,chr3,chr4,chr5,chr19 --archive "$OUT/long_context_dna.tar.gz"
@@ -41,9 +41,12 @@ packed into one archive (``--archive``, default ``<out>.tar.gz``; small: no chec
 
 Sizes. ``--cpu`` is the tiny preset on the bundled sample (hg38 chr2:1-600,000 trains, GRCh37
 chr22:20,480,001-20,680,000 is held out) with SHORT 128 and LONG 1k. On a GPU, ``--time-budget SECONDS`` plans the
-steps: it takes the compile allowance, each process's start-up and the evaluations' forward tokens off the budget
-and splits what is left between pretraining (40%) and the two arms, at the training rates measured on the H200
-(TRAIN_RATES); plan.json shows the arithmetic. ``--pretrain-steps`` / ``--arm-steps`` set the steps directly.
+steps with a time model of the run (:func:`predict_seconds`, fitted to the H200 runs of ``mini``): it takes the
+processes' start-ups and first steps, the compile allowance for cold kernel caches and the evaluations off the
+budget and splits what is left between pretraining (40%) and the two arms, at the training rates measured on the
+H200 (TRAIN_RATES); plan.json shows the arithmetic. ``--jobs 2`` on one GPU runs the arms (and then the
+evaluations) side by side: their start-ups overlap, their device work does not. ``--pretrain-steps`` /
+``--arm-steps`` set the steps directly.
 """
 
 from __future__ import annotations
@@ -76,21 +79,44 @@ from genolc.units import format_length, parse_length  # noqa: E402
 KIND = "long-context experiment directory"
 NAME = "long_context_dna"
 
-# Training tokens per second of one `genolc finetune` process after compilation, by (device, preset); what
-# --time-budget plans with. cuda/small: 512k windows, chunks of 32k, H200 (benchmarks/results/
-# long_context_2026-11-30.json: 24.3k); cuda/base: 1M windows, --chunk 32k --recompute, H200 (6.4k, README).
-# Short windows are assumed no faster (one whole-window forward instead of two, but smaller kernels): the plan errs
-# long on time. cpu/tiny: one thread on this project's 2-core CI machine while it was loaded (230 tokens/s).
-TRAIN_RATES = {("cuda", "small"): 24_000.0, ("cuda", "base"): 6_400.0, ("cpu", "tiny"): 230.0}
-# Scoring is a forward only (a training step is two forwards and a backward when chunked): 3x the training rate.
-EVAL_SPEEDUP = 3.0
-# Seconds a genolc process spends besides its steps or scoring (imports, model build, checkpoint load and save):
-# cuda from the H200 run of `small` at 512k (144.5 s wall, 122.3 s of steps), cpu from this project's CI machine.
-STARTUP_SECONDS = {"cuda": 20.0, "cpu": 15.0}
-# A fresh H200 spends about 2.5 minutes compiling and autotuning kernels for new shapes (Triton, TileLang).
-COMPILE_SECONDS = {"cuda": 150.0, "cpu": 0.0}
+@dataclass(frozen=True)
+class Rates:
+    """Training tokens/s of one `genolc finetune` process alone on the device after its first step: ``short`` at
+    SHORT (whole windows, --short-micro-batch of them per micro-batch), ``long`` at LONG (one window, chunked as
+    --chunk auto chooses; measured at 512k: a shorter LONG runs faster, a longer one slower)."""
+
+    short: float
+    long: float
+    source: str
+
+
+# What --time-budget plans with, by (device, preset).
+TRAIN_RATES = {
+    ("cuda", "mini"): Rates(93_000.0, 57_000.0, "H200, 2026-12-01 (results/2026-12-01_long_context_dna*): 8k with 4 "
+                                                "windows per micro-batch 92-94k, 512k in 128k chunks 57.0k"),
+    ("cuda", "small"): Rates(24_000.0, 24_000.0, "H200: 512k in 32k chunks 24.3k (benchmarks/results/"
+                                                 "long_context_2026-11-30.json); 8k not measured, taken as no faster"),
+    ("cuda", "base"): Rates(6_400.0, 6_400.0, "H200: 1M with --chunk 32k --recompute 6.4k (README); 8k not "
+                                              "measured, taken as no faster"),
+    ("cpu", "tiny"): Rates(230.0, 230.0, "one thread on this project's 2-core CI machine while it was loaded"),
+}
+# Scoring (a forward, no autograd) against training (chunked: two forwards and a backward): the H200 runs of `mini`
+# scored 11.5M held-out tokens in about 40 s of their evaluations' device time, 5.5x its 512k training rate.
+EVAL_SPEEDUP = 5.0
+# Seconds a process spends besides its steps or forwards; cuda from the H200 runs of `mini` on 2026-12-01 (caches
+# warm), cpu from this project's CI machine. STARTUP: imports, model build, checkpoint load and save (11-13 s).
+# FIRST_STEP: a training process's first step beyond a later one (kernel loading, autotune lookups, allocator
+# warm-up: 13-27 s). EVAL: an eval process besides its forwards (start-up, first forward, bootstrap, plots: 26-34 s).
+STARTUP_SECONDS = {"cuda": 12.0, "cpu": 15.0}
+FIRST_STEP_SECONDS = {"cuda": 27.0, "cpu": 0.0}
+EVAL_SECONDS = {"cuda": 28.0, "cpu": 10.0}
+PREPARE_SECONDS = 10.0
+# Kernel caches cold (a fresh machine): the first training process compiles and autotunes for about a minute more
+# (`mini` at 8k: first step 83 s cold, 27 s warm). benchmarks/run_flagship.sh carries the caches.
+COMPILE_SECONDS = {"cuda": 60.0, "cpu": 0.0}
 PRETRAIN_SHARE = 0.4          # of the training time left by the budget; the arms share the rest
 BUDGET_MARGIN = 0.9           # plan for 90% of --time-budget
+EVAL_PROCESSES = 5            # a_vs_base, a_vs_b, needle_a, routing_a, needle_base
 
 
 @dataclass(frozen=True)
@@ -118,7 +144,10 @@ class ExperimentConfig:
     pretrain_steps: int | None = None
     arm_steps: int | None = None
     pretrain_lr: float = 1e-3
-    arm_lr: float = 3e-4
+    # The arms start a fresh AdamW, whose first steps move every weight by about lr: at 3e-4, three times the lr
+    # pretraining ends with, both arms' training loss rose in their second step and held-out loss got worse (H200,
+    # `mini`, 2026-12-01_long_context_dna_run1); the arms continue at pretraining's final lr.
+    arm_lr: float = 1e-4
     time_budget: float | None = None          # seconds for the whole experiment
     compile_seconds: float | None = None      # default COMPILE_SECONDS[device]
     eval_tokens: int = 2 * 1024 * 1024        # held-out window tokens per --by-position evaluation
@@ -218,6 +247,44 @@ def warmup_steps(steps: int) -> int:
     return max(1, steps // 10)
 
 
+def predict_seconds(config: ExperimentConfig, rates: Rates, *, eval_windows: int, needle_seq: int,
+                    needle_distances: tuple[int, ...], routing_lengths: tuple[int, ...], pretrain_steps: int,
+                    arm_steps: int) -> dict[str, Any]:
+    """The experiment's wall time on its lanes (the time model --time-budget plans with): prepare, pretraining alone,
+    the two arms, then five evaluations. Lanes with their own GPUs (--gpus) run side by side; lanes sharing one
+    device (--jobs) overlap their processes' start-ups and first steps but not their device work (on the H200 two
+    `mini` arms side by side each ran at half their alone rate). Returns the total and its parts."""
+    device = config.device
+    short, long_ = config.short_seq, config.long_seq
+    lanes = max(1, config.lanes)
+    own_devices = bool(config.gpus) and lanes > 1
+    compile_s = COMPILE_SECONDS[device] if config.compile_seconds is None else config.compile_seconds
+    process = STARTUP_SECONDS[device] + FIRST_STEP_SECONDS[device]
+    pretrain = process + compile_s + pretrain_steps * config.pretrain_windows * short / rates.short
+    arm_a = arm_steps * long_ / rates.long
+    arm_b = arm_steps * long_ / rates.short
+    if lanes == 1:
+        arms, arms_how = 2 * process + arm_a + arm_b, "one after the other"
+    elif own_devices:
+        arms, arms_how = process + max(arm_a, arm_b), "side by side on their own GPUs"
+    else:
+        arms, arms_how = process + arm_a + arm_b, "side by side sharing one device"
+    context_block = config.context_block or config.context
+    # A with base and the truncated A (visible K..K+block: (K + block) / block forwards), then A with B.
+    by_position = eval_windows * (long_ + 1) * (2 + 2 + (context_block + config.context) / context_block)
+    needle_count = len(needle_distances) or int(math.log2(max(2, needle_seq // 1024))) + 1
+    needle = 2 * config.needle_trials * needle_seq * needle_count
+    routing = len(routing_lengths) * routing_lengths[-1]
+    forward = (by_position + needle + routing) / (rates.long * EVAL_SPEEDUP) / (lanes if own_devices else 1)
+    evals = math.ceil(EVAL_PROCESSES / lanes) * EVAL_SECONDS[device] + forward
+    total = PREPARE_SECONDS + pretrain + arms + evals
+    why = (f"prepare {PREPARE_SECONDS:.0f} s, compile {compile_s:.0f} s, start-up and first step {process:.0f} s a "
+           f"training process, evaluations {evals:.0f} s ({(by_position + needle + routing) / 1e6:.1f}M forward "
+           f"tokens at {rates.long * EVAL_SPEEDUP:,.0f} tokens/s, {EVAL_SECONDS[device]:.0f} s a process, "
+           f"{lanes} lane(s))")
+    return {"total": total, "pretrain": pretrain, "arms": arms, "evals": evals, "why": why, "arms_how": arms_how}
+
+
 def make_plan(config: ExperimentConfig) -> Plan:
     """Sizes, steps and learning rates: given ones kept, the rest fitted to --time-budget (module docstring)."""
     if config.preset not in genolc_presets():
@@ -246,38 +313,30 @@ def make_plan(config: ExperimentConfig) -> Plan:
         if config.time_budget is None:
             raise ConfigError("no steps and no time budget given", where="--time-budget",
                               fix="give --time-budget SECONDS, or --pretrain-steps and --arm-steps")
-        rate = TRAIN_RATES.get((config.device, config.preset))
-        if rate is None:
+        rates = TRAIN_RATES.get((config.device, config.preset))
+        if rates is None:
             raise ConfigError(f"no measured training rate for preset {config.preset!r} on {config.device}, so "
                               "--time-budget cannot plan the steps", where="--time-budget",
                               fix="give --pretrain-steps and --arm-steps")
-        compile_s = COMPILE_SECONDS[config.device] if config.compile_seconds is None else config.compile_seconds
-        startup = STARTUP_SECONDS[config.device]
-        lanes = max(1, config.lanes)
-        # A with base and the truncated A, then A with B.
-        eval_forward = eval_windows * (long_ + 1) * (2 + 2 + (context_block + config.context) / context_block)
-        needle_forward = 2 * config.needle_trials * needle_seq * max(1, len(distances) or
-                                                                     int(math.log2(max(2, needle_seq // 1024))) + 1)
-        routing_forward = len(routing) * routing[-1]
-        eval_s = (eval_forward + needle_forward + routing_forward) / (rate * EVAL_SPEEDUP) / lanes
-        # Processes one after another on the busiest lane: prepare, pretrain, an arm, then the evaluations.
-        serial_processes = 3 + math.ceil(5 / lanes) + (0 if lanes >= 2 else 1)
-        fixed = compile_s + serial_processes * startup + 10.0
-        train_s = config.time_budget * BUDGET_MARGIN - fixed - eval_s
-        arm_parallel = lanes >= 2
-        arm_s = train_s * (1 - PRETRAIN_SHARE) / (1 if arm_parallel else 2)
-        pre_s = train_s * PRETRAIN_SHARE
-        fitted_arm = int(arm_s * rate // long_)
-        fitted_pre = int(pre_s * rate // (short * config.pretrain_windows))
-        how.append(f"--time-budget {config.time_budget:.0f} s x {BUDGET_MARGIN} margin - compile {compile_s:.0f} s - "
-                   f"{serial_processes} process starts x {startup:.0f} s - prepare 10 s - evaluations {eval_s:.0f} s "
-                   f"({(eval_forward + needle_forward + routing_forward) / 1e6:.1f}M forward tokens at "
-                   f"{rate * EVAL_SPEEDUP:,.0f} tokens/s over {lanes} lane(s)) = {train_s:.0f} s of training at "
-                   f"{rate:,.0f} tokens/s ({config.device}/{config.preset}, TRAIN_RATES)")
-        how.append(f"pretraining gets {PRETRAIN_SHARE:.0%}: {pre_s:.0f} s = {fitted_pre} steps of "
-                   f"{config.pretrain_windows} x {format_length(short)}; each arm "
-                   f"{'(side by side) ' if arm_parallel else '(one after the other) '}{arm_s:.0f} s = {fitted_arm} "
-                   f"steps of {format_length(long_)} tokens")
+
+        def seconds(pre: int, arm: int) -> dict[str, float]:
+            return predict_seconds(config, rates, eval_windows=eval_windows, needle_seq=needle_seq,
+                                   needle_distances=distances, routing_lengths=routing, pretrain_steps=pre,
+                                   arm_steps=arm)
+
+        fixed = seconds(0, 0)
+        per_pretrain_step = seconds(1, 0)["total"] - fixed["total"]
+        per_arm_step = seconds(0, 1)["total"] - fixed["total"]
+        train_s = config.time_budget * BUDGET_MARGIN - fixed["total"]
+        fitted_pre = math.floor(train_s * PRETRAIN_SHARE / per_pretrain_step)
+        fitted_arm = math.floor(train_s * (1 - PRETRAIN_SHARE) / per_arm_step)
+        how.append(f"--time-budget {config.time_budget:.0f} s x {BUDGET_MARGIN} margin - {fixed['total']:.0f} s "
+                   f"besides training steps ({fixed['why']}) = {train_s:.0f} s of training at {rates.short:,.0f} "
+                   f"tokens/s at {format_length(short)} and {rates.long:,.0f} at {format_length(long_)} "
+                   f"({config.device}/{config.preset}, TRAIN_RATES: {rates.source})")
+        how.append(f"pretraining gets {PRETRAIN_SHARE:.0%}: {fitted_pre} steps of {config.pretrain_windows} x "
+                   f"{format_length(short)} at {per_pretrain_step:.2f} s; the arms {1 - PRETRAIN_SHARE:.0%}: "
+                   f"{fitted_arm} steps at {per_arm_step:.1f} s a step of both ({fixed['arms_how']})")
         if pretrain_steps is None:
             pretrain_steps = fitted_pre
         if arm_steps is None:
@@ -287,6 +346,8 @@ def make_plan(config: ExperimentConfig) -> Plan:
                               f"{max(fitted_pre, 0)} pretraining and {max(fitted_arm, 0)} arm steps ({how[-2]})",
                               where="--time-budget",
                               fix="raise --time-budget, shorten --long-seq or lower --eval-tokens")
+        predicted = seconds(pretrain_steps, arm_steps)["total"]
+        how.append(f"predicted wall time {predicted:.0f} s of the {config.time_budget:.0f} s budget")
     micro = min(config.short_micro_batch, config.pretrain_windows)
     pretrain = RunSize(seq=short, micro_batch=micro, grad_accum=config.pretrain_windows // micro,
                        steps=pretrain_steps, lr=config.pretrain_lr, warmup=warmup_steps(pretrain_steps))
@@ -922,7 +983,7 @@ def parse_args(argv: list[str]) -> ExperimentConfig:
     parser.add_argument("--pretrain-steps", type=int, help="pretraining steps (default: from --time-budget)")
     parser.add_argument("--arm-steps", type=int, help="steps of each arm (default: from --time-budget)")
     parser.add_argument("--pretrain-lr", type=float, help="peak lr of pretraining (default 1e-3; 1e-2 with --cpu)")
-    parser.add_argument("--arm-lr", type=float, help="peak lr of both arms (default 3e-4; 3e-3 with --cpu)")
+    parser.add_argument("--arm-lr", type=float, help="peak lr of both arms (default 1e-4, pretraining's final lr; 3e-3 with --cpu)")
     parser.add_argument("--time-budget", type=float, help="seconds for the whole run; plans the steps")
     parser.add_argument("--compile-seconds", type=float, help="compile allowance in the plan (default 150 on cuda)")
     parser.add_argument("--eval-tokens", help="held-out window tokens per --by-position evaluation (default 2M)")

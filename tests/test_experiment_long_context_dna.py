@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shlex
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -217,3 +219,35 @@ def test_a_failure_after_every_phase_ran_keeps_the_work_folder(tmp_path, monkeyp
         experiment.run_experiment(config, [])
     assert "kept the work folder" in capsys.readouterr().err and (work / "logs").is_dir()
     assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("run, warm_caches", [("2026-12-01_long_context_dna_run1", False),
+                                              ("2026-12-01_long_context_dna_run2", True)])
+def test_time_model_errs_long_by_at_most_15_percent_on_the_h200_runs(run, warm_caches):
+    """--time-budget plans with predict_seconds: against the two H200 runs of `mini` it must never promise less time
+    than they took (a plan that runs past the device's limit loses the whole call) and not waste more than 15%.
+    The first run met `mini`'s kernels with cold caches; the second had the first one's caches."""
+    summary = json.loads((ROOT / "results" / run / "summary.json").read_text())
+    argv = shlex.split(summary["command"])[2:]
+    config = experiment.parse_args(argv)
+    if warm_caches:
+        config = replace(config, compile_seconds=0.0)
+    plan = experiment.make_plan(config)
+    predicted = experiment.predict_seconds(
+        config, experiment.TRAIN_RATES[("cuda", "mini")], eval_windows=plan.eval_max_windows,
+        needle_seq=plan.needle_seq, needle_distances=plan.needle_distances, routing_lengths=plan.routing_lengths,
+        pretrain_steps=plan.pretrain.steps, arm_steps=plan.arm_a.steps)["total"]
+    measured = summary["wall_seconds"]
+    assert measured <= predicted <= 1.15 * measured, (predicted, measured)
+
+
+def test_arms_side_by_side_on_one_device_plan_between_one_lane_and_two_gpus(tmp_path):
+    def plan(**kw):
+        return experiment.make_plan(experiment.ExperimentConfig(
+            out=tmp_path / "o", train_fastas=(tmp_path / "t.fa",), heldout_records="chr22", preset="mini",
+            device="cuda", time_budget=540, eval_tokens=1 << 20, **kw))
+
+    one, shared, own = plan(), plan(jobs=2), plan(gpus=("0", "1"))
+    assert one.arm_a.steps < shared.arm_a.steps < own.arm_a.steps
+    assert one.pretrain.steps < shared.pretrain.steps <= own.pretrain.steps
+    assert any("sharing one device" in line for line in shared.how)
