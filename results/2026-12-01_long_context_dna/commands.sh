@@ -1,0 +1,15 @@
+#!/bin/sh
+# The experiment as run, then each phase's genolc command in order, writing the
+# dataset, checkpoints and evaluations under $1 (the run used /tmp/flagship/.2026-12-01_long_context_dna.work-q6uj_ouo).
+# python experiments/long_context_dna.py --train-fasta .gpudata/GRCh37_chrX_1-24000000.fa.gz --train-fasta .gpudata/hg38_chr2_1-2333275.fa.gz --heldout-fasta .gpudata/GRCh37_chr22_20000001-21000000.fa.gz --heldout-fasta .gpudata/hg19_chr3_42000000-44000000.fa.gz --heldout-fasta .gpudata/hg19_chr4_103000000-105000000.fa.gz --heldout-fasta .gpudata/hg19_chr5_124000000-126000000.fa.gz --heldout-fasta .gpudata/GRCh38p12_chr19_NT_011295.12_18775270-19883859.fa.gz --train chrX,chr2 --heldout chr22,chr3,chr4,chr5,chr19 --out /tmp/flagship/2026-12-01_long_context_dna --archive /root/out/2026-12-01_long_context_dna.tar.gz --preset mini --jobs 2 --time-budget 540 --compile-seconds 0 --eval-tokens 1M
+set -e
+WORK="${1:-long_context_dna-work}"
+genolc prepare .gpudata/GRCh37_chrX_1-24000000.fa.gz .gpudata/hg38_chr2_1-2333275.fa.gz .gpudata/GRCh37_chr22_20000001-21000000.fa.gz .gpudata/hg19_chr3_42000000-44000000.fa.gz .gpudata/hg19_chr4_103000000-105000000.fa.gz .gpudata/hg19_chr5_124000000-126000000.fa.gz .gpudata/GRCh38p12_chr19_NT_011295.12_18775270-19883859.fa.gz --out "$WORK/data" --train chrX,chr2 --heldout chr22,chr3,chr4,chr5,chr19 --tokenizer char --no-progress
+genolc finetune --data "$WORK/data" --seq 8192 --model mini --steps 155 --lr 0.001 --warmup 15 --micro-batch 4 --grad-accum 2 --out "$WORK/runs/pretrain" --seed 0 --device cuda --no-progress
+genolc finetune --data "$WORK/data" --seq 524288 --init "$WORK/runs/pretrain" --steps 11 --lr 0.0001 --warmup 1 --micro-batch 1 --grad-accum 1 --out "$WORK/runs/arm_a" --seed 0 --device cuda --no-progress
+genolc finetune --data "$WORK/data" --seq 8192 --init "$WORK/runs/pretrain" --steps 11 --lr 0.0001 --warmup 1 --micro-batch 4 --grad-accum 16 --out "$WORK/runs/arm_b" --seed 0 --device cuda --no-progress
+genolc eval --by-position heldout --data "$WORK/data" --checkpoint "$WORK/runs/arm_a" --baseline "$WORK/runs/pretrain" --context 4096 --context-block 4096 --out "$WORK/evals/a_vs_base" --seq 524288 --max-windows 2 --first-bucket 1024 --bootstrap 1000 --seed 0 --device cuda --no-progress
+genolc eval --by-position heldout --data "$WORK/data" --checkpoint "$WORK/runs/arm_a" --baseline "$WORK/runs/arm_b" --out "$WORK/evals/a_vs_b" --seq 524288 --max-windows 2 --first-bucket 1024 --bootstrap 1000 --seed 0 --device cuda --no-progress
+genolc eval --needle heldout --data "$WORK/data" --checkpoint "$WORK/runs/arm_a" --out "$WORK/evals/needle_a" --seq 131072 --needle-trials 2 --needle-bases 256 --seed 0 --device cuda --no-progress
+genolc eval --routing heldout --data "$WORK/data" --checkpoint "$WORK/runs/arm_a" --seq 8192,524288 --max-tokens 524288 --device cuda --no-progress --out "$WORK/evals/routing_a"
+genolc eval --needle heldout --data "$WORK/data" --checkpoint "$WORK/runs/pretrain" --out "$WORK/evals/needle_base" --seq 131072 --needle-trials 2 --needle-bases 256 --seed 0 --device cuda --no-progress
