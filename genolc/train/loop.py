@@ -654,7 +654,8 @@ class _Trainer:
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "mesh": {"world_size": self.mesh.world_size, "data_parallel": self.mesh.dp_size,
                      "context_parallel": self.mesh.cp_size, "cp_layout": cfg.cp_layout, "cp_kda": cfg.cp_kda},
-            "config": cfg.to_dict(),
+            # With --init the model is the checkpoint's; the preset field's default would misname it.
+            "config": {**cfg.to_dict(), **({"model": None} if cfg.init is not None else {})},
         }
         atomic_write_json(cfg.out / SUMMARY, summary)
         self.figures = {key: summary[key] for key in ("status", "steps", "steps_done", "resumed_from_step",

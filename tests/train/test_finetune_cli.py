@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,8 @@ def test_warmup_not_shorter_than_the_run_is_one_warning_not_an_error(char_data, 
     assert result.stderr.splitlines()[0] == f"genolc: --init {tmp_path / 'run'}: using the run's newest checkpoint " \
                                             f"{newest}"
     assert "warning" not in result.stderr
+    summary = json.loads((tmp_path / "from_run" / "summary.json").read_text())["config"]
+    assert (summary["model"], summary["init"]) == (None, str(newest))
     (tmp_path / "crashed" / "checkpoints").mkdir(parents=True)
     out = _error("--data", char_data, "--seq", "64", "--init", tmp_path / "crashed", "--out", tmp_path / "never")
     assert "--init: this finetune run directory has no complete checkpoint" in out
