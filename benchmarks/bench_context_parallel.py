@@ -21,6 +21,13 @@ command, git SHA (``GENOLC_GIT_SHA`` on the device) and device. With ``--cp-kda 
 per KDA mode (boundary-state passing against the heads all-to-all, genolc/parallel/kda_heads.py), and a
 ``kda_modes`` entry per (model, length, layout) sets the modes' tokens/s and peak memory side by side with the
 faster one named.
+
+A one-GPU reference that does not fit one device call beside its CP runs (``base`` at 2M: two steps take over ten
+minutes on one H200) is split over calls: ``--runs one`` measures only the one-GPU runs and writes their record;
+a later call with ``--runs cp --one-gpu-from THAT_RECORD`` takes each (model, length)'s one-GPU run from it instead
+of running it again. The record must have been made from the same dataset (``--fasta`` / ``--data``) and with
+the same ``--steps`` and ``--recompute``, so both sides trained on the same windows from the same weights; anything
+else is refused.
 """
 
 from __future__ import annotations
@@ -95,6 +102,29 @@ def context_parallel(data: Path, model: str, length: int, layout: str, kda: str,
     return run
 
 
+def load_one_gpu_runs(path: Path, args) -> dict[tuple[str, int], dict]:
+    """The one-GPU runs of an earlier ``--runs one`` record, by (model, length); refuses a record made from other
+    data or with other --steps / --recompute (its first losses and rates would not be comparable)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        sys.exit(f"--one-gpu-from {path}: cannot read it as a benchmark record ({error}); give the "
+                 f"context_parallel_*.json that a --runs one call wrote")
+    setup = record.get("setup")
+    if setup != _setup(args):
+        sys.exit(f"--one-gpu-from {path}: made with {setup}, this run is {_setup(args)}; the one-GPU runs must come "
+                 f"from the same dataset, --steps and --recompute (run --runs one again with this call's options)")
+    runs = {(row["model"], row["seq_len"]): row["one_gpu"] for row in record.get("rows", [])
+            if row.get("one_gpu", {}).get("ok")}
+    return {key: {**run, "from_record": str(path), "from_git_sha": record.get("git_sha")} for key, run in runs.items()}
+
+
+def _setup(args) -> dict:
+    """What makes two calls' runs comparable: the dataset, the steps and recompute."""
+    source = {"fasta": Path(args.fasta).name} if args.fasta else {"data": str(args.data)}
+    return {**source, "steps": args.steps, "recompute": bool(args.recompute)}
+
+
 def compare(one: dict, cp: dict, cp_size: int, rtol: float) -> dict:
     if not (one.get("ok") and cp.get("ok")):
         return {}
@@ -135,9 +165,18 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0, help="stop starting rows after this many seconds")
     parser.add_argument("--loss-rtol", type=float, default=5e-3,
                         help="first-step losses count as equal within this relative difference (bf16 autocast)")
+    parser.add_argument("--runs", default="one,cp", choices=("one,cp", "one", "cp"),
+                        help="which runs this call makes: one (the one-GPU references only), cp (needs "
+                             "--one-gpu-from), or both")
+    parser.add_argument("--one-gpu-from", type=Path, default=None,
+                        help="take the one-GPU runs from this earlier --runs one record instead of running them")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be at least 2 (a first step's peak lacks AdamW's state)")
+    if (args.runs == "cp") != (args.one_gpu_from is not None):
+        parser.error("--runs cp and --one-gpu-from go together: the CP rows need the one-GPU runs of an earlier "
+                     "--runs one call (or run both in this call: --runs one,cp)")
+    recorded = load_one_gpu_runs(args.one_gpu_from, args) if args.one_gpu_from else {}
 
     # NVLink multicast stays off in every child (the lent GPUs' hosts are shared; see the device's KINDS.md).
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -146,7 +185,7 @@ def main() -> None:
     rows: list[dict] = []
     out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    machine = _machine()
+    machine = {**_machine(), "setup": _setup(args)}
     with tempfile.TemporaryDirectory(prefix="genolc-cp-") as tmp:
         work = Path(tmp)
         data = dataset_for(args.data, args.fasta, "none", work, env)
@@ -155,9 +194,19 @@ def main() -> None:
                 if args.budget and time.monotonic() - started > args.budget:
                     rows.append({"model": model, "seq_len": length, "skipped": "time budget"})
                     continue
-                one = one_gpu(data, model, length, args, env, work)
+                if recorded:
+                    if (model, length) not in recorded:
+                        sys.exit(f"--one-gpu-from {args.one_gpu_from}: no successful one-GPU run of {model} at "
+                                 f"{format_length(length)}; run --runs one for it first")
+                    one = recorded[model, length]
+                else:
+                    one = one_gpu(data, model, length, args, env, work)
                 print(json.dumps({"model": model, "seq": format_length(length), "one_gpu":
                                   {k: v for k, v in one.items() if k != "error"}}), flush=True)
+                if args.runs == "one":
+                    rows.append({"model": model, "seq_len": length, "seq": format_length(length), "one_gpu": one})
+                    _write(out_dir, machine, rows, started)
+                    continue
                 for layout in args.layouts.split(","):
                     layout_rows = []
                     for kda in args.cp_kda.split(","):
