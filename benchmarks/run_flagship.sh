@@ -16,8 +16,9 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT
 name="$(date -u +%F)_long_context_dna"
 D=.gpudata
 # SIGINT before the device's 600 s limit: the experiment stops its phases and prints each phase's last lines into
-# flagship.log (what it ran, how far it got), where a kill would leave nothing to read.
-timeout -s INT -k 15 "${FLAGSHIP_TIMEOUT:-520}" python3 experiments/long_context_dna.py \
+# flagship.log (what it ran, how far it got), where a kill would leave nothing to read. 560 s: set-up (~10 s), the
+# 15 s grace and packing the caches still end inside 600; --time-budget 540 plans for 486 s.
+timeout -s INT -k 15 "${FLAGSHIP_TIMEOUT:-560}" python3 experiments/long_context_dna.py \
     --train-fasta "$D/GRCh37_chrX_1-24000000.fa.gz" --train-fasta "$D/hg38_chr2_1-2333275.fa.gz" \
     --heldout-fasta "$D/GRCh37_chr22_20000001-21000000.fa.gz" \
     --heldout-fasta "$D/hg19_chr3_42000000-44000000.fa.gz" --heldout-fasta "$D/hg19_chr4_103000000-105000000.fa.gz" \

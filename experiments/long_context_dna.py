@@ -101,19 +101,22 @@ TRAIN_RATES = {
     ("cpu", "tiny"): Rates(230.0, 230.0, "one thread on this project's 2-core CI machine while it was loaded"),
 }
 # Scoring (a forward, no autograd) against training (chunked: two forwards and a backward): the H200 runs of `mini`
-# scored 11.5M held-out tokens in about 40 s of their evaluations' device time, 5.5x its 512k training rate.
+# scored 11.5M held-out tokens in about 40 s of their evaluations' device time, 5x its 512k training rate.
 EVAL_SPEEDUP = 5.0
 # Seconds a process spends besides its steps or forwards; cuda from the H200 runs of `mini` on 2026-12-01 (caches
-# warm), cpu from this project's CI machine. STARTUP: imports, model build, checkpoint load and save (11-13 s).
+# warm), cpu from this project's CI machine. STARTUP: imports, model build, checkpoint load and save (9-13 s).
 # FIRST_STEP: a training process's first step beyond a later one (kernel loading, autotune lookups, allocator
 # warm-up: 13-27 s). EVAL: an eval process besides its forwards (start-up, first forward, bootstrap, plots: 26-34 s).
 STARTUP_SECONDS = {"cuda": 12.0, "cpu": 15.0}
 FIRST_STEP_SECONDS = {"cuda": 27.0, "cpu": 0.0}
 EVAL_SECONDS = {"cuda": 28.0, "cpu": 10.0}
 PREPARE_SECONDS = 10.0
-# Kernel caches cold (a fresh machine): the first training process compiles and autotunes for about a minute more
-# (`mini` at 8k: first step 83 s cold, 27 s warm). benchmarks/run_flagship.sh carries the caches.
-COMPILE_SECONDS = {"cuda": 60.0, "cpu": 0.0}
+# New kernel shapes: the first training process compiles and autotunes them. `mini` on a fresh H200 whose carried
+# caches held `small`'s kernels: first step 83 s, against 23-27 s once its own were carried too (one TileLang kernel,
+# 30 s, and fla autotuning); `small` and `base` compile three TileLang kernels and autotune more (about 2.5 minutes on
+# a fresh H200, 2026-11-30). benchmarks/run_flagship.sh carries the TileLang cache and fla's autotune results
+# (.gpu/), so --compile-seconds 0 once a run of the preset has filled them.
+COMPILE_SECONDS = {("cuda", "mini"): 60.0, ("cuda", "small"): 150.0, ("cuda", "base"): 150.0}
 PRETRAIN_SHARE = 0.4          # of the training time left by the budget; the arms share the rest
 BUDGET_MARGIN = 0.9           # plan for 90% of --time-budget
 EVAL_PROCESSES = 5            # a_vs_base, a_vs_b, needle_a, routing_a, needle_base
@@ -144,12 +147,13 @@ class ExperimentConfig:
     pretrain_steps: int | None = None
     arm_steps: int | None = None
     pretrain_lr: float = 1e-3
-    # The arms start a fresh AdamW, whose first steps move every weight by about lr: at 3e-4, three times the lr
-    # pretraining ends with, both arms' training loss rose in their second step and held-out loss got worse (H200,
-    # `mini`, 2026-12-01_long_context_dna_run1); the arms continue at pretraining's final lr.
+    # The arms continue at the lr pretraining ends with (pretrain_lr cosine-decayed to a tenth): they start a fresh
+    # AdamW, whose first steps move every weight by about lr. At 3e-4 (results/2026-12-01_long_context_dna_run1,
+    # 40 pretraining steps) held-out loss rose 2.1% for A and 0.3% for B; at 1e-4 after 155-160 steps, 0.1-0.15%
+    # and -0.04 to -0.07% (not a controlled comparison: pretraining differed too).
     arm_lr: float = 1e-4
     time_budget: float | None = None          # seconds for the whole experiment
-    compile_seconds: float | None = None      # default COMPILE_SECONDS[device]
+    compile_seconds: float | None = None      # default COMPILE_SECONDS[(device, preset)]
     eval_tokens: int = 2 * 1024 * 1024        # held-out window tokens per --by-position evaluation
     context: int = 4 * 1024                   # truncation control: only the last K tokens visible
     context_block: int | None = None          # default K (visible K..2K, 2x cost); genolc's own default is K/4
@@ -171,6 +175,9 @@ class ExperimentConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}",
                                   where=f"--{name.replace('_', '-')}")
+        if self.compile_seconds is not None and self.compile_seconds < 0:
+            raise ConfigError(f"compile-seconds must be 0 or more, got {self.compile_seconds}",
+                              where="--compile-seconds")
         for name in ("pretrain_steps", "arm_steps", "time_budget", "threads", "needle_seq", "context_block"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -258,7 +265,8 @@ def predict_seconds(config: ExperimentConfig, rates: Rates, *, eval_windows: int
     short, long_ = config.short_seq, config.long_seq
     lanes = max(1, config.lanes)
     own_devices = bool(config.gpus) and lanes > 1
-    compile_s = COMPILE_SECONDS[device] if config.compile_seconds is None else config.compile_seconds
+    compile_s = (COMPILE_SECONDS.get((device, config.preset), 150.0 if device == "cuda" else 0.0)
+                 if config.compile_seconds is None else config.compile_seconds)
     process = STARTUP_SECONDS[device] + FIRST_STEP_SECONDS[device]
     pretrain = process + compile_s + pretrain_steps * config.pretrain_windows * short / rates.short
     arm_a = arm_steps * long_ / rates.long
@@ -285,6 +293,52 @@ def predict_seconds(config: ExperimentConfig, rates: Rates, *, eval_windows: int
     return {"total": total, "pretrain": pretrain, "arms": arms, "evals": evals, "why": why, "arms_how": arms_how}
 
 
+def _fit_steps(config: ExperimentConfig, rates: Rates, how: list[str], pretrain_steps: int | None,
+               arm_steps: int | None, seconds) -> tuple[int, int]:
+    """Steps for --time-budget: the time model is linear in both step counts, so what is left of 90% of the budget
+    besides the steps goes 40/60 to pretraining and the arms, or wholly to the count not given; given counts are
+    kept, and refused when the model says they overrun the budget."""
+    short, long_ = config.short_seq, config.long_seq
+    fixed = seconds(0, 0)
+    per_pretrain_step = seconds(1, 0)["total"] - fixed["total"]
+    per_arm_step = seconds(0, 1)["total"] - fixed["total"]
+    train_s = config.time_budget * BUDGET_MARGIN - fixed["total"]
+    how.append(f"--time-budget {config.time_budget:.0f} s x {BUDGET_MARGIN} margin - {fixed['total']:.0f} s "
+               f"besides training steps ({fixed['why']}) = {train_s:.0f} s of training at {rates.short:,.0f} "
+               f"tokens/s at {format_length(short)} and {rates.long:,.0f} at {format_length(long_)} "
+               f"({config.device}/{config.preset}, TRAIN_RATES: {rates.source})")
+    pretrain_what = f"steps of {config.pretrain_windows} x {format_length(short)} at {per_pretrain_step:.2f} s"
+    arm_what = f"steps at {per_arm_step:.1f} s a step of both arms ({fixed['arms_how']})"
+    if pretrain_steps is None and arm_steps is None:
+        pretrain_steps = math.floor(train_s * PRETRAIN_SHARE / per_pretrain_step)
+        arm_steps = math.floor(train_s * (1 - PRETRAIN_SHARE) / per_arm_step)
+        how.append(f"pretraining gets {PRETRAIN_SHARE:.0%}: {pretrain_steps} {pretrain_what}; the arms "
+                   f"{1 - PRETRAIN_SHARE:.0%}: {arm_steps} {arm_what}")
+    elif pretrain_steps is None:
+        pretrain_steps = math.floor((train_s - arm_steps * per_arm_step) / per_pretrain_step)
+        how.append(f"the arms' {arm_steps} {arm_what} (--arm-steps); pretraining gets the rest: {pretrain_steps} "
+                   f"{pretrain_what}")
+    elif arm_steps is None:
+        arm_steps = math.floor((train_s - pretrain_steps * per_pretrain_step) / per_arm_step)
+        how.append(f"pretraining's {pretrain_steps} {pretrain_what} (--pretrain-steps); the arms get the rest: "
+                   f"{arm_steps} {arm_what}")
+    if pretrain_steps < 1 or arm_steps < 1:
+        raise ConfigError(f"--time-budget {config.time_budget:.0f} s leaves {max(train_s, 0):.0f} s to train: "
+                          f"{max(pretrain_steps, 0)} pretraining and {max(arm_steps, 0)} arm steps (besides the "
+                          f"steps: {fixed['why']})", where="--time-budget",
+                          fix="raise --time-budget, or make the run cheaper: --jobs 2 (or --gpus 0,1), a faster "
+                              "--preset (mini), a shorter --long-seq, a lower --eval-tokens, --compile-seconds 0 "
+                              "when the kernel caches are warm")
+    predicted = seconds(pretrain_steps, arm_steps)["total"]
+    if predicted > config.time_budget:
+        raise ConfigError(f"{pretrain_steps} pretraining and {arm_steps} arm steps are predicted to take "
+                          f"{predicted:.0f} s, over the --time-budget of {config.time_budget:.0f} s",
+                          where="--pretrain-steps / --arm-steps",
+                          fix="give fewer steps, leave one count to the plan, or raise --time-budget")
+    how.append(f"predicted wall time {predicted:.0f} s of the {config.time_budget:.0f} s budget")
+    return pretrain_steps, arm_steps
+
+
 def make_plan(config: ExperimentConfig) -> Plan:
     """Sizes, steps and learning rates: given ones kept, the rest fitted to --time-budget (module docstring)."""
     if config.preset not in genolc_presets():
@@ -309,45 +363,20 @@ def make_plan(config: ExperimentConfig) -> Plan:
         distances = tuple(sorted({d for d in (2 * segment * 4 ** i for i in range(8)) if d < largest} | {largest}))
     routing = tuple(sorted(set(config.routing_lengths or (short, long_))))
     pretrain_steps, arm_steps = config.pretrain_steps, config.arm_steps
-    if pretrain_steps is None or arm_steps is None:
-        if config.time_budget is None:
-            raise ConfigError("no steps and no time budget given", where="--time-budget",
-                              fix="give --time-budget SECONDS, or --pretrain-steps and --arm-steps")
+    if (pretrain_steps is None or arm_steps is None) and config.time_budget is None:
+        raise ConfigError("no steps and no time budget given", where="--time-budget",
+                          fix="give --time-budget SECONDS, or --pretrain-steps and --arm-steps")
+    if config.time_budget is not None:
         rates = TRAIN_RATES.get((config.device, config.preset))
         if rates is None:
             raise ConfigError(f"no measured training rate for preset {config.preset!r} on {config.device}, so "
-                              "--time-budget cannot plan the steps", where="--time-budget",
-                              fix="give --pretrain-steps and --arm-steps")
-
-        def seconds(pre: int, arm: int) -> dict[str, float]:
-            return predict_seconds(config, rates, eval_windows=eval_windows, needle_seq=needle_seq,
-                                   needle_distances=distances, routing_lengths=routing, pretrain_steps=pre,
-                                   arm_steps=arm)
-
-        fixed = seconds(0, 0)
-        per_pretrain_step = seconds(1, 0)["total"] - fixed["total"]
-        per_arm_step = seconds(0, 1)["total"] - fixed["total"]
-        train_s = config.time_budget * BUDGET_MARGIN - fixed["total"]
-        fitted_pre = math.floor(train_s * PRETRAIN_SHARE / per_pretrain_step)
-        fitted_arm = math.floor(train_s * (1 - PRETRAIN_SHARE) / per_arm_step)
-        how.append(f"--time-budget {config.time_budget:.0f} s x {BUDGET_MARGIN} margin - {fixed['total']:.0f} s "
-                   f"besides training steps ({fixed['why']}) = {train_s:.0f} s of training at {rates.short:,.0f} "
-                   f"tokens/s at {format_length(short)} and {rates.long:,.0f} at {format_length(long_)} "
-                   f"({config.device}/{config.preset}, TRAIN_RATES: {rates.source})")
-        how.append(f"pretraining gets {PRETRAIN_SHARE:.0%}: {fitted_pre} steps of {config.pretrain_windows} x "
-                   f"{format_length(short)} at {per_pretrain_step:.2f} s; the arms {1 - PRETRAIN_SHARE:.0%}: "
-                   f"{fitted_arm} steps at {per_arm_step:.1f} s a step of both ({fixed['arms_how']})")
-        if pretrain_steps is None:
-            pretrain_steps = fitted_pre
-        if arm_steps is None:
-            arm_steps = fitted_arm
-        if pretrain_steps < 1 or arm_steps < 1:
-            raise ConfigError(f"--time-budget {config.time_budget:.0f} s leaves {max(train_s, 0):.0f} s to train: "
-                              f"{max(fitted_pre, 0)} pretraining and {max(fitted_arm, 0)} arm steps ({how[-2]})",
-                              where="--time-budget",
-                              fix="raise --time-budget, shorten --long-seq or lower --eval-tokens")
-        predicted = seconds(pretrain_steps, arm_steps)["total"]
-        how.append(f"predicted wall time {predicted:.0f} s of the {config.time_budget:.0f} s budget")
+                              "--time-budget cannot plan or check the steps", where="--time-budget",
+                              fix="give --pretrain-steps and --arm-steps without --time-budget")
+        pretrain_steps, arm_steps = _fit_steps(config, rates, how, pretrain_steps, arm_steps, seconds=lambda pre, arm:
+                                               predict_seconds(config, rates, eval_windows=eval_windows,
+                                                               needle_seq=needle_seq, needle_distances=distances,
+                                                               routing_lengths=routing, pretrain_steps=pre,
+                                                               arm_steps=arm))
     micro = min(config.short_micro_batch, config.pretrain_windows)
     pretrain = RunSize(seq=short, micro_batch=micro, grad_accum=config.pretrain_windows // micro,
                        steps=pretrain_steps, lr=config.pretrain_lr, warmup=warmup_steps(pretrain_steps))
@@ -546,6 +575,9 @@ EVAL_FILES = ("summary.json", "buckets.csv", "comparisons.csv", "windows.csv", "
               "needle.csv", "needle_summary.csv", "needle.png", "routing.json", "routing.csv", "routing_load.png")
 TRAIN_FILES = ("metrics.jsonl", "summary.json")
 LOG_BYTES = 200_000
+# Below this many bootstrap blocks a bucket's interval is marked: a percentile interval from a handful of blocks
+# understates the spread.
+FEW_CI_BLOCKS = 10
 
 
 def collect(phases: list[Phase], results: Path, logs: Path) -> None:
@@ -587,6 +619,9 @@ def headline(results: Path, plan: Plan) -> dict[str, Any]:
     d_base = _rows(a_base, "comparisons", "model - baseline", "comparison")
     d_trunc = _rows(a_base, "comparisons", f"{context} - model", "comparison")
     d_b = _rows(a_b, "comparisons", "model - baseline", "comparison")
+    windows = [line.split(",") for line in (results / "eval_a_vs_base" / "windows.csv").read_text().splitlines()[1:]
+               if line.strip()]
+    block = a_base["estimator"]["block_bases"]
     buckets = []
     for label, row in model_rows.items():
         a = row["bits_per_base"]
@@ -598,7 +633,9 @@ def headline(results: Path, plan: Plan) -> dict[str, Any]:
                         else None,
                         "a_minus_base": _delta(d_base.get(label)), "a_minus_b": _delta(d_b.get(label)),
                         "truncated_minus_a": _delta(d_trunc.get(label)),
-                        "b_minus_base": (b - base if b is not None and base is not None else None)})
+                        "b_minus_base": (b - base if b is not None and base is not None else None),
+                        # The bootstrap redraws blocks of `block` targets: a bucket spans this many in all.
+                        "ci_blocks": len(windows) * (math.ceil(row["hi"] / block) - row["lo"] // block)})
     overall_a, overall_base = a_base["overall"]["model/all"], a_base["overall"]["baseline/all"]
     overall_b = a_b["overall"]["baseline/all"]
     loss = {
@@ -625,6 +662,7 @@ def headline(results: Path, plan: Plan) -> dict[str, Any]:
     return {"heldout_loss": loss, "buckets": buckets, "needle": needle,
             "routing_busiest_over_mean_by_length": busiest,
             "eval_windows": {"a_vs_base": a_base["windows"], "a_vs_b": a_b["windows"]},
+            "scored_windows": [f"{w[1]}:{int(w[4]):,}-{int(w[5]):,}" for w in windows],
             "records": a_base["records"]}
 
 
@@ -757,7 +795,8 @@ def phase_table(phases: list[Phase], results: Path) -> list[dict[str, Any]]:
 
 def first_and_steady_steps(metrics: Path) -> dict[str, Any]:
     """The first step's seconds (compilation, autotuning and allocator warm-up fall in it) and the median tokens/s of
-    the later steps: what a fresh process pays once, and the rate the plan's TRAIN_RATES stand for."""
+    the later steps: what a fresh process pays once, and its rate after that (alone on the device, what the plan's
+    TRAIN_RATES stand for; with --jobs 2, the rate while sharing it)."""
     if not metrics.is_file():
         return {}
     steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
@@ -773,10 +812,11 @@ def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig
                  phases_rows: list[dict], wall: float) -> None:
     loss = head["heldout_loss"]
 
-    def fmt(d: dict | None) -> str:
+    def fmt(d: dict | None, blocks: int) -> str:
         if d is None:
             return "-"
-        ci = ("" if d["ci_low"] is None else f" [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]")
+        ci = ("" if d["ci_low"] is None else f" [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+              + ("*" if blocks < FEW_CI_BLOCKS else ""))
         return f"{d['delta_bits_per_base']:+.4f}{ci}"
 
     lines = [
@@ -792,7 +832,8 @@ def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig
         f"{plan.arm_a.lr:g}",
         *(f"- {line}" for line in plan.how), "",
         f"Held-out bits/base over {head['eval_windows']['a_vs_base']['scored']} windows of "
-        f"{format_length(plan.eval_seq)} ({', '.join(head['records'])}): base {loss['base']:.4f}, "
+        f"{format_length(plan.eval_seq)} ({', '.join(head['scored_windows'])}, spread over the "
+        f"{head['eval_windows']['a_vs_base']['tiled']} windows of {', '.join(head['records'])}): base {loss['base']:.4f}, "
         f"A {loss['a']:.4f} ({loss['a_change_percent']:+.2f}%), B {loss['b']:.4f} ({loss['b_change_percent']:+.2f}%); "
         f"A - base {loss['a_minus_base']:+.4f} [{loss['a_minus_base_ci'][0]:+.4f}, {loss['a_minus_base_ci'][1]:+.4f}]"
         f", A - B {loss['a_minus_b']:+.4f} [{loss['a_minus_b_ci'][0]:+.4f}, {loss['a_minus_b_ci'][1]:+.4f}] "
@@ -802,8 +843,11 @@ def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig
     ]
     for r in head["buckets"]:
         lines.append(f"| {r['bucket']} | {r['base_bits_per_base']:.4f} | {r['a_bits_per_base']:.4f} | "
-                     f"{r['b_bits_per_base']:.4f} | {fmt(r['a_minus_base'])} | {fmt(r['a_minus_b'])} | "
-                     f"{fmt(r['truncated_minus_a'])} |")
+                     f"{r['b_bits_per_base']:.4f} | {fmt(r['a_minus_base'], r['ci_blocks'])} | "
+                     f"{fmt(r['a_minus_b'], r['ci_blocks'])} | {fmt(r['truncated_minus_a'], r['ci_blocks'])} |")
+    if any(r["ci_blocks"] < FEW_CI_BLOCKS for r in head["buckets"]):
+        lines += ["", f"\\* the interval rests on fewer than {FEW_CI_BLOCKS} bootstrap blocks (the bucket spans that "
+                  "many 16k-target blocks over the scored windows): too few to read as a 95% interval."]
     lines += ["", "| phase | wall s | first step s | later steps tokens/s | peak host RSS GiB | peak GPU GiB | "
               "command |", "|---|---|---|---|---|---|---|"]
 
@@ -947,7 +991,7 @@ def _say(message: str) -> None:
 
 
 CPU_SIZES = dict(preset="tiny", device="cpu", short_seq=128, long_seq=1024, pretrain_windows=4, short_micro_batch=8,
-                 pretrain_steps=6, arm_steps=2, pretrain_lr=1e-2, arm_lr=3e-3, eval_tokens=2 * 1024, context=128,
+                 pretrain_steps=6, arm_steps=2, pretrain_lr=1e-2, arm_lr=1e-3, eval_tokens=2 * 1024, context=128,
                  first_bucket=64, bootstrap=200, needle_seq=1024, needle_trials=2, needle_bases=64, jobs=2,
                  threads=1)
 
@@ -983,9 +1027,12 @@ def parse_args(argv: list[str]) -> ExperimentConfig:
     parser.add_argument("--pretrain-steps", type=int, help="pretraining steps (default: from --time-budget)")
     parser.add_argument("--arm-steps", type=int, help="steps of each arm (default: from --time-budget)")
     parser.add_argument("--pretrain-lr", type=float, help="peak lr of pretraining (default 1e-3; 1e-2 with --cpu)")
-    parser.add_argument("--arm-lr", type=float, help="peak lr of both arms (default 1e-4, pretraining's final lr; 3e-3 with --cpu)")
+    parser.add_argument("--arm-lr", type=float,
+                        help="peak lr of both arms (default 1e-4, pretraining's final lr; 1e-3 with --cpu)")
     parser.add_argument("--time-budget", type=float, help="seconds for the whole run; plans the steps")
-    parser.add_argument("--compile-seconds", type=float, help="compile allowance in the plan (default 150 on cuda)")
+    parser.add_argument("--compile-seconds", type=float,
+                        help="compile allowance in the plan (default 60 for mini, 150 for small/base on cuda; 0 when "
+                             "the carried kernel caches hold the preset's kernels)")
     parser.add_argument("--eval-tokens", help="held-out window tokens per --by-position evaluation (default 2M)")
     parser.add_argument("--context", help="truncation control: visible tokens (default 4k; 128 with --cpu)")
     parser.add_argument("--context-block", help="eval --context-block (default: the --context value)")

@@ -81,7 +81,7 @@ def mini(vocab_size: int = GENOME_VOCAB_SIZE) -> ModelConfig:
     """8 layers (every 4th DSA), hidden 512: about 39M total / 22M active. ``small``'s head dims, latent rank, MLA head
     count, indexer and top-k (4 KDA heads, so ``--cp-kda heads`` takes at most 4 ranks; query rank 192), so the
     kernels ``small`` runs serve it; sized for experiments that must train many tokens in minutes on one GPU
-    (experiments/long_context_dna.py, once its training rate there is measured)."""
+    (experiments/long_context_dna.py: 93k tokens/s at 8k and 57k at 512k on an H200)."""
     return _genome_preset(hidden=512, layers=8, kda_heads=4, kda_head_dim=128, mla_heads=8, q_lora=192,
                           kv_lora=256, qk_nope=128, v_dim=128, index_heads=8, index_head_dim=64, kpool=4, topk=2048,
                           experts=8, experts_per_tok=2, moe_inter=256, dense_inter=1408, vocab_size=vocab_size)

@@ -159,6 +159,14 @@ class TrainConfig:
                 d[key] = list(value)
         return d
 
+    def reported(self) -> dict[str, Any]:
+        """The settings as summary.json, the run record and the dashboards show them: under ``init`` the model is
+        the checkpoint's, so the preset field (its default otherwise) is null. Checkpoints keep :meth:`to_dict`."""
+        d = self.to_dict()
+        if self.init is not None:
+            d["model"] = None
+        return d
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
         known = {f.name for f in dataclasses.fields(cls)}

@@ -56,7 +56,7 @@ def open_dashboards(config: TrainConfig) -> list[Any]:
         (config.out / WANDB_DIR).mkdir(parents=True, exist_ok=True)
         try:
             run = wandb.init(project="genolc", dir=str(config.out / WANDB_DIR), mode=os.environ["WANDB_MODE"],
-                             config=config.to_dict(), name=config.out.name)
+                             config=config.reported(), name=config.out.name)
         except Exception as exc:   # wandb raises its own errors, and plain ones (e.g. a timeout), from many places
             for writer in writers:
                 writer.close()

@@ -101,7 +101,7 @@ def finetune(config: TrainConfig, hooks: TrainHooks | None = None) -> Path:
 
     Under torchrun every process calls this; only global rank 0 writes the run's files (genolc.parallel.launch)."""
     writes = writes_outputs()
-    record_block = run_record("finetune", config.out, config.to_dict()) if writes else \
+    record_block = run_record("finetune", config.out, config.reported()) if writes else \
         contextlib.nullcontext(RunRecord("finetune", {}, config.out))
     with record_block as record, compute_settings(config.threads, config.deterministic, _say, record) as compute:
         trainer = _Trainer(config, hooks or TrainHooks(), compute)
@@ -654,8 +654,7 @@ class _Trainer:
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "mesh": {"world_size": self.mesh.world_size, "data_parallel": self.mesh.dp_size,
                      "context_parallel": self.mesh.cp_size, "cp_layout": cfg.cp_layout, "cp_kda": cfg.cp_kda},
-            # With --init the model is the checkpoint's; the preset field's default would misname it.
-            "config": {**cfg.to_dict(), **({"model": None} if cfg.init is not None else {})},
+            "config": cfg.reported(),
         }
         atomic_write_json(cfg.out / SUMMARY, summary)
         self.figures = {key: summary[key] for key in ("status", "steps", "steps_done", "resumed_from_step",

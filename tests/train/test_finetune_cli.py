@@ -72,8 +72,6 @@ def test_warmup_not_shorter_than_the_run_is_one_warning_not_an_error(char_data, 
     assert result.stderr.splitlines()[0] == f"genolc: --init {tmp_path / 'run'}: using the run's newest checkpoint " \
                                             f"{newest}"
     assert "warning" not in result.stderr
-    summary = json.loads((tmp_path / "from_run" / "summary.json").read_text())["config"]
-    assert (summary["model"], summary["init"]) == (None, str(newest))
     (tmp_path / "crashed" / "checkpoints").mkdir(parents=True)
     out = _error("--data", char_data, "--seq", "64", "--init", tmp_path / "crashed", "--out", tmp_path / "never")
     assert "--init: this finetune run directory has no complete checkpoint" in out
@@ -262,3 +260,22 @@ def test_recompute_added_for_the_longest_length_is_planned_for_the_shorter_ones(
     assert [t for t in summary["transforms"] if t.startswith("recompute(")] == ["recompute(4 layers, for --seq 64)"]
     assert len(summary["step_strategies"]) == 2
     assert all("with per-layer recompute" in s for s in summary["step_strategies"]), summary["step_strategies"]
+
+
+def test_a_run_from_init_reports_no_preset(char_data, tmp_path):
+    """Under --init the model is the checkpoint's: summary.json and the run record show model null, not the preset
+    field's default (they said "tiny" for any checkpoint)."""
+    first = CliRunner().invoke(main, ["finetune", "--no-progress", "--data", str(char_data), "--seq", "64",
+                                      "--steps", "1", "--warmup", "1", "-o", str(tmp_path / "run")])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(main, ["finetune", "--no-progress", "--data", str(char_data), "--seq", "64",
+                                      "--steps", "1", "--warmup", "1", "--init", str(tmp_path / "run"),
+                                      "--out", str(tmp_path / "from_run")])
+    assert again.exit_code == 0, again.output
+    newest = tmp_path / "run" / "checkpoints" / "step-000001"
+    summary = json.loads((tmp_path / "from_run" / "summary.json").read_text())["config"]
+    assert (summary["model"], summary["init"]) == (None, str(newest))
+    records = list((tmp_path / "from_run" / "runs").glob("*.json"))
+    assert len(records) == 1
+    assert json.loads(records[0].read_text())["args"]["model"] is None
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["config"]["model"] == "tiny"
