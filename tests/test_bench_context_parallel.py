@@ -35,14 +35,18 @@ def test_a_one_gpu_record_of_other_steps_or_none_at_all_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_split_calls_compare_the_same_windows(tmp_path):
-    one = _bench(tmp_path, "_one", "--steps", "2", "--runs", "one", "--timeout", "300")
+    """The one-GPU reference of one step (--one-gpu-steps 1, for references whose two steps overrun a call)."""
+    one = _bench(tmp_path, "_one", "--steps", "2", "--one-gpu-steps", "1", "--runs", "one", "--timeout", "300")
     assert one.returncode == 0, one.stderr[-2000:]
     record = tmp_path / next(p.name for p in tmp_path.iterdir() if p.name.endswith("_one.json"))
     rows = json.loads(record.read_text())["rows"]
     assert [("context_parallel" in row, row["one_gpu"]["ok"]) for row in rows] == [(False, True)]
-    cp = _bench(tmp_path, "_cp", "--steps", "2", "--runs", "cp", "--one-gpu-from", str(record), "--timeout", "300")
+    assert len(rows[0]["one_gpu"]["losses"]) == 1
+    cp = _bench(tmp_path, "_cp", "--steps", "2", "--one-gpu-steps", "1", "--runs", "cp", "--one-gpu-from", str(record),
+                "--timeout", "300")
     assert cp.returncode == 0, cp.stderr[-2000:]
     row = json.loads((tmp_path / record.name.replace("_one", "_cp")).read_text())["rows"][0]
     assert row["one_gpu"]["from_record"] == str(record)
     assert row["context_parallel"]["ok"] and row["first_loss_equal"], row
     assert row["first_loss_one_gpu"] == rows[0]["one_gpu"]["losses"][0]
+    assert row["one_gpu_rate_is_first_step"] and len(row["context_parallel"]["losses"]) == 2
