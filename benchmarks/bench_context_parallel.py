@@ -1,8 +1,9 @@
-"""Context parallelism on two GPUs against one: tokens/s, scaling efficiency, peak memory per GPU, first-step loss.
+"""Context parallelism on several GPUs against one: tokens/s, MFU, scaling efficiency, peak GPU and host memory per
+rank, first-step loss.
 
     python benchmarks/bench_context_parallel.py --fasta .gpudata/GRCh37_chrX_1-24000000.fa.gz \
         --models small,base --lengths 1M,2M --steps 3 [--cp 2] [--layouts zigzag,contiguous] [--recompute] \
-        [--cp-kda state,heads]
+        [--cp-kda state,heads] [--dp 2]
 
 For each (model, length) two real commands run on the same prepared data with the same seed, so they train on the
 same windows from the same weights:
@@ -11,10 +12,16 @@ same windows from the same weights:
     CP        torchrun --standalone --nproc-per-node CP -m genolc.cli finetune ... --cp CP --cp-layout LAYOUT \
                   --cp-kda MODE
 
+With ``--dp D`` the CP run is D data-parallel groups of CP ranks (D x CP processes) and the reference is D processes
+without CP, one GPU per window, since each data-parallel rank samples its own windows. ``--reference-cp R`` makes the
+reference R GPUs per window (where one GPU cannot hold the window or finish its steps within a device call), and the
+ideal speed-up CP / R. Rows also carry the runs'
+MFU and peak host memory per rank (summary.json's ``peak_host_memory_gib_ranks``).
+
 A CP run the plan refuses (or that runs out of memory) is tried once more with ``--recompute``. A row holds both
 runs' tokens/s (the last step's: the first includes kernel compilation), every step's seconds and loss, peak GPU
 memory (per rank for CP, from summary.json's ``peak_memory_gib_ranks``), the scaling efficiency
-``tokens/s(CP) / (CP x tokens/s(one GPU))`` and the first-step losses with their relative difference (bf16 autocast
+``tokens/s(CP) / (CP x tokens/s(reference))`` and the first-step losses with their relative difference (bf16 autocast
 in both; equal means within ``--loss-rtol``). Each run is its own process tree with a timeout; results are written
 after every row to ``$OUT/context_parallel_<date><BENCH_TAG>.json`` (benchmarks/results by default) with the
 command, git SHA (``GENOLC_GIT_SHA`` on the device) and device. With ``--cp-kda state,heads`` each layout runs once
@@ -60,20 +67,32 @@ def _finetune_args(data: Path, model: str, length: int, out: Path, args, steps: 
 def _read_run(out: Path) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"tokens_per_s": round(steps[-1]["tokens_per_s"], 1),
+    return {"tokens_per_s": round(steps[-1]["tokens_per_s"], 1), "mfu": steps[-1].get("mfu"),
             "step_seconds": [round(s["step_seconds"], 2) for s in steps], "losses": [s["loss"] for s in steps],
             "peak_gpu_gib": round(summary["peak_memory_gib"], 2),
             "peak_gpu_gib_ranks": [round(x, 2) for x in summary.get("peak_memory_gib_ranks") or []],
+            "peak_host_gib": round(summary.get("peak_host_memory_gib") or 0.0, 2),
+            "peak_host_gib_ranks": [round(x, 2) for x in summary.get("peak_host_memory_gib_ranks") or []],
             "strategy": steps[-1].get("step_strategy"), "chunk": steps[-1].get("chunk"),
             "plan": summary.get("step_strategies"), "transforms": summary.get("transforms")}
 
 
 def one_gpu(data: Path, model: str, length: int, args, env: dict, work: Path) -> dict:
+    """The reference: one GPU per window (or --reference-cp GPUs), one process or with --dp N, N data-parallel groups
+    (the sampler gives each data-parallel rank its own windows, so only such a run trains on the windows a --dp N
+    --cp M run trains on)."""
     out = work / f"one-{model}-{format_length(length)}"
-    argv = [sys.executable, "-m", "genolc.cli", *_finetune_args(data, model, length, out, args, args.one_gpu_steps)]
+    finetune = _finetune_args(data, model, length, out, args, args.one_gpu_steps)
+    processes = args.dp * args.reference_cp
+    if processes > 1:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+                "-m", "genolc.cli", *finetune, "--cp", str(args.reference_cp)]
+        visible = ",".join(str(i) for i in range(processes))
+    else:
+        argv, visible = [sys.executable, "-m", "genolc.cli", *finetune], "0"
     if args.recompute:
         argv.append("--recompute")
-    code, tail, wall, rss = run_child(argv, {**env, "CUDA_VISIBLE_DEVICES": "0"}, args.timeout)
+    code, tail, wall, rss = run_child(argv, {**env, "CUDA_VISIBLE_DEVICES": visible}, args.timeout)
     run = {"command": " ".join(argv[1:]), "exit_code": code, "wall_seconds": round(wall, 1)}
     if code == 0:
         run.update(ok=True, **_read_run(out))
@@ -87,9 +106,10 @@ def context_parallel(data: Path, model: str, length: int, layout: str, kda: str,
     attempts = [args.recompute] if args.recompute else [False, True]
     run: dict = {}
     for recompute in attempts:
-        out = work / (f"cp{args.cp}-{layout}-kda-{kda}-{model}-{format_length(length)}"
+        out = work / (f"dp{args.dp}-cp{args.cp}-{layout}-kda-{kda}-{model}-{format_length(length)}"
                       f"{'-recompute' if recompute else ''}")
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.cp),
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                str(args.dp * args.cp),
                 "-m", "genolc.cli", *_finetune_args(data, model, length, out, args), "--cp", str(args.cp),
                 "--cp-layout", layout, "--cp-kda", kda]
         if recompute:
@@ -122,13 +142,14 @@ def load_one_gpu_runs(path: Path, args) -> dict[tuple[str, int], dict]:
 
 
 def _setup(args) -> dict:
-    """What makes two calls' runs comparable: the dataset, the steps and recompute."""
+    """What makes two calls' runs comparable: the dataset, the reference's shape, the steps and recompute."""
     source = {"fasta": Path(args.fasta).name} if args.fasta else {"data": str(args.data)}
-    return {**source, "steps": args.steps, "one_gpu_steps": args.one_gpu_steps or args.steps,
-            "recompute": bool(args.recompute)}
+    return {**source, "dp": args.dp, "reference_cp": args.reference_cp, "steps": args.steps,
+            "one_gpu_steps": args.one_gpu_steps or args.steps, "recompute": bool(args.recompute)}
 
 
-def compare(one: dict, cp: dict, cp_size: int, rtol: float) -> dict:
+def compare(one: dict, cp: dict, cp_size: float, rtol: float) -> dict:
+    """``cp_size``: how many times the reference's GPUs per window the CP run has (ideal speed-up)."""
     if not (one.get("ok") and cp.get("ok")):
         return {}
     first_one, first_cp = one["losses"][0], cp["losses"][0]
@@ -162,7 +183,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3,
                         help="steps per run, at least 2: AdamW allocates its state after the first step's "
                              "peak, so only a later step's peak is the steady state")
-    parser.add_argument("--cp", type=int, default=2, help="context-parallel ranks (GPUs) for the CP runs")
+    parser.add_argument("--cp", type=int, default=2, help="context-parallel ranks (GPUs) per window for the CP runs")
+    parser.add_argument("--dp", type=int, default=1,
+                        help="data-parallel groups of --cp ranks: torchrun starts dp x cp processes, and the reference "
+                             "is dp processes without CP (the same windows); tokens/s and MFU are each mesh's")
     parser.add_argument("--layouts", default="zigzag", help="CP layouts to run, e.g. zigzag,contiguous")
     parser.add_argument("--recompute", action="store_true", help="pass --recompute to every run")
     parser.add_argument("--cp-kda", default="state",
@@ -174,6 +198,9 @@ def main() -> None:
     parser.add_argument("--runs", default="one,cp", choices=("one,cp", "one", "cp"),
                         help="which runs this call makes: one (the one-GPU references only), cp (needs "
                              "--one-gpu-from), or both")
+    parser.add_argument("--reference-cp", type=int, default=1,
+                        help="GPUs per window of the reference run (default 1): 2 compares --cp 4 or 8 against two "
+                             "GPUs where one cannot hold or finish the window in a device call")
     parser.add_argument("--one-gpu-steps", type=int, default=None,
                         help="steps of the one-GPU references (default --steps); 1 when two steps do not fit a "
                              "device call (base at 2M): its rate is then the first step's, and the row says so")
@@ -182,6 +209,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be at least 2 (a first step's peak lacks AdamW's state)")
+    if args.dp < 1 or args.cp < 1 or args.reference_cp < 1 or args.cp % args.reference_cp:
+        parser.error("--dp, --cp and --reference-cp must be at least 1, and --reference-cp must divide --cp")
     if args.one_gpu_steps is not None and args.one_gpu_steps < 1:
         parser.error("--one-gpu-steps must be at least 1")
     if (args.runs == "cp") != (args.one_gpu_from is not None):
@@ -223,8 +252,9 @@ def main() -> None:
                     for kda in args.cp_kda.split(","):
                         cp = context_parallel(data, model, length, layout, kda, args, env, work)
                         row = {"model": model, "seq_len": length, "seq": format_length(length), "cp": args.cp,
-                               "layout": layout, "cp_kda": kda, "one_gpu": one, "context_parallel": cp,
-                               **compare(one, cp, args.cp, args.loss_rtol)}
+                               "dp": args.dp, "reference_cp": args.reference_cp, "layout": layout, "cp_kda": kda,
+                               "one_gpu": one, "context_parallel": cp,
+                               **compare(one, cp, args.cp / args.reference_cp, args.loss_rtol)}
                         rows.append(row)
                         layout_rows.append(row)
                         print(json.dumps({k: v for k, v in row.items() if k not in ("one_gpu",)}, default=str),

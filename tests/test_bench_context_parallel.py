@@ -50,3 +50,25 @@ def test_split_calls_compare_the_same_windows(tmp_path):
     assert row["context_parallel"]["ok"] and row["first_loss_equal"], row
     assert row["first_loss_one_gpu"] == rows[0]["one_gpu"]["losses"][0]
     assert row["one_gpu_rate_is_first_step"] and len(row["context_parallel"]["losses"]) == 2
+
+
+def test_a_reference_that_does_not_divide_the_cp_ranks_is_refused(tmp_path):
+    refused = _bench(tmp_path, "_x", "--steps", "2", "--cp", "4", "--reference-cp", "3", timeout=120)
+    assert refused.returncode == 2 and "--reference-cp must divide --cp" in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_data_parallel_groups_are_compared_with_data_parallel_alone(tmp_path):
+    """--dp 2 --cp 2 (four processes) against two data-parallel processes without CP: the same windows, so the
+    same first loss; the rows carry each rank's host memory and the ideal speed-up is the CP size."""
+    done = _bench(tmp_path, "_dp", "--steps", "2", "--dp", "2", "--cp", "2", "--timeout", "400", timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = next(p for p in tmp_path.iterdir() if p.name.endswith("_dp.json"))
+    row = json.loads(record.read_text())["rows"][0]
+    assert (row["dp"], row["cp"], row["reference_cp"]) == (2, 2, 1)
+    assert "--nproc-per-node 2" in row["one_gpu"]["command"]
+    assert "--nproc-per-node 4" in row["context_parallel"]["command"]
+    assert len(row["context_parallel"]["peak_host_gib_ranks"]) == 4 and len(row["one_gpu"]["peak_host_gib_ranks"]) == 2
+    assert row["first_loss_equal"], (row["first_loss_one_gpu"], row["first_loss_cp"])
+    assert row["speedup"] == pytest.approx(2 * row["scaling_efficiency"], rel=1e-2)

@@ -29,7 +29,8 @@ one message naming the checkpoint to ``--resume`` from); a second one stops at o
 Outputs under ``config.out``: ``checkpoints/step-NNNNNN/`` (:mod:`genolc.train.state`), ``metrics.jsonl`` (one
 line per step: step, loss, tokens, lr, tokens_per_s, model_flops_per_token, mfu and hfu on a GPU of
 genolc/train/flops.py's table, grad_norm, seq_len, aux losses, per-MoE-layer load
-``moe_load_max_over_mean`` / ``moe_load_min_over_mean``, ...), ``summary.json`` and
+``moe_load_max_over_mean`` / ``moe_load_min_over_mean``, ``memory_gib`` (peak device memory; host RSS on CPU),
+``host_memory_gib`` (peak host RSS), under torchrun both per rank, ...), ``summary.json`` and
 ``runs/`` (the run record). The returned path is the final checkpoint, a model directory ``genolc eval`` reads.
 
 Starting points: a preset (``config.model``) sized to the dataset tokenizer's vocabulary; or ``config.init``, a
@@ -199,6 +200,7 @@ class _Trainer:
             _say(f"resuming from {self.resume_from} (step {self.start_step})")
         self.last_good: Path | None = self.resume_from
         self._peak_ranks: list[float] | None = None     # every rank's peak memory so far (distributed runs)
+        self._host_peak_ranks: list[float] | None = None  # every rank's peak host RSS so far (distributed runs)
 
     def _check_lengths(self) -> None:
         cfg = self.config
@@ -504,7 +506,7 @@ class _Trainer:
     def _memory_gib(self) -> float:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / GIB
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB   # Linux reports KiB
+        return _host_peak_gib()
 
     def _device_bytes(self) -> int:
         return device_budget_bytes(self.device)
@@ -617,8 +619,10 @@ class _Trainer:
             metrics["hfu"] = flops.hardware * metrics["tokens_per_s"] / peak
         metrics["step_seconds"] = seconds
         metrics["memory_gib"] = self._memory_gib()
+        metrics["host_memory_gib"] = _host_peak_gib()
         if self.mesh.distributed:
             metrics["memory_gib_ranks"] = self._peak_ranks = self._gather_floats(metrics["memory_gib"])
+            metrics["host_memory_gib_ranks"] = self._host_peak_ranks = self._gather_floats(metrics["host_memory_gib"])
         return metrics
 
     def _gather_floats(self, value: float) -> list[float]:
@@ -646,6 +650,7 @@ class _Trainer:
             "mfu": (self._model_flops / self._step_seconds / self._peak_flops()
                     if self._step_seconds and self._peak_flops() else None),
             "peak_memory_gib": self._memory_gib(), "peak_memory_gib_ranks": self._peak_ranks,
+            "peak_host_memory_gib": _host_peak_gib(), "peak_host_memory_gib_ranks": self._host_peak_ranks,
             "device": str(self.device), "bf16": self.bf16,
             **self.compute.to_dict(),
             "transforms": self.applied,
@@ -691,3 +696,8 @@ class TrainingInterrupted(Interrupted):
         return cls(f"stopped at once during step {step} without saving; {kept}", signal.SIGINT, where=where,
                    fix="continue with the same command plus --resume" if last_good else
                        "run it again (a single Ctrl-C stops after the current step and saves a checkpoint)")
+
+
+def _host_peak_gib() -> float:
+    """This process's peak resident host memory (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB

@@ -66,6 +66,7 @@ def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra
                                "cp_kda": kda}
     assert f"context_parallel(cp=2, {layout}, kda {kda})" in summary["transforms"]
     assert len(summary["peak_memory_gib_ranks"]) == 2
+    assert len(summary["peak_host_memory_gib_ranks"]) == 2 and min(summary["peak_host_memory_gib_ranks"]) > 0.1
     expected, got = _metrics(single_run), _metrics(parallel)
     assert [m["step"] for m in got] == [1, 2]
     assert [m["step_strategy"] for m in got] == ["chunked" if "--chunk" in extra else "whole"] * 2
