@@ -73,6 +73,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from genolc.errors import ConfigError, GenolcError, InputError, RefusedOutputError  # noqa: E402
+from genolc.eval.buckets import FEW_BLOCKS_FOR_CI  # noqa: E402
 from genolc.fsutil import OUTPUT_MARKER, atomic_dir, atomic_write_bytes, atomic_write_json, check_output_dir  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
 
@@ -575,9 +576,6 @@ EVAL_FILES = ("summary.json", "buckets.csv", "comparisons.csv", "windows.csv", "
               "needle.csv", "needle_summary.csv", "needle.png", "routing.json", "routing.csv", "routing_load.png")
 TRAIN_FILES = ("metrics.jsonl", "summary.json")
 LOG_BYTES = 200_000
-# Below this many bootstrap blocks a bucket's interval is marked: a percentile interval from a handful of blocks
-# understates the spread.
-FEW_CI_BLOCKS = 10
 
 
 def collect(phases: list[Phase], results: Path, logs: Path) -> None:
@@ -621,7 +619,6 @@ def headline(results: Path, plan: Plan) -> dict[str, Any]:
     d_b = _rows(a_b, "comparisons", "model - baseline", "comparison")
     windows = [line.split(",") for line in (results / "eval_a_vs_base" / "windows.csv").read_text().splitlines()[1:]
                if line.strip()]
-    block = a_base["estimator"]["block_bases"]
     buckets = []
     for label, row in model_rows.items():
         a = row["bits_per_base"]
@@ -634,8 +631,7 @@ def headline(results: Path, plan: Plan) -> dict[str, Any]:
                         "a_minus_base": _delta(d_base.get(label)), "a_minus_b": _delta(d_b.get(label)),
                         "truncated_minus_a": _delta(d_trunc.get(label)),
                         "b_minus_base": (b - base if b is not None and base is not None else None),
-                        # The bootstrap redraws blocks of `block` targets: a bucket spans this many in all.
-                        "ci_blocks": len(windows) * (math.ceil(row["hi"] / block) - row["lo"] // block)})
+                        "ci_blocks": row["blocks"]})
     overall_a, overall_base = a_base["overall"]["model/all"], a_base["overall"]["baseline/all"]
     overall_b = a_b["overall"]["baseline/all"]
     loss = {
@@ -816,7 +812,7 @@ def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig
         if d is None:
             return "-"
         ci = ("" if d["ci_low"] is None else f" [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
-              + ("*" if blocks < FEW_CI_BLOCKS else ""))
+              + ("*" if blocks < FEW_BLOCKS_FOR_CI else ""))
         return f"{d['delta_bits_per_base']:+.4f}{ci}"
 
     lines = [
@@ -845,9 +841,9 @@ def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig
         lines.append(f"| {r['bucket']} | {r['base_bits_per_base']:.4f} | {r['a_bits_per_base']:.4f} | "
                      f"{r['b_bits_per_base']:.4f} | {fmt(r['a_minus_base'], r['ci_blocks'])} | "
                      f"{fmt(r['a_minus_b'], r['ci_blocks'])} | {fmt(r['truncated_minus_a'], r['ci_blocks'])} |")
-    if any(r["ci_blocks"] < FEW_CI_BLOCKS for r in head["buckets"]):
-        lines += ["", f"\\* the interval rests on fewer than {FEW_CI_BLOCKS} bootstrap blocks (the bucket spans that "
-                  "many 16k-target blocks over the scored windows): too few to read as a 95% interval."]
+    if any(r["ci_blocks"] < FEW_BLOCKS_FOR_CI for r in head["buckets"]):
+        lines += ["", f"\\* the interval rests on fewer than {FEW_BLOCKS_FOR_CI} bootstrap blocks (the bucket spans "
+                  "that many 16k-target blocks over the scored windows): too few to read as a 95% interval."]
     lines += ["", "| phase | wall s | first step s | later steps tokens/s | peak host RSS GiB | peak GPU GiB | "
               "command |", "|---|---|---|---|---|---|---|"]
 

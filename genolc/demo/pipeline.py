@@ -42,7 +42,7 @@ from typing import Any
 from genolc.demo.config import DemoConfig
 from genolc.errors import ConfigError, GenolcError, RefusedOutputError
 from genolc.fsutil import RUNS_DIRNAME, atomic_write_bytes, atomic_write_json, check_output_dir, output_dir
-from genolc.eval.report import bucket_table, comparison_lines, format_table
+from genolc.eval.report import bucket_table, comparison_lines, few_blocks_note, format_table
 from genolc.runs import copy_record, run_record
 from genolc.sample import HELDOUT_CHROMS, TRAIN_CHROMS, sample_files
 
@@ -358,7 +358,7 @@ def write_report(out: Path, plan: DemoPlan, seed: int, summary: dict[str, Any]) 
         f"{plan.eval_seq + 1} tokens, {summary['windows']['tokens']} tokens; 95% CIs from a block bootstrap "
         f"({plan.n_boot} replicates)", "",
         "```", table, "```", "",
-        *comparison_lines(summary), "",
+        *comparison_lines(summary), *few_blocks_note(summary, markdown=True), "",
         "Files: `by_position.png` (plot), `buckets.csv` and `comparisons.csv` (per bucket, per subset), "
         "`eval_summary.json`, `train_metrics.jsonl`, `train_summary.json`, `runs/` (run records of the demo and "
         "of every stage), `commands.sh` (the equivalent commands).", "",

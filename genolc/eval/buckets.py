@@ -15,7 +15,9 @@ the same ratio from the redrawn blocks' per-bucket sums; the 95% interval is the
 replicates (replicates in which a bucket drew no targets are left out for that bucket). A bucket whose targets
 all lie in one block (e.g. the early buckets of a single scored window: [0,1k) … [8k,16k) share its first block)
 gets no interval: that block is redrawn whole, so the replicates could not vary and a zero-width interval would
-claim a precision the data cannot show. Blocks keep the
+claim a precision the data cannot show. An interval from fewer than FEW_BLOCKS_FOR_CI blocks (e.g. every bucket
+below 128k of two 512k windows: 2 to 8 blocks) is kept but flagged in the reports: it is the spread of a few
+windows, not a 95% interval. Every statistic carries its block count (``Interval.blocks``). Blocks keep the
 autocorrelation of loss along the sequence (repeats, isochores) inside a resampling unit, which a per-token
 bootstrap would ignore and so give intervals that are far too narrow. Paired differences (model vs baseline,
 truncated vs full context) use the same redrawn blocks for both sides, so shared sequence difficulty cancels.
@@ -34,6 +36,9 @@ from genolc.units import format_length
 FIRST_EDGE = 1024
 # Blocks holding a bucket's targets needed for its interval (one block is redrawn whole: no variation).
 MIN_BLOCKS_FOR_CI = 2
+# Below this many blocks the percentile interval is the spread of a handful of windows, not a 95% interval: the
+# reports keep it but mark it.
+FEW_BLOCKS_FOR_CI = 10
 BLOCK_BASES = 16 * 1024
 LN2 = math.log(2.0)
 
@@ -197,11 +202,13 @@ class BlockBootstrap:
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate with its 95% bootstrap interval; ``None`` everywhere for an empty bucket."""
+    """A point estimate with its 95% bootstrap interval; ``None`` everywhere for an empty bucket. ``blocks``: how many
+    bootstrap blocks hold the targets (below MIN_BLOCKS_FOR_CI no interval, below FEW_BLOCKS_FOR_CI a flagged one)."""
 
     value: float | None
     low: float | None
     high: float | None
+    blocks: int = 0
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -215,19 +222,20 @@ def _intervals(point: np.ndarray, replicates: np.ndarray, level: float, blocks: 
     tail = (1.0 - level) / 2.0 * 100.0
     out = []
     for b in range(point.shape[0]):
+        n_blocks = int(blocks[b])
         if not np.isfinite(point[b]):
-            out.append(Interval(None, None, None))
+            out.append(Interval(None, None, None, n_blocks))
             continue
-        if blocks[b] < MIN_BLOCKS_FOR_CI:
-            out.append(Interval(float(point[b]), None, None))
+        if n_blocks < MIN_BLOCKS_FOR_CI:
+            out.append(Interval(float(point[b]), None, None, n_blocks))
             continue
         reps = replicates[:, b]
         reps = reps[np.isfinite(reps)]
         if reps.size == 0:
-            out.append(Interval(float(point[b]), None, None))
+            out.append(Interval(float(point[b]), None, None, n_blocks))
             continue
         lo, hi = np.percentile(reps, [tail, 100.0 - tail])
-        out.append(Interval(float(point[b]), float(lo), float(hi)))
+        out.append(Interval(float(point[b]), float(lo), float(hi), n_blocks))
     return out
 
 

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from genolc.errors import ConfigError
-from genolc.eval.buckets import BLOCK_BASES, MIN_BLOCKS_FOR_CI, bucket_edges
+from genolc.eval.buckets import BLOCK_BASES, FEW_BLOCKS_FOR_CI, MIN_BLOCKS_FOR_CI, bucket_edges
 from genolc.eval.config import ByPositionConfig
 from genolc.eval.positions import WindowData, score_windows, summarise
 from genolc.eval.scorer import forward_tokens
@@ -128,7 +128,7 @@ def _run_by_position(config: ByPositionConfig, record: Any | None, threads: Thre
                       "bootstrap": "stratified block bootstrap: 16 kb target blocks redrawn with replacement within "
                                    "each window (single-block windows pooled)",
                       "block_bases": BLOCK_BASES, "replicates": config.n_boot, "seed": config.seed,
-                      "min_blocks_for_ci": MIN_BLOCKS_FOR_CI},
+                      "min_blocks_for_ci": MIN_BLOCKS_FOR_CI, "few_blocks_for_ci": FEW_BLOCKS_FOR_CI},
         "context_control": {
             "contexts": list(config.contexts),
             "block": {str(k): (config.context_block or max(1, k // 4)) for k in config.contexts},

@@ -13,12 +13,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+
+from genolc.eval.buckets import FEW_BLOCKS_FOR_CI  # noqa: E402
 
 
 UNIFORM_ACGT_BITS = 2.0
 UNIFORM_LABEL = "uniform A/C/G/T (2 bits)"
+FEW_BLOCKS_LABEL = f"dashed bars: < {FEW_BLOCKS_FOR_CI} bootstrap blocks, not a 95% CI"
 # Controls are often indistinguishable from the model (a small model gains nothing from long context), so each series
 # has its own line style and marker, controls are drawn first with wider, lighter lines and large open markers, and
 # the model is drawn last, thin and solid with small filled markers, so both stay visible where they coincide.
@@ -44,9 +48,11 @@ def series_styles(names: Sequence[str]) -> dict[str, dict]:
 def _draw_series(ax, frame: pd.DataFrame, x: str, y: str, low: str, high: str, hue: str,
                  order: Sequence[str], dodge: float = 0.0) -> None:
     """One line per ``order`` entry (controls first, model last), with its 95% CI bars; series ``i`` is shifted by
-    ``(i - centre) * dodge`` along x so equal values keep their markers and bars side by side."""
+    ``(i - centre) * dodge`` along x so equal values keep their markers and bars side by side. Bars of rows whose
+    ``blocks`` is below FEW_BLOCKS_FOR_CI are dashed and lighter, with a legend entry saying why."""
     styles = series_styles(order)
     centre = (len(order) - 1) / 2
+    few_drawn = False
     for name in sorted(order, key=lambda n: styles[n]["zorder"]):
         part = frame[frame[hue] == name].sort_values(x)
         if part.empty:
@@ -54,11 +60,21 @@ def _draw_series(ax, frame: pd.DataFrame, x: str, y: str, low: str, high: str, h
         style = styles[name]
         xs = part[x] + (list(order).index(name) - centre) * dodge
         ax.plot(xs, part[y], label=name, **style)
-        bars = part[low].notna().to_numpy()
-        if bars.any():
+        has_ci = part[low].notna().to_numpy()
+        # Frames without block counts (the needle's) have no thin intervals to mark.
+        thin = (part["blocks"] < FEW_BLOCKS_FOR_CI).to_numpy() if "blocks" in part else np.zeros(len(part), bool)
+        for bars, dashed in ((has_ci & ~thin, False), (has_ci & thin, True)):
+            if not bars.any():
+                continue
             ys, lows, highs = part[y][bars], part[low][bars], part[high][bars]
-            ax.errorbar(xs[bars], ys, yerr=[ys - lows, highs - ys], fmt="none", ecolor=style["color"], capsize=3,
-                        lw=1, zorder=style["zorder"])
+            drawn = ax.errorbar(xs[bars], ys, yerr=[ys - lows, highs - ys], fmt="none", ecolor=style["color"],
+                                capsize=3, lw=1, zorder=style["zorder"], alpha=0.5 if dashed else 1.0)
+            if dashed:
+                for collection in drawn.lines[2]:
+                    collection.set_linestyle("--")
+                few_drawn = True
+    if few_drawn:
+        ax.plot([], [], color="0.4", linestyle="--", lw=1, alpha=0.5, label=FEW_BLOCKS_LABEL)
     ax.legend()
 
 
@@ -100,8 +116,9 @@ def by_position_figure(buckets: pd.DataFrame, comparisons: pd.DataFrame, title: 
 
 
 def plot_by_position(buckets: pd.DataFrame, comparisons: pd.DataFrame, path: Path, title: str) -> None:
-    """Top: bits/base per position bucket for each series (95% CI bars), with the uniform-ACGT 2-bit line;
-    bottom: paired differences. The model is a solid line drawn over the controls, each in its own dashed style."""
+    """Top: bits/base per position bucket for each series (95% CI bars; dashed and lighter where they rest on fewer
+    than FEW_BLOCKS_FOR_CI blocks), with the uniform-ACGT 2-bit line; bottom: paired differences. The model is a
+    solid line drawn over the controls, each in its own dashed style."""
     fig = by_position_figure(buckets, comparisons, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)

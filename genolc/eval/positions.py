@@ -207,12 +207,13 @@ def summarise(tables: PositionTables, *, n_boot: int = 1000, seed: int = 0, leve
             for b, iv in enumerate(bootstrap_ratio(bits[name], bases, boot, level)):
                 bucket_rows.append({"series": name, "subset": subset, "bucket": labels[b], "lo": los[b],
                                     "hi": his[b], "tokens": int(tokens[:, b].sum()), "bases": int(bases[:, b].sum()),
-                                    "windows": int(n_windows[b]), "empty": bool(tokens[:, b].sum() == 0),
-                                    **_interval_dict(iv)})
+                                    "windows": int(n_windows[b]), "blocks": iv.blocks,
+                                    "empty": bool(tokens[:, b].sum() == 0), **_interval_dict(iv)})
         for a, ref in comparisons:
             for b, iv in enumerate(bootstrap_paired(bits[a], bits[ref], bases, boot, level)):
                 compare_rows.append({"comparison": f"{a} - {ref}", "subset": subset, "bucket": labels[b],
                                      "lo": los[b], "hi": his[b], "tokens": int(tokens[:, b].sum()),
-                                     "windows": int(n_windows[b]), "empty": bool(tokens[:, b].sum() == 0),
-                                     "delta_bits_per_base": iv.value, "ci_low": iv.low, "ci_high": iv.high})
+                                     "windows": int(n_windows[b]), "blocks": iv.blocks,
+                                     "empty": bool(tokens[:, b].sum() == 0), "delta_bits_per_base": iv.value,
+                                     "ci_low": iv.low, "ci_high": iv.high})
     return bucket_rows, compare_rows

@@ -8,8 +8,10 @@ afterwards. Statistics for empty buckets are written as empty CSV cells and JSON
 
 ``eval --by-position`` writes:
   summary.json      configuration, records, windows, estimator, overall bits/base, every bucket and comparison
-  buckets.csv       series, subset, bucket, lo, hi, tokens, bases, windows, empty, bits_per_base, ci_low, ci_high
-  comparisons.csv   comparison ('model - baseline', 'context:K - model'), subset, bucket, …, delta_bits_per_base, CI
+  buckets.csv       series, subset, bucket, lo, hi, tokens, bases, windows, blocks, empty, bits_per_base, ci_low,
+                    ci_high; blocks: the 16 kb bootstrap blocks holding the bucket's targets (fewer than 2: no CI)
+  comparisons.csv   comparison ('model - baseline', 'context:K - model'), subset, bucket, …, blocks,
+                    delta_bits_per_base, CI
   windows.csv       per window: record, token span, chromosome span (1-based, inclusive), bits/base per series
   blocks.csv        per 16 kb block: chromosome span, targets, bases, bits/base per series
   targets.csv.gz    (--per-target) per target: record, chromosome position of its first base, position, bits/base
@@ -18,7 +20,9 @@ afterwards. Statistics for empty buckets are written as empty CSV cells and JSON
 An evaluation stopped by Ctrl-C writes what it scored: summary.json says ``"status": "interrupted"`` (else "ok") with
 the windows (trials) scored and selected, and the plot's title says INTERRUPTED.
 
-Reports: :func:`bucket_report` is the per-bucket table ``genolc eval --by-position`` and ``genolc demo`` print;
+Reports: :func:`bucket_report` is the per-bucket table ``genolc eval --by-position`` and ``genolc demo`` print; an
+interval resting on fewer than FEW_BLOCKS_FOR_CI (10) blocks is marked ``*`` there, with a footnote
+(:func:`few_blocks_note`: the spread of a few windows, not a 95% interval), and drawn dashed in by_position.png;
 ``python -m genolc.eval.report --out results/report results/eval/NAME/CHROM [...]`` (the workflow's report rule)
 makes ``summary.md`` with one section per evaluation directory: its per-bucket table (model, baseline and
 context-control bits/base) and its plot, copied beside the summary. It reads every evaluation first (a bad one is
@@ -40,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from genolc.errors import GenolcError, InputError
+from genolc.eval.buckets import BLOCK_BASES, FEW_BLOCKS_FOR_CI
 from genolc.fsutil import atomic_dir, atomic_write_bytes, output_kind
 
 OUTPUT_KIND = "evaluation output directory"
@@ -133,40 +138,68 @@ def bucket_table(summary: dict[str, Any]) -> list[dict[str, Any]]:
         row[stat["series"]] = stat["bits_per_base"]
         if stat["series"] == "model":
             row["ci"] = (stat["ci_low"], stat["ci_high"])
+            # Summaries written before block counts were recorded have none: their intervals go unmarked.
+            row["ci_blocks"] = stat.get("blocks")
     return list(rows.values())
 
 
+def few_blocks_mark(low: float | None, high: float | None, blocks: int | None) -> str:
+    """'*' for an interval resting on fewer than FEW_BLOCKS_FOR_CI bootstrap blocks, else ''."""
+    shown = low is not None and high is not None
+    return "*" if shown and blocks is not None and blocks < FEW_BLOCKS_FOR_CI else ""
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    series = [k for k in rows[0] if k not in ("bucket", "tokens", "ci")] if rows else []
+    series = [k for k in rows[0] if k not in ("bucket", "tokens", "ci", "ci_blocks")] if rows else []
     header = ["bucket", "tokens"] + [f"{s} bits/base" for s in series] + ["model 95% CI"]
     lines = [header]
     for row in rows:
         low, high = row.get("ci", (None, None))
         cells = [row["bucket"], str(row["tokens"])]
         cells += ["-" if row.get(s) is None else f"{row[s]:.4f}" for s in series]
-        cells.append("-" if low is None or high is None else f"[{low:.4f}, {high:.4f}]")
+        cells.append("-" if low is None or high is None else
+                     f"[{low:.4f}, {high:.4f}]{few_blocks_mark(low, high, row.get('ci_blocks'))}")
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
     return "\n".join([text[0], "  ".join("-" * w for w in widths)] + text[1:])
 
 
+def _shown_comparisons(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    return [row for row in summary.get("comparisons", []) if row.get("subset") == "all"
+            and row.get("bucket") == "all" and row.get("delta_bits_per_base") is not None]
+
+
 def comparison_lines(summary: dict[str, Any]) -> list[str]:
     """One markdown bullet per paired comparison over all targets (e.g. model - baseline), with its 95% CI."""
     lines = []
-    for row in summary.get("comparisons", []):
-        if row.get("subset") == "all" and row.get("bucket") == "all" and row.get("delta_bits_per_base") is not None:
-            # Too few blocks (a window or two) to bootstrap: the estimate without an interval.
-            interval = ("no 95% CI: too few blocks to bootstrap" if row.get("ci_low") is None
-                        or row.get("ci_high") is None else f"95% CI {row['ci_low']:+.4f} to {row['ci_high']:+.4f}")
-            lines.append(f"- {row['comparison']}: {row['delta_bits_per_base']:+.4f} bits/base ({interval})")
+    for row in _shown_comparisons(summary):
+        low, high = row.get("ci_low"), row.get("ci_high")
+        # Too few blocks (a window or two) to bootstrap: the estimate without an interval.
+        interval = ("no 95% CI: too few blocks to bootstrap" if low is None or high is None
+                    else f"95% CI {low:+.4f} to {high:+.4f}{few_blocks_mark(low, high, row.get('blocks'))}")
+        lines.append(f"- {row['comparison']}: {row['delta_bits_per_base']:+.4f} bits/base ({interval})")
     return lines
+
+
+def few_blocks_note(summary: dict[str, Any], markdown: bool = False) -> list[str]:
+    """The footnote for the ``*`` of :func:`format_table` and :func:`comparison_lines`; none when nothing is marked.
+    As markdown it is a paragraph of its own (a blank line first, so it does not join the comparisons' list)."""
+    intervals = [(*row.get("ci", (None, None)), row.get("ci_blocks")) for row in bucket_table(summary)]
+    intervals += [(row.get("ci_low"), row.get("ci_high"), row.get("blocks")) for row in _shown_comparisons(summary)]
+    if not any(few_blocks_mark(*interval) for interval in intervals):
+        return []
+    note = (("\\*" if markdown else "*") + f" the interval rests on fewer than {FEW_BLOCKS_FOR_CI} "
+            f"bootstrap blocks ({BLOCK_BASES // 1024} kb of targets each): it is the spread of a few windows, not a "
+            "95% interval; score more windows (--max-windows, --max-tokens) to firm it up")
+    return ["", note] if markdown else [note]
 
 
 def bucket_report(summary: dict[str, Any]) -> str:
     """The per-bucket table and the paired comparisons, as ``genolc eval --by-position`` and ``genolc demo`` print
-    them at the end."""
-    return "\n".join([format_table(bucket_table(summary)), "", *comparison_lines(summary)]).rstrip()
+    them at the end, with the footnote for intervals from few blocks."""
+    return "\n".join([format_table(bucket_table(summary)), "", *comparison_lines(summary),
+                      *few_blocks_note(summary)]).rstrip()
 
 
 def write_workflow_report(out: Path, eval_dirs: list[Path]) -> Path:
@@ -218,7 +251,8 @@ def _workflow_section(directory: Path, label: str) -> list[str]:
                 + f"; {summary['windows']['scored']} windows of {int(config.get('seq_len', 0)) + 1} tokens "
                 f"on {', '.join(summary.get('records', []))}", "",
                 "```", format_table(bucket_table(summary)), "```", "",
-                *comparison_lines(summary), "", f"![by position]({label}.png)", ""]
+                *comparison_lines(summary), *few_blocks_note(summary, markdown=True), "",
+                f"![by position]({label}.png)", ""]
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
         missing = f" (no {exc})" if isinstance(exc, KeyError) else ""
         raise InputError(f"not the summary of a by-position evaluation{missing}", where=str(path),

@@ -103,6 +103,33 @@ def test_eval_by_position_end_to_end(setup):
         assert line.split()[2] == f"{model_bits:.4f}"
     assert any(line.startswith("- model - baseline: ") for line in lines[header + 6:])
     assert lines[-1] == f"wrote {out}"
+    # Two windows of 257 tokens: every bucket lies in 2 bootstrap blocks, each window's one. Their intervals are
+    # written, say so, and are marked where they are printed.
+    assert summary["estimator"]["few_blocks_for_ci"] == 10
+    assert (full["blocks"] == 2).all() and (shown["blocks"] == 2).all()
+    assert all(r["blocks"] == 2 for r in summary["bucket_stats"] + summary["comparisons"] if r["subset"] == "all")
+    assert all(line.endswith("]*") for line in rows.values())
+    compared = [line for line in lines if line.startswith("- ")]
+    assert len(compared) == 2 and all(line.endswith("*)") for line in compared)
+    assert lines[-2].startswith("* the interval rests on fewer than 10 bootstrap blocks")
+
+
+def test_eval_by_position_over_ten_windows_marks_no_interval(setup):
+    data, model, baseline, root = setup
+    out = root / "ten_windows"
+    result = _run(["--by-position", "22", "--data", data, "--checkpoint", model, "--baseline", baseline, "--seq", "64",
+                   "--max-windows", "10", "--first-bucket", "32", "--bootstrap", "20", "--out", out, "--no-progress"])
+    assert result.exit_code == 0, result.output
+    buckets, cmp = pd.read_csv(out / "buckets.csv"), pd.read_csv(out / "comparisons.csv")
+    assert (buckets.loc[buckets["subset"] == "all", "blocks"] == 10).all()
+    assert (cmp.loc[cmp["subset"] == "all", "blocks"] == 10).all()
+    assert (buckets.loc[buckets["subset"] == "softmasked", "blocks"] == 0).all()
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("bucket "))
+    printed = lines[header:]
+    assert len([line for line in printed if line.endswith("]")]) == 3        # [0,32), [32,64], all
+    assert any(line.startswith("- model - baseline: ") and line.endswith(")") for line in printed)
+    assert "*" not in "\n".join(printed)
 
 
 def test_eval_pooled_heldout_with_max_tokens(setup):

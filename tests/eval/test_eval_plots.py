@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import matplotlib.figure
 import pandas as pd
+from matplotlib.collections import LineCollection
 
-from genolc.eval.plots import UNIFORM_ACGT_BITS, plot_by_position
+from genolc.eval.plots import FEW_BLOCKS_LABEL, UNIFORM_ACGT_BITS, plot_by_position
 
 BUCKETS = ["[0,256)", "[256,512)", "[512,1k)", "[1k,2k]"]
 
@@ -58,3 +59,28 @@ def test_coinciding_series_are_drawn_distinguishably_with_the_two_bit_line(tmp_p
     deltas = {line.get_label(): line for line in bottom.get_lines() if not line.get_label().startswith("_")}
     assert (str(deltas["model - baseline"].get_linestyle()), deltas["model - baseline"].get_marker()) != (
         str(deltas["context:128 - model"].get_linestyle()), deltas["context:128 - model"].get_marker())
+
+
+def test_intervals_from_few_blocks_are_dashed_and_lighter_and_the_legend_says_why(tmp_path, monkeypatch):
+    saved = []
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        saved.append(fig)
+        return original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    buckets, comparisons = _frames()
+    # The first two buckets lie in 2 blocks (two windows), the rest in 12.
+    blocks = lambda frame: frame["bucket"].map(lambda b: 2 if b in BUCKETS[:2] else 12)  # noqa: E731
+    buckets["blocks"], comparisons["blocks"] = blocks(buckets), blocks(comparisons)
+    plot_by_position(buckets, comparisons, tmp_path / "by_position.png", "title")
+    for ax in saved[0].axes[:2]:
+        bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+        dashed = [c for c in bars if c.get_linestyle()[0][1] is not None]
+        solid = [c for c in bars if c.get_linestyle()[0][1] is None]
+        assert dashed and solid
+        assert all(len(c.get_segments()) == 2 and c.get_alpha() < 1 for c in dashed)     # one per thin bucket
+        assert all(len(c.get_segments()) == 2 and c.get_alpha() in (None, 1.0) for c in solid)
+        legend = [text.get_text() for text in ax.get_legend().get_texts()]
+        assert FEW_BLOCKS_LABEL in legend and "< 10 bootstrap blocks" in FEW_BLOCKS_LABEL

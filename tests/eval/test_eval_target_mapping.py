@@ -11,14 +11,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from eval_helpers import TokenScorer, plain_window
+from eval_helpers import CHR22, CopyOracle, TokenScorer, plain_window, read_fasta_bases
 
 from genolc.data.dataset import PreparedDataset
 from genolc.data.prepare import PrepareConfig, prepare
 from genolc.data.sampler import tile_for_eval
-from genolc.eval.buckets import BlockBootstrap, BlockTable, bootstrap_paired, bootstrap_ratio, bucket_edges
+from genolc.eval.buckets import (
+    BLOCK_BASES,
+    FEW_BLOCKS_FOR_CI,
+    BlockBootstrap,
+    BlockTable,
+    bootstrap_paired,
+    bootstrap_ratio,
+    bucket_edges,
+)
 from genolc.eval.by_position import window_data
 from genolc.eval.positions import score_windows, summarise
+from genolc.eval.report import bucket_report
 from genolc.eval.scorer import score_full, score_truncated, score_window
 from genolc.tokenize import make_tokenizer
 
@@ -216,7 +225,54 @@ def test_a_bucket_inside_one_block_gets_no_interval_instead_of_a_zero_width_one(
     spans_blocks = {"[0,1k)": 1, "[8k,16k)": 1, "[16k,32k)": 1, "[32k,39999]": 1, "all": 3}
     for row in rows + compare:
         if row["subset"] == "all" and row["bucket"] in spans_blocks:
+            assert row["blocks"] == spans_blocks[row["bucket"]]
             if spans_blocks[row["bucket"]] == 1:
                 assert row["ci_low"] is None and row["ci_high"] is None
             else:
                 assert row["ci_low"] < row["ci_high"]
+
+
+def test_every_statistic_carries_its_block_count_and_intervals_from_few_blocks_are_marked(shared_file):
+    """Three 200k windows of real chr22: buckets below 64k lie in 3 or 6 blocks, later ones in 12 or more.
+
+    The block count of each bucket is counted here from the kept targets' base offsets; the printed table marks
+    exactly the intervals resting on fewer than FEW_BLOCKS_FOR_CI blocks, and says once what the mark means.
+    """
+    tok = make_tokenizer("char")
+    bases = read_fasta_bases(shared_file(CHR22))
+    length = 200_001
+    windows = [plain_window(tok.encode(bases[s:s + length]), tok, start=s, chrom_start=REGION_START + s)
+               for s in (0, 250_000, 700_000)]
+    alphabet = np.unique(np.concatenate([w.ids for w in windows]))
+    edges = bucket_edges(length - 1)
+    tables = score_windows(windows, {"model": TokenScorer(), "baseline": CopyOracle(alphabet, copy=False)}, edges)
+    rows, compare = summarise(tables, n_boot=50)
+    labels = tables.labels + ["all"]
+    expected = {}
+    for b, label in enumerate(labels):
+        lo, hi = (edges[b], edges[b + 1]) if label != "all" else (edges[0], edges[-1])
+        expected[label] = sum(len(np.unique(w.base_offsets[p] // BLOCK_BASES)) for w in windows
+                              for p in [np.arange(max(lo, 1), hi)[~w.ambiguous[max(lo, 1):hi]]])
+    assert expected["[0,1k)"] == 3 and expected["[32k,64k)"] == 6 and expected["[64k,128k)"] == 12
+    model = {r["bucket"]: r for r in rows if r["series"] == "model" and r["subset"] == "all"}
+    delta = {r["bucket"]: r for r in compare if r["subset"] == "all"}
+    assert {label: model[label]["blocks"] for label in labels} == expected
+    assert {label: delta[label]["blocks"] for label in labels} == expected
+
+    summary = {"bucket_stats": rows, "comparisons": compare}
+    printed = bucket_report(summary).splitlines()
+    table = {line.split()[0]: line for line in printed if line.split() and line.split()[0] in labels}
+    assert list(table) == labels
+    for label, line in table.items():
+        ci = f"[{model[label]['ci_low']:.4f}, {model[label]['ci_high']:.4f}]"
+        assert line.endswith(ci + ("*" if expected[label] < FEW_BLOCKS_FOR_CI else "")), line
+    assert [line for line in printed if line.startswith("- ")] == [
+        f"- model - baseline: {delta['all']['delta_bits_per_base']:+.4f} bits/base (95% CI "
+        f"{delta['all']['ci_low']:+.4f} to {delta['all']['ci_high']:+.4f})"]       # 39 blocks: not marked
+    notes = [line for line in printed if line.startswith("* ")]
+    assert len(notes) == 1 and f"fewer than {FEW_BLOCKS_FOR_CI} bootstrap blocks" in notes[0]
+    assert "not a 95% interval" in notes[0] and "--max-windows" in notes[0]
+    # Intervals from 10 blocks or more only: nothing marked, no footnote.
+    firm = {"bucket_stats": [r for r in rows if r["bucket"] in ("[64k,128k)", "[128k,200000]", "all")],
+            "comparisons": compare}
+    assert "*" not in bucket_report(firm)

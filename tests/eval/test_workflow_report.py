@@ -17,8 +17,8 @@ LAMBDA = "other/lambda_phage_NC_001416.1.fa.gz"
 
 
 @pytest.fixture(scope="module")
-def evaluation(tmp_path_factory):
-    """A by-position evaluation of a tiny random model, at results/eval/tiny/chr22 as the workflow lays it out."""
+def workspace(tmp_path_factory):
+    """A prepared chr22 dataset and a tiny random model: (root, data, model)."""
     import torch
 
     from conftest import shared_file
@@ -35,13 +35,24 @@ def evaluation(tmp_path_factory):
     torch.manual_seed(0)
     save_pretrained(build_model(preset("tiny", vocab_size=PreparedDataset(data).tokenizer.vocab_size)),
                     root / "model", tokenizer=PreparedDataset(data).tokenizer)
-    out = root / "results" / "eval" / "tiny" / "chr22"
+    return root, data, root / "model"
+
+
+def _evaluate(workspace, name: str, windows: int):
+    """A by-position evaluation of ``windows`` windows at results/eval/NAME/chr22 as the workflow lays it out."""
+    root, data, model = workspace
+    out = root / "results" / "eval" / name / "chr22"
     result = CliRunner().invoke(main, ["eval", "--by-position", "chr22", "--data", str(data), "--checkpoint",
-                                       str(root / "model"), "--seq", "128", "--context", "32", "--max-windows", "1",
+                                       str(model), "--seq", "128", "--context", "32", "--max-windows", str(windows),
                                        "--first-bucket", "32", "--bootstrap", "10", "--out", str(out),
                                        "--no-progress"])
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="module")
+def evaluation(workspace):
+    return _evaluate(workspace, "tiny", 1)
 
 
 def _report(capsys, *args):
@@ -68,6 +79,20 @@ def test_report_writes_a_summary_and_replaces_its_own(evaluation, tmp_path, caps
     (out / "old_chr21.png").write_bytes(b"\x89PNG")
     report_main(["--out", str(out), str(evaluation)])
     assert not (out / "old_chr21.png").exists() and (out / ".genolc-output.json").is_file()
+
+
+def test_report_marks_intervals_from_few_blocks_and_says_why(workspace, tmp_path):
+    """Two windows: every bucket lies in 2 bootstrap blocks, so each interval is marked, with one footnote."""
+    evaluation = _evaluate(workspace, "two", 2)
+    out = tmp_path / "report"
+    report_main(["--out", str(out), str(evaluation)])
+    lines = (out / "summary.md").read_text().splitlines()
+    table = [line for line in lines if line.startswith(("[", "all "))]
+    assert len(table) == 4 and all(line.endswith("]*") for line in table)      # [0,32) … [64,128], all
+    bullet = next(i for i, line in enumerate(lines) if line.startswith("- context:32 - model: "))
+    assert lines[bullet].endswith("*)")
+    assert lines[bullet + 1] == ""                                           # a paragraph, not part of the list
+    assert lines[bullet + 2].startswith("\\* the interval rests on fewer than 10 bootstrap blocks")
 
 
 @pytest.mark.parametrize("problem, message", [
