@@ -189,9 +189,13 @@ def few_blocks_note(summary: dict[str, Any], markdown: bool = False) -> list[str
     intervals += [(row.get("ci_low"), row.get("ci_high"), row.get("blocks")) for row in _shown_comparisons(summary)]
     if not any(few_blocks_mark(*interval) for interval in intervals):
         return []
+    windows = summary.get("windows") or {}
+    # Where every tiled window was scored, only more held-out sequence adds blocks.
+    remedy = ("evaluate more held-out sequence" if windows.get("scored", 0) >= windows.get("tiled", 1)
+              else "score more windows (--max-windows, --max-tokens)")
     note = (("\\*" if markdown else "*") + f" the interval rests on fewer than {FEW_BLOCKS_FOR_CI} "
             f"bootstrap blocks ({BLOCK_BASES // 1024} kb of targets each): it is the spread of a few windows, not a "
-            "95% interval; score more windows (--max-windows, --max-tokens) to firm it up")
+            f"95% interval; {remedy} to firm it up")
     return ["", note] if markdown else [note]
 
 

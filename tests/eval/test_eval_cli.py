@@ -112,6 +112,9 @@ def test_eval_by_position_end_to_end(setup):
     compared = [line for line in lines if line.startswith("- ")]
     assert len(compared) == 2 and all(line.endswith("*)") for line in compared)
     assert lines[-2].startswith("* the interval rests on fewer than 10 bootstrap blocks")
+    remedy = ("evaluate more held-out sequence" if summary["windows"]["scored"] == summary["windows"]["tiled"]
+              else "score more windows (--max-windows, --max-tokens)")
+    assert lines[-2].endswith(f"{remedy} to firm it up")
 
 
 def test_eval_by_position_over_ten_windows_marks_no_interval(setup):
@@ -389,3 +392,16 @@ def test_ctrl_c_in_the_needle_prints_the_trials_done(setup, tmp_path, monkeypatc
     assert result.stdout.splitlines()[1].startswith("D=1024: first copy 2.000, second copy 2.000 bits/base")
     assert "eval stopped by SIGINT after 1 of 3 needle trials" in result.stderr and len(passes) == 1
     assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_the_few_blocks_note_asks_for_more_sequence_once_every_window_is_scored():
+    """--max-windows cannot add blocks when every tiled window was scored: the note then asks for more sequence."""
+    from genolc.eval.report import few_blocks_note
+
+    row = {"comparison": "model - baseline", "subset": "all", "bucket": "all", "delta_bits_per_base": -0.01,
+           "ci_low": -0.02, "ci_high": 0.0, "blocks": 3}
+    summary = {"bucket_stats": [], "comparisons": [row], "windows": {"tiled": 3, "scored": 3}}
+    assert few_blocks_note(summary)[0].endswith("evaluate more held-out sequence to firm it up")
+    summary["windows"] = {"tiled": 30, "scored": 3}
+    assert few_blocks_note(summary)[0].endswith("score more windows (--max-windows, --max-tokens) to firm it up")
+    assert few_blocks_note({**summary, "comparisons": [{**row, "blocks": 10}]}) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import matplotlib.figure
 import pandas as pd
+import pytest
 from matplotlib.collections import LineCollection
 
 from genolc.eval.plots import FEW_BLOCKS_LABEL, UNIFORM_ACGT_BITS, plot_by_position
@@ -27,7 +28,9 @@ def _frames():
     return pd.DataFrame(rows), pd.DataFrame(comparisons)
 
 
-def test_coinciding_series_are_drawn_distinguishably_with_the_two_bit_line(tmp_path, monkeypatch):
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """Every figure plot_by_position saves, in order."""
     saved = []
     original = matplotlib.figure.Figure.savefig
 
@@ -36,6 +39,11 @@ def test_coinciding_series_are_drawn_distinguishably_with_the_two_bit_line(tmp_p
         return original(fig, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return saved
+
+
+def test_coinciding_series_are_drawn_distinguishably_with_the_two_bit_line(tmp_path, saved_figures):
+    saved = saved_figures
     buckets, comparisons = _frames()
     plot_by_position(buckets, comparisons, tmp_path / "by_position.png", "title")
     assert (tmp_path / "by_position.png").stat().st_size > 0
@@ -61,15 +69,8 @@ def test_coinciding_series_are_drawn_distinguishably_with_the_two_bit_line(tmp_p
         str(deltas["context:128 - model"].get_linestyle()), deltas["context:128 - model"].get_marker())
 
 
-def test_intervals_from_few_blocks_are_dashed_and_lighter_and_the_legend_says_why(tmp_path, monkeypatch):
-    saved = []
-    original = matplotlib.figure.Figure.savefig
-
-    def keep(fig, *args, **kwargs):
-        saved.append(fig)
-        return original(fig, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+def test_intervals_from_few_blocks_are_dashed_and_lighter_and_the_legend_says_why(tmp_path, saved_figures):
+    saved = saved_figures
     buckets, comparisons = _frames()
     # The first two buckets lie in 2 blocks (two windows), the rest in 12.
     blocks = lambda frame: frame["bucket"].map(lambda b: 2 if b in BUCKETS[:2] else 12)  # noqa: E731
