@@ -548,6 +548,9 @@ class _Trainer:
         self.model.train()
         self._started = time.monotonic()
         self._step_tokens, self._step_seconds, self._model_flops = 0, 0.0, 0.0
+        # This invocation's first step loads (or compiles and autotunes) the kernels: reported apart from the rest.
+        self._first_step_seconds: float | None = None
+        self._later_tokens, self._later_seconds = 0, 0.0
         final: Path | None = self.last_good if self.start_step >= cfg.steps else None
         if final is not None:
             _say(f"the run is already at step {self.start_step} (--steps {cfg.steps}): nothing to train; raise --steps "
@@ -611,6 +614,11 @@ class _Trainer:
         self._step_tokens += step_tokens
         self._step_seconds += seconds
         self._model_flops += flops.model * step_tokens
+        if self._first_step_seconds is None:
+            self._first_step_seconds = seconds
+        else:
+            self._later_tokens += step_tokens
+            self._later_seconds += seconds
         metrics["tokens_per_s"] = step_tokens / max(seconds, 1e-9)
         metrics["model_flops_per_token"] = flops.model
         peak = self._peak_flops()
@@ -649,6 +657,8 @@ class _Trainer:
             "tokens_per_s": self._step_tokens / self._step_seconds if self._step_seconds else None,
             "mfu": (self._model_flops / self._step_seconds / self._peak_flops()
                     if self._step_seconds and self._peak_flops() else None),
+            "first_step_seconds": self._first_step_seconds,
+            "tokens_per_s_after_first_step": self._later_tokens / self._later_seconds if self._later_seconds else None,
             "peak_memory_gib": self._memory_gib(), "peak_memory_gib_ranks": self._peak_ranks,
             "peak_host_memory_gib": _host_peak_gib(), "peak_host_memory_gib_ranks": self._host_peak_ranks,
             "device": str(self.device), "bf16": self.bf16,

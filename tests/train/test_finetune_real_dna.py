@@ -69,7 +69,8 @@ def test_finetune_learns_real_dna_and_writes_outputs(lambda_data, tmp_path):
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000020"]      # keep=1 pruned step 10
     lines = [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(1, 21))
-    for key in ("loss", "tokens", "lr", "tokens_per_s", "grad_norm", "aux_moe_balance", "memory_gib"):
+    for key in ("loss", "tokens", "lr", "tokens_per_s", "grad_norm", "aux_moe_balance", "memory_gib",
+                "host_memory_gib"):
         assert all(key in m for m in lines), key
     assert lines[-1]["tokens"] == 20 * 128
     losses = [m["loss"] for m in lines]
@@ -78,6 +79,12 @@ def test_finetune_learns_real_dna_and_writes_outputs(lambda_data, tmp_path):
     assert sum(losses[-5:]) / 5 < sum(losses[:3]) / 3 - 0.6, losses
     summary = json.loads((out / SUMMARY).read_text())
     assert summary["status"] == "ok" and summary["final_checkpoint"] == str(final)
+    # The first step is reported apart (on a GPU it loads or compiles the kernels); the rate after it is the later
+    # steps' tokens over their seconds.
+    assert summary["first_step_seconds"] == pytest.approx(lines[0]["step_seconds"])
+    later = sum(m["tokens"] - p["tokens"] for p, m in zip(lines, lines[1:])) / sum(m["step_seconds"] for m in lines[1:])
+    assert summary["tokens_per_s_after_first_step"] == pytest.approx(later)
+    assert summary["peak_host_memory_gib"] > 0.1
     records = list((out / "runs").glob("*_finetune.json"))
     assert len(records) == 1 and json.loads(records[0].read_text())["status"] == "ok"
     # The checkpoint is a model directory the model package (and genolc eval) loads, with the genome tokenizer.
