@@ -19,7 +19,9 @@ What it runs, each step as genolc's own command in its own process (``python -m 
 1. ``genolc prepare`` of the training and held-out FASTA files into one dataset (``--train`` / ``--heldout`` name
    the records, as prepare takes them; the held-out records are never trained on).
 2. pretrain: ``genolc finetune --model PRESET --seq SHORT`` from the preset's random initialisation: the stand-in
-   for a pretrained genome LM, which cannot be downloaded here. Its last checkpoint is "base".
+   for a pretrained genome LM, which cannot be downloaded here. Its last checkpoint is "base". ``--base CHECKPOINT``
+   skips this phase and starts the arms from a model pretrained elsewhere (e.g. for hours with genolc finetune, or a
+   converted GLM-5.3-Flash); ``--preset`` then only names the training rates --time-budget plans with.
 3. arm A: ``genolc finetune --init base --seq LONG`` (512k by default): one LONG window per optimizer step.
    arm B, the control: ``genolc finetune --init base --seq SHORT`` with LONG/SHORT windows per step
    (``--micro-batch M --grad-accum LONG/(SHORT*M)``), the same number of steps, learning rate and schedule. So both
@@ -145,6 +147,7 @@ class ExperimentConfig:
     long_seq: int = 512 * 1024
     pretrain_windows: int = 8                 # SHORT windows per pretraining step
     short_micro_batch: int = 4                # SHORT windows per micro-batch (arm B and pretraining)
+    base: Path | None = None                  # a pretrained checkpoint: no pretraining phase, the arms start here
     pretrain_steps: int | None = None
     arm_steps: int | None = None
     pretrain_lr: float = 1e-3
@@ -207,6 +210,9 @@ class ExperimentConfig:
                               fix="name the held-out records, e.g. --heldout chr22,chr19 (genolc prepare --heldout)")
         if self.gpus and self.device != "cuda":
             raise ConfigError("--gpus needs --device cuda", where="--gpus")
+        if self.base is not None and self.pretrain_steps is not None:
+            raise ConfigError("--pretrain-steps with --base: a given base checkpoint is not pretrained again",
+                              where="--pretrain-steps", fix="drop --pretrain-steps, or drop --base to pretrain one")
 
     @property
     def lanes(self) -> int:
@@ -231,7 +237,7 @@ class RunSize:
 
 @dataclass(frozen=True)
 class Plan:
-    pretrain: RunSize
+    pretrain: RunSize | None              # None: --base gave the pretrained checkpoint
     arm_a: RunSize
     arm_b: RunSize
     eval_seq: int
@@ -269,7 +275,11 @@ def predict_seconds(config: ExperimentConfig, rates: Rates, *, eval_windows: int
     compile_s = (COMPILE_SECONDS.get((device, config.preset), 150.0 if device == "cuda" else 0.0)
                  if config.compile_seconds is None else config.compile_seconds)
     process = STARTUP_SECONDS[device] + FIRST_STEP_SECONDS[device]
-    pretrain = process + compile_s + pretrain_steps * config.pretrain_windows * short / rates.short
+    # With --base no pretraining runs, and the first arm meets the kernels first.
+    pretrain = (0.0 if config.base is not None
+                else process + compile_s + pretrain_steps * config.pretrain_windows * short / rates.short)
+    if config.base is not None:
+        process += compile_s
     arm_a = arm_steps * long_ / rates.long
     arm_b = arm_steps * long_ / rates.short
     if lanes == 1:
@@ -310,7 +320,12 @@ def _fit_steps(config: ExperimentConfig, rates: Rates, how: list[str], pretrain_
                f"({config.device}/{config.preset}, TRAIN_RATES: {rates.source})")
     pretrain_what = f"steps of {config.pretrain_windows} x {format_length(short)} at {per_pretrain_step:.2f} s"
     arm_what = f"steps at {per_arm_step:.1f} s a step of both arms ({fixed['arms_how']})"
-    if pretrain_steps is None and arm_steps is None:
+    if config.base is not None:
+        pretrain_steps = 0
+        if arm_steps is None:
+            arm_steps = math.floor(train_s / per_arm_step)
+            how.append(f"no pretraining (--base); the arms get it all: {arm_steps} {arm_what}")
+    elif pretrain_steps is None and arm_steps is None:
         pretrain_steps = math.floor(train_s * PRETRAIN_SHARE / per_pretrain_step)
         arm_steps = math.floor(train_s * (1 - PRETRAIN_SHARE) / per_arm_step)
         how.append(f"pretraining gets {PRETRAIN_SHARE:.0%}: {pretrain_steps} {pretrain_what}; the arms "
@@ -323,7 +338,7 @@ def _fit_steps(config: ExperimentConfig, rates: Rates, how: list[str], pretrain_
         arm_steps = math.floor((train_s - pretrain_steps * per_pretrain_step) / per_arm_step)
         how.append(f"pretraining's {pretrain_steps} {pretrain_what} (--pretrain-steps); the arms get the rest: "
                    f"{arm_steps} {arm_what}")
-    if pretrain_steps < 1 or arm_steps < 1:
+    if (pretrain_steps < 1 and config.base is None) or arm_steps < 1:
         raise ConfigError(f"--time-budget {config.time_budget:.0f} s leaves {max(train_s, 0):.0f} s to train: "
                           f"{max(pretrain_steps, 0)} pretraining and {max(arm_steps, 0)} arm steps (besides the "
                           f"steps: {fixed['why']})", where="--time-budget",
@@ -364,9 +379,9 @@ def make_plan(config: ExperimentConfig) -> Plan:
         distances = tuple(sorted({d for d in (2 * segment * 4 ** i for i in range(8)) if d < largest} | {largest}))
     routing = tuple(sorted(set(config.routing_lengths or (short, long_))))
     pretrain_steps, arm_steps = config.pretrain_steps, config.arm_steps
-    if (pretrain_steps is None or arm_steps is None) and config.time_budget is None:
+    if ((pretrain_steps is None and config.base is None) or arm_steps is None) and config.time_budget is None:
         raise ConfigError("no steps and no time budget given", where="--time-budget",
-                          fix="give --time-budget SECONDS, or --pretrain-steps and --arm-steps")
+                          fix="give --time-budget SECONDS, or --pretrain-steps (none with --base) and --arm-steps")
     if config.time_budget is not None:
         rates = TRAIN_RATES.get((config.device, config.preset))
         if rates is None:
@@ -379,14 +394,16 @@ def make_plan(config: ExperimentConfig) -> Plan:
                                                                routing_lengths=routing, pretrain_steps=pre,
                                                                arm_steps=arm))
     micro = min(config.short_micro_batch, config.pretrain_windows)
-    pretrain = RunSize(seq=short, micro_batch=micro, grad_accum=config.pretrain_windows // micro,
-                       steps=pretrain_steps, lr=config.pretrain_lr, warmup=warmup_steps(pretrain_steps))
+    pretrain = None if config.base is not None else RunSize(
+        seq=short, micro_batch=micro, grad_accum=config.pretrain_windows // micro, steps=pretrain_steps,
+        lr=config.pretrain_lr, warmup=warmup_steps(pretrain_steps))
     arm_a = RunSize(seq=long_, micro_batch=1, grad_accum=1, steps=arm_steps, lr=config.arm_lr,
                     warmup=warmup_steps(arm_steps))
     arm_b = replace(arm_a, seq=short, micro_batch=config.short_micro_batch,
                     grad_accum=ratio // config.short_micro_batch)
-    how.append(f"learning rates: pretraining {config.pretrain_lr:g} (from scratch), arms {config.arm_lr:g} "
-               f"(continuing), linear warm-up over a tenth of the steps, cosine to a tenth")
+    start = (f"learning rates: pretraining {config.pretrain_lr:g} (from scratch), arms" if config.base is None
+             else f"base: {config.base} (--base, not pretrained here); learning rate of the arms")
+    how.append(f"{start} {config.arm_lr:g} (continuing), linear warm-up over a tenth of the steps, cosine to a tenth")
     return Plan(pretrain=pretrain, arm_a=arm_a, arm_b=arm_b, eval_seq=long_, eval_max_windows=eval_windows,
                 context=config.context, context_block=context_block, needle_seq=needle_seq,
                 needle_distances=distances, routing_lengths=routing, how=tuple(how))
@@ -535,7 +552,8 @@ def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase
                 "--lr", f"{size.lr:g}", "--warmup", str(size.warmup), "--micro-batch", str(size.micro_batch),
                 "--grad-accum", str(size.grad_accum), "--out", str(out), *common]
 
-    base = checkpoints / "pretrain"
+    base = config.base.absolute() if config.base is not None else checkpoints / "pretrain"
+    pretrained = "prepare" if config.base is not None else "pretrain"
     arm_a, arm_b = checkpoints / "arm_a", checkpoints / "arm_b"
     evals = work / "evals"
     by_position = ["--seq", str(plan.eval_seq), "--max-windows", str(plan.eval_max_windows), "--first-bucket",
@@ -548,9 +566,10 @@ def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase
         Phase("prepare", ["prepare", *fasta, "--out", str(data), "--train", config.train_records, "--heldout",
                           config.heldout_records, "--tokenizer", config.tokenizer, "--no-progress"],
               data, uses_torch=False),
-        Phase("pretrain", finetune(plan.pretrain, base, ["--model", config.preset]), base, ("prepare",)),
-        Phase("arm_a", finetune(plan.arm_a, arm_a, ["--init", str(base)]), arm_a, ("pretrain",)),
-        Phase("arm_b", finetune(plan.arm_b, arm_b, ["--init", str(base)]), arm_b, ("pretrain",)),
+        *([] if plan.pretrain is None else
+          [Phase("pretrain", finetune(plan.pretrain, base, ["--model", config.preset]), base, ("prepare",))]),
+        Phase("arm_a", finetune(plan.arm_a, arm_a, ["--init", str(base)]), arm_a, (pretrained,)),
+        Phase("arm_b", finetune(plan.arm_b, arm_b, ["--init", str(base)]), arm_b, (pretrained,)),
         Phase("eval_a_vs_base", ["eval", "--by-position", "heldout", "--data", str(data), "--checkpoint", str(arm_a),
                                  "--baseline", str(base), "--context", str(plan.context), "--context-block",
                                  str(plan.context_block), "--out", str(evals / "a_vs_base"), *by_position],
@@ -565,7 +584,7 @@ def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase
                             str(plan.routing_lengths[-1]), *how_to_run, "--out", str(evals / "routing_a")],
               evals / "routing_a", ("arm_a",)),
         Phase("needle_base", ["eval", "--needle", "heldout", "--data", str(data), "--checkpoint", str(base),
-                              "--out", str(evals / "needle_base"), *needle], evals / "needle_base", ("pretrain",)),
+                              "--out", str(evals / "needle_base"), *needle], evals / "needle_base", (pretrained,)),
     ]
     for phase in phases:
         phase.work = work
@@ -686,7 +705,8 @@ def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
 
     written = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, name, style in (("base_bits_per_base", "base (pretrained at short context)", "o-"),
+    base_name = "base (pretrained at short context)" if plan.pretrain is not None else "base (the --base checkpoint)"
+    for key, name, style in (("base_bits_per_base", base_name, "o-"),
                              ("a_bits_per_base", "A (continued at long context)", "s-"),
                              ("b_bits_per_base", "B (continued at short context)", "^--")):
         ax.plot(x, [r[key] for r in rows], style, label=name, markersize=4)
@@ -760,7 +780,7 @@ def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
 def provenance(results: Path, config: ExperimentConfig) -> dict[str, Any]:
     """git SHA and device from the run records genolc wrote (the same for every phase of one run)."""
     record = {}
-    for path in sorted((results / "pretrain").glob("run_record_*.json")):
+    for path in sorted((results / "arm_a").glob("run_record_*.json")):
         record = json.loads(path.read_text())
     host = record.get("host", {})
     gpus = host.get("gpus")
@@ -817,19 +837,23 @@ def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig
 
     lines = [
         "# Long-range learning on real DNA: pretrain short, finetune long, against a control", "",
-        f"- preset `{config.preset}`, device {prov['device']}, genolc {prov['genolc_version']} at "
+        f"- {'preset `' + config.preset + '`' if config.base is None else 'model: the --base checkpoint'}, device "
+        f"{prov['device']}, genolc {prov['genolc_version']} at "
         f"{prov['git_sha']}, {wall:.0f} s in all",
         f"- training FASTA: {', '.join(p.name for p in config.train_fastas)} (records {config.train_records}); "
         f"held out: {', '.join(p.name for p in config.heldout_fastas)} (records {config.heldout_records})",
-        f"- pretrain: {plan.pretrain.steps} steps of {plan.pretrain.micro_batch * plan.pretrain.grad_accum} x "
-        f"{format_length(plan.pretrain.seq)} windows at lr {plan.pretrain.lr:g}; arm A: {plan.arm_a.steps} steps of "
+        (f"- base: {config.base} (given with --base); " if plan.pretrain is None else
+         f"- pretrain: {plan.pretrain.steps} steps of {plan.pretrain.micro_batch * plan.pretrain.grad_accum} x "
+         f"{format_length(plan.pretrain.seq)} windows at lr {plan.pretrain.lr:g}; ")
+        + f"arm A: {plan.arm_a.steps} steps of "
         f"one {format_length(plan.arm_a.seq)} window; arm B: {plan.arm_b.steps} steps of "
         f"{plan.arm_b.micro_batch * plan.arm_b.grad_accum} x {format_length(plan.arm_b.seq)} windows; arms at lr "
         f"{plan.arm_a.lr:g}",
         *(f"- {line}" for line in plan.how), "",
         f"Held-out bits/base over {head['eval_windows']['a_vs_base']['scored']} windows of "
         f"{format_length(plan.eval_seq)} ({', '.join(head['scored_windows'])}, spread over the "
-        f"{head['eval_windows']['a_vs_base']['tiled']} windows of {', '.join(head['records'])}): base {loss['base']:.4f}, "
+        f"{head['eval_windows']['a_vs_base']['tiled']} windows of {', '.join(head['records'])}): "
+        f"base {loss['base']:.4f}, "
         f"A {loss['a']:.4f} ({loss['a_change_percent']:+.2f}%), B {loss['b']:.4f} ({loss['b_change_percent']:+.2f}%); "
         f"A - base {loss['a_minus_base']:+.4f} [{loss['a_minus_base_ci'][0]:+.4f}, {loss['a_minus_base_ci'][1]:+.4f}]"
         f", A - B {loss['a_minus_b']:+.4f} [{loss['a_minus_b_ci'][0]:+.4f}, {loss['a_minus_b_ci'][1]:+.4f}] "
@@ -899,6 +923,10 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
         if not path.is_file():
             raise InputError("FASTA file not found", where=str(path), fix="check the path (--train-fasta / "
                                                                           "--heldout-fasta)")
+    if config.base is not None and not config.base.exists():
+        raise InputError("base checkpoint not found", where=str(config.base),
+                         fix="give a genolc checkpoint or finetune run directory to --base (genolc finetune --init "
+                             "takes the same)")
     plan = make_plan(config)
     if config.plan_only:
         print(json.dumps(asdict(plan), indent=1))
@@ -921,7 +949,8 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
         trained = False
         try:
             phases = build_phases(config, plan, work)
-            _say(f"plan: {plan.pretrain.steps} pretraining steps, {plan.arm_a.steps} steps per arm; "
+            _say(f"plan: {plan.pretrain.steps if plan.pretrain else 'no'} pretraining steps, {plan.arm_a.steps} "
+                 "steps per arm; "
                  + "; ".join(plan.how[1:-1]))
             try:
                 run_phases(phases, logs, config)
@@ -1020,6 +1049,9 @@ def parse_args(argv: list[str]) -> ExperimentConfig:
     parser.add_argument("--short-micro-batch", type=int,
                         help="short windows per micro-batch in arm B and pretraining (default 4: 32k tokens, whole-"
                              "window steps of `small` on an H200)")
+    parser.add_argument("--base", type=Path,
+                        help="a pretrained checkpoint (or finetune run directory) for the arms to start from, "
+                             "instead of pretraining one; its tokenizer must be --tokenizer's")
     parser.add_argument("--pretrain-steps", type=int, help="pretraining steps (default: from --time-budget)")
     parser.add_argument("--arm-steps", type=int, help="steps of each arm (default: from --time-budget)")
     parser.add_argument("--pretrain-lr", type=float, help="peak lr of pretraining (default 1e-3; 1e-2 with --cpu)")
@@ -1066,6 +1098,9 @@ def parse_args(argv: list[str]) -> ExperimentConfig:
                  "needle_trials", "needle_bases"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
+    if args.base is not None:
+        values["base"] = args.base
+        values.pop("pretrain_steps", None)      # --cpu's sizes pretrain; a given base is not pretrained again
     if args.train is not None:
         values["train_records"] = args.train
     if args.heldout is not None:

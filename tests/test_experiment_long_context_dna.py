@@ -264,3 +264,54 @@ def test_arms_side_by_side_on_one_device_plan_between_one_lane_and_two_gpus(tmp_
         plan(jobs=2, pretrain_steps=1000, arm_steps=100)
     with pytest.raises(ConfigError, match="leaves"):
         plan(jobs=2, arm_steps=100)
+
+
+def test_a_given_base_replaces_pretraining(tmp_path, capsys):
+    """--base: no pretraining phase; both arms, the A-vs-base evaluation and the base needle use the given checkpoint,
+    and --time-budget gives the arms all the training time."""
+    base = tmp_path / "pretrained"
+    base.mkdir()
+
+    def config(**kw):
+        return experiment.ExperimentConfig(**{"out": tmp_path / "o", "train_fastas": (tmp_path / "t.fa",),
+                                              "heldout_records": "chr22", "preset": "mini", "device": "cuda",
+                                              "eval_tokens": 1 << 20, **kw})
+
+    given, pretrained = experiment.make_plan(config(base=base, time_budget=540)), experiment.make_plan(
+        config(time_budget=540))
+    assert given.pretrain is None and given.arm_a.steps > pretrained.arm_a.steps
+    assert any("no pretraining (--base)" in line for line in given.how)
+    phases = {p.name: p for p in experiment.build_phases(config(base=base, arm_steps=3), experiment.make_plan(
+        config(base=base, arm_steps=3)), tmp_path / "work")}
+    assert "pretrain" not in phases
+    assert phases["arm_a"].after == phases["arm_b"].after == phases["needle_base"].after == ("prepare",)
+    for name in ("arm_a", "arm_b"):
+        assert phases[name].args[phases[name].args.index("--init") + 1] == str(base.absolute())
+    assert phases["eval_a_vs_base"].args[phases["eval_a_vs_base"].args.index("--baseline") + 1] == str(base.absolute())
+    assert phases["needle_base"].args[phases["needle_base"].args.index("--checkpoint") + 1] == str(base.absolute())
+    with pytest.raises(ConfigError, match="--pretrain-steps with --base"):
+        config(base=base, pretrain_steps=3, arm_steps=1)
+    code, err = _run(["--cpu", "--base", str(tmp_path / "nowhere"), "--out", str(tmp_path / "res")], capsys)
+    assert code == 2 and "base checkpoint not found" in err and "nowhere" in err
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.slow
+def test_the_cpu_form_from_a_given_base_runs_end_to_end(tmp_path):
+    """A base pretrained by genolc finetune on the bundled sample, then the experiment's arms and evaluations from it."""
+    sample = ROOT / "genolc" / "sample"
+    data, base = tmp_path / "data", tmp_path / "base"
+    for argv in (["prepare", str(sample / "hg38_chr2_1-600000.fa.gz"), "--out", str(data), "--train", "chr2",
+                  "--heldout", "none", "--tokenizer", "char", "--no-progress"],
+                 ["finetune", "--data", str(data), "--seq", "128", "--model", "tiny", "--steps", "2", "--out",
+                  str(base), "--no-progress", "--device", "cpu", "--threads", "1"]):
+        done = subprocess.run([sys.executable, "-m", "genolc.cli", *argv], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / "res"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--base", str(base), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["plan"]["pretrain"] is None and "pretrain" not in [row["phase"] for row in summary["phases"]]
+    assert summary["heldout_loss"]["base"] > 0 and summary["needle"]["base"]
+    assert "- base: " in (out / "README.md").read_text()
