@@ -20,8 +20,9 @@ What it runs, each step as genolc's own command in its own process (``python -m 
    the records, as prepare takes them; the held-out records are never trained on).
 2. pretrain: ``genolc finetune --model PRESET --seq SHORT`` from the preset's random initialisation: the stand-in
    for a pretrained genome LM, which cannot be downloaded here. Its last checkpoint is "base". ``--base CHECKPOINT``
-   skips this phase and starts the arms from a model pretrained elsewhere (e.g. for hours with genolc finetune, or a
-   converted GLM-5.3-Flash); ``--preset`` then only names the training rates --time-budget plans with.
+   skips this phase and starts the arms from a model pretrained elsewhere (e.g. for hours with genolc finetune, on
+   data without the held-out records, or the comparisons with base mean nothing); ``--preset`` then only names the
+   training rates --time-budget plans with, and the summary records the checkpoint (``base_checkpoint``).
 3. arm A: ``genolc finetune --init base --seq LONG`` (512k by default): one LONG window per optimizer step.
    arm B, the control: ``genolc finetune --init base --seq SHORT`` with LONG/SHORT windows per step
    (``--micro-batch M --grad-accum LONG/(SHORT*M)``), the same number of steps, learning rate and schedule. So both
@@ -278,8 +279,6 @@ def predict_seconds(config: ExperimentConfig, rates: Rates, *, eval_windows: int
     # With --base no pretraining runs, and the first arm meets the kernels first.
     pretrain = (0.0 if config.base is not None
                 else process + compile_s + pretrain_steps * config.pretrain_windows * short / rates.short)
-    if config.base is not None:
-        process += compile_s
     arm_a = arm_steps * long_ / rates.long
     arm_b = arm_steps * long_ / rates.short
     if lanes == 1:
@@ -288,6 +287,8 @@ def predict_seconds(config: ExperimentConfig, rates: Rates, *, eval_windows: int
         arms, arms_how = process + max(arm_a, arm_b), "side by side on their own GPUs"
     else:
         arms, arms_how = process + arm_a + arm_b, "side by side sharing one device"
+    if config.base is not None:
+        arms += compile_s
     context_block = config.context_block or config.context
     # A with base and the truncated A (visible K..K+block: (K + block) / block forwards), then A with B.
     by_position = eval_windows * (long_ + 1) * (2 + 2 + (context_block + config.context) / context_block)
@@ -325,6 +326,8 @@ def _fit_steps(config: ExperimentConfig, rates: Rates, how: list[str], pretrain_
         if arm_steps is None:
             arm_steps = math.floor(train_s / per_arm_step)
             how.append(f"no pretraining (--base); the arms get it all: {arm_steps} {arm_what}")
+        else:
+            how.append(f"no pretraining (--base); the arms' {arm_steps} {arm_what} (--arm-steps)")
     elif pretrain_steps is None and arm_steps is None:
         pretrain_steps = math.floor(train_s * PRETRAIN_SHARE / per_pretrain_step)
         arm_steps = math.floor(train_s * (1 - PRETRAIN_SHARE) / per_arm_step)
@@ -923,10 +926,15 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
         if not path.is_file():
             raise InputError("FASTA file not found", where=str(path), fix="check the path (--train-fasta / "
                                                                           "--heldout-fasta)")
-    if config.base is not None and not config.base.exists():
-        raise InputError("base checkpoint not found", where=str(config.base),
-                         fix="give a genolc checkpoint or finetune run directory to --base (genolc finetune --init "
-                             "takes the same)")
+    if config.base is not None:
+        if not config.base.exists():
+            raise InputError("base checkpoint not found", where=str(config.base),
+                             fix="give a genolc checkpoint or finetune run directory to --base (genolc finetune "
+                                 "--init takes the same)")
+        from genolc.train.state import resolve_checkpoint
+
+        # Once, here: every phase then starts from the same checkpoint even if the run directory gains a newer one.
+        config = replace(config, base=resolve_checkpoint(config.base, "--base").absolute())
     plan = make_plan(config)
     if config.plan_only:
         print(json.dumps(asdict(plan), indent=1))
@@ -966,6 +974,7 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
             wall = time.monotonic() - started
             command = ["python", "experiments/long_context_dna.py", *argv]
             summary = {"experiment": NAME, "status": "ok", "command": shlex.join(command), "work": str(work), **prov,
+                       "base_checkpoint": str(config.base) if config.base is not None else None,
                        "wall_seconds": round(wall, 1), "plan": asdict(plan),
                        "config": {k: (str(v) if isinstance(v, Path) else [str(x) for x in v]
                                       if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
@@ -1051,7 +1060,8 @@ def parse_args(argv: list[str]) -> ExperimentConfig:
                              "window steps of `small` on an H200)")
     parser.add_argument("--base", type=Path,
                         help="a pretrained checkpoint (or finetune run directory) for the arms to start from, "
-                             "instead of pretraining one; its tokenizer must be --tokenizer's")
+                             "instead of pretraining one; its tokenizer must be --tokenizer's, and it must not have "
+                             "trained on the held-out records")
     parser.add_argument("--pretrain-steps", type=int, help="pretraining steps (default: from --time-budget)")
     parser.add_argument("--arm-steps", type=int, help="steps of each arm (default: from --time-budget)")
     parser.add_argument("--pretrain-lr", type=float, help="peak lr of pretraining (default 1e-3; 1e-2 with --cpu)")
@@ -1100,7 +1110,8 @@ def parse_args(argv: list[str]) -> ExperimentConfig:
             values[name] = getattr(args, name)
     if args.base is not None:
         values["base"] = args.base
-        values.pop("pretrain_steps", None)      # --cpu's sizes pretrain; a given base is not pretrained again
+        if args.pretrain_steps is None:
+            values.pop("pretrain_steps", None)  # --cpu's sizes pretrain; a given base is not pretrained again
     if args.train is not None:
         values["train_records"] = args.train
     if args.heldout is not None:

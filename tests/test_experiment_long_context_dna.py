@@ -298,7 +298,7 @@ def test_a_given_base_replaces_pretraining(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_cpu_form_from_a_given_base_runs_end_to_end(tmp_path):
-    """A base pretrained by genolc finetune on the bundled sample, then the experiment's arms and evaluations from it."""
+    """A base pretrained by genolc finetune on the bundled sample, then the experiment's arms and evaluations."""
     sample = ROOT / "genolc" / "sample"
     data, base = tmp_path / "data", tmp_path / "base"
     for argv in (["prepare", str(sample / "hg38_chr2_1-600000.fa.gz"), "--out", str(data), "--train", "chr2",
@@ -315,3 +315,26 @@ def test_the_cpu_form_from_a_given_base_runs_end_to_end(tmp_path):
     assert summary["plan"]["pretrain"] is None and "pretrain" not in [row["phase"] for row in summary["phases"]]
     assert summary["heldout_loss"]["base"] > 0 and summary["needle"]["base"]
     assert "- base: " in (out / "README.md").read_text()
+    assert summary["base_checkpoint"] == str(base.absolute() / "checkpoints" / "step-000002")
+
+
+def test_base_on_the_command_line_refuses_pretrain_steps_and_costs_one_process_less(tmp_path, capsys):
+    code, err = _run(["--cpu", "--base", str(tmp_path), "--pretrain-steps", "3", "--out", str(tmp_path / "res")],
+                     capsys)
+    assert code == 2 and "--pretrain-steps with --base" in err
+    config = experiment.ExperimentConfig(out=tmp_path / "o", train_fastas=(tmp_path / "t.fa",),
+                                         heldout_records="chr22", preset="mini", device="cuda", eval_tokens=1 << 20)
+    rates = experiment.TRAIN_RATES[("cuda", "mini")]
+    plan = experiment.make_plan(replace(config, pretrain_steps=1, arm_steps=1))
+
+    def fixed(cfg):
+        return experiment.predict_seconds(cfg, rates, eval_windows=plan.eval_max_windows, needle_seq=plan.needle_seq,
+                                          needle_distances=plan.needle_distances,
+                                          routing_lengths=plan.routing_lengths, pretrain_steps=0,
+                                          arm_steps=0)["total"]
+
+    process = experiment.STARTUP_SECONDS["cuda"] + experiment.FIRST_STEP_SECONDS["cuda"]
+    for jobs in (1, 2):
+        own, given = replace(config, jobs=jobs), replace(config, jobs=jobs, base=tmp_path)
+        # One training process fewer; the compile allowance is paid once either way.
+        assert fixed(given) == pytest.approx(fixed(own) - process)
