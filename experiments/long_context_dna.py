@@ -55,12 +55,14 @@ evaluations) side by side: their start-ups overlap, their device work does not. 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime as dt
 import json
 import math
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -639,8 +641,8 @@ def headline(results: Path, plan: Plan) -> dict[str, Any]:
     d_base = _rows(a_base, "comparisons", "model - baseline", "comparison")
     d_trunc = _rows(a_base, "comparisons", f"{context} - model", "comparison")
     d_b = _rows(a_b, "comparisons", "model - baseline", "comparison")
-    windows = [line.split(",") for line in (results / "eval_a_vs_base" / "windows.csv").read_text().splitlines()[1:]
-               if line.strip()]
+    with open(results / "eval_a_vs_base" / "windows.csv", newline="") as table:
+        windows = list(csv.DictReader(table))
     buckets = []
     for label, row in model_rows.items():
         a = row["bits_per_base"]
@@ -680,7 +682,7 @@ def headline(results: Path, plan: Plan) -> dict[str, Any]:
     return {"heldout_loss": loss, "buckets": buckets, "needle": needle,
             "routing_busiest_over_mean_by_length": busiest,
             "eval_windows": {"a_vs_base": a_base["windows"], "a_vs_b": a_b["windows"]},
-            "scored_windows": [f"{w[1]}:{int(w[4]):,}-{int(w[5]):,}" for w in windows],
+            "scored_windows": [f"{w['chrom']}:{int(w['chrom_start']):,}-{int(w['chrom_end']):,}" for w in windows],
             "records": a_base["records"]}
 
 
@@ -822,9 +824,9 @@ def first_and_steady_steps(metrics: Path) -> dict[str, Any]:
     steps = [s for s in steps if "step_seconds" in s]
     if not steps:
         return {}
-    later = sorted(s["tokens_per_s"] for s in steps[1:])
+    later = [s["tokens_per_s"] for s in steps[1:]]
     return {"first_step_seconds": round(steps[0]["step_seconds"], 2),
-            "steady_tokens_per_s": round(later[len(later) // 2], 1) if later else None}
+            "steady_tokens_per_s": round(statistics.median(later), 1) if later else None}
 
 
 def write_readme(results: Path, head: dict, plan: Plan, config: ExperimentConfig, prov: dict,
@@ -935,6 +937,11 @@ def run_experiment(config: ExperimentConfig, argv: list[str]) -> Path:
 
         # Once, here: every phase then starts from the same checkpoint even if the run directory gains a newer one.
         config = replace(config, base=resolve_checkpoint(config.base, "--base").absolute())
+        if not (config.base / "config.json").is_file():
+            raise InputError("--base is neither a model checkpoint (no config.json) nor a finetune run directory",
+                             where=str(config.base),
+                             fix="give a checkpoint directory (checkpoints/step-N of a finetune run) or the run "
+                                 "directory itself")
     plan = make_plan(config)
     if config.plan_only:
         print(json.dumps(asdict(plan), indent=1))

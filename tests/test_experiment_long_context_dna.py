@@ -293,7 +293,9 @@ def test_a_given_base_replaces_pretraining(tmp_path, capsys):
         config(base=base, pretrain_steps=3, arm_steps=1)
     code, err = _run(["--cpu", "--base", str(tmp_path / "nowhere"), "--out", str(tmp_path / "res")], capsys)
     assert code == 2 and "base checkpoint not found" in err and "nowhere" in err
-    assert not (tmp_path / "res").exists()
+    code, err = _run(["--cpu", "--base", str(base), "--out", str(tmp_path / "res")], capsys)   # an empty folder
+    assert code == 2 and err.count("error:") == 1 and "neither a model checkpoint" in err
+    assert not (tmp_path / "res").exists() and not (tmp_path / "res.tar.gz").exists()
 
 
 @pytest.mark.slow

@@ -629,19 +629,20 @@ class _Trainer:
         metrics["memory_gib"] = self._memory_gib()
         metrics["host_memory_gib"] = _host_peak_gib()
         if self.mesh.distributed:
-            metrics["memory_gib_ranks"] = self._peak_ranks = self._gather_floats(metrics["memory_gib"])
-            metrics["host_memory_gib_ranks"] = self._host_peak_ranks = self._gather_floats(metrics["host_memory_gib"])
+            device_peaks, host_peaks = self._gather_floats([metrics["memory_gib"], metrics["host_memory_gib"]])
+            metrics["memory_gib_ranks"] = self._peak_ranks = device_peaks
+            metrics["host_memory_gib_ranks"] = self._host_peak_ranks = host_peaks
         return metrics
 
-    def _gather_floats(self, value: float) -> list[float]:
-        """``value`` of every rank, in global rank order."""
+    def _gather_floats(self, values: list[float]) -> list[list[float]]:
+        """For each of ``values``, every rank's, in global rank order (one collective for all of them)."""
         import torch.distributed as dist
 
         device = self.device if self.device.type == "cuda" else torch.device("cpu")
-        mine = torch.tensor([value], dtype=torch.float64, device=device)
+        mine = torch.tensor(values, dtype=torch.float64, device=device)
         parts = [torch.empty_like(mine) for _ in range(self.mesh.world_size)]
         dist.all_gather(parts, mine)
-        return [float(p) for p in parts]
+        return [[float(part[k]) for part in parts] for k in range(len(values))]
 
     def _write_summary(self, status: str, final: Path | None, losses: list[float]) -> None:
         if not self.mesh.writes:
