@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,17 @@ from genolc.train.loss import LossTerms  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
 
 PROFILED_CLASSES = ("KimiDeltaAttention", "DSAAttention", "DSAIndexer", "MoE", "HyperConnection", "DecoderLayer")
+
+# Device kernels by what they are, matched in order against the kernel's name (first match wins).
+KERNEL_KINDS = (
+    ("gemm (cuBLAS/CUTLASS)", r"gemm|nvjet|cutlass|xmma|cublas|wgmma|sm90_|splitK"),
+    ("kda (fla Triton)", r"kda|delta|chunk_|solve_tril|merge_16x16|recompute_w_u|l2norm|cumsum|causal_conv|conv1d"),
+    ("dsa/indexer (TileLang/Triton)", r"tilelang|main_kernel|dsa|sparse|indexer|topk_|pool"),
+    ("sort/top-k/scan (torch)", r"sort|topk|radix|scan|bitonic|gather_topk|histogram"),
+    ("copy/cast/cat", r"copy|memcpy|memset|cat_|CatArray|fill|contiguous"),
+    ("reduction (torch)", r"reduce|norm_kernel|softmax|sum_"),
+    ("elementwise (torch)", r"elementwise|vectorized|unrolled|index|scatter|gather|where"),
+)
 
 
 def _window(length: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,6 +156,23 @@ def _profiled_step(model, length: int, chunk: int, top: int, **loss) -> dict:
                 "cpu_ms": round(event.cpu_time_total / 1e3, 1),
                 "self_cpu_ms": round(event.self_cpu_time_total / 1e3, 1)}
 
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    kernel_us = sum(float(e.self_device_time_total) for e in kernels)
+    kinds: dict[str, list[float]] = {}
+    for event in kernels:
+        kind = next((name for name, pattern in KERNEL_KINDS if re.search(pattern, event.key, re.IGNORECASE)),
+                    "other")
+        kinds.setdefault(kind, [0.0, 0])
+        kinds[kind][0] += float(event.self_device_time_total)
+        kinds[kind][1] += event.count
+    row.update(kernel_seconds=round(kernel_us / 1e6, 3),
+               gpu_busy_fraction=round(kernel_us / 1e6 / row["seconds"], 3),
+               kernel_kinds=[{"kind": k, "device_ms": round(v[0] / 1e3, 1), "kernels": v[1],
+                              "share": round(v[0] / max(kernel_us, 1e-9), 3)}
+                             for k, v in sorted(kinds.items(), key=lambda item: -item[1][0])],
+               top_kernels=[{"name": e.key[:120], "calls": e.count,
+                             "device_ms": round(float(e.self_device_time_total) / 1e3, 1)}
+                            for e in sorted(kernels, key=lambda e: -float(e.self_device_time_total))[:top]])
     ranges = [entry(e) for e in events if e.key.startswith("forward:")]
     ops = sorted((e for e in events if not e.key.startswith("forward:")), key=device_us, reverse=True)
     by_cpu = sorted((e for e in events if not e.key.startswith("forward:")),
@@ -195,8 +224,16 @@ def main() -> None:
         save({"phase": "memory", **_memory_step(model, seq, parse_length(args.memory_chunk), args.top, **loss)})
     if args.profile_chunk:
         profile_seq = parse_length(args.profile_seq or args.seq)
-        save({"phase": "profiled", **_profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top,
-                                                      **loss)})
+        row = _profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top, **loss)
+        timed = [r for r in record["steps"] if r["phase"] == "timed" and (r["seq"], r["chunk"]) == (row["seq"], row["chunk"])]
+        if timed:
+            # The profiler slows the host side; the unprofiled step's wall time is the fair denominator.
+            row["gpu_busy_fraction_of_timed_step"] = round(row["kernel_seconds"] / timed[-1]["seconds"], 3)
+        save({"phase": "profiled", **row})
+        for kind in row["kernel_kinds"]:
+            print(f"  {kind['kind']:32s} {kind['device_ms']:10.1f} ms  {kind['share']:.1%}", flush=True)
+        for r in row["forward_ranges"]:
+            print(f"  {r['name']:32s} {r['device_ms']:10.1f} ms device (forwards)", flush=True)
     print(f"wrote {path}")
 
 
