@@ -1,22 +1,26 @@
 # Sourced by the benchmarks' run_*.sh on the device machine, from the repository root (carry: [".gpu", ...]).
 # gpu_env_setup: unpacks the GPU packages (.gpu/site.tar.xz, made by ../shared/gpu/pack.sh) and the carried caches
-# (fla/Triton autotune results, TileLang's compiled kernels), and exports PYTHONPATH, TRITON_CACHE_DIR and OUT.
+# (fla/Triton autotune results, TileLang's compiled kernels, torch.compile's cache when carried), and exports
+# PYTHONPATH, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and OUT.
 # gpu_env_pack_caches: packs the caches into $OUT; copy them to .gpu/ so the next call compiles nothing.
 # NVLink multicast stays off on every kind (the device's KINDS.md: it can take a host's shared GPUs out of service).
 gpu_env_setup() {
   OUT="${OUT:-/tmp/genolc-gpu-out}"
-  mkdir -p "$OUT" /tmp/site /tmp/triton-cache
+  mkdir -p "$OUT" /tmp/site /tmp/triton-cache /tmp/inductor-cache
   tar -xJf .gpu/site.tar.xz -C /tmp/site || return 1
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache OUT
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   [ -f .gpu/triton-autotune.tar.gz ] && tar -xzf .gpu/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
   [ -f .gpu/tilelang-cache.tar.gz ] && tar -xzf .gpu/tilelang-cache.tar.gz -C "$HOME"
+  [ -f .gpu/inductor-cache.tar.gz ] && tar -xzf .gpu/inductor-cache.tar.gz -C /tmp/inductor-cache
   return 0
 }
 
 gpu_env_pack_caches() {
   (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar -czf "$OUT/triton-autotune.tar.gz" -T -)
   tar -czf "$OUT/tilelang-cache.tar.gz" -C "$HOME" .tilelang 2>/dev/null
+  tar -czf "$OUT/inductor-cache.tar.gz" -C /tmp/inductor-cache . 2>/dev/null
   return 0
 }
 

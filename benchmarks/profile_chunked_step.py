@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpu_bench_common import git_sha  # noqa: E402
 
 from genolc.model import build_model, preset  # noqa: E402
-from genolc.train.apply import apply_recompute  # noqa: E402
+from genolc.train.apply import apply_compile, apply_recompute  # noqa: E402
 from genolc.train.chunked import chunked_forward_backward  # noqa: E402
 from genolc.train.loss import LossTerms  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
@@ -156,7 +156,9 @@ def _profiled_step(model, length: int, chunk: int, top: int, **loss) -> dict:
                 "cpu_ms": round(event.cpu_time_total / 1e3, 1),
                 "self_cpu_ms": round(event.self_cpu_time_total / 1e3, 1)}
 
-    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    # The record_function ranges also appear as device-side spans (CUDA annotations): not kernels.
+    kernels = [e for e in events
+               if str(getattr(e, "device_type", "")).endswith("CUDA") and not e.key.startswith("forward:")]
     kernel_us = sum(float(e.self_device_time_total) for e in kernels)
     kinds: dict[str, list[float]] = {}
     for event in kernels:
@@ -192,6 +194,9 @@ def main() -> None:
     parser.add_argument("--warmup-seq", default="32k")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--recompute", action="store_true", help="per-layer recompute inside the chunks")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the per-token glue (genolc.train.apply.apply_compile, finetune's default "
+                             "on CUDA); the warm-up step then includes compiling")
     parser.add_argument("--indexer", default="off", choices=("off", "dense", "sparse"),
                         help="the indexer KL's mode (finetune's --indexer; default off, as finetune)")
     parser.add_argument("--moe-balance", type=float, default=0.0, help="weight of the MoE balance loss")
@@ -202,8 +207,9 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"command": "python benchmarks/profile_chunked_step.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
-              "recompute": args.recompute, "indexer": args.indexer, "moe_balance": args.moe_balance, "steps": []}
-    path = out_dir / f"profile_chunked_{args.model}_{args.seq}.json"
+              "recompute": args.recompute, "compile": args.compile, "indexer": args.indexer,
+              "moe_balance": args.moe_balance, "steps": []}
+    path = out_dir / f"profile_chunked_{args.model}_{args.seq}{'_compiled' if args.compile else ''}.json"
 
     def save(row: dict) -> None:
         record["steps"].append(row)
@@ -214,6 +220,8 @@ def main() -> None:
     model = build_model(preset(args.model)).cuda()
     if args.recompute:
         apply_recompute(model)
+    if args.compile:
+        apply_compile(model)
     seq = parse_length(args.seq)
     chunks = [parse_length(c) for c in args.chunks.split(",") if c]
     loss = dict(indexer=None if args.indexer == "off" else args.indexer, moe_balance=args.moe_balance)
@@ -225,7 +233,8 @@ def main() -> None:
     if args.profile_chunk:
         profile_seq = parse_length(args.profile_seq or args.seq)
         row = _profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top, **loss)
-        timed = [r for r in record["steps"] if r["phase"] == "timed" and (r["seq"], r["chunk"]) == (row["seq"], row["chunk"])]
+        timed = [r for r in record["steps"]
+                 if r["phase"] == "timed" and (r["seq"], r["chunk"]) == (row["seq"], row["chunk"])]
         if timed:
             # The profiler slows the host side; the unprofiled step's wall time is the fair denominator.
             row["gpu_busy_fraction_of_timed_step"] = round(row["kernel_seconds"] / timed[-1]["seconds"], 3)

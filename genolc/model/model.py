@@ -23,7 +23,7 @@ from torch import nn
 from genolc.model.cache import ChunkCache, LayerCache
 from genolc.model.config import ModelConfig
 from genolc.model.layers.kda import ForgetGate, KimiDeltaAttention
-from genolc.model.layers.mhc import HyperConnection, collapse_streams, expand_streams, merge_streams
+from genolc.model.layers.mhc import HyperConnection, collapse_streams, expand_streams
 from genolc.model.layers.moe import Experts, MoE, SwiGLUMLP, TopKRouter
 from genolc.model.layers.norm import GatedRMSNorm, RMSNorm
 
@@ -79,7 +79,7 @@ class DecoderLayer(nn.Module):
             dsa = self.self_attn(block_in, shared_indices=shared_indices if self.shares_indices else None,
                                  indexer_loss=indexer_loss, cache=cache)
             block_out, indices, indexer_kl = dsa.hidden, dsa.indices, dsa.indexer_kl
-        streams = merge_streams(block_out, post, comb, streams)
+        streams = self.attn_hc.merge(block_out, post, comb, streams)
 
         post, comb, block_in = self.ffn_hc(streams)
         block_in = self.post_attention_layernorm(block_in)
@@ -89,7 +89,7 @@ class DecoderLayer(nn.Module):
             block_out = moe_out.hidden
         else:
             block_out = self.mlp(block_in)
-        streams = merge_streams(block_out, post, comb, streams)
+        streams = self.ffn_hc.merge(block_out, post, comb, streams)
         return streams, indices, indexer_kl, moe_out
 
 

@@ -8,10 +8,14 @@ after building or loading it and before creating the optimizer. Order, and why:
 2. mHC replay (later issue): recompute of the hyper-connection stream mixing inside a layer, layered on 1.
 3. activation offload (later issue): moves the layer-boundary tensors that 1 still keeps to host memory; it
    wraps the checkpointed layers, so it comes after them.
-4. context parallel (genolc.parallel.apply.apply_context_parallel, applied by the trainer with the process mesh
+4. compile (:func:`apply_compile`, ``--compile``, on by default on CUDA): torch.compile of the per-token glue
+   inside each layer (hyper-connection mixing, RMS norms, KDA's short convolution), module by module. It wraps
+   only those leaf modules, never a decoder layer, so the layer-level wrappers of 1 (which the trainer may add
+   later, when a length's step strategy asks for recompute) and of 5 compose with it in any order; the token
+   mixers' and experts' own kernels (fla, TileLang, Triton, grouped GEMMs) stay outside the compiled regions.
+5. context parallel (genolc.parallel.apply.apply_context_parallel, applied by the trainer with the process mesh
    it builds): shards the sequence dimension across ranks; it goes last because it changes the shapes every
    earlier transform sees only at run time, not their placement.
-(torch.compile, when used, would follow all of these, as in torchtitan.)
 
 The chunk-recurrent step (genolc/train/chunked.py) is not a transform: it is a step strategy
 (genolc/train/strategy.py) that drives the model's chunk interface, and composes with 1 (recompute inside a chunk).
@@ -23,6 +27,8 @@ load into a plain model and vice versa.
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -84,9 +90,59 @@ def apply_recompute(model: nn.Module) -> int:
     return wrapped
 
 
-def apply_transforms(model: nn.Module, config: TrainConfig) -> list[str]:
+def compile_cache_dir() -> Path:
+    """Where torch.compile keeps what it generated, so later runs load it rather than compile again: the user's
+    cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``genolc/torchinductor``), unless
+    ``$TORCHINDUCTOR_CACHE_DIR`` says otherwise (torch's own default is under /tmp, which a reboot empties)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "genolc" / "torchinductor"
+
+
+def _compiled(method: Callable[..., Any]) -> Callable[..., Any]:
+    import torch._dynamo
+
+    # Every instance of a class shares one compiled graph per input variant (grad on or off, chunk length, a
+    # short-conv tail or not), but a deep model can still pass dynamo's default of 8 variants per code object.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return torch.compile(method)
+
+
+# Per-token modules whose methods are compiled: many small memory-bound kernels each in eager mode (the H200
+# profile of issue 14: mHC's 4x4 stream mixing as batched GEMMs, fp32 casts, norms), one or two fused ones compiled.
+_COMPILED_METHODS = {"HyperConnection": ("forward", "merge"), "RMSNorm": ("forward",),
+                     "GatedRMSNorm": ("forward",), "KimiDeltaAttention": ("short_conv",)}
+_COMPILE_FLAG = "_genolc_compiled"
+
+
+def apply_compile(model: nn.Module) -> int:
+    """torch.compile the per-token glue: every module instance of the classes in ``_COMPILED_METHODS`` gets those
+    methods replaced by compiled ones (results equal to rounding; the first call of each input variant compiles,
+    later runs load from :func:`compile_cache_dir`). Applying twice is a no-op. Returns the instances compiled."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
+    compiled = 0
+    for module in model.modules():
+        methods = _COMPILED_METHODS.get(type(module).__name__)
+        if not methods or getattr(module, _COMPILE_FLAG, False):
+            continue
+        for name in methods:
+            # The class's function bound to this instance: hooks and __call__ stay eager around it.
+            setattr(module, name, _compiled(getattr(type(module), name).__get__(module, type(module))))
+        setattr(module, _COMPILE_FLAG, True)
+        compiled += 1
+    return compiled
+
+
+def compile_wanted(config: TrainConfig, device_type: str) -> bool:
+    """``--compile auto`` compiles on CUDA only: on CPU the generated C++ costs more time to build than it saves."""
+    return config.compile == "on" or (config.compile == "auto" and device_type == "cuda")
+
+
+def apply_transforms(model: nn.Module, config: TrainConfig, device_type: str = "cpu") -> list[str]:
     """Apply the configured transforms in the documented order; returns what was applied, for the run log."""
     applied = []
     if config.recompute:
         applied.append(f"recompute({apply_recompute(model)} layers)")
+    if compile_wanted(config, device_type):
+        applied.append(f"compile({apply_compile(model)} modules, cache {compile_cache_dir()})")
     return applied

@@ -12,7 +12,8 @@ from genolc.config_defaults import config_default, config_option
 from genolc.errors import ConfigError
 from genolc.fsutil import output_dir
 from genolc.parallel.launch import alike_on_every_rank, writes_outputs
-from genolc.train.config import CP_KDA_MODES, CP_LAYOUTS, DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES, TrainConfig
+from genolc.train.config import (COMPILE_MODES, CP_KDA_MODES, CP_LAYOUTS, DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES,
+                                 TrainConfig)
 from genolc.units import format_length, parse_length
 
 RUN_KIND = "run directory"
@@ -77,6 +78,9 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @_option("--reverse-complement/--no-reverse-complement",
          help="Train on the reverse-complement strand of half the windows.")
 @_option("--recompute/--no-recompute", help="Per-layer activation checkpointing.")
+@_option("--compile", "compile", type=click.Choice(COMPILE_MODES),
+         help="torch.compile the per-token glue (stream mixing, norms): auto = on CUDA. The first step of a new "
+              "shape compiles; the result is kept in the user's cache directory (~/.cache/genolc/torchinductor).")
 @_option("--chunk", "chunk", default=_chunk_text(config_default(TrainConfig, "chunk")), metavar="auto|off|LENGTH",
          help="Train each window in chunks of this many tokens with exact gradients (e.g. 64k), 'off' for the "
               "whole window at once, or 'auto': whole when it fits the device, else the longest chunk that does "

@@ -23,6 +23,7 @@ DTYPES = ("auto", "float32", "bfloat16")
 DASHBOARDS = ("tensorboard", "wandb")
 CP_LAYOUTS = LAYOUTS                        # genolc/parallel/layout.py: which positions each CP rank holds
 CP_KDA_MODES = ("state", "heads")           # how KDA runs over CP ranks: genolc.parallel.apply.KDA_FORWARDS
+COMPILE_MODES = ("auto", "on", "off")       # torch.compile of the per-token glue (genolc.train.apply.apply_compile)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class TrainConfig:
     max_n_fraction: float = 0.1                 # sampler: skip windows with more ambiguous tokens than this
     reverse_complement: bool = False            # sampler: reverse-complement half of the windows
     recompute: bool = False                     # per-layer activation checkpointing (genolc.train.apply)
+    compile: str = "auto"                       # torch.compile the per-token glue (mHC, norms): auto (on CUDA)
+                                                # | on | off (genolc.train.apply.apply_compile)
     chunk: int | None = None                    # step strategy (genolc.train.strategy): None auto, 0 the whole
                                                 # window at once, N chunks of N tokens (chunk-recurrent, exact;
                                                 # with --cp each chunk is split over the CP ranks)
@@ -127,6 +130,9 @@ class TrainConfig:
                               fix=f"choose one of {', '.join(CP_KDA_MODES)}")
         if self.routing_group <= 0:
             raise ConfigError(f"routing_group must be positive, got {self.routing_group}", where="--routing-group")
+        if self.compile not in COMPILE_MODES:
+            raise ConfigError(f"unknown --compile {self.compile!r}", where="--compile",
+                              fix=f"choose one of {', '.join(COMPILE_MODES)}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"choose one of {', '.join(DTYPES)}")
         stages = list(self.seq_warmup)
@@ -188,11 +194,12 @@ def option_name(field: str) -> str:
 
 # Fields that may differ between the run that wrote a checkpoint and the one resuming it: where and how long it
 # runs, how often it saves and how it reports, and how a step is split into chunks, over how many threads and with
-# which reduction order, or over how many context-parallel ranks (the same result to rounding). Everything else
-# changes what a step computes (so does the data-parallel size, torchrun's world size / --cp: it picks the windows).
+# which reduction order, over how many context-parallel ranks, compiled or not (the same result to rounding).
+# Everything else changes what a step computes (so does the data-parallel size, torchrun's world size / --cp: it
+# picks the windows).
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
                                "progress", "device", "chunk", "threads", "deterministic", "log", "routing_group",
-                               "cp", "cp_layout", "cp_kda"})
+                               "cp", "cp_layout", "cp_kda", "compile"})
 
 
 # Fields added after checkpoints were first written, with the value such older checkpoints were trained with.

@@ -171,7 +171,7 @@ class _Trainer:
         if self.device.type == "cpu":
             threads = compute.threads.threads
             _say(f"{threads} CPU thread{'s' if threads > 1 else ''} ({compute.threads.rule})")
-        self.applied = apply_transforms(self.model, config)
+        self.applied = apply_transforms(self.model, config, self.device.type)
         self.context = None
         if self.mesh.cp_size > 1:
             # Last, as genolc/train/apply.py orders the transforms: it changes the shapes the others see at run time.

@@ -66,6 +66,12 @@ class HyperConnection(nn.Module):
         block_input = (pre.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype)
         return post, comb, block_input
 
+    def merge(self, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+              streams: torch.Tensor) -> torch.Tensor:
+        """The block's output back into the streams (:func:`merge_streams`); a method so that transforms
+        (genolc/train/apply.py) can replace it on an instance, as they do ``forward``."""
+        return merge_streams(block_out, post, comb, streams)
+
 
 def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                   streams: torch.Tensor) -> torch.Tensor:
