@@ -35,6 +35,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _compare(eager_module, inputs, outputs_of, tolerance):
+    eager_module.zero_grad(set_to_none=True)
     compiled_module = copy.deepcopy(eager_module)
     apply_compile(compiled_module)
     results, cotangents = [], None
@@ -50,6 +51,7 @@ def _compare(eager_module, inputs, outputs_of, tolerance):
     for e, c in zip(e_outs, c_outs):
         assert _relative(c, e) < tolerance
     for e, c in zip(e_in + e_par, c_in + c_par):
+        assert (e is None) == (c is None)
         if e is not None:
             assert _relative(c, e) < tolerance
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# bash benchmarks/run_finetune_curve.sh FASTA MODEL SEQ STEPS [FINETUNE OPTIONS...]
+#   (on the H200, from the repository root; carry: [".gpu", ".gpudata"]; GENOLC_GIT_SHA set by the caller)
+# A loss curve with finetune's default schedule (issue 14: the first steps of `small` at 512k in bf16 must not spike
+# above the first loss): prepares FASTA (char tokenizer, every record trains), runs `genolc finetune --data ...
+# --seq SEQ --model MODEL --steps STEPS` with every other setting at its default (extra options appended), and
+# keeps metrics.jsonl, summary.json and the run's log in $OUT/finetune_curve_<model>_<seq>/ beside a record.json
+# (command, git SHA, device, wall seconds, exit code). The run directory itself (checkpoints) stays on the device.
+# $CURVE_TIMEOUT (seconds, default 480) stops the run; the steps it finished are kept in metrics.jsonl.
+set -uo pipefail
+source benchmarks/gpu_env.sh
+gpu_env_setup || exit 1
+fasta="$1" model="$2" seq="$3" steps="$4"
+shift 4
+keep="$OUT/finetune_curve_${model}_${seq}"
+mkdir -p "$keep"
+python3 -m genolc.cli prepare "$fasta" --out /tmp/curve-data --train all --heldout none --tokenizer char \
+  >"$keep/prepare.log" 2>&1 || { cat "$keep/prepare.log"; exit 1; }
+command=(python3 -m genolc.cli finetune --data /tmp/curve-data --seq "$seq" --model "$model" --steps "$steps"
+         --out /tmp/curve-run --no-progress "$@")
+start=$SECONDS
+timeout "${CURVE_TIMEOUT:-480}" "${command[@]}" 2>&1 | tee "$keep/finetune.log" | grep -v '^ ' | tail -40
+rc=${PIPESTATUS[0]}
+cp /tmp/curve-run/metrics.jsonl /tmp/curve-run/summary.json "$keep/" 2>/dev/null
+python3 - "$keep/record.json" "$rc" "$((SECONDS - start))" "genolc prepare $fasta --train all --heldout none --tokenizer char; ${command[*]}" <<'EOF'
+import json, sys, torch
+path, rc, wall, command = sys.argv[1:5]
+import os
+json.dump({"command": command, "git_sha": os.environ.get("GENOLC_GIT_SHA", "unknown"),
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "exit_code": int(rc),
+           "wall_seconds": int(wall)}, open(path, "w"), indent=1)
+EOF
+gpu_env_pack_caches
+rm -f "$OUT/inductor-cache.tar.gz"   # 16 MB: over what a call can carry back in
+exit "$rc"
