@@ -1,0 +1,86 @@
+"""apply_compile (--compile): which modules it wraps, that it leaves names and hooks alone, when the trainer applies
+it, where its cache goes; and (slow, inductor's CPU backend) a chunked step with recompute equal to the eager one.
+The GPU comparison of the same modules at realistic widths is tests/gpu/test_compile_fast.py."""
+
+from __future__ import annotations
+
+import copy
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from genolc.errors import ConfigError
+from genolc.model import build_model, preset
+from genolc.train.apply import apply_compile, apply_recompute, apply_transforms, compile_cache_dir, compile_wanted
+from genolc.train.chunked import chunked_forward_backward
+from genolc.train.config import TrainConfig
+from genolc.train.loss import LossTerms
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _config(tmp_path: Path, **changes) -> TrainConfig:
+    return TrainConfig(data=tmp_path / "data", out=tmp_path / "out", seq_len=128, **changes)
+
+
+def test_compile_wraps_the_per_token_modules_once_and_keeps_names(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = build_model(preset("tiny"))
+    names = list(model.state_dict())
+    # tiny: 4 layers x (2 hyper-connections + 2 norms) + 3 KDA layers x (short conv + gated norm) + the DSA
+    # layer's two latent norms + the final norm.
+    assert apply_compile(model) == 4 * 4 + 3 * 2 + 2 + 1
+    assert apply_compile(model) == 0
+    assert list(model.state_dict()) == names
+    layer = model.layers[0]
+    for module, name in ((layer.attn_hc, "forward"), (layer.attn_hc, "merge"), (layer.input_layernorm, "forward"),
+                         (layer.self_attn, "short_conv"), (layer.self_attn.o_norm, "forward")):
+        assert getattr(vars(module)[name], "_torchdynamo_orig_callable", None) is not None, (module, name)
+    # Attention, experts and the decoder layer itself stay eager (their kernels are fla/TileLang/Triton).
+    assert "forward" not in vars(layer) and "forward" not in vars(layer.mlp) and "forward" not in vars(layer.self_attn)
+
+
+def test_compile_auto_is_on_cuda_only_and_the_trainer_applies_it_after_recompute(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert compile_wanted(_config(tmp_path), "cuda") and not compile_wanted(_config(tmp_path), "cpu")
+    assert compile_wanted(_config(tmp_path, compile="on"), "cpu")
+    assert not compile_wanted(_config(tmp_path, compile="off"), "cuda")
+    model = build_model(preset("tiny"))
+    assert apply_transforms(model, _config(tmp_path, recompute=True), "cpu") == ["recompute(4 layers)"]
+    applied = apply_transforms(build_model(preset("tiny")), _config(tmp_path, recompute=True), "cuda")
+    assert applied[0] == "recompute(4 layers)" and applied[1].startswith("compile(25 modules, cache ")
+    with pytest.raises(ConfigError, match="--compile"):
+        _config(tmp_path, compile="yes")
+
+
+def test_compile_cache_dir_is_the_users_unless_torch_is_told_otherwise(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compile_cache_dir() == tmp_path / "xdg" / "genolc" / "torchinductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compile_cache_dir() == tmp_path / "mine"
+
+
+@pytest.mark.slow
+def test_compiled_chunked_step_with_recompute_equals_eager(monkeypatch, tmp_path):
+    # Inductor's C++ backend on CPU: about two minutes of compiling for the tiny model, hence slow.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    eager = build_model(preset("tiny"))
+    compiled = copy.deepcopy(eager)
+    apply_compile(compiled)
+    apply_recompute(compiled)
+    length = 301                                   # chunks of 128, 128 and 45: a second shape for the compiler
+    ids = torch.randint(0, 4, (1, length + 1), generator=torch.Generator().manual_seed(1))
+    weights = torch.ones(1, length)
+    terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=0.01, indexer_kl_coef=1.0,
+                      indexer_mode=None)
+    results = [chunked_forward_backward(model, ids, weights, terms, 128, contextlib.nullcontext)
+               for model in (eager, compiled)]
+    assert float(results[1].lm) == pytest.approx(float(results[0].lm), rel=1e-6)
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
+        assert (p_eager.grad is None) == (p_compiled.grad is None), name
+        if p_eager.grad is not None:
+            torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-4, atol=1e-6, msg=name)
