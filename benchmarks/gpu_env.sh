@@ -20,7 +20,8 @@ gpu_env_setup() {
 gpu_env_pack_caches() {
   (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar -czf "$OUT/triton-autotune.tar.gz" -T -)
   tar -czf "$OUT/tilelang-cache.tar.gz" -C "$HOME" .tilelang 2>/dev/null
-  tar -czf "$OUT/inductor-cache.tar.gz" -C /tmp/inductor-cache . 2>/dev/null
+  # torch.compile's cache (16 MB packed for small and base) does not fit beside .gpu/ in a call's carry: on request.
+  [ -n "${GPU_PACK_INDUCTOR:-}" ] && tar -czf "$OUT/inductor-cache.tar.gz" -C /tmp/inductor-cache . 2>/dev/null
   return 0
 }
 

@@ -40,9 +40,11 @@ PROFILED_CLASSES = ("KimiDeltaAttention", "DSAAttention", "DSAIndexer", "MoE", "
 
 # Device kernels by what they are, matched in order against the kernel's name (first match wins).
 KERNEL_KINDS = (
+    ("compiled glue (inductor Triton)", r"^triton_"),
     ("gemm (cuBLAS/CUTLASS)", r"gemm|nvjet|cutlass|xmma|cublas|wgmma|sm90_|splitK"),
-    ("kda (fla Triton)", r"kda|delta|chunk_|solve_tril|merge_16x16|recompute_w_u|l2norm|cumsum|causal_conv|conv1d"),
-    ("dsa/indexer (TileLang/Triton)", r"tilelang|main_kernel|dsa|sparse|indexer|topk_|pool"),
+    ("kda (fla Triton, depthwise conv)",
+     r"kda|delta|chunk_|solve_tril|merge_16x16|recompute_w_u|l2norm|cumsum|causal_conv|conv1d|conv_depthwise"),
+    ("dsa/indexer (TileLang/Triton)", r"tilelang|main_kernel|kernel_kernel|dsa|sparse|indexer|topk_|pool"),
     ("sort/top-k/scan (torch)", r"sort|topk|radix|scan|bitonic|gather_topk|histogram"),
     ("copy/cast/cat", r"copy|memcpy|memset|cat_|CatArray|fill|contiguous"),
     ("reduction (torch)", r"reduce|norm_kernel|softmax|sum_"),

@@ -22,14 +22,13 @@ start=$SECONDS
 timeout "${CURVE_TIMEOUT:-480}" "${command[@]}" 2>&1 | tee "$keep/finetune.log" | grep -v '^ ' | tail -40
 rc=${PIPESTATUS[0]}
 cp /tmp/curve-run/metrics.jsonl /tmp/curve-run/summary.json "$keep/" 2>/dev/null
-python3 - "$keep/record.json" "$rc" "$((SECONDS - start))" "genolc prepare $fasta --train all --heldout none --tokenizer char; ${command[*]}" <<'EOF'
-import json, sys, torch
+recorded="genolc prepare $fasta --train all --heldout none --tokenizer char; ${command[*]}"
+python3 - "$keep/record.json" "$rc" "$((SECONDS - start))" "$recorded" <<'EOF'
+import json, os, sys, torch
 path, rc, wall, command = sys.argv[1:5]
-import os
 json.dump({"command": command, "git_sha": os.environ.get("GENOLC_GIT_SHA", "unknown"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "exit_code": int(rc),
            "wall_seconds": int(wall)}, open(path, "w"), indent=1)
 EOF
 gpu_env_pack_caches
-rm -f "$OUT/inductor-cache.tar.gz"   # 16 MB: over what a call can carry back in
 exit "$rc"

@@ -553,9 +553,11 @@ def build_phases(config: ExperimentConfig, plan: Plan, work: Path) -> list[Phase
     common = ["--seed", str(config.seed), *how_to_run]
 
     def finetune(size: RunSize, out: Path, start: list[str]) -> list[str]:
+        # Eager: the time model (TRAIN_RATES, FIRST_STEP_SECONDS) was fitted to eager runs, and torch.compile's
+        # 20-30 s a process on an empty cache (its cache is not carried between device calls) is not in it.
         return ["finetune", "--data", str(data), "--seq", str(size.seq), *start, "--steps", str(size.steps),
                 "--lr", f"{size.lr:g}", "--warmup", str(size.warmup), "--micro-batch", str(size.micro_batch),
-                "--grad-accum", str(size.grad_accum), "--out", str(out), *common]
+                "--grad-accum", str(size.grad_accum), "--compile", "off", "--out", str(out), *common]
 
     base = config.base.absolute() if config.base is not None else checkpoints / "pretrain"
     pretrained = "prepare" if config.base is not None else "pretrain"

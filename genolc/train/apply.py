@@ -9,10 +9,11 @@ after building or loading it and before creating the optimizer. Order, and why:
 3. activation offload (later issue): moves the layer-boundary tensors that 1 still keeps to host memory; it
    wraps the checkpointed layers, so it comes after them.
 4. compile (:func:`apply_compile`, ``--compile``, on by default on CUDA): torch.compile of the per-token glue
-   inside each layer (hyper-connection mixing, RMS norms, KDA's short convolution), module by module. It wraps
-   only those leaf modules, never a decoder layer, so the layer-level wrappers of 1 (which the trainer may add
-   later, when a length's step strategy asks for recompute) and of 5 compose with it in any order; the token
-   mixers' and experts' own kernels (fla, TileLang, Triton, grouped GEMMs) stay outside the compiled regions.
+   inside each layer (hyper-connection mixing, RMS norms, KDA's short convolution), module by module. It replaces
+   methods of those small modules only, never a decoder layer's or a token mixer's forward, so 1's wrappers (which
+   the trainer may add later, when a length's step strategy asks for recompute) and 5's patches compose with it
+   in any order; the token mixers' and experts' own kernels (fla, TileLang, Triton, grouped GEMMs) stay outside
+   the compiled regions.
 5. context parallel (genolc.parallel.apply.apply_context_parallel, applied by the trainer with the process mesh
    it builds): shards the sequence dimension across ranks; it goes last because it changes the shapes every
    earlier transform sees only at run time, not their placement.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,6 +37,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from genolc.errors import InputError
 from genolc.model.cache import LayerCache
 from genolc.train.config import TrainConfig
 
@@ -99,38 +102,81 @@ def compile_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "genolc" / "torchinductor"
 
 
-def _compiled(method: Callable[..., Any]) -> Callable[..., Any]:
-    import torch._dynamo
+def _compiled_methods() -> dict[type, tuple[str, ...]]:
+    # Per-token modules: many small memory-bound kernels each when eager (the H200 profile of issue 14: mHC's 4 x 4
+    # products as CUTLASS GEMMs, fp32 element-wise kernels, norms), a few fused ones compiled.
+    from genolc.model.layers.kda import KimiDeltaAttention
+    from genolc.model.layers.mhc import HyperConnection
+    from genolc.model.layers.norm import GatedRMSNorm, RMSNorm
 
-    # Every instance of a class shares one compiled graph per input variant (grad on or off, chunk length, a
-    # short-conv tail or not), but a deep model can still pass dynamo's default of 8 variants per code object.
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    return torch.compile(method)
+    return {HyperConnection: ("forward", "merge"), RMSNorm: ("forward",), GatedRMSNorm: ("forward",),
+            KimiDeltaAttention: ("short_conv",)}
 
 
-# Per-token modules whose methods are compiled: many small memory-bound kernels each in eager mode (the H200
-# profile of issue 14: mHC's 4x4 stream mixing as batched GEMMs, fp32 casts, norms), one or two fused ones compiled.
-_COMPILED_METHODS = {"HyperConnection": ("forward", "merge"), "RMSNorm": ("forward",),
-                     "GatedRMSNorm": ("forward",), "KimiDeltaAttention": ("short_conv",)}
 _COMPILE_FLAG = "_genolc_compiled"
 
 
+@functools.cache
+def _compiled_function(function: Callable[..., Any]) -> Callable[..., Any]:
+    """One compiled function per class method, shared by every instance (the module is its first argument)."""
+    import warnings
+
+    import torch._dynamo
+
+    # Static shapes: one graph per chunk shape (and grad mode, short-conv tail or not). With automatic dynamic
+    # shapes a second shape would put a dynamic graph in front, and recompute could replay a layer through another
+    # graph than its forward ran (non-reentrant checkpoint then refuses the different saved tensors).
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    warnings.filterwarnings("ignore", message="Online softmax is disabled", category=UserWarning)
+    return torch.compile(function, dynamic=False)
+
+
+def _check_cache_dir() -> Path:
+    path = compile_cache_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path, os.W_OK)
+    except OSError:
+        writable = False
+    if not writable:
+        raise InputError("torch.compile's cache directory cannot be written", where=str(path),
+                         fix="set TORCHINDUCTOR_CACHE_DIR to a writable directory, or train with --compile off")
+    return path
+
+
 def apply_compile(model: nn.Module) -> int:
-    """torch.compile the per-token glue: every module instance of the classes in ``_COMPILED_METHODS`` gets those
-    methods replaced by compiled ones (results equal to rounding; the first call of each input variant compiles,
-    later runs load from :func:`compile_cache_dir`). Applying twice is a no-op. Returns the instances compiled."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
+    """torch.compile the per-token glue: every instance of the classes in :func:`_compiled_methods` gets those
+    methods replaced by ``functools.partial(compiled class function, instance)`` (results equal to rounding; the
+    first call of each input variant compiles, later runs load from :func:`compile_cache_dir`). Hooks and
+    ``__call__`` stay eager around them; a deep copy of the model calls the copy's parameters (the partial's
+    instance is copied, the compiled function shared). Applying twice is a no-op. Returns the instances compiled."""
+    # Inductor reads the variable whenever it looks for its cache; set here so that the default is the user's cache
+    # directory rather than /tmp (an explicit setting, the user's, is kept).
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_check_cache_dir()))
+    methods = _compiled_methods()
     compiled = 0
     for module in model.modules():
-        methods = _COMPILED_METHODS.get(type(module).__name__)
-        if not methods or getattr(module, _COMPILE_FLAG, False):
+        names = methods.get(type(module))
+        if not names or getattr(module, _COMPILE_FLAG, False):
             continue
-        for name in methods:
-            # The class's function bound to this instance: hooks and __call__ stay eager around it.
-            setattr(module, name, _compiled(getattr(type(module), name).__get__(module, type(module))))
+        for name in names:
+            setattr(module, name, functools.partial(_compiled_function(getattr(type(module), name)), module))
         setattr(module, _COMPILE_FLAG, True)
         compiled += 1
     return compiled
+
+
+def compile_failures() -> tuple[type[BaseException], ...]:
+    """The exceptions torch.compile raises when it cannot trace or build a graph (empty when it was never used)."""
+    if "torch._dynamo" not in sys.modules:
+        return ()
+    import torch._dynamo.exc
+
+    failures: list[type[BaseException]] = [torch._dynamo.exc.TorchDynamoException]
+    inductor = sys.modules.get("torch._inductor.exc")
+    if inductor is not None and hasattr(inductor, "InductorError"):
+        failures.append(inductor.InductorError)
+    return tuple(failures)
 
 
 def compile_wanted(config: TrainConfig, device_type: str) -> bool:
@@ -138,7 +184,7 @@ def compile_wanted(config: TrainConfig, device_type: str) -> bool:
     return config.compile == "on" or (config.compile == "auto" and device_type == "cuda")
 
 
-def apply_transforms(model: nn.Module, config: TrainConfig, device_type: str = "cpu") -> list[str]:
+def apply_transforms(model: nn.Module, config: TrainConfig, device_type: str) -> list[str]:
     """Apply the configured transforms in the documented order; returns what was applied, for the run log."""
     applied = []
     if config.recompute:

@@ -68,7 +68,7 @@ from genolc.parallel.step import all_reduce_gradients, context_parallel_forward_
 from genolc.runs import RunRecord, run_record
 from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt
-from genolc.train.apply import apply_recompute, apply_transforms
+from genolc.train.apply import apply_recompute, apply_transforms, compile_failures
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
 from genolc.train.chunked import chunked_forward_backward
@@ -605,6 +605,11 @@ class _Trainer:
             metrics = self._step(step)
         except torch.cuda.OutOfMemoryError:
             raise self._oom(step) from None
+        except compile_failures() as error:
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            raise ConfigError(f"torch.compile could not build the per-token glue: {first_line}",
+                              where=f"step {step + 1}, {self.device}",
+                              fix="train with --compile off (the same results, eagerly)") from error
         seconds = time.monotonic() - t0
         shape = step_shape(step, self.config)
         step_tokens = shape.tokens * self.mesh.dp_size

@@ -1,21 +1,29 @@
-"""apply_compile (--compile): which modules it wraps, that it leaves names and hooks alone, when the trainer applies
-it, where its cache goes; and (slow, inductor's CPU backend) a chunked step with recompute equal to the eager one.
-The GPU comparison of the same modules at realistic widths is tests/gpu/test_compile_fast.py."""
+"""apply_compile (--compile): which modules it wraps, that it leaves names alone and deep copies intact, when the
+trainer applies it, where its cache goes, the errors; and (slow, inductor's CPU backend) a chunked step with
+recompute equal to the eager one. The GPU comparison of the same modules at realistic widths is
+tests/gpu/test_compile_fast.py."""
 
 from __future__ import annotations
 
-import copy
 import contextlib
+import copy
+import functools
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from genolc.errors import ConfigError
+from conftest import shared_file
+
+import genolc.train.apply as apply_module
+from genolc.data.prepare import PrepareConfig, prepare
+from genolc.errors import ConfigError, InputError
 from genolc.model import build_model, preset
 from genolc.train.apply import apply_compile, apply_recompute, apply_transforms, compile_cache_dir, compile_wanted
 from genolc.train.chunked import chunked_forward_backward
 from genolc.train.config import TrainConfig
+from genolc.train.loop import finetune
 from genolc.train.loss import LossTerms
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,9 +45,15 @@ def test_compile_wraps_the_per_token_modules_once_and_keeps_names(monkeypatch, t
     layer = model.layers[0]
     for module, name in ((layer.attn_hc, "forward"), (layer.attn_hc, "merge"), (layer.input_layernorm, "forward"),
                          (layer.self_attn, "short_conv"), (layer.self_attn.o_norm, "forward")):
-        assert getattr(vars(module)[name], "_torchdynamo_orig_callable", None) is not None, (module, name)
+        method = vars(module)[name]
+        assert isinstance(method, functools.partial) and method.args == (module,), (module, name)
+        assert getattr(method.func, "_torchdynamo_orig_callable", None) is getattr(type(module), name)
     # Attention, experts and the decoder layer itself stay eager (their kernels are fla/TileLang/Triton).
     assert "forward" not in vars(layer) and "forward" not in vars(layer.mlp) and "forward" not in vars(layer.self_attn)
+    # One compiled function per class method, shared; a deep copy's methods are bound to the copy's modules.
+    assert vars(model.layers[1].attn_hc)["forward"].func is vars(layer.attn_hc)["forward"].func
+    twin = copy.deepcopy(model)
+    assert vars(twin.layers[0].attn_hc)["merge"].args[0] is twin.layers[0].attn_hc
 
 
 def test_compile_auto_is_on_cuda_only_and_the_trainer_applies_it_after_recompute(tmp_path, monkeypatch):
@@ -61,6 +75,47 @@ def test_compile_cache_dir_is_the_users_unless_torch_is_told_otherwise(monkeypat
     assert compile_cache_dir() == tmp_path / "xdg" / "genolc" / "torchinductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert compile_cache_dir() == tmp_path / "mine"
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    with pytest.raises(InputError, match="cannot be written") as error:
+        apply_compile(build_model(preset("tiny")))
+    assert "--compile off" in error.value.fix
+
+
+@pytest.fixture(scope="module")
+def lambda_data(tmp_path_factory) -> Path:
+    return prepare(PrepareConfig(genomes=(shared_file("other/lambda_phage_NC_001416.1.fa.gz"),),
+                                 out=tmp_path_factory.mktemp("char") / "ds", train="all", heldout=(), progress=False))
+
+
+def _train(data: Path, out: Path, **changes) -> Path:
+    return finetune(TrainConfig(data=data, out=out, seq_len=64, steps=1, lr=1e-3, warmup_steps=1, progress=False,
+                                device="cpu", **changes))
+
+
+def test_the_trainer_compiles_when_asked_and_names_a_compile_failure(lambda_data, tmp_path, monkeypatch):
+    compiled = []
+    monkeypatch.setattr(apply_module, "apply_compile", lambda model: compiled.append(model) or 7)
+    _train(lambda_data, tmp_path / "off")
+    assert compiled == []
+    _train(lambda_data, tmp_path / "on", compile="on")
+    assert len(compiled) == 1
+    summary = json.loads((tmp_path / "on" / "summary.json").read_text())
+    assert summary["transforms"][-1].startswith("compile(7 modules, cache ")
+
+    def failing_compile(model):
+        import torch._dynamo.exc
+
+        def unsupported(*args, **kwargs):
+            raise torch._dynamo.exc.Unsupported("a graph break it cannot take")
+        for module in model.modules():
+            if type(module).__name__ == "HyperConnection":
+                module.forward = unsupported
+        return 1
+    monkeypatch.setattr(apply_module, "apply_compile", failing_compile)
+    with pytest.raises(ConfigError, match="torch.compile could not build") as error:
+        _train(lambda_data, tmp_path / "failing", compile="on")
+    assert error.value.fix.startswith("train with --compile off") and "step 1" in error.value.where
 
 
 @pytest.mark.slow
