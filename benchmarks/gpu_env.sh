@@ -11,6 +11,8 @@ gpu_env_setup() {
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache OUT
   export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  # GPU_EMPTY_CACHES=1: start as a new user's machine does (issue 14's first step with every cache empty).
+  [ -n "${GPU_EMPTY_CACHES:-}" ] && return 0
   [ -f .gpu/triton-autotune.tar.gz ] && tar -xzf .gpu/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
   [ -f .gpu/tilelang-cache.tar.gz ] && tar -xzf .gpu/tilelang-cache.tar.gz -C "$HOME"
   [ -f .gpu/inductor-cache.tar.gz ] && tar -xzf .gpu/inductor-cache.tar.gz -C /tmp/inductor-cache

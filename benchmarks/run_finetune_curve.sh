@@ -7,12 +7,15 @@
 # keeps metrics.jsonl, summary.json and the run's log in $OUT/finetune_curve_<model>_<seq>/ beside a record.json
 # (command, git SHA, device, wall seconds, exit code). The run directory itself (checkpoints) stays on the device.
 # $CURVE_TIMEOUT (seconds, default 480) stops the run; the steps it finished are kept in metrics.jsonl.
+# $CURVE_TAG is appended to the folder's name (e.g. _eager for a run with --compile off beside a compiled one);
+# GPU_EMPTY_CACHES=1 leaves every kernel cache empty (gpu_env.sh), for the first step a new user's machine pays.
+# Next uses (issue 14): `base` 512k through finetune; `small` 512k with --compile off at the same commit.
 set -uo pipefail
 source benchmarks/gpu_env.sh
 gpu_env_setup || exit 1
 fasta="$1" model="$2" seq="$3" steps="$4"
 shift 4
-keep="$OUT/finetune_curve_${model}_${seq}"
+keep="$OUT/finetune_curve_${model}_${seq}${CURVE_TAG:-}"
 mkdir -p "$keep"
 python3 -m genolc.cli prepare "$fasta" --out /tmp/curve-data --train all --heldout none --tokenizer char \
   >"$keep/prepare.log" 2>&1 || { cat "$keep/prepare.log"; exit 1; }

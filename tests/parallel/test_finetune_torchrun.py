@@ -1,6 +1,6 @@
 """`torchrun --nproc-per-node 2 -m genolc.cli finetune --cp 2` on CPU (gloo), whole windows (zigzag; KDA by state
-and by heads) and chunked (contiguous): trains, checkpoints once, and its steps' losses equal the single-process
-run's on the same data and seed (to fp32 rounding)."""
+and by heads) and chunked (contiguous; zigzag with --compile on): trains, checkpoints once, and its steps' losses
+equal the single-process eager run's on the same data and seed (to fp32 rounding)."""
 
 from __future__ import annotations
 
@@ -48,13 +48,15 @@ def single_run(char_data, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("extra", [[], pytest.param(["--chunk", "151", "--cp-layout", "contiguous"],
-                                                   marks=pytest.mark.slow), ["--cp-kda", "heads"]],
-                         ids=["whole", "chunked", "kda-heads"])
+                                                   marks=pytest.mark.slow), ["--cp-kda", "heads"],
+                                   pytest.param(["--chunk", "151", "--compile", "on"], marks=pytest.mark.slow)],
+                         ids=["whole", "chunked", "kda-heads", "chunked-compiled"])
 def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra, one_thread):
     parallel = tmp_path / "cp2"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "genolc.cli", "finetune", "--data", str(char_data), "--out", str(parallel),
-                           "--cp", "2", *ARGS, *extra], env=_env(), capture_output=True, text=True, timeout=300)
+                           "--cp", "2", *ARGS, *extra], env=_env(), capture_output=True, text=True,
+                          timeout=900 if "--compile" in extra else 300)   # compiling on CPU takes minutes
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip().splitlines() == [str(parallel / "checkpoints" / "step-000002")]
     assert (parallel / "checkpoints" / "step-000002" / "model.safetensors").is_file()
@@ -65,6 +67,7 @@ def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra
     assert summary["mesh"] == {"world_size": 2, "data_parallel": 1, "context_parallel": 2, "cp_layout": layout,
                                "cp_kda": kda}
     assert f"context_parallel(cp=2, {layout}, kda {kda})" in summary["transforms"]
+    assert any(t.startswith("compile(") for t in summary["transforms"]) == ("--compile" in extra)
     assert len(summary["peak_memory_gib_ranks"]) == 2
     assert len(summary["peak_host_memory_gib_ranks"]) == 2 and min(summary["peak_host_memory_gib_ranks"]) > 0.1
     expected, got = _metrics(single_run), _metrics(parallel)
