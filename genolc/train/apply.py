@@ -123,9 +123,10 @@ def _compiled_function(function: Callable[..., Any]) -> Callable[..., Any]:
 
     import torch._dynamo
 
-    # Static shapes: one graph per chunk shape (and grad mode, short-conv tail or not). With automatic dynamic
-    # shapes a second shape would put a dynamic graph in front, and recompute could replay a layer through another
-    # graph than its forward ran (non-reentrant checkpoint then refuses the different saved tensors).
+    # Static shapes: one graph per chunk shape (and grad mode, short-conv tail or not), so a layer's replay under
+    # recompute runs the graph its forward ran. With automatic dynamic shapes a second shape puts a dynamic graph in
+    # front of the static one, and non-reentrant checkpoint refuses a replay whose saved tensors differ (not seen
+    # on CPU: tests/train/test_train_compile.py passes either way; static is the case the H200 runs measured).
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     warnings.filterwarnings("ignore", message="Online softmax is disabled", category=UserWarning)
     return torch.compile(function, dynamic=False)
