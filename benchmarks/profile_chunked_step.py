@@ -139,9 +139,12 @@ def _label_forwards(model) -> list:
     return handles
 
 
-def _profiled_step(model, length: int, chunk: int, top: int, **loss) -> dict:
-    handles = _label_forwards(model)
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool = False, **loss) -> dict:
+    # Kernels only: no host-side op events (each aten call is one), so a 512k step's trace stays small enough to
+    # record and sum within a device call; the per-op and per-layer tables are then empty.
+    handles = [] if kernels_only else _label_forwards(model)
+    activities = ([torch.profiler.ProfilerActivity.CUDA] if kernels_only
+                  else [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
     try:
         with torch.profiler.profile(activities=activities) as profiler:
             row = _step(model, length, chunk, **loss)
@@ -202,6 +205,9 @@ def main() -> None:
     parser.add_argument("--indexer", default="off", choices=("off", "dense", "sparse"),
                         help="the indexer KL's mode (finetune's --indexer; default off, as finetune)")
     parser.add_argument("--moe-balance", type=float, default=0.0, help="weight of the MoE balance loss")
+    parser.add_argument("--profile-kernels-only", action="store_true",
+                        help="record device kernels only (no host ops or layer ranges): for 512k and longer, whose "
+                             "full traces take minutes to record and sum")
     parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
                         "recorded: what was alive at its peak, by allocating source line ('' for none)")
     args = parser.parse_args()
@@ -234,7 +240,8 @@ def main() -> None:
         save({"phase": "memory", **_memory_step(model, seq, parse_length(args.memory_chunk), args.top, **loss)})
     if args.profile_chunk:
         profile_seq = parse_length(args.profile_seq or args.seq)
-        row = _profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top, **loss)
+        row = _profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top,
+                             kernels_only=args.profile_kernels_only, **loss)
         timed = [r for r in record["steps"]
                  if r["phase"] == "timed" and (r["seq"], r["chunk"]) == (row["seq"], row["chunk"])]
         if timed:
