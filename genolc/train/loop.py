@@ -68,7 +68,7 @@ from genolc.parallel.step import all_reduce_gradients, context_parallel_forward_
 from genolc.runs import RunRecord, run_record
 from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt
-from genolc.train.apply import apply_recompute, apply_transforms, compile_failures
+from genolc.train.apply import apply_recompute, apply_transforms, compile_cache_dir, compile_failures
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
 from genolc.train.chunked import chunked_forward_backward
@@ -172,6 +172,9 @@ class _Trainer:
             threads = compute.threads.threads
             _say(f"{threads} CPU thread{'s' if threads > 1 else ''} ({compute.threads.rule})")
         self.applied = apply_transforms(self.model, config, self.device.type)
+        if any(name.startswith("compile(") for name in self.applied):
+            _say(f"torch.compile builds the per-token glue in the first step of each new chunk shape (20-30 s on a "
+                 f"GPU; kept in {compile_cache_dir()} for later runs; --compile off runs it eagerly)")
         self.context = None
         if self.mesh.cp_size > 1:
             # Last, as genolc/train/apply.py orders the transforms: it changes the shapes the others see at run time.

@@ -93,13 +93,14 @@ def _train(data: Path, out: Path, **changes) -> Path:
                                 device="cpu", **changes))
 
 
-def test_the_trainer_compiles_when_asked_and_names_a_compile_failure(lambda_data, tmp_path, monkeypatch):
+def test_the_trainer_compiles_when_asked_and_names_a_compile_failure(lambda_data, tmp_path, monkeypatch, capsys):
     compiled = []
     monkeypatch.setattr(apply_module, "apply_compile", lambda model: compiled.append(model) or 7)
     _train(lambda_data, tmp_path / "off")
-    assert compiled == []
+    assert compiled == [] and "torch.compile" not in capsys.readouterr().err
     _train(lambda_data, tmp_path / "on", compile="on")
     assert len(compiled) == 1
+    assert "torch.compile builds the per-token glue in the first step" in capsys.readouterr().err
     summary = json.loads((tmp_path / "on" / "summary.json").read_text())
     assert summary["transforms"][-1].startswith("compile(7 modules, cache ")
 
