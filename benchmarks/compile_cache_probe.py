@@ -3,10 +3,11 @@ user's cache directory so the second run starts at once")
 
     python benchmarks/compile_cache_probe.py --model tiny --seq 256 --chunk 128 --cache /tmp/probe-cache
 
-Runs this script twice, each time in a fresh process with ``TORCHINDUCTOR_CACHE_DIR=--cache`` (emptied first):
+Runs this script twice, each time in a fresh process with ``TORCHINDUCTOR_CACHE_DIR=--cache`` (a new or empty
+folder):
 each child builds ``--model``, applies genolc.train.apply.apply_compile (what ``finetune --compile`` does) and
 times two chunked training steps on CPU or CUDA (whichever ``--device`` names). The first child's first step
-compiles; the second child's should only load. Writes ``$OUT/compile_cache_<model>.json`` (or
+compiles; the second child's should only load. Writes ``$OUT/compile_cache_<model>_<device>.json`` (or
 benchmarks/results/) with command, git SHA, device and both children's timings.
 """
 
@@ -16,7 +17,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--chunk", type=int, default=128)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--cache", type=Path, required=True, help="torch.compile cache directory (emptied first)")
+    parser.add_argument("--cache", type=Path, required=True, help="torch.compile cache directory: new or empty")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -70,7 +70,8 @@ def main() -> None:
         return
     from gpu_bench_common import git_sha
 
-    shutil.rmtree(args.cache, ignore_errors=True)
+    if args.cache.exists() and any(args.cache.iterdir()):
+        parser.error(f"--cache {args.cache} is not empty: give a new or empty folder (the first run must compile)")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(args.cache)}
     runs = []
     for _ in range(2):

@@ -141,7 +141,7 @@ def _label_forwards(model) -> list:
 
 def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool = False, **loss) -> dict:
     # Kernels only: no host-side op events (each aten call is one), so a 512k step's trace stays small enough to
-    # record and sum within a device call; the per-op and per-layer tables are then empty.
+    # record and sum within a device call; the per-layer ranges are then empty and the op tables list kernels.
     handles = [] if kernels_only else _label_forwards(model)
     activities = ([torch.profiler.ProfilerActivity.CUDA] if kernels_only
                   else [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])

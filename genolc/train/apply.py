@@ -118,18 +118,24 @@ _COMPILE_FLAG = "_genolc_compiled"
 
 @functools.cache
 def _compiled_function(function: Callable[..., Any]) -> Callable[..., Any]:
-    """One compiled function per class method, shared by every instance (the module is its first argument)."""
+    """One compiled function per class method, shared by every instance (the module is its first argument).
+    Static shapes: one graph per chunk shape (and grad mode, short-conv tail or not), so a layer's replay under
+    recompute runs the graph its forward ran (with automatic dynamic shapes a later shape puts a dynamic graph in
+    front of the static one; non-reentrant checkpoint refuses a replay whose saved tensors differ; not seen to fail
+    on CPU, tests/train/test_train_compile.py passes either way). The H200 runs of 2026-12-01 measured the first
+    form (bound methods, automatic dynamic shapes); this one has run on CPU only."""
+    return torch.compile(function, dynamic=False)
+
+
+def _configure_compiler() -> None:
     import warnings
 
     import torch._dynamo
 
-    # Static shapes: one graph per chunk shape (and grad mode, short-conv tail or not), so a layer's replay under
-    # recompute runs the graph its forward ran. With automatic dynamic shapes a second shape puts a dynamic graph in
-    # front of the static one, and non-reentrant checkpoint refuses a replay whose saved tensors differ (not seen
-    # on CPU: tests/train/test_train_compile.py passes either way; static is the case the H200 runs measured).
+    # Every call: a config patch or a test's warnings context may have undone an earlier call's settings. Graphs are
+    # static, so a deep model with several norm widths, chunk lengths and grad modes needs more than dynamo's 8.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     warnings.filterwarnings("ignore", message="Online softmax is disabled", category=UserWarning)
-    return torch.compile(function, dynamic=False)
 
 
 def _check_cache_dir() -> Path:
@@ -152,8 +158,11 @@ def apply_compile(model: nn.Module) -> int:
     ``__call__`` stay eager around them; a deep copy of the model calls the copy's parameters (the partial's
     instance is copied, the compiled function shared). Applying twice is a no-op. Returns the instances compiled."""
     # Inductor reads the variable whenever it looks for its cache; set here so that the default is the user's cache
-    # directory rather than /tmp (an explicit setting, the user's, is kept).
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_check_cache_dir()))
+    # directory rather than /tmp (an explicit setting, the user's, is kept; an empty one would mean the cwd).
+    cache = _check_cache_dir()
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    _configure_compiler()
     methods = _compiled_methods()
     compiled = 0
     for module in model.modules():
@@ -168,16 +177,27 @@ def apply_compile(model: nn.Module) -> int:
 
 
 def compile_failures() -> tuple[type[BaseException], ...]:
-    """The exceptions torch.compile raises when it cannot trace or build a graph (empty when it was never used)."""
+    """The exceptions torch.compile raises when it cannot trace or build a graph (inductor's InductorError is one
+    of them; dynamo re-raises AssertionError and IndexError unwrapped, which stay tracebacks)."""
     if "torch._dynamo" not in sys.modules:
         return ()
     import torch._dynamo.exc
 
-    failures: list[type[BaseException]] = [torch._dynamo.exc.TorchDynamoException]
-    inductor = sys.modules.get("torch._inductor.exc")
-    if inductor is not None and hasattr(inductor, "InductorError"):
-        failures.append(inductor.InductorError)
-    return tuple(failures)
+    return (torch._dynamo.exc.TorchDynamoException,)
+
+
+def compile_failure_text(error: BaseException) -> str:
+    """What went wrong, in one line: the wrapped exception's type and first line (a BackendCompilerFailed's own
+    first line is only "backend='inductor' raised:")."""
+    inner = getattr(error, "inner_exception", None) or error
+    lines = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
+
+
+def compile_ran_out_of_memory(error: BaseException) -> bool:
+    """Whether a compile failure is the device running out of memory while compiling (dynamo may rewrap it)."""
+    inner = getattr(error, "inner_exception", None)
+    return isinstance(inner, torch.OutOfMemoryError) or str(error).startswith("OutOfMemoryError")
 
 
 def compile_wanted(config: TrainConfig, device_type: str) -> bool:

@@ -68,7 +68,8 @@ from genolc.parallel.step import all_reduce_gradients, context_parallel_forward_
 from genolc.runs import RunRecord, run_record
 from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt
-from genolc.train.apply import apply_recompute, apply_transforms, compile_cache_dir, compile_failures
+from genolc.train.apply import (apply_recompute, apply_transforms, compile_cache_dir, compile_failure_text,
+                                compile_failures, compile_ran_out_of_memory)
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
 from genolc.train.chunked import chunked_forward_backward
@@ -172,7 +173,8 @@ class _Trainer:
             threads = compute.threads.threads
             _say(f"{threads} CPU thread{'s' if threads > 1 else ''} ({compute.threads.rule})")
         self.applied = apply_transforms(self.model, config, self.device.type)
-        if any(name.startswith("compile(") for name in self.applied):
+        self.compiled = any(name.startswith("compile(") for name in self.applied)
+        if self.compiled:
             _say(f"torch.compile builds the per-token glue in the first step of each new chunk shape (20-30 s on a "
                  f"GPU; kept in {compile_cache_dir()} for later runs; --compile off runs it eagerly)")
         self.context = None
@@ -608,9 +610,10 @@ class _Trainer:
             metrics = self._step(step)
         except torch.cuda.OutOfMemoryError:
             raise self._oom(step) from None
-        except compile_failures() as error:
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-            raise ConfigError(f"torch.compile could not build the per-token glue: {first_line}",
+        except (compile_failures() if self.compiled else ()) as error:
+            if compile_ran_out_of_memory(error):
+                raise self._oom(step) from None
+            raise ConfigError(f"torch.compile could not build the per-token glue: {compile_failure_text(error)}",
                               where=f"step {step + 1}, {self.device}",
                               fix="train with --compile off (the same results, eagerly)") from error
         seconds = time.monotonic() - t0

@@ -53,9 +53,10 @@ def single_run(char_data, tmp_path_factory) -> Path:
                          ids=["whole", "chunked", "kda-heads", "chunked-compiled"])
 def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra, one_thread):
     parallel = tmp_path / "cp2"
+    env = {**_env(), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}   # not the user's cache: compile here
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "genolc.cli", "finetune", "--data", str(char_data), "--out", str(parallel),
-                           "--cp", "2", *ARGS, *extra], env=_env(), capture_output=True, text=True,
+                           "--cp", "2", *ARGS, *extra], env=env, capture_output=True, text=True,
                           timeout=900 if "--compile" in extra else 300)   # compiling on CPU takes minutes
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip().splitlines() == [str(parallel / "checkpoints" / "step-000002")]
@@ -68,6 +69,7 @@ def test_torchrun_cp2_matches_one_process(char_data, single_run, tmp_path, extra
                                "cp_kda": kda}
     assert f"context_parallel(cp=2, {layout}, kda {kda})" in summary["transforms"]
     assert any(t.startswith("compile(") for t in summary["transforms"]) == ("--compile" in extra)
+    assert any((tmp_path / "inductor").rglob("*.py")) == ("--compile" in extra)      # graphs were really built
     assert len(summary["peak_memory_gib_ranks"]) == 2
     assert len(summary["peak_host_memory_gib_ranks"]) == 2 and min(summary["peak_host_memory_gib_ranks"]) > 0.1
     expected, got = _metrics(single_run), _metrics(parallel)

@@ -105,17 +105,16 @@ def test_the_trainer_compiles_when_asked_and_names_a_compile_failure(lambda_data
     assert summary["transforms"][-1].startswith("compile(7 modules, cache ")
 
     def failing_compile(model):
-        import torch._dynamo.exc
-
-        def unsupported(*args, **kwargs):
-            raise torch._dynamo.exc.Unsupported("a graph break it cannot take")
+        def backend(graph_module, example_inputs):
+            raise RuntimeError("no C++ compiler here")
         for module in model.modules():
             if type(module).__name__ == "HyperConnection":
-                module.forward = unsupported
+                module.forward = functools.partial(torch.compile(type(module).forward, backend=backend), module)
         return 1
     monkeypatch.setattr(apply_module, "apply_compile", failing_compile)
     with pytest.raises(ConfigError, match="torch.compile could not build") as error:
         _train(lambda_data, tmp_path / "failing", compile="on")
+    assert "RuntimeError: no C++ compiler here" in error.value.what
     assert error.value.fix.startswith("train with --compile off") and "step 1" in error.value.where
 
 
@@ -133,8 +132,12 @@ def test_compiled_chunked_step_with_recompute_equals_eager(monkeypatch, tmp_path
     weights = torch.ones(1, length)
     terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=0.01, indexer_kl_coef=1.0,
                       indexer_mode=None)
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
     results = [chunked_forward_backward(model, ids, weights, terms, 128, contextlib.nullcontext)
                for model in (eager, compiled)]
+    assert counters["stats"]["unique_graphs"] > graphs and not counters["graph_break"]   # really compiled
     assert float(results[1].lm) == pytest.approx(float(results[0].lm), rel=1e-6)
     for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
         assert (p_eager.grad is None) == (p_compiled.grad is None), name
@@ -147,11 +150,15 @@ def test_compiled_whole_window_with_recompute_equals_eager(lambda_data, tmp_path
     # Whole windows with per-layer recompute: each norm's graph must be the one its replay runs again (static
     # shapes), and a window not a multiple of the pool size gives the compiler an odd shape.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
     runs = {}
     for mode in ("off", "on"):
         finetune(TrainConfig(data=lambda_data, out=tmp_path / mode, seq_len=301, steps=2, lr=1e-3, warmup_steps=1,
                              progress=False, device="cpu", recompute=True, chunk=0, compile=mode))
         runs[mode] = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+    assert counters["stats"]["unique_graphs"] > graphs
     for eager, compiled in zip(runs["off"], runs["on"]):
         assert compiled["loss"] == pytest.approx(eager["loss"], rel=1e-6)
         assert compiled["grad_norm"] == pytest.approx(eager["grad_norm"], rel=1e-4)
