@@ -25,6 +25,7 @@ from genolc.train.chunked import chunked_forward_backward
 from genolc.train.config import TrainConfig
 from genolc.train.loop import finetune
 from genolc.train.loss import LossTerms
+from genolc.train.plan import OutOfMemoryPlanError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -104,18 +105,29 @@ def test_the_trainer_compiles_when_asked_and_names_a_compile_failure(lambda_data
     summary = json.loads((tmp_path / "on" / "summary.json").read_text())
     assert summary["transforms"][-1].startswith("compile(7 modules, cache ")
 
-    def failing_compile(model):
-        def backend(graph_module, example_inputs):
-            raise RuntimeError("no C++ compiler here")
+    def compile_with(model, backend):
         for module in model.modules():
             if type(module).__name__ == "HyperConnection":
                 module.forward = functools.partial(torch.compile(type(module).forward, backend=backend), module)
         return 1
+
+    def failing_compile(model):
+        def backend(graph_module, example_inputs):
+            raise RuntimeError("no C++ compiler here")
+        return compile_with(model, backend)
     monkeypatch.setattr(apply_module, "apply_compile", failing_compile)
     with pytest.raises(ConfigError, match="torch.compile could not build") as error:
         _train(lambda_data, tmp_path / "failing", compile="on")
     assert "RuntimeError: no C++ compiler here" in error.value.what
     assert error.value.fix.startswith("train with --compile off") and "step 1" in error.value.where
+
+    # Memory running out while compiling is reported as memory, not as a compiler failure.
+    def out_of_memory(graph_module, example_inputs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(apply_module, "apply_compile",
+                        lambda model: compile_with(model, out_of_memory))
+    with pytest.raises(OutOfMemoryPlanError, match="out of device memory at --seq 64"):
+        _train(lambda_data, tmp_path / "oom", compile="on")
 
 
 @pytest.mark.slow
