@@ -19,6 +19,7 @@ from genolc.model.cache import LayerCache
 from genolc.model.config import ModelConfig
 from genolc.model.layers.norm import GatedRMSNorm
 from genolc.model.ops.dispatch import chunk_kda
+from genolc.model.ops.kda.conv import causal_conv_silu
 from genolc.model.ops.kda.gate import kda_gate
 
 
@@ -93,9 +94,7 @@ class KimiDeltaAttention(nn.Module):
         kernel = self.conv1d.weight.shape[-1]
         known = 0 if tail is None else tail.shape[1]
         inputs = qkv if not known else torch.cat([tail.to(qkv.dtype), qkv], dim=1)
-        channels_first = F.pad(inputs.transpose(1, 2).to(self.conv1d.weight.dtype), (kernel - 1 - known, 0))
-        mixed = F.conv1d(channels_first, self.conv1d.weight, groups=qkv.shape[-1])
-        return F.silu(mixed).transpose(1, 2).to(qkv.dtype)
+        return causal_conv_silu(F.pad(inputs, (0, 0, kernel - 1 - known, 0)), self.conv1d.weight[:, 0])
 
     def mixer_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-token inputs of ``x [B, T, D]``: the convolution's input (q, k, v projections concatenated,

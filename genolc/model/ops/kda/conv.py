@@ -1,0 +1,88 @@
+"""KDA's short causal depthwise convolution with SiLU, as K shifted multiply-adds instead of a convolution kernel.
+
+    padded  [B, L + K - 1, C]  the layer's q/k/v projections, preceded by the K - 1 inputs before them (zeros, or a
+                               chunk's predecessors), in the activations' dtype
+    weight  [C, K]             one filter per channel (the ``nn.Conv1d(C, C, K, groups=C)`` weight without its
+                               middle axis), fp32
+    returns [B, L, C] in padded's dtype:  y[t, c] = silu(sum_k weight[c, k] * padded[t + k, c])
+
+Why not ``F.conv1d``: with K = 4, PyTorch's depthwise kernels on the H200 took 132 ms of a 2.66 s compiled `small`
+step at 128k (forward 75, input gradient 33, weight gradient 24; benchmarks/results/training_speed_2026-12-01.md),
+plus the transposes to channels-first and back around them. Written as shifted products the whole convolution is
+element-wise over the channels-last layout, so torch.compile fuses it with the SiLU and the casts into one kernel
+forward and one per gradient; in eager mode it is K fused multiply-adds. The sum runs in fp32 (the weight's dtype)
+whatever the activations' dtype; autocast's ``conv1d`` ran it in bf16.
+
+Memory: the autograd function keeps only ``padded`` (activations' dtype) and the weight, and recomputes the
+pre-activation in backward (an eager chain of products would keep fp32 copies of each shifted input).
+:func:`reference_causal_conv_silu` is the definition through ``F.conv1d``, which the tests compare against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def check_conv_inputs(padded: torch.Tensor, weight: torch.Tensor) -> None:
+    if padded.dim() != 3 or weight.dim() != 2 or weight.shape[0] != padded.shape[2]:
+        raise ValueError(f"padded must be [B, L + K - 1, C] and weight [C, K]; got {tuple(padded.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if padded.shape[1] < weight.shape[1] - 1:
+        raise ValueError(f"padded has {padded.shape[1]} positions, fewer than the K - 1 = {weight.shape[1] - 1} "
+                         f"that precede the first output")
+
+
+def _pre_activation(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``z [B, L, C]`` fp32 (or wider): ``sum_k weight[:, k] * padded[:, t + k]``."""
+    kernel = weight.shape[1]
+    length = padded.shape[1] - kernel + 1
+    taps = weight.to(torch.promote_types(weight.dtype, torch.float32))
+    mixed = padded[:, 0:length].to(taps.dtype) * taps[:, 0]
+    for k in range(1, kernel):
+        mixed = mixed.addcmul(padded[:, k:k + length].to(taps.dtype), taps[:, k])
+    return mixed
+
+
+class CausalConvSiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(padded, weight)
+        return F.silu(_pre_activation(padded, weight)).to(padded.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        padded, weight = ctx.saved_tensors
+        mixed = _pre_activation(padded, weight)
+        gate = torch.sigmoid(mixed)
+        grad_mixed = grad_out.to(mixed.dtype) * gate * (1 + mixed * (1 - gate))
+        kernel = weight.shape[1]
+        length = grad_mixed.shape[1]
+        taps = weight.to(mixed.dtype)
+        grad_padded = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            # padded[s] feeds outputs t = s - k: its gradient is sum_k weight[k] * grad_mixed[s - k].
+            shifted = F.pad(grad_mixed, (0, 0, kernel - 1, kernel - 1))
+            grad = shifted[:, kernel - 1:kernel - 1 + padded.shape[1]] * taps[:, 0]
+            for k in range(1, kernel):
+                grad = grad.addcmul(shifted[:, kernel - 1 - k:kernel - 1 - k + padded.shape[1]], taps[:, k])
+            grad_padded = grad.to(padded.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.stack([(grad_mixed * padded[:, k:k + length].to(mixed.dtype)).sum(dim=(0, 1))
+                                       for k in range(kernel)], dim=1).to(weight.dtype)
+        return grad_padded, grad_weight
+
+
+def causal_conv_silu(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``silu(causal depthwise conv)``: ``padded [B, L + K - 1, C]``, ``weight [C, K]`` -> ``[B, L, C]`` in padded's
+    dtype (see the module docstring)."""
+    check_conv_inputs(padded, weight)
+    return CausalConvSiLU.apply(padded, weight)
+
+
+def reference_causal_conv_silu(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The same through ``F.conv1d`` in fp32 (the definition the tests hold :func:`causal_conv_silu` to)."""
+    check_conv_inputs(padded, weight)
+    dtype = torch.promote_types(weight.dtype, torch.float32)
+    mixed = F.conv1d(padded.transpose(1, 2).to(dtype), weight.to(dtype).unsqueeze(1), groups=padded.shape[2])
+    return F.silu(mixed).transpose(1, 2).to(padded.dtype)

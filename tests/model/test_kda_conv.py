@@ -1,0 +1,107 @@
+"""KDA's short convolution as shifted multiply-adds: equals F.conv1d + SiLU, outputs and gradients, odd lengths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from genolc.model.layers.kda import KimiDeltaAttention
+from genolc.model.ops.kda.conv import causal_conv_silu, reference_causal_conv_silu
+from genolc.model.presets import tiny
+
+
+def _inputs(batch, length, channels, kernel, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    padded = torch.randn(batch, length + kernel - 1, channels, generator=g).to(dtype).requires_grad_()
+    weight = (torch.randn(channels, kernel, generator=g) / kernel).requires_grad_()
+    return padded, weight
+
+
+def _grads(fn, padded, weight, upstream):
+    out = fn(padded, weight)
+    padded_grad, weight_grad = torch.autograd.grad(out, (padded, weight), upstream)
+    return out, padded_grad, weight_grad
+
+
+@pytest.mark.parametrize("batch,length,channels,kernel", [(1, 1, 5, 4), (2, 77, 24, 4), (3, 130, 7, 3), (1, 9, 4, 1)])
+def test_fp32_outputs_and_gradients_equal_conv1d(batch, length, channels, kernel):
+    padded, weight = _inputs(batch, length, channels, kernel, torch.float64)
+    upstream = torch.randn(batch, length, channels, dtype=torch.float64)
+    fast = _grads(causal_conv_silu, padded, weight.double(), upstream)
+    reference = _grads(reference_causal_conv_silu, padded, weight.double(), upstream)
+    for got, want, name in zip(fast, reference, ("output", "input gradient", "weight gradient")):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=name)
+
+
+def test_gradcheck():
+    padded, weight = _inputs(2, 11, 3, 4, torch.float64)
+    assert torch.autograd.gradcheck(causal_conv_silu, (padded, weight.detach().double().requires_grad_()))
+
+
+def test_bf16_activations_sum_in_fp32():
+    padded, weight = _inputs(2, 301, 16, 4, torch.bfloat16)
+    upstream = torch.randn(2, 301, 16).to(torch.bfloat16)
+    fast = _grads(causal_conv_silu, padded, weight, upstream)
+    exact = _grads(reference_causal_conv_silu, padded.detach().double().requires_grad_(),
+                   weight.detach().double().requires_grad_(), upstream.double())
+    assert fast[0].dtype == fast[1].dtype == torch.bfloat16 and fast[2].dtype == torch.float32
+    for got, want in zip(fast, exact):
+        # bf16 rounding of the result only: one unit in the last place of bf16 (2^-8 relative) at most.
+        torch.testing.assert_close(got.double(), want, rtol=2 ** -8, atol=1e-6)
+
+
+def test_poisoned_padding_beyond_the_window_is_not_read():
+    padded, weight = _inputs(1, 20, 6, 4, torch.float32)
+    out = causal_conv_silu(padded, weight)
+    longer = torch.cat([padded.detach(), torch.full((1, 5, 6), float("nan"))], dim=1)
+    assert torch.isfinite(causal_conv_silu(longer, weight)[:, :20]).all()
+    torch.testing.assert_close(causal_conv_silu(longer, weight)[:, :20], out)
+
+
+def test_wrong_shapes_say_what_is_expected():
+    with pytest.raises(ValueError, match=r"padded must be \[B, L \+ K - 1, C\] and weight \[C, K\]"):
+        causal_conv_silu(torch.zeros(1, 8, 5), torch.zeros(4, 4))
+    with pytest.raises(ValueError, match="fewer than the K - 1 = 3"):
+        causal_conv_silu(torch.zeros(1, 2, 4), torch.zeros(4, 4))
+
+
+def _layer(seed=0):
+    torch.manual_seed(seed)
+    return KimiDeltaAttention(tiny(), layer_idx=0)
+
+
+def _conv1d_short_conv(layer, qkv, tail):
+    """The layer's convolution as it was written before: channels-first F.conv1d on the nn.Conv1d weight."""
+    kernel = layer.conv1d.weight.shape[-1]
+    known = 0 if tail is None else tail.shape[1]
+    inputs = qkv if not known else torch.cat([tail.to(qkv.dtype), qkv], dim=1)
+    channels_first = F.pad(inputs.transpose(1, 2).to(layer.conv1d.weight.dtype), (kernel - 1 - known, 0))
+    mixed = F.conv1d(channels_first, layer.conv1d.weight, groups=qkv.shape[-1])
+    return F.silu(mixed).transpose(1, 2).to(qkv.dtype)
+
+
+@pytest.mark.parametrize("known", [0, 1, 3])
+def test_layer_short_conv_with_and_without_a_tail(known):
+    layer = _layer()
+    channels = layer.conv1d.weight.shape[0]
+    qkv = torch.randn(2, 13, channels, requires_grad=True)
+    tail = torch.randn(2, known, channels) if known else None
+    got = layer.short_conv(qkv, tail)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), qkv)
+    got_weight_grad = torch.autograd.grad(layer.short_conv(qkv, tail).sum(), layer.conv1d.weight)[0]
+    want = _conv1d_short_conv(layer, qkv, tail)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), qkv)
+    want_weight_grad = torch.autograd.grad(_conv1d_short_conv(layer, qkv, tail).sum(), layer.conv1d.weight)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_weight_grad, want_weight_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_matches_eager():
+    padded, weight = _inputs(2, 33, 8, 4, torch.float32)
+    upstream = torch.randn(2, 33, 8)
+    eager = _grads(causal_conv_silu, padded, weight, upstream)
+    compiled = _grads(torch.compile(causal_conv_silu, backend="aot_eager", fullgraph=True), padded, weight, upstream)
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want)
