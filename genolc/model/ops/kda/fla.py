@@ -25,12 +25,24 @@ autograd, back-propagates the output gradient plus the gradient arriving at that
 the gradient of its initial state (fla's ``dh0``) to the previous segment as that one's ``dht``. Gradients equal the
 unsegmented op's up to summation order; peak memory is the inputs, their gradients and one segment's workspace.
 
+Tuned configs (:func:`use_tuned_configs`): fla autotunes each kernel on its first call for a new shape, compiling
+and timing every candidate config; with every cache empty that took about 3 minutes of the first ``small`` step at
+128k on an H200. genolc ships the winners for the GPUs it was tuned on (``tuned/<GPU>/<kernel>.json``, written by
+benchmarks/tune_fla_configs.py for the presets' shapes) and points fla at them through fla's own switches
+(``FLA_CONFIG_DIR``, ``FLA_CACHE_MODE=strict``): an exact key match is used, anything else autotunes as before.
+A user who sets either variable keeps fla's behaviour as they set it.
+
 Imports fla at call time only: this module is imported on CUDA code paths (see ``genolc.model.ops.dispatch``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+import functools
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Callable, MutableMapping, NamedTuple, Optional
 
 import torch
 
@@ -40,6 +52,8 @@ from genolc.model.ops.kda.reference import _check_gate, _check_shapes
 # costs ~1% against 64k segments at 1M tokens (H200, benchmarks/results/kda_2026-11-29_base_gate.json).
 DEFAULT_SEGMENT_LEN = 32768
 
+
+TUNED_CONFIGS = Path(__file__).with_name("tuned")
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FLA_MAX_KEY_DIM = 256
@@ -124,7 +138,33 @@ def check_kernel_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         raise ValueError(f"fla needs a float32 initial_state, got {initial_state.dtype}")
 
 
+def gpu_folder_name(device_name: str) -> str:
+    """The folder name fla gives a GPU (its ``sanitize_gpu_name``): ``"NVIDIA H200"`` -> ``"NVIDIA_H200"``."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", device_name).strip("_") or "unknown_gpu"
+
+
+def use_tuned_configs(device_name: str, environ: MutableMapping[str, str] = os.environ,
+                      tuned: Path = TUNED_CONFIGS) -> Path | None:
+    """Point fla at genolc's tuned configs for ``device_name`` (sets ``FLA_CONFIG_DIR`` and ``FLA_CACHE_MODE`` in
+    ``environ``) and return their folder; None, changing nothing, where the user set either variable or genolc has
+    no configs for this GPU."""
+    if "FLA_CONFIG_DIR" in environ or "FLA_CACHE_MODE" in environ:
+        return None
+    folder = tuned / gpu_folder_name(device_name)
+    if not folder.is_dir():
+        return None
+    environ["FLA_CONFIG_DIR"] = str(folder)
+    environ["FLA_CACHE_MODE"] = "strict"
+    return folder
+
+
+@functools.cache
 def _fla_chunk_kda():
+    if use_tuned_configs(torch.cuda.get_device_name(0)) is not None and "fla.ops.utils.cache" in sys.modules:
+        # fla reads FLA_CACHE_MODE when it is first imported; a process that imported fla before (transformers'
+        # fla-backed layers) gets the mode set on the module it already holds.
+        fla_cache = sys.modules["fla.ops.utils.cache"]
+        fla_cache.FLA_CACHE_MODE = fla_cache.FlaCacheMode.from_env()
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
     return fla_chunk_kda

@@ -1,0 +1,174 @@
+"""Tune fla's KDA kernels for each preset's shapes on this GPU and write the winners where genolc ships them.
+
+    python benchmarks/tune_fla_configs.py [--presets small base mini glm-5.3-flash] [--length 32768]
+        [--out genolc/model/ops/kda/tuned] [--record benchmarks/results/fla_tuning_<date>.json]
+
+(on the GPU, from the repository root, after ``source benchmarks/gpu_env.sh && gpu_env_setup``.) Why: with every
+cache empty, fla's autotuning (each candidate config compiled, then timed) took about 3 minutes of the first
+``small`` step at 128k on an H200 (2026-12-01), more than anything else a new machine pays. fla looks a kernel's
+config up in ``$FLA_CONFIG_DIR/<kernel>.json`` first when ``FLA_CACHE_MODE`` asks it to; genolc points it at
+``genolc/model/ops/kda/tuned/<GPU>/`` (genolc/model/ops/kda/fla.py: ``use_tuned_configs``), so on a GPU tuned
+here the first step compiles one config per kernel instead of all of them.
+
+Per preset it runs one KDA layer (the preset's heads and dims, fp32 weights, bf16 autocast, as the trainer does)
+the ways training and evaluation call fla: a whole window of two segments (no initial state, then one), a chunk
+with a carried state and convolution tail and gradients flowing into both, and a no-grad forward. fla's autotuner
+keys hold shapes (heads, head dims, block sizes, flags, dtypes), not the sequence length, so configs tuned at
+``--length`` serve every length of that preset. Each entry written is read back through fla's own lookup in strict
+mode before the script ends; entries already in a file for other keys are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from genolc.model.cache import LayerCache  # noqa: E402
+from genolc.model.layers.kda import KimiDeltaAttention  # noqa: E402
+from genolc.model.model import _init_forget_gate  # noqa: E402
+from genolc.model.ops.kda.fla import TUNED_CONFIGS, gpu_folder_name  # noqa: E402
+from genolc.model.presets import preset  # noqa: E402
+
+
+def run_layer(name: str, length: int) -> None:
+    """The fla calls a preset's KDA layer makes in training (whole window, carried chunk) and evaluation."""
+    config = preset(name)
+    torch.manual_seed(0)
+    layer = KimiDeltaAttention(config, layer_idx=0).cuda()
+    for module in layer.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=config.initializer_range)
+    _init_forget_gate(layer.forget_gate)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 2 * length, config.hidden_size, device="cuda", requires_grad=True)
+    with autocast:
+        layer(x).float().square().mean().backward()
+    chunk = x[:, :length].detach().requires_grad_()
+    with torch.no_grad(), autocast:
+        first = LayerCache(start=0, window_len=2 * length)
+        layer(chunk, cache=first)
+    past = {"state": first.present["state"].detach().requires_grad_(),
+            "conv_tail": first.present["conv_tail"].detach().requires_grad_()}
+    carried = LayerCache(start=length, window_len=2 * length, past=past)
+    with autocast:
+        out = layer(chunk, cache=carried)
+    torch.autograd.backward([out.float().square().mean(), carried.present["state"]],
+                            [None, torch.randn_like(carried.present["state"])])
+    with torch.no_grad(), autocast:
+        layer(chunk)
+    torch.cuda.synchronize()
+
+
+def fla_autotuners() -> tuple[dict[str, object], list[str]]:
+    """fla's tuned kernels by name (its ``CachedAutotuner``, whose configs a file can supply), and the names of any
+    other autotuned kernel that ran (plain Triton autotuners: a file cannot supply theirs)."""
+    from triton.runtime.autotuner import Autotuner
+
+    from fla.ops.utils.cache import CachedAutotuner
+
+    tuners, others = {}, []
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("fla.") or module is None:
+            continue
+        for value in vars(module).values():
+            if isinstance(value, Autotuner) and value.cache:
+                kernel = value.fn.__name__ if hasattr(value.fn, "__name__") else str(value.fn)
+                if isinstance(value, CachedAutotuner):
+                    tuners[value.kernel_name] = value
+                else:
+                    others.append(kernel)
+    return tuners, sorted(set(others))
+
+
+def config_entry(config) -> dict:
+    entry = {"kwargs": dict(config.kwargs), "num_warps": config.num_warps, "num_stages": config.num_stages,
+             "num_ctas": getattr(config, "num_ctas", 1), "maxnreg": getattr(config, "maxnreg", None)}
+    if getattr(config, "ir_override", None) is not None:
+        entry["ir_override"] = config.ir_override
+    return entry
+
+
+def write_configs(tuners: dict[str, object], folder: Path) -> int:
+    import triton
+
+    from fla.ops.utils.cache import AutotuneKey
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for kernel, tuner in sorted(tuners.items()):
+        path = folder / f"{kernel}.json"
+        data = json.loads(path.read_text()) if path.exists() else {}
+        entries = data.get("autotune_entries") or {}
+        for key, config in tuner.cache.items():
+            entries[AutotuneKey.key_hash(key)] = {"autotune_key": AutotuneKey.normalize_autotune_key(key),
+                                                  "config": config_entry(config)}
+            written += 1
+        data = {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries}
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        partial.replace(path)
+    return written
+
+
+def check_written(tuners: dict[str, object], folder: Path) -> None:
+    """Every tuned key reads back through fla's strict lookup as the config the autotuner chose."""
+    from fla.ops.utils import cache as fla_cache
+
+    os.environ["FLA_CONFIG_DIR"] = str(folder)
+    fla_cache.FLA_CACHE_MODE = fla_cache.FlaCacheMode.STRICT
+    fla_cache.load_config_file.cache_clear()
+    for kernel, tuner in tuners.items():
+        for key, config in tuner.cache.items():
+            found = fla_cache.load_cached_config(kernel, fla_cache.AutotuneKey(autotune_key=key))
+            if found != json.loads(json.dumps(config_entry(config))):
+                raise SystemExit(f"{folder}/{kernel}.json: key {key} reads back as {found}, "
+                                 f"not the tuned {config_entry(config)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--presets", nargs="+", default=["small", "base", "mini", "glm-5.3-flash"])
+    parser.add_argument("--length", type=int, default=32768, help="tokens per chunk (the trainer's default chunk)")
+    parser.add_argument("--out", type=Path, default=TUNED_CONFIGS)
+    parser.add_argument("--record", type=Path,
+                        default=Path(f"benchmarks/results/fla_tuning_{datetime.date.today()}.json"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("tune_fla_configs.py tunes CUDA kernels: run it on a machine with a GPU")
+    if os.environ.get("FLA_CACHE_MODE", "disabled") != "disabled":
+        raise SystemExit("FLA_CACHE_MODE is set: unset it so every kernel is tuned here, not read from a file")
+    os.environ["FLA_CACHE_MODE"] = "disabled"
+    folder = args.out / gpu_folder_name(torch.cuda.get_device_name(0))
+    sha = os.environ.get("GENOLC_GIT_SHA") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                                             capture_output=True, text=True).stdout.strip()
+    record = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+              "git_sha": sha, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "presets": args.presets, "length": args.length, "seconds_per_preset": {}}
+    args.record.parent.mkdir(parents=True, exist_ok=True)
+    # Written after each preset, so a run stopped part-way keeps (and records) the presets it finished.
+    for name in args.presets:
+        start = time.monotonic()
+        run_layer(name, args.length)
+        record["seconds_per_preset"][name] = round(time.monotonic() - start, 1)
+        tuners, others = fla_autotuners()
+        written = write_configs(tuners, folder)
+        check_written(tuners, folder)
+        record.update(kernels=sorted(tuners), configs_written=written, other_autotuned_kernels=others)
+        args.record.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"{name}: {record['seconds_per_preset'][name]} s; {written} configs of {len(tuners)} kernels in "
+              f"{folder}; autotuned kernels no file can supply: {others or 'none'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
