@@ -76,12 +76,20 @@ def fla_autotuners() -> tuple[dict[str, object], list[str]]:
 
     from fla.ops.utils.cache import CachedAutotuner
 
+    def autotuner(value):
+        # fla stacks ``triton.heuristics`` over its autotuner: each wrapper holds the next in ``.fn``.
+        for _ in range(4):
+            if isinstance(value, Autotuner):
+                return value
+            value = getattr(value, "fn", None)
+        return None
+
     tuners, others = {}, []
     for module_name, module in list(sys.modules.items()):
         if not module_name.startswith("fla.") or module is None:
             continue
-        for value in vars(module).values():
-            if isinstance(value, Autotuner) and value.cache:
+        for value in map(autotuner, vars(module).values()):
+            if value is not None and value.cache:
                 kernel = value.fn.__name__ if hasattr(value.fn, "__name__") else str(value.fn)
                 if isinstance(value, CachedAutotuner):
                     tuners[value.kernel_name] = value
