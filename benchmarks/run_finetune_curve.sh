@@ -8,7 +8,8 @@
 # (command, git SHA, device, wall seconds, exit code). The run directory itself (checkpoints) stays on the device.
 # $CURVE_TIMEOUT (seconds, default 480) stops the run; the steps it finished are kept in metrics.jsonl.
 # $CURVE_TAG is appended to the folder's name (e.g. _eager for a run with --compile off beside a compiled one);
-# GPU_EMPTY_CACHES=1 leaves every kernel cache empty (gpu_env.sh), for the first step a new user's machine pays.
+# GPU_EMPTY_CACHES=1 leaves every kernel cache empty (gpu_env.sh), for the first step a new user's machine pays;
+# record.json lists what the run autotuned (fla/Triton, with seconds) and which TileLang kernels it compiled.
 # Next uses (issue 14): `base` 512k through finetune; `small` 512k with --compile off at the same commit.
 set -uo pipefail
 source benchmarks/gpu_env.sh
@@ -22,16 +23,30 @@ python3 -m genolc.cli prepare "$fasta" --out /tmp/curve-data --train all --heldo
 command=(python3 -m genolc.cli finetune --data /tmp/curve-data --seq "$seq" --model "$model" --steps "$steps"
          --out /tmp/curve-run --no-progress "$@")
 start=$SECONDS
-timeout "${CURVE_TIMEOUT:-480}" "${command[@]}" 2>&1 | tee "$keep/finetune.log" | grep -v '^ ' | tail -40
+TRITON_PRINT_AUTOTUNING=1 timeout "${CURVE_TIMEOUT:-480}" "${command[@]}" 2>&1 | tee "$keep/finetune.log" \
+  | grep -v '^ \|^Triton autotuning\|^best config\|^with key\|^finished after\|^Autotuning kernel' | tail -40
 rc=${PIPESTATUS[0]}
 cp /tmp/curve-run/metrics.jsonl /tmp/curve-run/summary.json "$keep/" 2>/dev/null
 recorded="genolc prepare $fasta --train all --heldout none --tokenizer char; ${command[*]}"
-python3 - "$keep/record.json" "$rc" "$((SECONDS - start))" "$recorded" <<'EOF'
-import json, os, sys, torch
-path, rc, wall, command = sys.argv[1:5]
+python3 - "$keep/record.json" "$rc" "$((SECONDS - start))" "$recorded" "$keep/finetune.log" <<'EOF'
+import datetime, json, os, re, sys, torch
+path, rc, wall, command, log = sys.argv[1:6]
+text = open(log, errors="replace").read()
+# What the first step compiled: each Triton autotuning (and how long it took), each TileLang kernel compile.
+autotuned = re.findall(r"Triton autotuning for function (\w+),\n(?:.*\n){0,2}?finished after ([0-9.]+)s", text)
+stamps = re.findall(r"^(\S+ \S+) .*TileLang (begins|completes) to compile kernel `(\w+)`", text, re.M)
+tilelang, begun = [], {}
+for stamp, what, kernel in stamps:
+    moment = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
+    if what == "begins":
+        begun[kernel] = moment
+    elif kernel in begun:
+        tilelang.append([kernel, (moment - begun.pop(kernel)).total_seconds()])
 json.dump({"command": command, "git_sha": os.environ.get("GENOLC_GIT_SHA", "unknown"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "exit_code": int(rc),
-           "wall_seconds": int(wall)}, open(path, "w"), indent=1)
+           "wall_seconds": int(wall), "empty_caches": bool(os.environ.get("GPU_EMPTY_CACHES")),
+           "autotuned": [[kernel, float(seconds)] for kernel, seconds in autotuned],
+           "tilelang_compiled": tilelang}, open(path, "w"), indent=1)
 EOF
 gpu_env_pack_caches
 exit "$rc"
