@@ -15,7 +15,9 @@ the ways training and evaluation call fla: a whole window of two segments (no in
 with a carried state and convolution tail and gradients flowing into both, and a no-grad forward. fla's autotuner
 keys hold shapes (heads, head dims, block sizes, flags, dtypes), not the sequence length, so configs tuned at
 ``--length`` serve every length of that preset. Each entry written is read back through fla's own lookup in strict
-mode before the script ends; entries already in a file for other keys are kept.
+mode before the script ends; entries already in a file for other keys are kept. ``shapes.json`` beside them lists
+the presets tuned (their KDA heads and head dim), so ``finetune`` can tell a user whose shape is not among them
+that its first run autotunes.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from genolc.model.cache import LayerCache  # noqa: E402
 from genolc.model.layers.kda import KimiDeltaAttention  # noqa: E402
 from genolc.model.model import _init_forget_gate  # noqa: E402
-from genolc.model.ops.kda.fla import TUNED_CONFIGS, gpu_folder_name  # noqa: E402
+from genolc.model.ops.kda.fla import SHAPES_FILE, TUNED_CONFIGS, gpu_folder_name  # noqa: E402
 from genolc.model.presets import preset  # noqa: E402
 
 
@@ -171,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         tuners, others = fla_autotuners()
         written = write_configs(tuners, folder)
         check_written(tuners, folder)
+        shapes_path = folder / SHAPES_FILE
+        shapes = json.loads(shapes_path.read_text()) if shapes_path.exists() else {}
+        config = preset(name)
+        shapes[name] = [config.linear_num_heads, config.linear_head_dim]
+        shapes_path.write_text(json.dumps(shapes, indent=1, sort_keys=True) + "\n")
         record.update(kernels=sorted(tuners), configs_written=written, other_autotuned_kernels=others)
         args.record.write_text(json.dumps(record, indent=1) + "\n")
         print(f"{name}: {record['seconds_per_preset'][name]} s; {written} configs of {len(tuners)} kernels in "

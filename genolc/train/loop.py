@@ -177,6 +177,13 @@ class _Trainer:
         if self.compiled:
             _say(f"torch.compile builds the per-token glue in the first step of each new chunk shape (20-30 s on a "
                  f"GPU; kept in {compile_cache_dir()} for later runs; --compile off runs it eagerly)")
+        if self.device.type == "cuda" and self.mesh.writes:
+            from genolc.model.ops.kda.fla import autotune_note
+
+            note = autotune_note(torch.cuda.get_device_name(self.device), self.model.config,
+                                 self.mesh.cp_size if config.cp_kda == "heads" else 1)
+            if note:
+                _say(note)
         self.context = None
         if self.mesh.cp_size > 1:
             # Last, as genolc/train/apply.py orders the transforms: it changes the shapes the others see at run time.

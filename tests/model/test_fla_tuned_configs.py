@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from genolc.model.ops.kda.fla import TUNED_CONFIGS, gpu_folder_name, use_tuned_configs
+from genolc.model.ops.kda.fla import (SHAPES_FILE, TUNED_CONFIGS, autotune_note, gpu_folder_name, tuned_shapes,
+                                      use_tuned_configs)
 
 
 def test_gpu_folder_name_is_fla_s():
@@ -38,7 +39,7 @@ def test_an_untuned_gpu_changes_nothing(tmp_path):
 
 
 def _shipped():
-    return sorted(TUNED_CONFIGS.glob("*/*.json"))
+    return sorted(path for path in TUNED_CONFIGS.glob("*/*.json") if path.name != SHAPES_FILE)
 
 
 def test_an_h200_folder_is_shipped():
@@ -59,3 +60,31 @@ def test_shipped_files_are_what_fla_reads(path):
         assert isinstance(config["kwargs"], dict)
         assert isinstance(config["num_warps"], int) and isinstance(config["num_stages"], int)
         assert isinstance(config["num_ctas"], int)
+
+
+def test_shipped_shapes_name_presets_and_their_kda_shape():
+    from genolc.model.presets import preset
+
+    for folder in TUNED_CONFIGS.iterdir():
+        shapes = json.loads((folder / SHAPES_FILE).read_text())
+        assert shapes, folder
+        for name, (heads, dim) in shapes.items():
+            assert (preset(name).linear_num_heads, preset(name).linear_head_dim) == (heads, dim)
+    assert (8, 128) in tuned_shapes("NVIDIA H200")      # small
+
+
+def test_the_autotune_note_names_the_shape_and_the_cache(tmp_path):
+    from genolc.model.presets import preset
+
+    (tmp_path / "NVIDIA_H200").mkdir()
+    (tmp_path / "NVIDIA_H200" / SHAPES_FILE).write_text('{"small": [8, 128]}')
+    small, base = preset("small"), preset("base")
+    assert autotune_note("NVIDIA H200", small, 1, {}, tmp_path) is None
+    note = autotune_note("NVIDIA H200", base, 1, {"TRITON_CACHE_DIR": "/t"}, tmp_path)
+    assert "12 heads x 128" in note and "/t" in note
+    # --cp-kda heads over 2 ranks: each rank's kernels see half the heads.
+    assert "6 heads x 128" in autotune_note("NVIDIA H200", base, 2, {}, tmp_path)
+    assert "8 heads x 128" in autotune_note("NVIDIA B200", small, 1, {}, tmp_path)
+    assert autotune_note("NVIDIA B200", small, 1, {"FLA_CACHE_MODE": "disabled"}, tmp_path) is None
+    no_kda = small.replace(layer_types=("indexed_attention",) * small.num_hidden_layers)
+    assert autotune_note("NVIDIA B200", no_kda, 1, {}, tmp_path) is None

@@ -38,11 +38,12 @@ Imports fla at call time only: this module is imported on CUDA code paths (see `
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Callable, MutableMapping, NamedTuple, Optional
+from typing import Callable, Mapping, MutableMapping, NamedTuple, Optional
 
 import torch
 
@@ -156,6 +157,34 @@ def use_tuned_configs(device_name: str, environ: MutableMapping[str, str] = os.e
     environ["FLA_CONFIG_DIR"] = str(folder)
     environ["FLA_CACHE_MODE"] = "strict"
     return folder
+
+
+SHAPES_FILE = "shapes.json"     # in a GPU's folder: {preset: [KDA heads, head dim]} tuned there
+
+
+def tuned_shapes(device_name: str, tuned: Path = TUNED_CONFIGS) -> set[tuple[int, int]]:
+    """The ``(heads, head dim)`` KDA shapes genolc ships tuned configs for on ``device_name`` (empty: none)."""
+    path = tuned / gpu_folder_name(device_name) / SHAPES_FILE
+    if not path.is_file():
+        return set()
+    return {(int(heads), int(dim)) for heads, dim in json.loads(path.read_text()).values()}
+
+
+def autotune_note(device_name: str, config, head_ranks: int = 1, environ: Mapping[str, str] = os.environ,
+                  tuned: Path = TUNED_CONFIGS) -> str | None:
+    """What a run of the model ``config`` (a ModelConfig) should tell its user when fla will autotune the KDA kernels
+    on this GPU: no shipped configs for its shape (``head_ranks``: processes splitting the heads, each tuning its
+    share). None where the model has no KDA layer, configs are shipped, or the user set fla's own switches."""
+    if "linear_attention" not in config.layer_types:
+        return None
+    heads, head_dim = config.linear_num_heads // head_ranks, config.linear_head_dim
+    if "FLA_CONFIG_DIR" in environ or "FLA_CACHE_MODE" in environ or (heads, head_dim) in tuned_shapes(device_name,
+                                                                                                      tuned):
+        return None
+    cache = environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
+    return (f"fla autotunes its KDA kernels for {heads} heads x {head_dim} on a GPU's first run (about 3 minutes "
+            f"for the `small` preset's on an H200, every cache empty; the choices are kept in {cache} for later runs; "
+            f"benchmarks/tune_fla_configs.py makes them once for genolc to ship)")
 
 
 @functools.cache
