@@ -32,7 +32,7 @@ python3 - "$keep/record.json" "$rc" "$((SECONDS - start))" "$recorded" "$keep/fi
 import datetime, json, os, re, sys, torch
 path, rc, wall, command, log = sys.argv[1:6]
 text = open(log, errors="replace").read()
-# What the first step compiled: each Triton autotuning (and how long it took), each TileLang kernel compile.
+# So that a run from empty caches says where its first step went: autotunings with seconds, TileLang compiles.
 autotuned = re.findall(r"Triton autotuning for function (\w+),\n(?:.*\n){0,2}?finished after ([0-9.]+)s", text)
 stamps = re.findall(r"^(\S+ \S+) .*TileLang (begins|completes) to compile kernel `(\w+)`", text, re.M)
 tilelang, begun = [], {}

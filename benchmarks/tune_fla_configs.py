@@ -7,17 +7,21 @@
 cache empty, fla's autotuning (each candidate config compiled, then timed) took about 3 minutes of the first
 ``small`` step at 128k on an H200 (2026-12-01), more than anything else a new machine pays. fla looks a kernel's
 config up in ``$FLA_CONFIG_DIR/<kernel>.json`` first when ``FLA_CACHE_MODE`` asks it to; genolc points it at
-``genolc/model/ops/kda/tuned/<GPU>/`` (genolc/model/ops/kda/fla.py: ``use_tuned_configs``), so on a GPU tuned
+``genolc/model/ops/kda/tuned/<GPU>/`` (genolc/model/ops/kda/fla_tuning.py), so on a GPU tuned
 here the first step compiles one config per kernel instead of all of them.
 
 Per preset it runs one KDA layer (the preset's heads and dims, fp32 weights, bf16 autocast, as the trainer does)
 the ways training and evaluation call fla: a whole window of two segments (no initial state, then one), a chunk
 with a carried state and convolution tail and gradients flowing into both, and a no-grad forward. fla's autotuner
-keys hold shapes (heads, head dims, block sizes, flags, dtypes), not the sequence length, so configs tuned at
-``--length`` serve every length of that preset. Each entry written is read back through fla's own lookup in strict
-mode before the script ends; entries already in a file for other keys are kept. ``shapes.json`` beside them lists
-the presets tuned (their KDA heads and head dim), so ``finetune`` can tell a user whose shape is not among them
-that its first run autotunes.
+keys hold shapes (heads, head dims, block sizes, flags, dtypes), mostly not the sequence length, so configs tuned at
+``--length`` serve every length of that preset; the exceptions (l2norm's bucket of tokens x heads, cumsum's batch)
+are covered for whole windows of 1k-32k tokens at micro-batch 1 and 2. Each entry written is read back through
+fla's own lookup in strict mode before the script ends; entries already in a file for other keys are kept, unless
+the folder's
+``manifest.json`` names other fla or Triton versions (then its files are replaced). The manifest lists the versions
+and the presets tuned; genolc uses the folder only with those versions installed
+(genolc/model/ops/kda/fla_tuning.py), and ``finetune`` tells a user whose shape is not among them that its first
+run autotunes.
 """
 
 from __future__ import annotations
@@ -38,12 +42,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from genolc.model.cache import LayerCache  # noqa: E402
 from genolc.model.layers.kda import KimiDeltaAttention  # noqa: E402
 from genolc.model.model import _init_forget_gate  # noqa: E402
-from genolc.model.ops.kda.fla import SHAPES_FILE, TUNED_CONFIGS, gpu_folder_name  # noqa: E402
+from genolc.model.ops.kda.fla_tuning import MANIFEST, TUNED_CONFIGS, gpu_folder_name, installed_versions  # noqa: E402,E501
 from genolc.model.presets import preset  # noqa: E402
 
 
+SWEEP_LENGTHS = tuple(1024 << i for i in range(6))      # whole windows of 1k..32k tokens
+SWEEP_BATCHES = (1, 2)
+
+
 def run_layer(name: str, length: int) -> None:
-    """The fla calls a preset's KDA layer makes in training (whole window, carried chunk) and evaluation."""
+    """The fla calls a preset's KDA layer makes in training (whole window, carried chunk) and evaluation, then whole
+    windows over :data:`SWEEP_LENGTHS` x :data:`SWEEP_BATCHES`: fla's l2norm kernels key on
+    ``ceil(batch x tokens x heads / 65536)`` and its cumsum kernels on the batch."""
     config = preset(name)
     torch.manual_seed(0)
     layer = KimiDeltaAttention(config, layer_idx=0).cuda()
@@ -68,6 +78,16 @@ def run_layer(name: str, length: int) -> None:
                             [None, torch.randn_like(carried.present["state"])])
     with torch.no_grad(), autocast:
         layer(chunk)
+    buckets = set()
+    for batch in SWEEP_BATCHES:
+        for tokens in SWEEP_LENGTHS:
+            bucket = (batch, -(-batch * tokens * config.linear_num_heads // 65536))
+            if bucket in buckets:
+                continue
+            buckets.add(bucket)
+            x = torch.randn(batch, tokens, config.hidden_size, device="cuda", requires_grad=True)
+            with autocast:
+                layer(x).float().square().mean().backward()
     torch.cuda.synchronize()
 
 
@@ -108,6 +128,25 @@ def config_entry(config) -> dict:
     return entry
 
 
+def write_json(path: Path, data: dict) -> None:
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    partial.replace(path)
+
+
+def start_folder(folder: Path, versions: dict) -> dict:
+    """The folder's manifest, emptied first when its configs were tuned with other fla or Triton versions."""
+    manifest_path = folder / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if manifest and any(manifest.get(package) != version for package, version in versions.items()):
+        print(f"{folder}: tuned with fla {manifest.get('fla')}, Triton {manifest.get('triton')}; installed "
+              f"{versions['fla']}, {versions['triton']}: its configs are replaced", flush=True)
+        for stale in folder.glob("*.json"):
+            stale.unlink()
+        manifest = {}
+    return {**versions, "presets": manifest.get("presets", {})}
+
+
 def write_configs(tuners: dict[str, object], folder: Path) -> int:
     import triton
 
@@ -123,10 +162,7 @@ def write_configs(tuners: dict[str, object], folder: Path) -> int:
             entries[AutotuneKey.key_hash(key)] = {"autotune_key": AutotuneKey.normalize_autotune_key(key),
                                                   "config": config_entry(config)}
             written += 1
-        data = {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries}
-        partial = path.with_suffix(".json.partial")
-        partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        partial.replace(path)
+        write_json(path, {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries})
     return written
 
 
@@ -134,15 +170,25 @@ def check_written(tuners: dict[str, object], folder: Path) -> None:
     """Every tuned key reads back through fla's strict lookup as the config the autotuner chose."""
     from fla.ops.utils import cache as fla_cache
 
+    # Strict lookup only while checking: the presets tuned after this one must autotune, not read these files.
+    mode, config_dir = fla_cache.FLA_CACHE_MODE, os.environ.get("FLA_CONFIG_DIR")
     os.environ["FLA_CONFIG_DIR"] = str(folder)
     fla_cache.FLA_CACHE_MODE = fla_cache.FlaCacheMode.STRICT
     fla_cache.load_config_file.cache_clear()
-    for kernel, tuner in tuners.items():
-        for key, config in tuner.cache.items():
-            found = fla_cache.load_cached_config(kernel, fla_cache.AutotuneKey(autotune_key=key))
-            if found != json.loads(json.dumps(config_entry(config))):
-                raise SystemExit(f"{folder}/{kernel}.json: key {key} reads back as {found}, "
-                                 f"not the tuned {config_entry(config)}")
+    try:
+        for kernel, tuner in tuners.items():
+            for key, config in tuner.cache.items():
+                found = fla_cache.load_cached_config(kernel, fla_cache.AutotuneKey(autotune_key=key))
+                if found != json.loads(json.dumps(config_entry(config))):
+                    raise SystemExit(f"{folder}/{kernel}.json: key {key} reads back as {found}, "
+                                     f"not the tuned {config_entry(config)}")
+    finally:
+        fla_cache.FLA_CACHE_MODE = mode
+        fla_cache.load_config_file.cache_clear()
+        if config_dir is None:
+            os.environ.pop("FLA_CONFIG_DIR", None)
+        else:
+            os.environ["FLA_CONFIG_DIR"] = config_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,11 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("FLA_CACHE_MODE is set: unset it so every kernel is tuned here, not read from a file")
     os.environ["FLA_CACHE_MODE"] = "disabled"
     folder = args.out / gpu_folder_name(torch.cuda.get_device_name(0))
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = start_folder(folder, installed_versions())
     sha = os.environ.get("GENOLC_GIT_SHA") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                              capture_output=True, text=True).stdout.strip()
     record = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
               "git_sha": sha, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "presets": args.presets, "length": args.length, "seconds_per_preset": {}}
+              "fla": manifest["fla"], "triton": manifest["triton"], "presets": args.presets, "length": args.length,
+              "seconds_per_preset": {}}
     args.record.parent.mkdir(parents=True, exist_ok=True)
     # Written after each preset, so a run stopped part-way keeps (and records) the presets it finished.
     for name in args.presets:
@@ -171,16 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         run_layer(name, args.length)
         record["seconds_per_preset"][name] = round(time.monotonic() - start, 1)
         tuners, others = fla_autotuners()
-        written = write_configs(tuners, folder)
+        entries = write_configs(tuners, folder)
         check_written(tuners, folder)
-        shapes_path = folder / SHAPES_FILE
-        shapes = json.loads(shapes_path.read_text()) if shapes_path.exists() else {}
         config = preset(name)
-        shapes[name] = [config.linear_num_heads, config.linear_head_dim]
-        shapes_path.write_text(json.dumps(shapes, indent=1, sort_keys=True) + "\n")
-        record.update(kernels=sorted(tuners), configs_written=written, other_autotuned_kernels=others)
-        args.record.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"{name}: {record['seconds_per_preset'][name]} s; {written} configs of {len(tuners)} kernels in "
+        manifest["presets"][name] = {"heads": config.linear_num_heads, "head_dim": config.linear_head_dim,
+                                     "lengths": [args.length, *SWEEP_LENGTHS], "micro_batches": list(SWEEP_BATCHES)}
+        write_json(folder / MANIFEST, manifest)
+        record.update(kernels=sorted(tuners), entries_in_files=entries, other_autotuned_kernels=others)
+        write_json(args.record, record)
+        print(f"{name}: {record['seconds_per_preset'][name]} s; {entries} configs of {len(tuners)} kernels in "
               f"{folder}; autotuned kernels no file can supply: {others or 'none'}", flush=True)
     return 0
 

@@ -178,10 +178,10 @@ class _Trainer:
             _say(f"torch.compile builds the per-token glue in the first step of each new chunk shape (20-30 s on a "
                  f"GPU; kept in {compile_cache_dir()} for later runs; --compile off runs it eagerly)")
         if self.device.type == "cuda" and self.mesh.writes:
-            from genolc.model.ops.kda.fla import autotune_note
+            from genolc.model.ops.kda.fla_tuning import autotune_note, fla_gpu_name
 
-            note = autotune_note(torch.cuda.get_device_name(self.device), self.model.config,
-                                 self.mesh.cp_size if config.cp_kda == "heads" else 1)
+            note = autotune_note(fla_gpu_name(), self.model.config,
+                                 self.mesh.cp_size if config.cp_kda == "heads" else 1, self.bf16)
             if note:
                 _say(note)
         self.context = None

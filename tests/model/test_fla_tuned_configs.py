@@ -4,11 +4,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import types
 
 import pytest
 
-from genolc.model.ops.kda.fla import (SHAPES_FILE, TUNED_CONFIGS, autotune_note, gpu_folder_name, tuned_shapes,
-                                      use_tuned_configs)
+from genolc.model.ops.kda import fla_tuning
+from genolc.model.ops.kda.fla_tuning import (MANIFEST, TUNED_CONFIGS, autotune_note, gpu_folder_name, tuned_shapes,
+                                             use_tuned_configs)
+from genolc.model.presets import preset
+
+VERSIONS = {"fla": "0.6.0", "triton": "3.6.0"}
+
+
+@pytest.fixture
+def tuned(tmp_path, monkeypatch):
+    monkeypatch.setattr(fla_tuning, "_set_here", {})
+    folder = tmp_path / "NVIDIA_H200"
+    folder.mkdir()
+    manifest = {**VERSIONS, "presets": {"small": {"heads": 8, "head_dim": 128, "lengths": [32768],
+                                                  "micro_batches": [1]}}}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return tmp_path
 
 
 def test_gpu_folder_name_is_fla_s():
@@ -17,33 +34,78 @@ def test_gpu_folder_name_is_fla_s():
     assert gpu_folder_name("  ") == "unknown_gpu"
 
 
-def test_a_tuned_gpu_points_fla_at_its_folder(tmp_path):
-    (tmp_path / "NVIDIA_H200").mkdir()
+def test_a_tuned_gpu_points_fla_at_its_folder(tuned):
     environ = {}
-    assert use_tuned_configs("NVIDIA H200", environ, tmp_path) == tmp_path / "NVIDIA_H200"
-    assert environ == {"FLA_CONFIG_DIR": str(tmp_path / "NVIDIA_H200"), "FLA_CACHE_MODE": "strict"}
+    assert use_tuned_configs("NVIDIA H200", environ, tuned, VERSIONS) == tuned / "NVIDIA_H200"
+    assert environ == {"FLA_CONFIG_DIR": str(tuned / "NVIDIA_H200"), "FLA_CACHE_MODE": "strict"}
+    # genolc's own settings are not taken for the user's: a second call and the note still see the configs.
+    assert use_tuned_configs("NVIDIA H200", environ, tuned, VERSIONS) == tuned / "NVIDIA_H200"
+    assert autotune_note("NVIDIA H200", preset("small"), environ=environ, tuned=tuned, versions=VERSIONS) is None
 
 
 @pytest.mark.parametrize("environ", [{"FLA_CONFIG_DIR": "/mine"}, {"FLA_CACHE_MODE": "disabled"}])
-def test_the_user_s_fla_settings_win(tmp_path, environ):
-    (tmp_path / "NVIDIA_H200").mkdir()
+def test_the_user_s_fla_settings_win(tuned, environ):
     before = dict(environ)
-    assert use_tuned_configs("NVIDIA H200", environ, tmp_path) is None
+    assert use_tuned_configs("NVIDIA H200", environ, tuned, VERSIONS) is None
     assert environ == before
+    assert autotune_note("NVIDIA B200", preset("small"), environ=environ, tuned=tuned, versions=VERSIONS) is None
 
 
-def test_an_untuned_gpu_changes_nothing(tmp_path):
+@pytest.mark.parametrize("versions", [{"fla": "0.6.1", "triton": "3.6.0"}, {"fla": "0.6.0", "triton": "3.7.1"},
+                                      {"fla": None, "triton": None}])
+def test_configs_tuned_with_other_versions_are_not_used(tuned, versions):
     environ = {}
-    assert use_tuned_configs("NVIDIA B200", environ, tmp_path) is None
+    assert use_tuned_configs("NVIDIA H200", environ, tuned, versions) is None and environ == {}
+    assert "8 heads x 128" in autotune_note("NVIDIA H200", preset("small"), environ={}, tuned=tuned,
+                                            versions=versions)
+
+
+def test_an_untuned_gpu_changes_nothing(tuned):
+    environ = {}
+    assert use_tuned_configs("NVIDIA B200", environ, tuned, VERSIONS) is None
     assert environ == {}
 
 
+def test_the_autotune_note_names_the_shape_precision_and_cache(tuned):
+    small, base = preset("small"), preset("base")
+    assert autotune_note("NVIDIA H200", small, 1, True, {}, tuned, VERSIONS) is None
+    note = autotune_note("NVIDIA H200", base, 1, True, {"TRITON_CACHE_DIR": "/t"}, tuned, VERSIONS)
+    assert "12 heads x 128 on" in note and "/t" in note
+    # --cp-kda heads over 2 ranks: each rank's kernels see half the heads.
+    assert "6 heads x 128" in autotune_note("NVIDIA H200", base, 2, True, {}, tuned, VERSIONS)
+    # The configs are tuned under bf16 autocast; fp32 training has other keys.
+    assert "8 heads x 128 in fp32" in autotune_note("NVIDIA H200", small, 1, False, {}, tuned, VERSIONS)
+    assert "8 heads x 128" in autotune_note("NVIDIA B200", small, 1, True, {}, tuned, VERSIONS)
+    no_kda = small.replace(layer_types=("indexed_attention",) * small.num_hidden_layers)
+    assert autotune_note("NVIDIA B200", no_kda, 1, True, {}, tuned, VERSIONS) is None
+
+
+def test_fla_already_imported_gets_the_mode_on_its_module(tuned, monkeypatch):
+    environ = {"FLA_GPU_NAME": "NVIDIA H200"}
+
+    class Mode:
+        @staticmethod
+        def from_env():
+            return f"from env: {environ.get('FLA_CACHE_MODE')}"
+
+    held = types.SimpleNamespace(FLA_CACHE_MODE="disabled", FlaCacheMode=Mode)
+    monkeypatch.setitem(sys.modules, "fla.ops.utils.cache", held)
+    assert fla_tuning.point_fla_at_tuned_configs(environ, tuned, VERSIONS) == tuned / "NVIDIA_H200"
+    assert held.FLA_CACHE_MODE == "from env: strict"
+
+
 def _shipped():
-    return sorted(path for path in TUNED_CONFIGS.glob("*/*.json") if path.name != SHAPES_FILE)
+    return sorted(path for path in TUNED_CONFIGS.glob("*/*.json") if path.name != MANIFEST)
 
 
-def test_an_h200_folder_is_shipped():
-    assert (TUNED_CONFIGS / "NVIDIA_H200").is_dir() and _shipped()
+def test_an_h200_folder_is_shipped_with_its_manifest():
+    manifest = json.loads((TUNED_CONFIGS / "NVIDIA_H200" / MANIFEST).read_text())
+    assert manifest["fla"] and manifest["triton"] and _shipped()
+    assert (8, 128) in tuned_shapes("NVIDIA H200", versions={"fla": manifest["fla"], "triton": manifest["triton"]})
+    for folder in TUNED_CONFIGS.iterdir():
+        for name, shape in json.loads((folder / MANIFEST).read_text())["presets"].items():
+            assert (preset(name).linear_num_heads, preset(name).linear_head_dim) == (shape["heads"],
+                                                                                     shape["head_dim"])
 
 
 @pytest.mark.parametrize("path", _shipped(), ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -60,31 +122,3 @@ def test_shipped_files_are_what_fla_reads(path):
         assert isinstance(config["kwargs"], dict)
         assert isinstance(config["num_warps"], int) and isinstance(config["num_stages"], int)
         assert isinstance(config["num_ctas"], int)
-
-
-def test_shipped_shapes_name_presets_and_their_kda_shape():
-    from genolc.model.presets import preset
-
-    for folder in TUNED_CONFIGS.iterdir():
-        shapes = json.loads((folder / SHAPES_FILE).read_text())
-        assert shapes, folder
-        for name, (heads, dim) in shapes.items():
-            assert (preset(name).linear_num_heads, preset(name).linear_head_dim) == (heads, dim)
-    assert (8, 128) in tuned_shapes("NVIDIA H200")      # small
-
-
-def test_the_autotune_note_names_the_shape_and_the_cache(tmp_path):
-    from genolc.model.presets import preset
-
-    (tmp_path / "NVIDIA_H200").mkdir()
-    (tmp_path / "NVIDIA_H200" / SHAPES_FILE).write_text('{"small": [8, 128]}')
-    small, base = preset("small"), preset("base")
-    assert autotune_note("NVIDIA H200", small, 1, {}, tmp_path) is None
-    note = autotune_note("NVIDIA H200", base, 1, {"TRITON_CACHE_DIR": "/t"}, tmp_path)
-    assert "12 heads x 128" in note and "/t" in note
-    # --cp-kda heads over 2 ranks: each rank's kernels see half the heads.
-    assert "6 heads x 128" in autotune_note("NVIDIA H200", base, 2, {}, tmp_path)
-    assert "8 heads x 128" in autotune_note("NVIDIA B200", small, 1, {}, tmp_path)
-    assert autotune_note("NVIDIA B200", small, 1, {"FLA_CACHE_MODE": "disabled"}, tmp_path) is None
-    no_kda = small.replace(layer_types=("indexed_attention",) * small.num_hidden_layers)
-    assert autotune_note("NVIDIA B200", no_kda, 1, {}, tmp_path) is None

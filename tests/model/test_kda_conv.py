@@ -47,7 +47,7 @@ def test_bf16_activations_sum_in_fp32():
                    weight.detach().double().requires_grad_(), upstream.double())
     assert fast[0].dtype == fast[1].dtype == torch.bfloat16 and fast[2].dtype == torch.float32
     for got, want in zip(fast, exact):
-        # bf16 rounding of the result only: one unit in the last place of bf16 (2^-8 relative) at most.
+        # bf16 rounding of the results only: half a unit in bf16's last place, 2^-8 relative, at most.
         torch.testing.assert_close(got.double(), want, rtol=2 ** -8, atol=1e-6)
 
 

@@ -40,7 +40,7 @@ def _pre_activation(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     taps = weight.to(torch.promote_types(weight.dtype, torch.float32))
     mixed = padded[:, 0:length].to(taps.dtype) * taps[:, 0]
     for k in range(1, kernel):
-        mixed = mixed.addcmul(padded[:, k:k + length].to(taps.dtype), taps[:, k])
+        mixed = mixed + padded[:, k:k + length].to(taps.dtype) * taps[:, k]
     return mixed
 
 
@@ -65,7 +65,7 @@ class CausalConvSiLU(torch.autograd.Function):
             shifted = F.pad(grad_mixed, (0, 0, kernel - 1, kernel - 1))
             grad = shifted[:, kernel - 1:kernel - 1 + padded.shape[1]] * taps[:, 0]
             for k in range(1, kernel):
-                grad = grad.addcmul(shifted[:, kernel - 1 - k:kernel - 1 - k + padded.shape[1]], taps[:, k])
+                grad = grad + shifted[:, kernel - 1 - k:kernel - 1 - k + padded.shape[1]] * taps[:, k]
             grad_padded = grad.to(padded.dtype)
         if ctx.needs_input_grad[1]:
             grad_weight = torch.stack([(grad_mixed * padded[:, k:k + length].to(mixed.dtype)).sum(dim=(0, 1))

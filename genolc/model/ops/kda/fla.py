@@ -25,12 +25,9 @@ autograd, back-propagates the output gradient plus the gradient arriving at that
 the gradient of its initial state (fla's ``dh0``) to the previous segment as that one's ``dht``. Gradients equal the
 unsegmented op's up to summation order; peak memory is the inputs, their gradients and one segment's workspace.
 
-Tuned configs (:func:`use_tuned_configs`): fla autotunes each kernel on its first call for a new shape, compiling
-and timing every candidate config; with every cache empty that took about 3 minutes of the first ``small`` step at
-128k on an H200. genolc ships the winners for the GPUs it was tuned on (``tuned/<GPU>/<kernel>.json``, written by
-benchmarks/tune_fla_configs.py for the presets' shapes) and points fla at them through fla's own switches
-(``FLA_CONFIG_DIR``, ``FLA_CACHE_MODE=strict``): an exact key match is used, anything else autotunes as before.
-A user who sets either variable keeps fla's behaviour as they set it.
+Before fla is first imported, fla is pointed at the kernel configs genolc ships for this GPU
+(genolc/model/ops/kda/fla_tuning.py), so a new machine's first step compiles one config per kernel instead of
+autotuning all of them.
 
 Imports fla at call time only: this module is imported on CUDA code paths (see ``genolc.model.ops.dispatch``).
 """
@@ -38,23 +35,17 @@ Imports fla at call time only: this module is imported on CUDA code paths (see `
 from __future__ import annotations
 
 import functools
-import json
-import os
-import re
-import sys
-from pathlib import Path
-from typing import Callable, Mapping, MutableMapping, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from genolc.model.ops.kda.fla_tuning import point_fla_at_tuned_configs
 from genolc.model.ops.kda.reference import _check_gate, _check_shapes
 
 # 32k tokens: one segment's fla workspace is 2.85 GiB at H=12, D=128 (4.5 GiB at 64k), and the walk over segments
 # costs ~1% against 64k segments at 1M tokens (H200, benchmarks/results/kda_2026-11-29_base_gate.json).
 DEFAULT_SEGMENT_LEN = 32768
 
-
-TUNED_CONFIGS = Path(__file__).with_name("tuned")
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FLA_MAX_KEY_DIM = 256
@@ -139,61 +130,9 @@ def check_kernel_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         raise ValueError(f"fla needs a float32 initial_state, got {initial_state.dtype}")
 
 
-def gpu_folder_name(device_name: str) -> str:
-    """The folder name fla gives a GPU (its ``sanitize_gpu_name``): ``"NVIDIA H200"`` -> ``"NVIDIA_H200"``."""
-    return re.sub(r"[^0-9A-Za-z]+", "_", device_name).strip("_") or "unknown_gpu"
-
-
-def use_tuned_configs(device_name: str, environ: MutableMapping[str, str] = os.environ,
-                      tuned: Path = TUNED_CONFIGS) -> Path | None:
-    """Point fla at genolc's tuned configs for ``device_name`` (sets ``FLA_CONFIG_DIR`` and ``FLA_CACHE_MODE`` in
-    ``environ``) and return their folder; None, changing nothing, where the user set either variable or genolc has
-    no configs for this GPU."""
-    if "FLA_CONFIG_DIR" in environ or "FLA_CACHE_MODE" in environ:
-        return None
-    folder = tuned / gpu_folder_name(device_name)
-    if not folder.is_dir():
-        return None
-    environ["FLA_CONFIG_DIR"] = str(folder)
-    environ["FLA_CACHE_MODE"] = "strict"
-    return folder
-
-
-SHAPES_FILE = "shapes.json"     # in a GPU's folder: {preset: [KDA heads, head dim]} tuned there
-
-
-def tuned_shapes(device_name: str, tuned: Path = TUNED_CONFIGS) -> set[tuple[int, int]]:
-    """The ``(heads, head dim)`` KDA shapes genolc ships tuned configs for on ``device_name`` (empty: none)."""
-    path = tuned / gpu_folder_name(device_name) / SHAPES_FILE
-    if not path.is_file():
-        return set()
-    return {(int(heads), int(dim)) for heads, dim in json.loads(path.read_text()).values()}
-
-
-def autotune_note(device_name: str, config, head_ranks: int = 1, environ: Mapping[str, str] = os.environ,
-                  tuned: Path = TUNED_CONFIGS) -> str | None:
-    """What a run of the model ``config`` (a ModelConfig) should tell its user when fla will autotune the KDA kernels
-    on this GPU: no shipped configs for its shape (``head_ranks``: processes splitting the heads, each tuning its
-    share). None where the model has no KDA layer, configs are shipped, or the user set fla's own switches."""
-    if "linear_attention" not in config.layer_types:
-        return None
-    heads, head_dim = config.linear_num_heads // head_ranks, config.linear_head_dim
-    if "FLA_CONFIG_DIR" in environ or "FLA_CACHE_MODE" in environ or (heads, head_dim) in tuned_shapes(device_name,
-                                                                                                      tuned):
-        return None
-    cache = environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
-    return (f"fla autotunes its KDA kernels for {heads} heads x {head_dim} on a GPU's first run (about 3 minutes "
-            f"for the `small` preset's on an H200, every cache empty; the choices are kept in {cache} for later runs; "
-            f"benchmarks/tune_fla_configs.py makes them once for genolc to ship)")
-
-
 @functools.cache
 def _fla_chunk_kda():
-    if use_tuned_configs(torch.cuda.get_device_name(0)) is not None and "fla.ops.utils.cache" in sys.modules:
-        # fla reads FLA_CACHE_MODE when it is first imported; a process that imported fla before (transformers'
-        # fla-backed layers) gets the mode set on the module it already holds.
-        fla_cache = sys.modules["fla.ops.utils.cache"]
-        fla_cache.FLA_CACHE_MODE = fla_cache.FlaCacheMode.from_env()
+    point_fla_at_tuned_configs()
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
     return fla_chunk_kda
