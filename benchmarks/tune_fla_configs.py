@@ -50,9 +50,10 @@ SWEEP_LENGTHS = tuple(1024 << i for i in range(6))      # whole windows of 1k..3
 SWEEP_BATCHES = (1, 2)
 
 
-def run_layer(name: str, length: int) -> None:
+def run_layer(name: str, length: int, sweep_lengths: tuple[int, ...] = SWEEP_LENGTHS,
+              sweep_batches: tuple[int, ...] = SWEEP_BATCHES) -> None:
     """The fla calls a preset's KDA layer makes in training (whole window, carried chunk) and evaluation, then whole
-    windows over :data:`SWEEP_LENGTHS` x :data:`SWEEP_BATCHES`: fla's l2norm kernels key on
+    windows over ``sweep_lengths`` x ``sweep_batches``: fla's l2norm kernels key on
     ``ceil(batch x tokens x heads / 65536)`` and its cumsum kernels on the batch."""
     config = preset(name)
     torch.manual_seed(0)
@@ -79,8 +80,8 @@ def run_layer(name: str, length: int) -> None:
     with torch.no_grad(), autocast:
         layer(chunk)
     buckets = set()
-    for batch in SWEEP_BATCHES:
-        for tokens in SWEEP_LENGTHS:
+    for batch in sweep_batches:
+        for tokens in sweep_lengths:
             bucket = (batch, -(-batch * tokens * config.linear_num_heads // 65536))
             if bucket in buckets:
                 continue
