@@ -105,3 +105,11 @@ def test_compiled_matches_eager():
     compiled = _grads(torch.compile(causal_conv_silu, backend="aot_eager", fullgraph=True), padded, weight, upstream)
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want)
+
+
+def test_a_second_derivative_is_refused():
+    padded, weight = _inputs(1, 5, 3, 4, torch.float64)
+    out = causal_conv_silu(padded, weight.detach().double())
+    (grad,) = torch.autograd.grad(out.square().sum(), padded, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.sum().backward()
