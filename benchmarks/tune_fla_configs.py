@@ -39,11 +39,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from genolc.fsutil import atomic_write_json  # noqa: E402
 from genolc.model.cache import LayerCache  # noqa: E402
 from genolc.model.layers.kda import KimiDeltaAttention  # noqa: E402
 from genolc.model.model import _init_forget_gate  # noqa: E402
 from genolc.model.ops.kda.fla_tuning import MANIFEST, TUNED_CONFIGS, gpu_folder_name, installed_versions  # noqa: E402,E501
-from genolc.model.presets import preset  # noqa: E402
+from genolc.model.presets import PRESETS, preset  # noqa: E402
 
 
 SWEEP_LENGTHS = tuple(1024 << i for i in range(6))      # whole windows of 1k..32k tokens
@@ -129,12 +130,6 @@ def config_entry(config) -> dict:
     return entry
 
 
-def write_json(path: Path, data: dict) -> None:
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    partial.replace(path)
-
-
 def start_folder(folder: Path, versions: dict) -> dict:
     """The folder's manifest, emptied first when its configs were tuned with other fla or Triton versions."""
     manifest_path = folder / MANIFEST
@@ -143,7 +138,10 @@ def start_folder(folder: Path, versions: dict) -> dict:
         print(f"{folder}: tuned with fla {manifest.get('fla')}, Triton {manifest.get('triton')}; installed "
               f"{versions['fla']}, {versions['triton']}: its configs are replaced", flush=True)
         for stale in folder.glob("*.json"):
-            stale.unlink()
+            # Only the kernel files this script writes (and the manifest): anything else in the folder stays.
+            if stale.name == MANIFEST or set(json.loads(stale.read_text())) == {"kernel_name", "triton_version",
+                                                                               "autotune_entries"}:
+                stale.unlink()
         manifest = {}
     return {**versions, "presets": manifest.get("presets", {})}
 
@@ -163,7 +161,7 @@ def write_configs(tuners: dict[str, object], folder: Path) -> int:
             entries[AutotuneKey.key_hash(key)] = {"autotune_key": AutotuneKey.normalize_autotune_key(key),
                                                   "config": config_entry(config)}
             written += 1
-        write_json(path, {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries})
+        atomic_write_json(path, {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries})
     return written
 
 
@@ -194,7 +192,8 @@ def check_written(tuners: dict[str, object], folder: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["small", "base", "mini", "glm-5.3-flash"])
+    parser.add_argument("--presets", nargs="+", default=["small", "base", "mini", "glm-5.3-flash"],
+                        choices=sorted(PRESETS))
     parser.add_argument("--length", type=int, default=32768, help="tokens per chunk (the trainer's default chunk)")
     parser.add_argument("--out", type=Path, default=TUNED_CONFIGS)
     parser.add_argument("--record", type=Path,
@@ -226,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         config = preset(name)
         manifest["presets"][name] = {"heads": config.linear_num_heads, "head_dim": config.linear_head_dim,
                                      "lengths": [args.length, *SWEEP_LENGTHS], "micro_batches": list(SWEEP_BATCHES)}
-        write_json(folder / MANIFEST, manifest)
+        atomic_write_json(folder / MANIFEST, manifest)
         record.update(kernels=sorted(tuners), entries_in_files=entries, other_autotuned_kernels=others)
-        write_json(args.record, record)
+        atomic_write_json(args.record, record)
         print(f"{name}: {record['seconds_per_preset'][name]} s; {entries} configs of {len(tuners)} kernels in "
               f"{folder}; autotuned kernels no file can supply: {others or 'none'}", flush=True)
     return 0
