@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         check_written(tuners, folder)
         config = preset(name)
         manifest["presets"][name] = {"heads": config.linear_num_heads, "head_dim": config.linear_head_dim,
-                                     "lengths": [args.length, *SWEEP_LENGTHS], "micro_batches": list(SWEEP_BATCHES)}
+                                     "lengths": sorted({args.length, *SWEEP_LENGTHS}), "micro_batches": list(SWEEP_BATCHES)}
         atomic_write_json(folder / MANIFEST, manifest)
         record.update(kernels=sorted(tuners), entries_in_files=entries, other_autotuned_kernels=others)
         atomic_write_json(args.record, record)
