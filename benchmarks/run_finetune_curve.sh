@@ -10,6 +10,10 @@
 # $CURVE_TAG is appended to the folder's name (e.g. _eager for a run with --compile off beside a compiled one);
 # GPU_EMPTY_CACHES=1 leaves every kernel cache empty (gpu_env.sh), for the first step a new user's machine pays;
 # record.json lists what the run autotuned (fla/Triton, with seconds) and which TileLang kernels it compiled.
+# With GPU_EMPTY_CACHES=1 every cache folder (Triton, TileLang, torch.compile, genolc's, Python bytecode) is a new
+# empty one for this run, so two cold runs in one call share nothing. CURVE_SAMPLE=1 runs finetune under
+# benchmarks/wall_sampler.py ($keep/wall_sample.json: where the main thread's time went, by kind); the kernel
+# warm-up process's log and timings (genolc/train/kernel_warmup.py) are kept in $keep/kernel-warmup/.
 # Next uses (issue 14): `base` 512k through finetune; `small` 512k with --compile off at the same commit.
 set -uo pipefail
 source benchmarks/gpu_env.sh
@@ -18,15 +22,26 @@ fasta="$1" model="$2" seq="$3" steps="$4"
 shift 4
 keep="$OUT/finetune_curve_${model}_${seq}${CURVE_TAG:-}"
 mkdir -p "$keep"
+if [ -n "${GPU_EMPTY_CACHES:-}" ]; then
+  export TRITON_CACHE_DIR=$(mktemp -d /tmp/cold-triton.XXXX) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/cold-inductor.XXXX)
+  export TILELANG_CACHE_DIR=$(mktemp -d /tmp/cold-tilelang.XXXX) XDG_CACHE_HOME=$(mktemp -d /tmp/cold-xdg.XXXX)
+  export PYTHONPYCACHEPREFIX=$(mktemp -d /tmp/cold-pyc.XXXX)
+fi
+sampler=()
+[ -n "${CURVE_SAMPLE:-}" ] && sampler=(benchmarks/wall_sampler.py --out "$keep/wall_sample.json")
+rm -rf /tmp/curve-data
 python3 -m genolc.cli prepare "$fasta" --out /tmp/curve-data --train all --heldout none --tokenizer char \
   >"$keep/prepare.log" 2>&1 || { cat "$keep/prepare.log"; exit 1; }
-command=(python3 -m genolc.cli finetune --data /tmp/curve-data --seq "$seq" --model "$model" --steps "$steps"
+command=(python3 "${sampler[@]}" -m genolc.cli finetune --data /tmp/curve-data --seq "$seq" --model "$model" --steps "$steps"
          --out /tmp/curve-run --no-progress "$@")
 start=$SECONDS
 TRITON_PRINT_AUTOTUNING=1 timeout "${CURVE_TIMEOUT:-480}" "${command[@]}" 2>&1 | tee "$keep/finetune.log" \
   | grep -v '^ \|^Triton autotuning\|^best config\|^with key\|^finished after\|^Autotuning kernel' | tail -40
 rc=${PIPESTATUS[0]}
 cp /tmp/curve-run/metrics.jsonl /tmp/curve-run/summary.json "$keep/" 2>/dev/null
+warmups="${XDG_CACHE_HOME:-$HOME/.cache}/genolc/kernel-warmup"
+[ -d "$warmups" ] && mkdir -p "$keep/kernel-warmup" && cp "$warmups"/*.log "$warmups"/*.json "$keep/kernel-warmup/" 2>/dev/null
+rm -rf /tmp/curve-run
 recorded="genolc prepare $fasta --train all --heldout none --tokenizer char; ${command[*]}"
 python3 - "$keep/record.json" "$rc" "$((SECONDS - start))" "$recorded" "$keep/finetune.log" <<'EOF'
 import datetime, json, os, re, sys, torch

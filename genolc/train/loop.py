@@ -43,6 +43,7 @@ embedding rows).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -567,6 +568,7 @@ class _Trainer:
         if final is not None:
             _say(f"the run is already at step {self.start_step} (--steps {cfg.steps}): nothing to train; raise --steps "
                  "to continue it")
+        warmup = self._start_kernel_warmup() if final is None else None
         bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not (cfg.progress and self.mesh.writes),
                    unit="step", desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step
@@ -578,6 +580,8 @@ class _Trainer:
                     with self.monitor.capture():
                         metrics = self._timed_step(step)
                     self.monitor.log(metrics)
+                    if warmup is not None and (ended := warmup.finished()):
+                        _say(ended)
                     log.write(json.dumps(metrics) + "\n")
                     log.flush()
                     losses.append(metrics["loss"])
@@ -601,9 +605,29 @@ class _Trainer:
         except ckpt.NonFiniteLossError:
             self._write_summary("diverged", self.last_good, losses)
             raise
+        finally:
+            if warmup is not None:
+                warmup.stop()
         assert final is not None
         self._write_summary("ok", final, losses)
         return final
+
+    def _start_kernel_warmup(self):
+        """The first step's kernels compiled in a second process while it runs (genolc/train/kernel_warmup.py)."""
+        if self.device.type != "cuda" or self.mesh.distributed:
+            return None
+        from genolc.train.kernel_warmup import WarmupShape, start_kernel_warmup
+
+        shape = step_shape(self.start_step, self.config)
+        strategy = self._strategy(shape)
+        warmup = start_kernel_warmup(WarmupShape(
+            model=dataclasses.asdict(self.model.config), seq_len=shape.seq_len, chunk=strategy.chunk,
+            micro_batch=shape.windows, recompute=strategy.recompute, bf16=self.bf16,
+            indexer_mode=indexer_mode_at(self.start_step, self.config)), self.device)
+        if warmup is not None:
+            _say(f"compiling this shape's GPU kernels in a second process while the first step runs (log: "
+                 f"{warmup.log}; GENOLC_KERNEL_WARMUP=0 turns it off)")
+        return warmup
 
     def _stop_requested(self, stop: StopSignals) -> bool:
         """Whether any rank got a stop signal: every rank must stop after the same step."""

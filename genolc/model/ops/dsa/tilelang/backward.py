@@ -40,6 +40,7 @@ back to another implementation.
 # No ``from __future__ import annotations``: TileLang evaluates the prim_func's tensor annotations, which name
 # build_backward_prim_func's local dynamic dimensions.
 import functools
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -220,10 +221,19 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
     return sparse_latent_bwd
 
 
-@functools.lru_cache(maxsize=None)
+_COMPILE_LOCK = threading.Lock()     # as the forward's: one compile per key across threads
+
+
 def compiled_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
                              config: BackwardConfig = DEFAULT_BACKWARD_CONFIG):
     """The compiled backward kernel for one shape key (compiled on first use, then reused for the process)."""
+    with _COMPILE_LOCK:
+        return _compiled_backward_kernel(heads, rank, width, dtype, softmax_scale, config)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
+                              config: BackwardConfig):
     import tilelang
 
     func = build_backward_prim_func(heads, rank, width, dtype, softmax_scale, config)

@@ -33,6 +33,7 @@ fallback to another implementation.
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -218,10 +219,20 @@ def pass_configs() -> dict:
     }
 
 
-@functools.lru_cache(maxsize=None)
+# A thread that asks for a kernel another thread is compiling waits for it rather than compiling it again
+# (genolc/train/kernel_warmup.py compiles the forward and the backward in two threads while its step runs).
+_COMPILE_LOCK = threading.Lock()
+
+
 def compiled_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
                     config: KernelConfig = DEFAULT_CONFIG):
     """The compiled kernel for one shape key (compiled on first use, then reused for the process)."""
+    with _COMPILE_LOCK:
+        return _compiled_kernel(heads, rank, width, dtype, softmax_scale, config)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float, config: KernelConfig):
     import tilelang
 
     func = build_prim_func(heads, rank, width, dtype, softmax_scale, config)

@@ -1,0 +1,119 @@
+"""Where a Python process's wall time goes: its main thread's stack sampled a few times a second, each sample put in
+one kind (importing, tracing for torch.compile, inductor compiling, Triton compiling or autotuning, TileLang
+compiling, anything else), written as JSON when the process ends.
+
+    python benchmarks/wall_sampler.py --out sample.json [--interval 0.1] -m genolc.cli finetune ...
+
+Why: a first step on a new machine takes minutes, and a profiler of GPU kernels (torch.profiler) does not see a
+compiler's time on the host; cProfile slows the Python-heavy parts it measures. A sampling thread costs a stack walk
+per sample. The samples say where the main thread was, not what other threads or processes did (inductor's compile
+workers, a kernel warm-up process): time the main thread spends waiting on those is counted where it waits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import runpy
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+# First match wins, checked over the whole stack: a Triton compile under inductor counts as Triton's.
+KINDS = (
+    ("tilelang compile", lambda f, n: "/tilelang/" in f and ("compile" in n or "lower" in n or "build" in n)),
+    ("triton autotune", lambda f, n: f.endswith("triton/runtime/autotuner.py") and n in ("_bench", "benchmark")),
+    ("triton compile", lambda f, n: f.endswith("triton/compiler/compiler.py") and n == "compile"),
+    ("inductor compile", lambda f, n: f.endswith("torch/_inductor/compile_fx.py")),
+    ("torch.compile trace", lambda f, n: f.endswith("torch/_dynamo/convert_frame.py") and n in ("_compile",
+                                                                                                   "compile_inner")),
+    ("import", lambda f, n: n == "_find_and_load"),
+)
+
+
+def stack(frame: FrameType | None) -> list[tuple[str, str, int]]:
+    frames = []
+    while frame is not None:
+        frames.append((frame.f_code.co_filename, frame.f_code.co_name, frame.f_lineno))
+        frame = frame.f_back
+    return frames          # innermost first
+
+
+def kind_of(frames: list[tuple[str, str, int]]) -> str:
+    for kind, matches in KINDS:
+        if any(matches(f, n) for f, n, _ in frames):
+            return kind
+    return "other"
+
+
+def where_in_genolc(frames: list[tuple[str, str, int]]) -> str:
+    for f, n, line in frames:
+        if "/genolc/" in f:
+            return f"{f.split('/genolc/', 1)[1]}:{line} {n}"
+    return f"{frames[0][0].rsplit('/', 1)[-1]}:{frames[0][2]} {frames[0][1]}" if frames else "?"
+
+
+class Sampler:
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.target = threading.main_thread().ident
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.other: collections.Counter[str] = collections.Counter()
+        self.first_seen: dict[str, float] = {}
+        self.timeline: list[tuple[float, str]] = []
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            frames = stack(sys._current_frames().get(self.target))
+            kind = kind_of(frames)
+            now = round(time.monotonic() - self.started, 2)
+            self.counts[kind] += 1
+            self.first_seen.setdefault(kind, now)
+            if kind == "other":
+                self.other[where_in_genolc(frames)] += 1
+            if not self.timeline or self.timeline[-1][1] != kind:
+                self.timeline.append((now, kind))
+
+    def report(self) -> dict:
+        self._stop.set()
+        self.thread.join()
+        total = sum(self.counts.values())
+        return {"seconds": round(time.monotonic() - self.started, 1), "interval": self.interval, "samples": total,
+                "seconds_by_kind": {k: round(c * self.interval, 1) for k, c in self.counts.most_common()},
+                "first_seen": self.first_seen,
+                "other_by_genolc_line": [{"where": w, "seconds": round(c * self.interval, 1)}
+                                         for w, c in self.other.most_common(40)],
+                "timeline": self.timeline}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--interval", type=float, default=0.1)
+    parser.add_argument("-m", dest="module", required=True, help="the module to run as __main__, then its arguments")
+    # Everything after -m MODULE is the module's: options such as --help included.
+    split = sys.argv.index("-m") + 2 if "-m" in sys.argv[:-1] else len(sys.argv)
+    args = parser.parse_args(sys.argv[1:split])
+    sys.argv = [args.module, *sys.argv[split:]]
+    sampler = Sampler(args.interval)
+    sampler.thread.start()
+    code = 0
+    try:
+        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        result = {"command": " ".join(sys.argv), **sampler.report()}
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wall_sampler: {json.dumps(result['seconds_by_kind'])}", file=sys.stderr)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Compile a run's GPU kernels in a second process while the first training step runs.
+
+On a machine whose caches are empty, the first ``finetune`` step compiles every Triton kernel fla's KDA uses,
+TileLang's DSA pair and fla's TileLang KDA backward (48 s of TileLang alone for ``small`` on an H200,
+benchmarks/results/first_step_cold_small_128k_2026-12-01/), one after another, each when the step first reaches it:
+the backward's kernels only after the whole first forward. A second process started with the run builds a two-layer
+model of the run's shapes (one KDA layer, one DSA layer, the run's MLP kinds), compiles genolc's TileLang pair in
+two threads (nvcc runs outside the GIL) and runs one chunked step on one micro-batch of random tokens, so the kernels
+land in Triton's and TileLang's disk caches while the trainer traces, compiles its glue and runs its forward; the
+trainer then loads them instead of compiling. It shares nothing with the trainer but those caches: its random
+numbers, memory and failures are its own (a failed warm-up leaves the trainer compiling as it would have, and its
+log says why). A kernel the trainer reaches first is compiled by both (the caches' writes are atomic).
+
+Only on CUDA, in a single process (under ``torchrun`` each rank compiles its own), once per shape on a machine: a
+finished warm-up leaves a marker under the user's cache directory (``genolc/kernel-warmup/``) and later runs of that
+shape start none. ``GENOLC_KERNEL_WARMUP=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from genolc.fsutil import atomic_write_json
+from genolc.model import ModelConfig
+
+WARMUP_ENV = "GENOLC_KERNEL_WARMUP"
+WARMUP_LAYERS = ("linear_attention", "indexed_attention")
+
+
+def warmup_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "genolc" / "kernel-warmup"
+
+
+@dataclass(frozen=True)
+class WarmupShape:
+    """What decides which kernels a step compiles: the layers' shapes, the window and chunk, the micro-batch."""
+
+    model: dict[str, Any]
+    seq_len: int
+    chunk: int | None
+    micro_batch: int
+    recompute: bool
+    bf16: bool
+    indexer_mode: str | None
+
+    def key(self, device: torch.device) -> str:
+        import importlib.metadata as metadata
+
+        versions = {}
+        for package in ("torch", "triton", "fla-core", "tilelang"):
+            try:
+                versions[package] = metadata.version(package)
+            except metadata.PackageNotFoundError:
+                versions[package] = None
+        text = json.dumps({"shape": dataclasses.asdict(self), "versions": versions,
+                           "gpu": torch.cuda.get_device_name(device)}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def warmup_model_config(config: ModelConfig) -> ModelConfig:
+    """``config`` cut to one KDA and one DSA layer (its first and last MLP kinds): every kernel, two layers' work."""
+    mlp = (config.mlp_layer_types[0], config.mlp_layer_types[-1])
+    return config.replace(num_hidden_layers=2, layer_types=WARMUP_LAYERS, mlp_layer_types=mlp,
+                          indexer_types=("full", "full"))
+
+
+class KernelWarmup:
+    """The running warm-up process; :meth:`finished` says once how it ended (for the trainer's log)."""
+
+    def __init__(self, process: subprocess.Popen, log: Path, started: float) -> None:
+        self.process, self.log, self.started = process, log, started
+        self._reported = False
+
+    def finished(self) -> str | None:
+        """None while it runs (or after it was reported); else one line saying how it ended."""
+        if self._reported or self.process.poll() is None:
+            return None
+        self._reported = True
+        if self.process.returncode == 0:
+            return f"kernel warm-up process done ({time.monotonic() - self.started:.0f} s after the start)"
+        return (f"the kernel warm-up process failed (exit {self.process.returncode}; see {self.log}); training "
+                "compiled its kernels itself")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_kernel_warmup(shape: WarmupShape, device: torch.device) -> KernelWarmup | None:
+    """Start the warm-up process for ``shape`` on ``device``, or None (not CUDA, turned off, done before)."""
+    if device.type != "cuda" or os.environ.get(WARMUP_ENV, "1") == "0":
+        return None
+    folder = warmup_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        key = shape.key(device)
+        if (folder / f"{key}.json").exists():
+            return None
+        spec = folder / f"{key}.spec.json"
+        atomic_write_json(spec, dataclasses.asdict(shape))
+        log = folder / f"{key}.log"
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        with open(log, "w") as out:
+            process = subprocess.Popen([sys.executable, "-m", "genolc.train.kernel_warmup", str(spec), str(index)],
+                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    except OSError:
+        return None     # an unwritable cache directory or no interpreter to start: the trainer compiles as before
+    return KernelWarmup(process, log, time.monotonic())
+
+
+def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float]) -> list[threading.Thread]:
+    from genolc.model.ops.dsa.tilelang import backward, forward
+
+    if not bf16 or importlib.util.find_spec("tilelang") is None:
+        return []       # fp32 runs take the Triton pair (genolc/model/ops/dispatch.py)
+    # The arguments DSAAttention's call reaches the kernels with (the default launch configs passed explicitly).
+    rank = config.kv_lora_rank
+    args = (config.num_attention_heads, rank, config.index_width, "bfloat16", float(config.qk_head_dim ** -0.5))
+
+    def run(name, compile_kernel, launch):
+        t0 = time.monotonic()
+        compile_kernel(*args, launch)
+        seconds[name] = round(time.monotonic() - t0, 1)
+
+    threads = [threading.Thread(target=run, daemon=True, args=("tilelang_dsa_forward", forward.compiled_kernel,
+                                                               forward.default_config(rank))),
+               threading.Thread(target=run, daemon=True, args=("tilelang_dsa_backward",
+                                                               backward.compiled_backward_kernel,
+                                                               backward.default_backward_config(rank)))]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float]:
+    """One chunked (or whole) step of the two-layer model at ``shape`` on ``device`` (CUDA; on CPU it runs the same
+    code without kernels to compile, which the tests use); seconds per part."""
+    from genolc.model import build_model
+    from genolc.train.apply import apply_recompute
+    from genolc.train.loss import LossTerms
+    from genolc.train.strategy import StepStrategy, run_micro_batch
+
+    t0 = time.monotonic()
+    config = warmup_model_config(ModelConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                                for k, v in shape.model.items()}))
+    seconds: dict[str, float] = {}
+    threads = _compile_dsa_pair(config, shape.bf16, seconds)
+    torch.manual_seed(0)
+    model = build_model(config).to(device)
+    if shape.recompute:
+        apply_recompute(model)
+    seq_len = shape.seq_len if shape.chunk is None else min(shape.seq_len, 2 * shape.chunk)
+    ids = torch.randint(0, config.vocab_size, (shape.micro_batch, seq_len + 1), device=device)
+    weights = torch.ones(shape.micro_batch, seq_len, device=device)
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.0, indexer_kl_coef=0.0,
+                      indexer_mode=shape.indexer_mode)
+    strategy = StepStrategy(seq_len=seq_len, chunk=shape.chunk, recompute=shape.recompute, estimate_bytes=0,
+                            reason="kernel warm-up")
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=shape.bf16)
+
+    run_micro_batch(strategy, model, ids, weights, terms, autocast, lambda loss: loss)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    for thread in threads:
+        thread.join()
+    seconds["step"] = round(time.monotonic() - t0, 1)
+    return seconds
+
+
+def main(argv: list[str]) -> int:
+    spec_path, index = Path(argv[0]), int(argv[1])
+    shape = WarmupShape(**json.loads(spec_path.read_text()))
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    t0 = time.monotonic()
+    seconds = run_warmup(shape, device)
+    marker = spec_path.with_name(spec_path.name.replace(".spec.json", ".json"))
+    atomic_write_json(marker, {"shape": dataclasses.asdict(shape), "seconds": seconds,
+                               "total_seconds": round(time.monotonic() - t0, 1)})
+    print(f"kernel warm-up done: {json.dumps(seconds)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,87 @@
+"""The kernel warm-up process (genolc/train/kernel_warmup.py): its step runs the trainer's code on the run's layer
+kinds, it starts only on CUDA and once per shape, and its failures stay its own. The GPU side (kernels landing in
+the caches before the trainer needs them) is measured by benchmarks/run_finetune_curve.sh with GPU_EMPTY_CACHES=1."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+
+import pytest
+import torch
+
+from genolc.model import preset
+from genolc.train import kernel_warmup
+from genolc.train.kernel_warmup import WarmupShape, run_warmup, start_kernel_warmup, warmup_model_config
+
+
+def shape(**changes) -> WarmupShape:
+    config = preset("tiny", vocab_size=16)
+    values = dict(model=dataclasses.asdict(config), seq_len=96, chunk=40, micro_batch=2, recompute=False, bf16=False,
+                  indexer_mode=None)
+    values.update(changes)
+    return WarmupShape(**values)
+
+
+def test_warmup_model_keeps_one_layer_of_each_kind_and_the_shapes():
+    config = preset("small", vocab_size=16)
+    cut = warmup_model_config(config)
+    assert cut.layer_types == ("linear_attention", "indexed_attention")
+    assert cut.mlp_layer_types == (config.mlp_layer_types[0], config.mlp_layer_types[-1])
+    assert set(cut.mlp_layer_types) == {"dense", "sparse"}
+    for name in ("hidden_size", "linear_num_heads", "linear_head_dim", "num_attention_heads", "kv_lora_rank",
+                 "index_width", "n_routed_experts", "num_experts_per_tok"):
+        assert getattr(cut, name) == getattr(config, name)
+
+
+@pytest.mark.parametrize("chunk,recompute", [(40, False), (None, True)])
+def test_warmup_step_runs_the_trainers_step_on_cpu(chunk, recompute):
+    seconds = run_warmup(shape(chunk=chunk, recompute=recompute), torch.device("cpu"))
+    assert seconds["step"] >= 0
+    assert "tilelang_dsa_forward" not in seconds      # fp32: the Triton pair, nothing of TileLang's to compile
+
+
+def test_main_writes_the_marker_and_a_finished_shape_starts_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    started = []
+
+    class FakeProcess:
+        returncode = 0
+
+        def __init__(self, args, **kwargs):
+            started.append(args)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakeProcess)
+    device = torch.device("cuda", 0)
+    warmup = start_kernel_warmup(shape(), device)
+    assert warmup is not None and len(started) == 1
+    assert warmup.finished().startswith("kernel warm-up process done")
+    assert warmup.finished() is None                  # said once
+    spec = started[0][-2]
+    assert json.loads(open(spec).read())["chunk"] == 40
+    marker = kernel_warmup.warmup_dir() / f"{shape().key(device)}.json"
+    marker.write_text("{}")                            # what main() leaves after its step
+    assert start_kernel_warmup(shape(), device) is None
+    assert start_kernel_warmup(shape(chunk=48), device) is not None      # another shape: another warm-up
+    assert len(started) == 2
+
+
+def test_off_on_cpu_and_by_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert start_kernel_warmup(shape(), torch.device("cpu")) is None
+    monkeypatch.setenv(kernel_warmup.WARMUP_ENV, "0")
+    assert start_kernel_warmup(shape(), torch.device("cuda", 0)) is None
+    assert not (tmp_path / "genolc").exists()
+
+
+def test_a_failed_warmup_is_reported_with_its_log(tmp_path):
+    process = subprocess.Popen(["python3", "-c", "raise SystemExit(3)"])
+    process.wait()
+    warmup = kernel_warmup.KernelWarmup(process, tmp_path / "x.log", 0.0)
+    line = warmup.finished()
+    assert "failed (exit 3" in line and str(tmp_path / "x.log") in line
