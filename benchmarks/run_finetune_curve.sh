@@ -35,7 +35,7 @@ python3 -m genolc.cli prepare "$fasta" --out /tmp/curve-data --train all --heldo
 command=(python3 "${sampler[@]}" -m genolc.cli finetune --data /tmp/curve-data --seq "$seq" --model "$model" --steps "$steps"
          --out /tmp/curve-run --no-progress "$@")
 start=$SECONDS
-TRITON_PRINT_AUTOTUNING=1 timeout "${CURVE_TIMEOUT:-480}" "${command[@]}" 2>&1 | tee "$keep/finetune.log" \
+TRITON_PRINT_AUTOTUNING=1 timeout -k 15 "${CURVE_TIMEOUT:-480}" "${command[@]}" 2>&1 | tee "$keep/finetune.log" \
   | grep -v '^ \|^Triton autotuning\|^best config\|^with key\|^finished after\|^Autotuning kernel' | tail -40
 rc=${PIPESTATUS[0]}
 cp /tmp/curve-run/metrics.jsonl /tmp/curve-run/summary.json "$keep/" 2>/dev/null

@@ -57,8 +57,8 @@ def where_in_genolc(frames: list[tuple[str, str, int]]) -> str:
 
 
 class Sampler:
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
+    def __init__(self, interval: float, out: Path | None = None) -> None:
+        self.interval, self.out = interval, out
         self.target = threading.main_thread().ident
         self.counts: collections.Counter[str] = collections.Counter()
         self.other: collections.Counter[str] = collections.Counter()
@@ -79,17 +79,23 @@ class Sampler:
                 self.other[where_in_genolc(frames)] += 1
             if not self.timeline or self.timeline[-1][1] != kind:
                 self.timeline.append((now, kind))
+            # Every ~10 s what is known so far, for a process killed before it can write the last report.
+            if self.out is not None and sum(self.counts.values()) % max(1, round(10 / self.interval)) == 0:
+                self.out.write_text(json.dumps({"partial": True, **self.summary()}, indent=1) + "\n")
 
     def report(self) -> dict:
         self._stop.set()
         self.thread.join()
+        return self.summary()
+
+    def summary(self) -> dict:
         total = sum(self.counts.values())
         return {"seconds": round(time.monotonic() - self.started, 1), "interval": self.interval, "samples": total,
                 "seconds_by_kind": {k: round(c * self.interval, 1) for k, c in self.counts.most_common()},
                 "first_seen": self.first_seen,
                 "other_by_genolc_line": [{"where": w, "seconds": round(c * self.interval, 1)}
                                          for w, c in self.other.most_common(40)],
-                "timeline": self.timeline}
+                "timeline": list(self.timeline)}
 
 
 def main() -> None:
@@ -101,7 +107,7 @@ def main() -> None:
     split = sys.argv.index("-m") + 2 if "-m" in sys.argv[:-1] else len(sys.argv)
     args = parser.parse_args(sys.argv[1:split])
     sys.argv = [args.module, *sys.argv[split:]]
-    sampler = Sampler(args.interval)
+    sampler = Sampler(args.interval, args.out)
     sampler.thread.start()
     code = 0
     try:
