@@ -4,12 +4,13 @@ On a machine whose caches are empty, the first ``finetune`` step compiles every 
 TileLang's DSA pair and fla's TileLang KDA backward (48 s of TileLang alone for ``small`` on an H200,
 benchmarks/results/first_step_cold_small_128k_2026-12-01/), one after another, each when the step first reaches it:
 the backward's kernels only after the whole first forward. A second process started with the run builds a two-layer
-model of the run's shapes (one KDA layer, one DSA layer, the run's MLP kinds), compiles genolc's TileLang pair in
-two threads (nvcc runs outside the GIL) and runs one chunked step on one micro-batch of random tokens, so the kernels
-land in Triton's and TileLang's disk caches while the trainer traces, compiles its glue and runs its forward; the
-trainer then loads them instead of compiling. It shares nothing with the trainer but those caches: its random
-numbers, memory and failures are its own (a failed warm-up leaves the trainer compiling as it would have, and its
-log says why). A kernel the trainer reaches first is compiled by both (the caches' writes are atomic).
+model of the run's shapes (one KDA layer, one DSA layer, the run's MLP kinds), compiles genolc's TileLang pair and
+fla's TileLang KDA backward in three threads (nvcc runs outside the GIL) and runs one chunked step on one
+micro-batch of random tokens, so the kernels land in Triton's and TileLang's disk caches while the trainer traces,
+compiles its glue and runs its forward; the trainer then loads them instead of compiling. It shares nothing with the
+trainer but those caches: its random numbers, memory and failures are its own (a failed warm-up leaves the trainer
+compiling as it would have, and its log says why). A kernel the trainer reaches first is compiled by both (the
+caches' writes are atomic).
 
 Only on CUDA, in a single process (under ``torchrun`` each rank compiles its own), once per shape on a machine: a
 finished warm-up leaves a marker under the user's cache directory (``genolc/kernel-warmup/``) and later runs of that
@@ -146,6 +147,52 @@ def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float]
     return threads
 
 
+class _Compiled(Exception):
+    """Raised past fla's kernel builder once it has compiled, so that nothing is launched on dummy inputs."""
+
+
+def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: torch.device,
+                              seconds: dict[str, float]) -> threading.Thread | None:
+    """fla's TileLang KDA backward (fla routes it to TileLang on Hopper; 31 s to compile on an H200, where the first
+    step's backward waited for it) compiled from the start instead of when a backward first reaches it. fla's own
+    entry point is called, so its tiling and key are fla's; only in this thread its builder stops the call once the
+    kernel is compiled (the inputs here are shapes, not data). Not in fla's public API: any failure skips it."""
+    try:
+        from fla.ops.kda.backends.tilelang import KDATileLangBackend
+        from fla.ops.kda.backends.tilelang import chunk_bwd_dqkg
+    except Exception:       # fla, TileLang or nvcc missing, or fla reorganised: the step compiles it as before
+        return None
+    if not KDATileLangBackend.can_use():
+        return None
+    builder = chunk_bwd_dqkg._build_kda_bwd_kernel
+
+    def build_then_stop(*args, **kwargs):
+        kernel = builder(*args, **kwargs)
+        if threading.current_thread() is thread:
+            raise _Compiled
+        return kernel
+
+    def run():
+        t0 = time.monotonic()
+        batch, tokens, heads, dim = micro_batch, 64, config.linear_num_heads, config.linear_head_dim
+        qk = torch.empty(batch, tokens, heads, dim, dtype=torch.bfloat16, device=device)
+        state = torch.empty(batch, 1, heads, dim, dim, dtype=torch.bfloat16, device=device)
+        try:
+            chunk_bwd_dqkg.chunk_kda_bwd_wy_dqkg_fused_tilelang(
+                q=qk, k=qk, v=qk, v_new=qk, g=qk.float(), beta=qk[..., 0].float(),
+                A=torch.empty(batch, tokens, heads, 64, dtype=torch.float32, device=device), h=state, do=qk,
+                dh=state, dv=qk)
+        except _Compiled:
+            seconds["fla_tilelang_kda_backward"] = round(time.monotonic() - t0, 1)
+        except Exception as error:      # noted in the warm-up's log; the step compiles it itself
+            print(f"fla's TileLang KDA backward not precompiled: {error!r}", flush=True)
+
+    chunk_bwd_dqkg._build_kda_bwd_kernel = build_then_stop
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float]:
     """One chunked (or whole) step of the two-layer model at ``shape`` on ``device`` (CUDA; on CPU it runs the same
     code without kernels to compile, which the tests use); seconds per part."""
@@ -159,6 +206,8 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float]:
                                                 for k, v in shape.model.items()}))
     seconds: dict[str, float] = {}
     threads = _compile_dsa_pair(config, shape.bf16, seconds)
+    if device.type == "cuda" and shape.bf16:
+        threads += [t for t in [_compile_fla_kda_backward(config, shape.micro_batch, device, seconds)] if t]
     torch.manual_seed(0)
     model = build_model(config).to(device)
     if shape.recompute:
