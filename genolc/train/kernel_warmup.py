@@ -78,6 +78,29 @@ def warmup_model_config(config: ModelConfig) -> ModelConfig:
                           indexer_types=("full", "full"))
 
 
+# What a process holds on the GPU beyond its tensors (CUDA context, cuBLAS workspace, the caching allocator's slack).
+PROCESS_OVERHEAD_BYTES = 2 << 30
+
+
+def warmup_bytes(shape: WarmupShape) -> int:
+    """The warm-up process's planned GPU peak (genolc/train/plan.py for the two-layer model), plus its overhead."""
+    from genolc.train.plan import estimate_chunked_memory, estimate_memory
+
+    config = warmup_model_config(model_config_from(shape.model))
+    if shape.chunk is None:
+        plan = estimate_memory(config, seq_len=shape.seq_len, windows=shape.micro_batch, bf16=shape.bf16,
+                               recompute=shape.recompute, fast_kernels=True)
+    else:
+        plan = estimate_chunked_memory(config, seq_len=min(shape.seq_len, 2 * shape.chunk), chunk=shape.chunk,
+                                       windows=shape.micro_batch, bf16=shape.bf16, recompute=shape.recompute,
+                                       fast_kernels=True)
+    return plan.total - plan.optimizer + PROCESS_OVERHEAD_BYTES      # it steps no optimizer
+
+
+def model_config_from(fields: dict[str, Any]) -> ModelConfig:
+    return ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
 class KernelWarmup:
     """The running warm-up process; :meth:`finished` says once how it ended (for the trainer's log)."""
 
@@ -101,9 +124,13 @@ class KernelWarmup:
             self.process.wait()
 
 
-def start_kernel_warmup(shape: WarmupShape, device: torch.device) -> KernelWarmup | None:
-    """Start the warm-up process for ``shape`` on ``device``, or None (not CUDA, turned off, done before)."""
+def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: int, budget_bytes: int
+                        ) -> KernelWarmup | None:
+    """Start the warm-up process for ``shape`` on ``device``, or None (not CUDA, turned off, done before, or its
+    planned memory and the run's, ``run_bytes``, do not fit ``budget_bytes`` together: the run comes first)."""
     if device.type != "cuda" or os.environ.get(WARMUP_ENV, "1") == "0":
+        return None
+    if run_bytes + warmup_bytes(shape) > budget_bytes:
         return None
     folder = warmup_dir()
     try:
@@ -202,8 +229,7 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float]:
     from genolc.train.strategy import StepStrategy, run_micro_batch
 
     t0 = time.monotonic()
-    config = warmup_model_config(ModelConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                                for k, v in shape.model.items()}))
+    config = warmup_model_config(model_config_from(shape.model))
     seconds: dict[str, float] = {}
     threads = _compile_dsa_pair(config, shape.bf16, seconds)
     if device.type == "cuda" and shape.bf16:

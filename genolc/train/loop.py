@@ -623,7 +623,8 @@ class _Trainer:
         warmup = start_kernel_warmup(WarmupShape(
             model=dataclasses.asdict(self.model.config), seq_len=shape.seq_len, chunk=strategy.chunk,
             micro_batch=shape.windows, recompute=strategy.recompute, bf16=self.bf16,
-            indexer_mode=indexer_mode_at(self.start_step, self.config)), self.device)
+            indexer_mode=indexer_mode_at(self.start_step, self.config)), self.device,
+            run_bytes=strategy.estimate_bytes, budget_bytes=self._device_bytes())
         if warmup is not None:
             _say(f"compiling this shape's GPU kernels in a second process while the first step runs (log: "
                  f"{warmup.log}; GENOLC_KERNEL_WARMUP=0 turns it off)")

@@ -16,6 +16,9 @@ from genolc.train import kernel_warmup
 from genolc.train.kernel_warmup import WarmupShape, run_warmup, start_kernel_warmup, warmup_model_config
 
 
+FITS = dict(run_bytes=0, budget_bytes=1 << 40)
+
+
 def shape(**changes) -> WarmupShape:
     config = preset("tiny", vocab_size=16)
     values = dict(model=dataclasses.asdict(config), seq_len=96, chunk=40, micro_batch=2, recompute=False, bf16=False,
@@ -58,7 +61,7 @@ def test_main_writes_the_marker_and_a_finished_shape_starts_nothing(tmp_path, mo
 
     monkeypatch.setattr(subprocess, "Popen", FakeProcess)
     device = torch.device("cuda", 0)
-    warmup = start_kernel_warmup(shape(), device)
+    warmup = start_kernel_warmup(shape(), device, **FITS)
     assert warmup is not None and len(started) == 1
     assert warmup.finished().startswith("kernel warm-up process done")
     assert warmup.finished() is None                  # said once
@@ -66,17 +69,27 @@ def test_main_writes_the_marker_and_a_finished_shape_starts_nothing(tmp_path, mo
     assert json.loads(open(spec).read())["chunk"] == 40
     marker = kernel_warmup.warmup_dir() / f"{shape().key(device)}.json"
     marker.write_text("{}")                            # what main() leaves after its step
-    assert start_kernel_warmup(shape(), device) is None
-    assert start_kernel_warmup(shape(chunk=48), device) is not None      # another shape: another warm-up
+    assert start_kernel_warmup(shape(), device, **FITS) is None
+    assert start_kernel_warmup(shape(chunk=48), device, **FITS) is not None      # another shape: another warm-up
     assert len(started) == 2
 
 
 def test_off_on_cpu_and_by_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert start_kernel_warmup(shape(), torch.device("cpu")) is None
+    assert start_kernel_warmup(shape(), torch.device("cpu"), **FITS) is None
     monkeypatch.setenv(kernel_warmup.WARMUP_ENV, "0")
-    assert start_kernel_warmup(shape(), torch.device("cuda", 0)) is None
+    assert start_kernel_warmup(shape(), torch.device("cuda", 0), **FITS) is None
     assert not (tmp_path / "genolc").exists()
+
+
+def test_no_warmup_when_it_and_the_run_do_not_fit_together(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("no warm-up process may start"))
+    need = kernel_warmup.warmup_bytes(shape())
+    assert need > kernel_warmup.PROCESS_OVERHEAD_BYTES
+    assert start_kernel_warmup(shape(), torch.device("cuda", 0), run_bytes=10 << 30,
+                               budget_bytes=(10 << 30) + need - 1) is None
 
 
 def test_a_failed_warmup_is_reported_with_its_log(tmp_path):
