@@ -1,14 +1,15 @@
 """python benchmarks/bench_tokenize.py [--genome FASTA.gz] [--repeats 3] [--bpe-bases 8000000]
 
 Encode / decode / reverse-complement throughput of every genolc tokenizer on real DNA (the 70 Mbp GRCh37 chrX
-piece, 5.4% N), in Mbp/s of sequence on one core (numpy is single-threaded here; the BPE encoder is the Rust
-`tokenizers` library, timed with RAYON_NUM_THREADS=1 unless --bpe-threads says otherwise). Each figure is the
+piece, 5.4% N), in Mbp/s of sequence on one core (numpy is single-threaded here; the BPE encoder, genolc's numba
+one unless GENOLC_BPE_ENCODER says otherwise, is timed with RAYON_NUM_THREADS=1 unless --bpe-threads says otherwise). Each figure is the
 best of --repeats runs. BPE is trained with genolc's defaults (reservoir sample of 4 Mbp of the sequence,
 vocabulary 4096) and, being ~100x slower than the table-driven tokenizers, timed on the first --bpe-bases
 bases. Also checks the round trip on the measured data. Target: char encode >= 200 Mbp/s.
-BPE encoding is also timed with the Rust encoder on each thread count of --bpe-thread-counts (default 1,2; each
-in a fresh process, since the thread pool is sized once per process), medians of --repeats, with the ids checked
-identical across thread counts; --bpe-only skips everything else. Target (issue 20): BPE encode >= 20 Mbp/s on
+BPE encoding is also timed with each encoder (genolc's numba encoder and the `tokenizers` library's Rust one) on
+each thread count of --bpe-thread-counts (default 1,2; each in a fresh process, since the Rust thread pool is sized
+once per process; one untimed first call on 100 kb), medians of --repeats, with the ids checked identical across
+encoders and thread counts; --bpe-only skips everything else. Target (issue 20): BPE encode >= 20 Mbp/s on
 this 2-core machine.
 Writes benchmarks/results/tokenize_<YYYY-MM-DD>.json with the command, git SHA, device and figures.
 """
@@ -70,18 +71,22 @@ import json, os, statistics, sys, time
 import numpy as np
 from genolc.tokenize import load_tokenizer
 tok = load_tokenizer(sys.argv[1]); seq = np.load(sys.argv[2]); repeats = int(sys.argv[4])
+start = time.perf_counter()
+tok.encode(seq[:100_000])      # first call: numba's compile (or loading its cache), the Rust thread pool
+first_call = time.perf_counter() - start
 seconds = []
 for _ in range(repeats):
     start = time.perf_counter()
     ids = tok.encode(seq)
     seconds.append(time.perf_counter() - start)
 np.save(sys.argv[3], ids)
-print(json.dumps({"seconds": seconds, "load_average": os.getloadavg()}))
+print(json.dumps({"seconds": seconds, "first_call_seconds": first_call, "load_average": os.getloadavg()}))
 """
 
 
 def _bpe_thread_scaling(bpe, seq, thread_counts: list[int], repeats: int) -> dict:
-    """BPE encode Mbp/s per Rust thread count, each in a fresh process; ids must not depend on the count."""
+    """BPE encode Mbp/s per encoder (genolc's numba encoder, the tokenizers library's) and thread count, each in a
+    fresh process (the Rust thread pool is sized once per process); ids must not depend on either."""
     import statistics
     import tempfile
 
@@ -89,29 +94,33 @@ def _bpe_thread_scaling(bpe, seq, thread_counts: list[int], repeats: int) -> dic
 
     from genolc.tokenize import save_tokenizer
 
-    scaling: dict = {"bases": int(seq.shape[0]), "by_threads": {}}
+    scaling: dict = {"bases": int(seq.shape[0]), "by_encoder": {}}
     with tempfile.TemporaryDirectory(prefix="bench_bpe_") as tmp:
         save_tokenizer(bpe, Path(tmp) / "bpe.json")
         np.save(Path(tmp) / "seq.npy", seq)
         first_ids = None
-        for threads in thread_counts:
-            env = dict(os.environ, RAYON_NUM_THREADS=str(threads),
-                       PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            done = subprocess.run([sys.executable, "-c", _BPE_CHILD, str(Path(tmp) / "bpe.json"),
-                                   str(Path(tmp) / "seq.npy"), str(Path(tmp) / "ids.npy"), str(repeats)],
-                                  capture_output=True, text=True, env=env, check=True)
-            figures = json.loads(done.stdout.strip().splitlines()[-1])
-            ids = np.load(Path(tmp) / "ids.npy")
-            first_ids = ids if first_ids is None else first_ids
-            median = statistics.median(figures["seconds"])
-            scaling["by_threads"][str(threads)] = {
-                "encode_mbp_s_median": round(seq.shape[0] / median / 1e6, 2),
-                "encode_mbp_s_best": round(seq.shape[0] / min(figures["seconds"]) / 1e6, 2),
-                "seconds_all": [round(x, 3) for x in figures["seconds"]],
-                "load_average_after": figures["load_average"],
-                "ids_identical_to_first": bool(np.array_equal(ids, first_ids)),
-            }
-            print(f"bpe encode, {threads} thread(s):", scaling["by_threads"][str(threads)], flush=True)
+        for encoder in ("tokenizers", "numba"):
+            scaling["by_encoder"][encoder] = {}
+            for threads in thread_counts:
+                env = dict(os.environ, RAYON_NUM_THREADS=str(threads), GENOLC_BPE_ENCODER=encoder,
+                           PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                done = subprocess.run([sys.executable, "-c", _BPE_CHILD, str(Path(tmp) / "bpe.json"),
+                                       str(Path(tmp) / "seq.npy"), str(Path(tmp) / "ids.npy"), str(repeats)],
+                                      capture_output=True, text=True, env=env, check=True)
+                figures = json.loads(done.stdout.strip().splitlines()[-1])
+                ids = np.load(Path(tmp) / "ids.npy")
+                first_ids = ids if first_ids is None else first_ids
+                median = statistics.median(figures["seconds"])
+                scaling["by_encoder"][encoder][str(threads)] = {
+                    "encode_mbp_s_median": round(seq.shape[0] / median / 1e6, 2),
+                    "encode_mbp_s_best": round(seq.shape[0] / min(figures["seconds"]) / 1e6, 2),
+                    "seconds_all": [round(x, 3) for x in figures["seconds"]],
+                    "first_call_seconds": round(figures["first_call_seconds"], 2),
+                    "load_average_after": figures["load_average"],
+                    "ids_identical_to_first": bool(np.array_equal(ids, first_ids)),
+                }
+                print(f"bpe encode, {encoder}, {threads} thread(s):", scaling["by_encoder"][encoder][str(threads)],
+                      flush=True)
     return scaling
 
 
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bpe-bases", type=int, default=8_000_000)
     parser.add_argument("--bpe-threads", type=int, default=1)
     parser.add_argument("--bpe-thread-counts", default="1,2",
-                        help="comma-separated Rust thread counts for the BPE scaling figures")
+                        help="comma-separated encoder thread counts for the BPE scaling figures")
     parser.add_argument("--bpe-only", action="store_true", help="only train BPE and time its encoder")
     parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/tokenize_<date>.json)")
     args = parser.parse_args(argv)
@@ -198,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         "unit": "Mbp of sequence per second (1e6 bases/s), best of repeats, one core",
         "target": {"char_encode_mbp_s": 200, "met": None if char_encode is None else char_encode >= 200,
                    "bpe_encode_mbp_s_two_cores": 20,
-                   "bpe_met": max(r["encode_mbp_s_median"] for r in results["bpe:4096_threads"]["by_threads"].values())
+                   "bpe_met": max(r["encode_mbp_s_median"] for by_threads in
+                                  results["bpe:4096_threads"]["by_encoder"].values() for r in by_threads.values())
                    >= 20},
         "load_average": os.getloadavg(),
         "results": results,

@@ -30,6 +30,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, trainers
 
 from genolc.errors import ConfigError, InputError
+from genolc.tokenize.bpe_encode import MergeTables, encode_pieces, encoder_choice
 from genolc.tokenize.base import (BASE_CODES, CODE_ASCII, SPECIAL_TOKENS, Tokenizer, as_bases, check_format,
                                   lookup, reverse_complement_bases)
 
@@ -93,6 +94,9 @@ class BPETokenizer(Tokenizer):
         self._set_tables(token_bases, ambiguous, rc_ids=None, plain_range=(1, 0))
         self._hf = HFTokenizer(models.BPE(vocab=vocab, merges=self.merges, unk_token=None))
         self._encode_batch = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
+        self._merge_tables = None           # built on the first encode by genolc/tokenize/bpe_encode.py
+        # Single-base ids by base code (A C G T; every other code is an ambiguous base, N).
+        self._base_ids = np.array([vocab[b] for b in "ACGT"] + [self.n_id], dtype=np.int64)
 
     @staticmethod
     def _validate(tokens: Any, merges: Any, piece_bases: Any, where: str | None) -> None:
@@ -191,13 +195,13 @@ class BPETokenizer(Tokenizer):
         codes = lookup(BASE_CODES, bases)
         is_acgt = codes < 4
         starts, stops = acgt_pieces(is_acgt, self.piece_bases)
-        text = lookup(CODE_ASCII, codes).tobytes().decode("ascii")
-        encodings = self._encode_batch([text[s:e] for s, e in zip(starts.tolist(), stops.tolist())],
-                                       add_special_tokens=False)
-        counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        if encoder_choice() == "numba":
+            if self._merge_tables is None:
+                self._merge_tables = MergeTables.build(self.tokens, self.merges)
+            flat, counts = encode_pieces(self._merge_tables, self._base_ids[codes], starts, stops)
+        else:
+            flat, counts = self._encode_pieces_tokenizers(codes, starts, stops)
         n_piece_tokens = int(counts.sum())
-        flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32,
-                           count=n_piece_tokens)
         ambiguous_before = np.cumsum(~is_acgt, dtype=np.int64)
         n_ambiguous = int(ambiguous_before[-1]) if ambiguous_before.size else 0
         # Each ambiguous base is one N token; a piece's tokens start after the N tokens and piece tokens
@@ -206,6 +210,17 @@ class BPETokenizer(Tokenizer):
         n_before = np.where(starts > 0, ambiguous_before[np.maximum(starts - 1, 0)], 0)
         out[np.repeat(n_before, counts) + np.arange(n_piece_tokens)] = flat
         return out
+
+    def _encode_pieces_tokenizers(self, codes: np.ndarray, starts: np.ndarray, stops: np.ndarray
+                                  ) -> tuple[np.ndarray, np.ndarray]:
+        """The reference encoder: the ``tokenizers`` library's BPE model on each piece (in parallel, in Rust)."""
+        text = lookup(CODE_ASCII, codes).tobytes().decode("ascii")
+        encodings = self._encode_batch([text[s:e] for s, e in zip(starts.tolist(), stops.tolist())],
+                                       add_special_tokens=False)
+        counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32,
+                           count=int(counts.sum()))
+        return flat, counts
 
     def reverse_complement(self, ids: np.ndarray) -> np.ndarray:
         """Sequence-level: ``encode(revcomp(decode(ids)))``; specials are dropped (see the module docstring)."""
