@@ -1,13 +1,15 @@
 """Where a Python process's wall time goes: its main thread's stack sampled a few times a second, each sample put in
 one kind (importing, tracing for torch.compile, inductor compiling, Triton compiling or autotuning, TileLang
-compiling, anything else), written as JSON when the process ends.
+compiling, anything else; while the main thread waits in a CUDA backward, the kind of what autograd's thread does,
+marked "(backward)"), timed by the elapsed time between samples, written as JSON when the process ends.
 
     python benchmarks/wall_sampler.py --out sample.json [--interval 0.1] -m genolc.cli finetune ...
 
 Why: a first step on a new machine takes minutes, and a profiler of GPU kernels (torch.profiler) does not see a
 compiler's time on the host; cProfile slows the Python-heavy parts it measures. A sampling thread costs a stack walk
-per sample. The samples say where the main thread was, not what other threads or processes did (inductor's compile
-workers, a kernel warm-up process): time the main thread spends waiting on those is counted where it waits.
+per sample. The samples say where the main thread was (or autograd's thread during a backward), not what other
+processes did (inductor's compile workers, a kernel warm-up process): time spent waiting on those is counted where
+it waits.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import runpy
 import sys
 import threading
@@ -60,28 +63,49 @@ class Sampler:
     def __init__(self, interval: float, out: Path | None = None) -> None:
         self.interval, self.out = interval, out
         self.target = threading.main_thread().ident
-        self.counts: collections.Counter[str] = collections.Counter()
+        self.seconds: collections.Counter[str] = collections.Counter()
         self.other: collections.Counter[str] = collections.Counter()
+        self.own: int | None = None
         self.first_seen: dict[str, float] = {}
         self.timeline: list[tuple[float, str]] = []
         self.started = time.monotonic()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
+    def _kind(self) -> tuple[str, list[tuple[str, str, int]]]:
+        threads = sys._current_frames()
+        frames = stack(threads.get(self.target))
+        kind = kind_of(frames)
+        if kind == "other" and any(n == "_engine_run_backward" for _, n, _ in frames):
+            # On CUDA the backward runs on autograd's device thread while the main thread waits: what that
+            # thread does (fla's backward kernels compiling, TileLang, the backward graph's compile) counts.
+            others = [kind_of(stack(f)) for ident, f in threads.items() if ident not in (self.target, self.own)]
+            busy = [k for k in others if k != "other"]
+            kind = f"{busy[0] if busy else 'running'} (backward)"
+        return kind, frames
+
     def _run(self) -> None:
+        self.own = threading.get_ident()
+        last = time.monotonic()
+        written = last
         while not self._stop.wait(self.interval):
-            frames = stack(sys._current_frames().get(self.target))
-            kind = kind_of(frames)
-            now = round(time.monotonic() - self.started, 2)
-            self.counts[kind] += 1
-            self.first_seen.setdefault(kind, now)
+            kind, frames = self._kind()
+            now = time.monotonic()
+            # Elapsed time, not samples x interval: a C call that holds the GIL delays the next sample.
+            elapsed, last = now - last, now
+            self.seconds[kind] += elapsed
+            at = round(now - self.started, 2)
+            self.first_seen.setdefault(kind, at)
             if kind == "other":
-                self.other[where_in_genolc(frames)] += 1
+                self.other[where_in_genolc(frames)] += elapsed
             if not self.timeline or self.timeline[-1][1] != kind:
-                self.timeline.append((now, kind))
+                self.timeline.append((at, kind))
             # Every ~10 s what is known so far, for a process killed before it can write the last report.
-            if self.out is not None and sum(self.counts.values()) % max(1, round(10 / self.interval)) == 0:
-                self.out.write_text(json.dumps({"partial": True, **self.summary()}, indent=1) + "\n")
+            if self.out is not None and now - written >= 10:
+                written = now
+                partial = self.out.with_name(self.out.name + ".partial")
+                partial.write_text(json.dumps({"partial": True, **self.summary()}, indent=1) + "\n")
+                os.replace(partial, self.out)
 
     def report(self) -> dict:
         self._stop.set()
@@ -89,12 +113,10 @@ class Sampler:
         return self.summary()
 
     def summary(self) -> dict:
-        total = sum(self.counts.values())
-        return {"seconds": round(time.monotonic() - self.started, 1), "interval": self.interval, "samples": total,
-                "seconds_by_kind": {k: round(c * self.interval, 1) for k, c in self.counts.most_common()},
-                "first_seen": self.first_seen,
-                "other_by_genolc_line": [{"where": w, "seconds": round(c * self.interval, 1)}
-                                         for w, c in self.other.most_common(40)],
+        return {"seconds": round(time.monotonic() - self.started, 1), "interval": self.interval,
+                "seconds_by_kind": {k: round(v, 1) for k, v in self.seconds.most_common()},
+                "first_seen": dict(self.first_seen),
+                "other_by_genolc_line": [{"where": w, "seconds": round(v, 1)} for w, v in self.other.most_common(40)],
                 "timeline": list(self.timeline)}
 
 
@@ -113,6 +135,8 @@ def main() -> None:
     try:
         runpy.run_module(args.module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
+        if isinstance(exit_.code, str):
+            print(exit_.code, file=sys.stderr)
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:
         result = {"command": " ".join(sys.argv), **sampler.report()}

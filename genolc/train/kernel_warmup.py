@@ -24,6 +24,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +40,8 @@ from genolc.model import ModelConfig
 
 WARMUP_ENV = "GENOLC_KERNEL_WARMUP"
 WARMUP_LAYERS = ("linear_attention", "indexed_attention")
+KERNEL_SETTINGS = ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR", "FLA_CONFIG_DIR", "FLA_CACHE_MODE", "FLA_TILELANG",
+                   "GENOLC_DSA_KERNELS", "CUDA_HOME")
 
 
 def warmup_dir() -> Path:
@@ -66,8 +69,15 @@ class WarmupShape:
                 versions[package] = metadata.version(package)
             except metadata.PackageNotFoundError:
                 versions[package] = None
-        text = json.dumps({"shape": dataclasses.asdict(self), "versions": versions,
-                           "gpu": torch.cuda.get_device_name(device)}, sort_keys=True)
+        # Where the kernels go and which ones a run takes: a marker from another cache folder (a node-local cache
+        # under a shared home) or from edited kernels must not stop a warm-up that is needed.
+        settings = {name: os.environ.get(name) for name in KERNEL_SETTINGS}
+        sources = hashlib.sha256()
+        for path in sorted((Path(__file__).parents[1] / "model" / "ops").rglob("*.py")):
+            sources.update(path.read_bytes())
+        text = json.dumps({"shape": dataclasses.asdict(self), "versions": versions, "settings": settings,
+                           "genolc_ops": sources.hexdigest(), "gpu": torch.cuda.get_device_name(device)},
+                          sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -119,9 +129,24 @@ class KernelWarmup:
                 "compiled its kernels itself")
 
     def stop(self) -> None:
+        """End it and what it started (nvcc, ptxas): it runs in a process group of its own."""
         if self.process.poll() is None:
-            self.process.kill()
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:
+                self.process.kill()
             self.process.wait()
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: a trainer killed outright (OOM killer, a scheduler's KILL) takes the warm-up
+    # along instead of leaving it holding GPU memory. Linux only; elsewhere stop() is the only way it ends early.
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: int, budget_bytes: int
@@ -130,39 +155,54 @@ def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: 
     planned memory and the run's, ``run_bytes``, do not fit ``budget_bytes`` together: the run comes first)."""
     if device.type != "cuda" or os.environ.get(WARMUP_ENV, "1") == "0":
         return None
-    if run_bytes + warmup_bytes(shape) > budget_bytes:
-        return None
-    folder = warmup_dir()
     try:
+        if run_bytes + warmup_bytes(shape) > budget_bytes:
+            return None
+        folder = warmup_dir()
         folder.mkdir(parents=True, exist_ok=True)
         key = shape.key(device)
         if (folder / f"{key}.json").exists():
             return None
-        spec = folder / f"{key}.spec.json"
+        # The process id in the names: two runs of one shape (two GPUs) keep their own spec and log.
+        spec = folder / f"{key}.{os.getpid()}.spec.json"
         atomic_write_json(spec, dataclasses.asdict(shape))
-        log = folder / f"{key}.log"
+        log = folder / f"{key}.{os.getpid()}.log"
         index = device.index if device.index is not None else torch.cuda.current_device()
         with open(log, "w") as out:
-            process = subprocess.Popen([sys.executable, "-m", "genolc.train.kernel_warmup", str(spec), str(index)],
-                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    except OSError:
-        return None     # an unwritable cache directory or no interpreter to start: the trainer compiles as before
+            # A session of its own: the terminal's Ctrl-C, which asks the trainer to finish its step, does not
+            # reach it; stop() ends its whole group.
+            process = subprocess.Popen([sys.executable, "-m", "genolc.train.kernel_warmup", str(spec), str(index),
+                                        str(folder / f"{key}.json")], stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+    except Exception:       # anything at all: the warm-up only saves time, so the trainer compiles as before
+        return None
     return KernelWarmup(process, log, time.monotonic())
 
 
-def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float]) -> list[threading.Thread]:
+def dsa_kernel_args(config: ModelConfig) -> tuple[int, int, int, str, float]:
+    """What DSAAttention's bf16 call hands genolc's TileLang kernels besides the launch config (heads, latent rank,
+    index width, dtype, softmax scale); tests compare it with the layer."""
+    return (config.num_attention_heads, config.kv_lora_rank, config.index_width, "bfloat16",
+            float(config.qk_head_dim ** -0.5))
+
+
+def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float | str]) -> list[threading.Thread]:
     from genolc.model.ops.dsa.tilelang import backward, forward
 
-    if not bf16 or importlib.util.find_spec("tilelang") is None:
-        return []       # fp32 runs take the Triton pair (genolc/model/ops/dispatch.py)
-    # The arguments DSAAttention's call reaches the kernels with (the default launch configs passed explicitly).
+    if not bf16 or importlib.util.find_spec("tilelang") is None or os.environ.get("GENOLC_DSA_KERNELS") == "triton":
+        return []       # the Triton pair (genolc/model/ops/dispatch.py)
+    import tilelang  # noqa: F401  (once, here, rather than by three threads at once)
+
     rank = config.kv_lora_rank
-    args = (config.num_attention_heads, rank, config.index_width, "bfloat16", float(config.qk_head_dim ** -0.5))
+    args = dsa_kernel_args(config)
 
     def run(name, compile_kernel, launch):
         t0 = time.monotonic()
-        compile_kernel(*args, launch)
-        seconds[name] = round(time.monotonic() - t0, 1)
+        try:
+            compile_kernel(*args, launch)
+            seconds[name] = round(time.monotonic() - t0, 1)
+        except Exception as error:      # the step compiles it again and says why if it fails there too
+            seconds[name] = f"failed: {error!r}"
 
     threads = [threading.Thread(target=run, daemon=True, args=("tilelang_dsa_forward", forward.compiled_kernel,
                                                                forward.default_config(rank))),
@@ -179,7 +219,7 @@ class _Compiled(Exception):
 
 
 def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: torch.device,
-                              seconds: dict[str, float]) -> threading.Thread | None:
+                              seconds: dict[str, float | str]) -> threading.Thread | None:
     """fla's TileLang KDA backward (fla routes it to TileLang on Hopper; 31 s to compile on an H200, where the first
     step's backward waited for it) compiled from the start instead of when a backward first reaches it. fla's own
     entry point is called, so its tiling and key are fla's; only in this thread its builder stops the call once the
@@ -192,9 +232,11 @@ def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: tor
     if not KDATileLangBackend.can_use():
         return None
     builder = chunk_bwd_dqkg._build_kda_bwd_kernel
+    building = threading.Lock()     # the step's own backward waits for this thread's compile instead of repeating it
 
     def build_then_stop(*args, **kwargs):
-        kernel = builder(*args, **kwargs)
+        with building:
+            kernel = builder(*args, **kwargs)
         if threading.current_thread() is thread:
             raise _Compiled
         return kernel
@@ -211,8 +253,8 @@ def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: tor
                 dh=state, dv=qk)
         except _Compiled:
             seconds["fla_tilelang_kda_backward"] = round(time.monotonic() - t0, 1)
-        except Exception as error:      # noted in the warm-up's log; the step compiles it itself
-            print(f"fla's TileLang KDA backward not precompiled: {error!r}", flush=True)
+        except Exception as error:      # the step compiles it itself
+            seconds["fla_tilelang_kda_backward"] = f"failed: {error!r}"
 
     chunk_bwd_dqkg._build_kda_bwd_kernel = build_then_stop
     thread = threading.Thread(target=run, daemon=True)
@@ -220,7 +262,7 @@ def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: tor
     return thread
 
 
-def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float]:
+def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | str]:
     """One chunked (or whole) step of the two-layer model at ``shape`` on ``device`` (CUDA; on CPU it runs the same
     code without kernels to compile, which the tests use); seconds per part."""
     from genolc.model import build_model
@@ -230,7 +272,7 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float]:
 
     t0 = time.monotonic()
     config = warmup_model_config(model_config_from(shape.model))
-    seconds: dict[str, float] = {}
+    seconds: dict[str, float | str] = {}
     threads = _compile_dsa_pair(config, shape.bf16, seconds)
     if device.type == "cuda" and shape.bf16:
         threads += [t for t in [_compile_fla_kda_backward(config, shape.micro_batch, device, seconds)] if t]
@@ -259,16 +301,20 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    spec_path, index = Path(argv[0]), int(argv[1])
+    """``SPEC GPU_INDEX MARKER``: the warm-up of SPEC on that GPU (``cpu``: the tests), then MARKER written."""
+    spec_path, index, marker = Path(argv[0]), argv[1], Path(argv[2])
     shape = WarmupShape(**json.loads(spec_path.read_text()))
-    device = torch.device("cuda", index)
-    torch.cuda.set_device(device)
+    device = torch.device("cpu") if index == "cpu" else torch.device("cuda", int(index))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     t0 = time.monotonic()
     seconds = run_warmup(shape, device)
-    marker = spec_path.with_name(spec_path.name.replace(".spec.json", ".json"))
+    print(f"kernel warm-up: {json.dumps(seconds)}", flush=True)
+    if any(isinstance(value, str) for value in seconds.values()):
+        return 1        # no marker: the next run of this shape tries again
     atomic_write_json(marker, {"shape": dataclasses.asdict(shape), "seconds": seconds,
                                "total_seconds": round(time.monotonic() - t0, 1)})
-    print(f"kernel warm-up done: {json.dumps(seconds)}", flush=True)
+    spec_path.unlink(missing_ok=True)
     return 0
 
 

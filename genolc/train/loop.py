@@ -568,7 +568,7 @@ class _Trainer:
         if final is not None:
             _say(f"the run is already at step {self.start_step} (--steps {cfg.steps}): nothing to train; raise --steps "
                  "to continue it")
-        warmup = self._start_kernel_warmup() if final is None else None
+        warmup = None
         bar = tqdm(total=cfg.steps, initial=self.start_step, disable=not (cfg.progress and self.mesh.writes),
                    unit="step", desc="finetune", file=sys.stderr, dynamic_ncols=True)
         step = self.start_step
@@ -576,6 +576,7 @@ class _Trainer:
             # The dashboards open first: one that fails leaves no metrics file behind.
             with self.monitor, open(metrics_path, "a") as log, bar, \
                     StopSignals("stopping after the current step and saving a checkpoint") as stop:
+                warmup = self._start_kernel_warmup() if final is None else None
                 for step in range(self.start_step, cfg.steps):
                     with self.monitor.capture():
                         metrics = self._timed_step(step)
@@ -616,15 +617,19 @@ class _Trainer:
         """The first step's kernels compiled in a second process while it runs (genolc/train/kernel_warmup.py)."""
         if self.device.type != "cuda" or self.mesh.distributed:
             return None
+        from genolc.model.ops.kda.fla_tuning import autotune_note, fla_gpu_name
         from genolc.train.kernel_warmup import WarmupShape, start_kernel_warmup
 
+        # Not where fla autotunes: timings taken with two processes on one GPU would be kept for later runs.
+        if autotune_note(fla_gpu_name(), self.model.config, 1, self.bf16):
+            return None
         shape = step_shape(self.start_step, self.config)
         strategy = self._strategy(shape)
         warmup = start_kernel_warmup(WarmupShape(
             model=dataclasses.asdict(self.model.config), seq_len=shape.seq_len, chunk=strategy.chunk,
             micro_batch=shape.windows, recompute=strategy.recompute, bf16=self.bf16,
             indexer_mode=indexer_mode_at(self.start_step, self.config)), self.device,
-            run_bytes=strategy.estimate_bytes, budget_bytes=self._device_bytes())
+            run_bytes=max(s.estimate_bytes for s in self.strategies.values()), budget_bytes=self._device_bytes())
         if warmup is not None:
             _say(f"compiling this shape's GPU kernels in a second process while the first step runs (log: "
                  f"{warmup.log}; GENOLC_KERNEL_WARMUP=0 turns it off)")

@@ -54,6 +54,7 @@ def test_main_writes_the_marker_and_a_finished_shape_starts_nothing(tmp_path, mo
         returncode = 0
 
         def __init__(self, args, **kwargs):
+            assert kwargs["start_new_session"]
             started.append(args)
 
         def poll(self):
@@ -65,10 +66,10 @@ def test_main_writes_the_marker_and_a_finished_shape_starts_nothing(tmp_path, mo
     assert warmup is not None and len(started) == 1
     assert warmup.finished().startswith("kernel warm-up process done")
     assert warmup.finished() is None                  # said once
-    spec = started[0][-2]
+    spec, marker = started[0][-3], started[0][-1]
     assert json.loads(open(spec).read())["chunk"] == 40
-    marker = kernel_warmup.warmup_dir() / f"{shape().key(device)}.json"
-    marker.write_text("{}")                            # what main() leaves after its step
+    assert marker == str(kernel_warmup.warmup_dir() / f"{shape().key(device)}.json")
+    open(marker, "w").write("{}")                     # what main() leaves after its step
     assert start_kernel_warmup(shape(), device, **FITS) is None
     assert start_kernel_warmup(shape(chunk=48), device, **FITS) is not None      # another shape: another warm-up
     assert len(started) == 2
@@ -98,3 +99,62 @@ def test_a_failed_warmup_is_reported_with_its_log(tmp_path):
     warmup = kernel_warmup.KernelWarmup(process, tmp_path / "x.log", 0.0)
     line = warmup.finished()
     assert "failed (exit 3" in line and str(tmp_path / "x.log") in line
+
+
+def test_main_writes_the_marker_only_after_a_step_without_failures(tmp_path, monkeypatch):
+    spec, marker = tmp_path / "k.1.spec.json", tmp_path / "k.json"
+    spec.write_text(json.dumps(dataclasses.asdict(shape())))
+    assert kernel_warmup.main([str(spec), "cpu", str(marker)]) == 0
+    assert json.loads(marker.read_text())["seconds"]["step"] >= 0 and not spec.exists()
+    marker.unlink()
+    spec.write_text(json.dumps(dataclasses.asdict(shape())))
+    monkeypatch.setattr(kernel_warmup, "run_warmup", lambda *a: {"tilelang_dsa_forward": "failed: nvcc"})
+    assert kernel_warmup.main([str(spec), "cpu", str(marker)]) == 1
+    assert not marker.exists()
+
+
+def test_dsa_kernel_arguments_are_the_layers():
+    from genolc.model.layers.dsa import DSAAttention
+
+    config = preset("base", vocab_size=16)
+    with torch.device("meta"):
+        layer = DSAAttention(config, config.dsa_layers[0])
+    assert kernel_warmup.dsa_kernel_args(config) == (layer.num_heads, layer.kv_lora_rank, layer.width, "bfloat16",
+                                                     float(layer.softmax_scale))
+
+
+def test_any_error_starting_it_leaves_training_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+    def broken(shape):
+        raise RuntimeError("no home directory")
+
+    monkeypatch.setattr(kernel_warmup, "warmup_bytes", broken)
+    assert start_kernel_warmup(shape(), torch.device("cuda", 0), **FITS) is None
+
+
+def test_stop_ends_the_process_group(tmp_path):
+    import os
+    import signal
+    import sys
+    import time
+
+    pid_file = tmp_path / "grandchild"
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+            f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    for _ in range(100):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    kernel_warmup.KernelWarmup(process, tmp_path / "log", 0.0).stop()
+    assert process.returncode == -signal.SIGKILL
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the warm-up's own child survived stop()")
