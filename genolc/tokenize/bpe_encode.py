@@ -31,7 +31,8 @@ def encoder_choice() -> str:
 
     asked = os.environ.get(ENCODER_ENV, "auto")
     if asked not in ENCODERS:
-        raise ConfigError(f"unknown {ENCODER_ENV}={asked!r}", where="environment", fix=f"use one of {', '.join(ENCODERS)}, or unset it")
+        raise ConfigError(f"unknown {ENCODER_ENV}={asked!r}", where="environment",
+                          fix=f"use one of {', '.join(ENCODERS)}, or unset it")
     installed = importlib.util.find_spec("numba") is not None
     if asked == "numba" and not installed:
         raise ConfigError(f"{ENCODER_ENV}=numba but numba is not installed", where="environment",
