@@ -2,9 +2,9 @@
 
 Encode / decode / reverse-complement throughput of every genolc tokenizer on real DNA (the 70 Mbp GRCh37 chrX
 piece, 5.4% N), in Mbp/s of sequence on one core (numpy is single-threaded here; the BPE encoder, genolc's numba
-one unless GENOLC_BPE_ENCODER says otherwise, is timed with RAYON_NUM_THREADS=1 unless --bpe-threads says otherwise). Each figure is the
-best of --repeats runs. BPE is trained with genolc's defaults (reservoir sample of 4 Mbp of the sequence,
-vocabulary 4096) and, being ~100x slower than the table-driven tokenizers, timed on the first --bpe-bases
+one unless GENOLC_BPE_ENCODER says otherwise, is timed with RAYON_NUM_THREADS=1 unless --bpe-threads says
+otherwise). Each figure is the best of --repeats runs. BPE is trained with genolc's defaults (reservoir sample of 4 Mbp of the sequence,
+vocabulary 4096) and, being ~20-60x slower than the table-driven tokenizers, timed on the first --bpe-bases
 bases. Also checks the round trip on the measured data. Target: char encode >= 200 Mbp/s.
 BPE encoding is also timed with each encoder (genolc's numba encoder and the `tokenizers` library's Rust one) on
 each thread count of --bpe-thread-counts (default 1,2; each in a fresh process, since the Rust thread pool is sized
