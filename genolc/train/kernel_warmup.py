@@ -277,7 +277,7 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | st
     if device.type == "cuda" and shape.bf16:
         threads += [t for t in [_compile_fla_kda_backward(config, shape.micro_batch, device, seconds)] if t]
     torch.manual_seed(0)
-    model = build_model(config).to(device)
+    model = build_model(config, device=device)
     if shape.recompute:
         apply_recompute(model)
     seq_len = shape.seq_len if shape.chunk is None else min(shape.seq_len, 2 * shape.chunk)

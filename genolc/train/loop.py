@@ -285,7 +285,7 @@ class _Trainer:
             # Built fresh and filled by copy (load_checkpoint), not assigned from the safetensors buffers: their
             # alignment differs from freshly allocated tensors, and vectorised CPU kernels then round differently in
             # the last bit, which would break bitwise-exact resume.
-            model = build_model(ModelConfig.from_hf(self.resume_from))
+            model = build_model(ModelConfig.from_hf(self.resume_from), device=self.device)
         elif cfg.init is not None:
             if not cfg.init.exists():
                 raise InputError("--init checkpoint not found", where=str(cfg.init),
@@ -303,7 +303,10 @@ class _Trainer:
                      "fresh")
                 model = resize_vocab(model, vocab)
         else:
-            model = build_model(preset(cfg.model, vocab_size=vocab))
+            # Initialised where it trains: on a GPU in well under a second (CUDA's generator, seeded by --seed like
+            # the CPU's: a GPU run starts from other weights than a CPU run of the same seed), where the CPU took
+            # ~25 s for `base` on the H200 machine (benchmarks/results/first_step_cold_2026-12-01_warmup/).
+            model = build_model(preset(cfg.model, vocab_size=vocab), device=self.device)
         return model.to(self.device)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
