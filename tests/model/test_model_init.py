@@ -49,3 +49,12 @@ def test_tied_embeddings_stay_tied_and_seeds_repeat():
     torch.manual_seed(3)
     second = build_model(preset("tiny", vocab_size=16)).state_dict()
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_a_materialized_model_trains():
+    model = model_module.materialize(build_model(preset("tiny", vocab_size=16), device="meta"), "cpu")
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    out = model(torch.randint(0, 16, (1, 300), generator=torch.Generator().manual_seed(0)))
+    out.logits.float().logsumexp(-1).mean().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
