@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
 import numpy as np
@@ -30,7 +31,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, trainers
 
 from genolc.errors import ConfigError, InputError
-from genolc.tokenize.bpe_encode import MergeTables, encode_pieces, encoder_choice
+from genolc.tokenize.bpe_encode import MergeTables, encode_pieces, encoder_choice, encoder_threads
 from genolc.tokenize.base import (BASE_CODES, CODE_ASCII, SPECIAL_TOKENS, Tokenizer, as_bases, check_format,
                                   lookup, reverse_complement_bases)
 
@@ -187,18 +188,24 @@ class BPETokenizer(Tokenizer):
 
     def encode(self, bases: np.ndarray) -> np.ndarray:
         bases = as_bases(bases)
-        parts = [self._encode_block(bases[start : start + _ENCODE_BLOCK])
-                 for start in range(0, bases.shape[0], _ENCODE_BLOCK)]
+        starts = range(0, bases.shape[0], _ENCODE_BLOCK)
+        threads = encoder_threads()
+        if encoder_choice() == "numba" and len(starts) > 1 and threads > 1:
+            self._tables()
+            # Whole blocks in parallel, each on one thread: their numpy steps overlap too, not only the merges.
+            with ThreadPoolExecutor(min(threads, len(starts))) as pool:
+                parts = list(pool.map(lambda start: self._encode_block(bases[start: start + _ENCODE_BLOCK], 1),
+                                      starts))
+        else:
+            parts = [self._encode_block(bases[start: start + _ENCODE_BLOCK]) for start in starts]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
-    def _encode_block(self, bases: np.ndarray) -> np.ndarray:
+    def _encode_block(self, bases: np.ndarray, threads: int | None = None) -> np.ndarray:
         codes = lookup(BASE_CODES, bases)
         is_acgt = codes < 4
         starts, stops = acgt_pieces(is_acgt, self.piece_bases)
         if encoder_choice() == "numba":
-            if self._merge_tables is None:
-                self._merge_tables = MergeTables.build(self.tokens, self.merges)
-            flat, counts = encode_pieces(self._merge_tables, self._base_ids[codes], starts, stops)
+            flat, counts = encode_pieces(self._tables(), self._base_ids[codes], starts, stops, threads)
         else:
             flat, counts = self._encode_pieces_tokenizers(codes, starts, stops)
         n_piece_tokens = int(counts.sum())
@@ -210,6 +217,11 @@ class BPETokenizer(Tokenizer):
         n_before = np.where(starts > 0, ambiguous_before[np.maximum(starts - 1, 0)], 0)
         out[np.repeat(n_before, counts) + np.arange(n_piece_tokens)] = flat
         return out
+
+    def _tables(self) -> MergeTables:
+        if self._merge_tables is None:
+            self._merge_tables = MergeTables.build(self.tokens, self.merges)
+        return self._merge_tables
 
     def _encode_pieces_tokenizers(self, codes: np.ndarray, starts: np.ndarray, stops: np.ndarray
                                   ) -> tuple[np.ndarray, np.ndarray]:

@@ -81,3 +81,10 @@ def test_encoder_choice(monkeypatch):
     monkeypatch.setenv(bpe_encode.ENCODER_ENV, "fast")
     with pytest.raises(ConfigError, match="GENOLC_BPE_ENCODER"):
         bpe_encode.encoder_choice()
+
+
+def test_several_blocks_encoded_in_parallel_equal_one_after_another(tokenizers, dna, monkeypatch):
+    """Inputs longer than one encode block (4 Mbp) go block by block over threads; the ids stay the library's."""
+    bases = np.tile(dna, 4_300_000 // dna.shape[0] + 1)[:4_300_001]
+    ids, reference = both(tokenizers[300], bases, monkeypatch, threads="2")
+    np.testing.assert_array_equal(ids, reference)
