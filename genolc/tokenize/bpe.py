@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
 import numpy as np
@@ -191,6 +190,8 @@ class BPETokenizer(Tokenizer):
         starts = range(0, bases.shape[0], _ENCODE_BLOCK)
         threads = encoder_threads()
         if encoder_choice() == "numba" and len(starts) > 1 and threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
             self._tables()
             # Whole blocks in parallel, each on one thread: their numpy steps overlap too, not only the merges.
             with ThreadPoolExecutor(min(threads, len(starts))) as pool:

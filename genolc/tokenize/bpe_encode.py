@@ -14,7 +14,6 @@ the cores this process may use), each running the compiled loop without the GIL.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +98,8 @@ def encode_pieces(tables: MergeTables, ids: np.ndarray, starts: np.ndarray, stop
     if len(groups) == 1:
         parts = [run(groups[0])]
     else:
+        from concurrent.futures import ThreadPoolExecutor     # here: 10 ms of every genolc command's start
+
         with ThreadPoolExecutor(len(groups)) as pool:
             parts = list(pool.map(run, groups))
     return (np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32),
