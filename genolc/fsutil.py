@@ -256,5 +256,10 @@ def atomic_write_new_files(files: dict[Path, bytes]) -> None:
         raise
 
 
+def genolc_cache_dir() -> Path:
+    """genolc's folder in the user's cache directory: ``$XDG_CACHE_HOME/genolc`` (default ``~/.cache/genolc``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "genolc"
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())

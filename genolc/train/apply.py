@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from genolc.errors import InputError
+from genolc.fsutil import genolc_cache_dir
 from genolc.model.cache import LayerCache
 from genolc.train.config import TrainConfig
 
@@ -99,7 +100,7 @@ def compile_cache_dir() -> Path:
     ``$TORCHINDUCTOR_CACHE_DIR`` says otherwise (torch's own default is under /tmp, which a reboot empties)."""
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "genolc" / "torchinductor"
+    return genolc_cache_dir() / "torchinductor"
 
 
 def _compiled_methods() -> dict[type, tuple[str, ...]]:

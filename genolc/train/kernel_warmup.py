@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from genolc.fsutil import atomic_write_json
+from genolc.fsutil import atomic_write_json, genolc_cache_dir
 from genolc.model import ModelConfig
 
 WARMUP_ENV = "GENOLC_KERNEL_WARMUP"
@@ -45,14 +45,14 @@ KERNEL_SETTINGS = ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR", "FLA_CONFIG_DIR", "
 
 
 def warmup_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "genolc" / "kernel-warmup"
+    return genolc_cache_dir() / "kernel-warmup"
 
 
 @dataclass(frozen=True)
 class WarmupShape:
     """What decides which kernels a step compiles: the layers' shapes, the window and chunk, the micro-batch."""
 
-    model: dict[str, Any]
+    model: dict[str, Any]       # ModelConfig.to_hf(): JSON as checkpoints store it, read back by from_hf
     seq_len: int
     chunk: int | None
     micro_batch: int
@@ -96,7 +96,7 @@ def warmup_bytes(shape: WarmupShape) -> int:
     """The warm-up process's planned GPU peak (genolc/train/plan.py for the two-layer model), plus its overhead."""
     from genolc.train.plan import estimate_chunked_memory, estimate_memory
 
-    config = warmup_model_config(model_config_from(shape.model))
+    config = warmup_model_config(ModelConfig.from_hf(shape.model))
     if shape.chunk is None:
         plan = estimate_memory(config, seq_len=shape.seq_len, windows=shape.micro_batch, bf16=shape.bf16,
                                recompute=shape.recompute, fast_kernels=True)
@@ -105,10 +105,6 @@ def warmup_bytes(shape: WarmupShape) -> int:
                                        windows=shape.micro_batch, bf16=shape.bf16, recompute=shape.recompute,
                                        fast_kernels=True)
     return plan.total - plan.optimizer + PROCESS_OVERHEAD_BYTES      # it steps no optimizer
-
-
-def model_config_from(fields: dict[str, Any]) -> ModelConfig:
-    return ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 class KernelWarmup:
@@ -271,7 +267,7 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | st
     from genolc.train.strategy import StepStrategy, run_micro_batch
 
     t0 = time.monotonic()
-    config = warmup_model_config(model_config_from(shape.model))
+    config = warmup_model_config(ModelConfig.from_hf(shape.model))
     seconds: dict[str, float | str] = {}
     threads = _compile_dsa_pair(config, shape.bf16, seconds)
     if device.type == "cuda" and shape.bf16:

@@ -43,7 +43,6 @@ embedding rows).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import math
@@ -629,7 +628,7 @@ class _Trainer:
         shape = step_shape(self.start_step, self.config)
         strategy = self._strategy(shape)
         warmup = start_kernel_warmup(WarmupShape(
-            model=dataclasses.asdict(self.model.config), seq_len=shape.seq_len, chunk=strategy.chunk,
+            model=self.model.config.to_hf(), seq_len=shape.seq_len, chunk=strategy.chunk,
             micro_batch=shape.windows, recompute=strategy.recompute, bf16=self.bf16,
             indexer_mode=indexer_mode_at(self.start_step, self.config)), self.device,
             run_bytes=max(s.estimate_bytes for s in self.strategies.values()), budget_bytes=self._device_bytes())
