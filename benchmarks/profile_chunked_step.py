@@ -208,6 +208,9 @@ def main() -> None:
     parser.add_argument("--profile-kernels-only", action="store_true",
                         help="record device kernels only (no host ops or layer ranges): for 512k and longer, whose "
                              "full traces take minutes to record and sum")
+    parser.add_argument("--init", default="device", choices=("device", "cpu"),
+                        help="where the model is initialised: on the GPU from the meta device, as finetune does "
+                             "(default), or on the CPU and then moved")
     parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
                         "recorded: what was alive at its peak, by allocating source line ('' for none)")
     args = parser.parse_args()
@@ -215,9 +218,10 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"command": "python benchmarks/profile_chunked_step.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
-              "recompute": args.recompute, "compile": args.compile, "indexer": args.indexer,
+              "recompute": args.recompute, "compile": args.compile, "init": args.init, "indexer": args.indexer,
               "moe_balance": args.moe_balance, "steps": []}
-    path = out_dir / f"profile_chunked_{args.model}_{args.seq}{'_compiled' if args.compile else ''}.json"
+    path = out_dir / (f"profile_chunked_{args.model}_{args.seq}{'_compiled' if args.compile else ''}"
+                      f"{'_cpu_init' if args.init == 'cpu' else ''}.json")
 
     def save(row: dict) -> None:
         record["steps"].append(row)
@@ -225,7 +229,8 @@ def main() -> None:
         print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}), flush=True)
 
     torch.manual_seed(0)
-    model = build_model(preset(args.model)).cuda()
+    model = (build_model(preset(args.model), device="cuda") if args.init == "device"
+             else build_model(preset(args.model)).cuda())
     if args.recompute:
         apply_recompute(model)
     if args.compile:
