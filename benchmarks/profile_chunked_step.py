@@ -249,8 +249,9 @@ def main() -> None:
                         help="where the model is initialised: on the GPU from the meta device, as finetune does "
                              "(default), or on the CPU and then moved")
     parser.add_argument("--stacks", action="store_true",
-                        help="record Python stacks in the profiled step and sum each op's device time by the genolc "
-                             "line that launched it (slower to record)")
+                        help="record Python callers in the profiled step and sum each op's device time by the genolc "
+                             "function that launched it (slower to record; torch 2.11 on the H200 recorded no callers, "
+                             "2026-12-02, so there every op falls under '(no genolc frame)')")
     parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
                         "recorded: what was alive at its peak, by allocating source line ('' for none)")
     args = parser.parse_args()
