@@ -11,7 +11,8 @@
 # GPU_EMPTY_CACHES=1 leaves every kernel cache empty (gpu_env.sh), for the first step a new user's machine pays;
 # record.json lists what the run autotuned (fla/Triton, with seconds) and which TileLang kernels it compiled.
 # With GPU_EMPTY_CACHES=1 every cache folder (Triton, TileLang, torch.compile, genolc's, Python bytecode) is a new
-# empty one for this run, so two cold runs in one call share nothing. CURVE_SAMPLE=1 runs finetune under
+# empty one for this run, so two cold runs in one call share nothing (unless GPU_CACHES_FROM names one folder for
+# both: the second is then a warm second run). CURVE_SAMPLE=1 runs finetune under
 # benchmarks/wall_sampler.py ($keep/wall_sample.json: where the main thread's time went, by kind); the kernel
 # warm-up process's log and timings (genolc/train/kernel_warmup.py) are kept in $keep/kernel-warmup/.
 # Next uses (issue 14): `base` 512k through finetune; `small` 512k with --compile off at the same commit.
@@ -23,9 +24,12 @@ shift 4
 keep="$OUT/finetune_curve_${model}_${seq}${CURVE_TAG:-}"
 mkdir -p "$keep"
 if [ -n "${GPU_EMPTY_CACHES:-}" ]; then
-  export TRITON_CACHE_DIR=$(mktemp -d /tmp/cold-triton.XXXX) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/cold-inductor.XXXX)
-  export TILELANG_CACHE_DIR=$(mktemp -d /tmp/cold-tilelang.XXXX) XDG_CACHE_HOME=$(mktemp -d /tmp/cold-xdg.XXXX)
-  export PYTHONPYCACHEPREFIX=$(mktemp -d /tmp/cold-pyc.XXXX)
+  # GPU_CACHES_FROM=DIR keeps the run's cache folders in DIR: empty the first time, a second run with the same DIR
+  # is a user's second run on the caches the first one left.
+  caches=${GPU_CACHES_FROM:-$(mktemp -d /tmp/cold-caches.XXXX)}
+  mkdir -p "$caches"/{triton,inductor,tilelang,xdg,pyc}
+  export TRITON_CACHE_DIR=$caches/triton TORCHINDUCTOR_CACHE_DIR=$caches/inductor TILELANG_CACHE_DIR=$caches/tilelang
+  export XDG_CACHE_HOME=$caches/xdg PYTHONPYCACHEPREFIX=$caches/pyc
 fi
 sampler=()
 [ -n "${CURVE_SAMPLE:-}" ] && sampler=(benchmarks/wall_sampler.py --out "$keep/wall_sample.json")
