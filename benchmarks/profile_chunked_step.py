@@ -226,6 +226,11 @@ def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool 
     return row
 
 
+def _torch_at_least(major: int, minor: int) -> bool:
+    found = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return found is not None and (int(found[1]), int(found[2])) >= (major, minor)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="base")
@@ -255,6 +260,12 @@ def main() -> None:
     parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
                         "recorded: what was alive at its peak, by allocating source line ('' for none)")
     args = parser.parse_args()
+    if args.memory_chunk and args.compile and args.recompute and _torch_at_least(2, 11):
+        # Seen on the H200 2026-12-02: the recorded step died with "SystemError: <built-in method apply of
+        # FunctionMeta object> returned NULL without setting an exception", a regression in torch 2.11.
+        parser.error("--memory-chunk cannot record a compiled, recomputed step on torch >= 2.11 (the allocator's "
+                     "history breaks checkpointed compiled regions: pytorch/pytorch#179536); record it in an eager run "
+                     "(without --compile) or without --recompute")
     out_dir = Path(os.environ.get("OUT", Path(__file__).resolve().parent / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"command": "python benchmarks/profile_chunked_step.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
