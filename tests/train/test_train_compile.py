@@ -147,9 +147,13 @@ def test_compiled_chunked_step_with_recompute_equals_eager(monkeypatch, tmp_path
     from torch._dynamo.utils import counters
 
     graphs = counters["stats"]["unique_graphs"]
+    bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
     results = [chunked_forward_backward(model, ids, weights, terms, 128, contextlib.nullcontext)
                for model in (eager, compiled)]
     assert counters["stats"]["unique_graphs"] > graphs and not counters["graph_break"]   # really compiled
+    # Every graph goes into AOTAutograd's cache, the short convolution's autograd.Function ones included, so a
+    # later process loads them rather than tracing them again.
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == bypassed
     assert float(results[1].lm) == pytest.approx(float(results[0].lm), rel=1e-6)
     for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
         assert (p_eager.grad is None) == (p_compiled.grad is None), name
