@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from typing import Any, Iterable
 
 import numpy as np
@@ -30,7 +31,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, trainers
 
 from genolc.errors import ConfigError, InputError
-from genolc.tokenize.bpe_encode import MergeTables, encode_pieces, encoder_choice, encoder_threads
+from genolc.tokenize.bpe_encode import (ENCODER_ENV, MergeTables, encode_pieces, encoder_choice, encoder_threads,
+                                       sweepable)
 from genolc.tokenize.base import (BASE_CODES, CODE_ASCII, SPECIAL_TOKENS, Tokenizer, as_bases, check_format,
                                   lookup, reverse_complement_bases)
 
@@ -95,6 +97,7 @@ class BPETokenizer(Tokenizer):
         self._hf = HFTokenizer(models.BPE(vocab=vocab, merges=self.merges, unk_token=None))
         self._encode_batch = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
         self._merge_tables = None           # built on the first encode by genolc/tokenize/bpe_encode.py
+        self._sweepable: bool | None = None
         # Single-base ids by base code (A C G T; every other code is an ambiguous base, N).
         self._base_ids = np.array([vocab[b] for b in "ACGT"] + [self.n_id], dtype=np.int64)
 
@@ -189,7 +192,7 @@ class BPETokenizer(Tokenizer):
         bases = as_bases(bases)
         starts = range(0, bases.shape[0], _ENCODE_BLOCK)
         threads = encoder_threads()
-        if encoder_choice() == "numba" and len(starts) > 1 and threads > 1:
+        if self._numba_encoder() and len(starts) > 1 and threads > 1:
             from concurrent.futures import ThreadPoolExecutor
 
             self._tables()
@@ -205,7 +208,7 @@ class BPETokenizer(Tokenizer):
         codes = lookup(BASE_CODES, bases)
         is_acgt = codes < 4
         starts, stops = acgt_pieces(is_acgt, self.piece_bases)
-        if encoder_choice() == "numba":
+        if self._numba_encoder():
             flat, counts = encode_pieces(self._tables(), self._base_ids[codes], starts, stops, threads)
         else:
             flat, counts = self._encode_pieces_tokenizers(codes, starts, stops)
@@ -218,6 +221,19 @@ class BPETokenizer(Tokenizer):
         n_before = np.where(starts > 0, ambiguous_before[np.maximum(starts - 1, 0)], 0)
         out[np.repeat(n_before, counts) + np.arange(n_piece_tokens)] = flat
         return out
+
+    def _numba_encoder(self) -> bool:
+        """Whether this encode runs the numba encoder: asked for (or auto with numba installed) and the merges are in
+        an order its rank sweep handles (else auto takes the library's encoder, which handles any order)."""
+        if encoder_choice() != "numba":
+            return False
+        if self._sweepable is None:
+            self._sweepable = sweepable(self.merges)
+        if not self._sweepable and os.environ.get(ENCODER_ENV) == "numba":
+            raise ConfigError(f"{ENCODER_ENV}=numba cannot encode with this tokenizer: a merge comes before a merge "
+                              "that makes one of its tokens, or a pair is listed twice", where="environment",
+                              fix=f"unset {ENCODER_ENV} (the tokenizers library's encoder takes any merge order)")
+        return self._sweepable
 
     def _tables(self) -> MergeTables:
         if self._merge_tables is None:

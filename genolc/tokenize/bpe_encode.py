@@ -39,6 +39,23 @@ def encoder_choice() -> str:
     return "numba" if asked == "numba" or (asked == "auto" and installed) else "tokenizers"
 
 
+def sweepable(merges: list[tuple[str, str]]) -> bool:
+    """Whether the rank sweep gives the library's ids for these merges: no pair is listed twice (the library keeps
+    the last rank of a repeated pair), and every merge comes after each merge that makes one of its two tokens, so
+    that a pair is never queued at a rank already swept. Merges learnt by ``BPETokenizer.train`` always are; a
+    hand-written file need not be."""
+    last_made: dict[str, int] = {}
+    for rank, (a, b) in enumerate(merges):
+        last_made[a + b] = rank
+    seen: set[tuple[str, str]] = set()
+    for rank, pair in enumerate(merges):
+        pair = tuple(pair)
+        if pair in seen or last_made.get(pair[0], -1) >= rank or last_made.get(pair[1], -1) >= rank:
+            return False
+        seen.add(pair)
+    return True
+
+
 def encoder_threads() -> int:
     value = os.environ.get("RAYON_NUM_THREADS", "")
     if value.isdigit() and int(value) > 0:

@@ -88,3 +88,25 @@ def test_several_blocks_encoded_in_parallel_equal_one_after_another(tokenizers, 
     bases = np.tile(dna, 4_300_000 // dna.shape[0] + 1)[:4_300_001]
     ids, reference = both(tokenizers[300], bases, monkeypatch, threads="2")
     np.testing.assert_array_equal(ids, reference)
+
+
+@pytest.mark.parametrize("merges", [
+    [("AC", "G"), ("A", "C")],                   # a merge before the merge that makes one of its tokens
+    [("A", "C"), ("C", "G"), ("A", "C")],        # a pair listed twice (the library keeps its last rank)
+])
+def test_merge_orders_the_sweep_cannot_take_use_the_library(merges, monkeypatch):
+    """A hand-written tokenizer file may list merges in an order the numba sweep would encode differently: auto
+    takes the library's encoder for it, and forcing numba is refused with one message."""
+    from genolc.tokenize.base import SPECIAL_TOKENS
+
+    assert not bpe_encode.sweepable(merges)
+    assert bpe_encode.sweepable([("A", "C"), ("AC", "G"), ("C", "G")])
+    tok = BPETokenizer(list(SPECIAL_TOKENS) + ["A", "C", "G", "T", "N", "AC", "CG", "ACG"], merges)
+    bases = np.frombuffer(b"ACGTTACGACGGACG", dtype=np.uint8)
+    monkeypatch.setenv(bpe_encode.ENCODER_ENV, "tokenizers")
+    reference = tok.encode(bases)
+    monkeypatch.setenv(bpe_encode.ENCODER_ENV, "auto")
+    np.testing.assert_array_equal(tok.encode(bases), reference)
+    monkeypatch.setenv(bpe_encode.ENCODER_ENV, "numba")
+    with pytest.raises(ConfigError, match="unset GENOLC_BPE_ENCODER"):
+        tok.encode(bases)
