@@ -124,6 +124,15 @@ class KernelWarmup:
         return (f"the kernel warm-up process failed (exit {self.process.returncode}; see {self.log}); training "
                 "compiled its kernels itself")
 
+    def end(self) -> str | None:
+        """After the first step, whose kernels are compiled by then either way: how it ended, stopping it if it still
+        runs (so that it holds no GPU memory through the run)."""
+        if self.process.poll() is None:
+            self.stop()
+            self._reported = True
+            return "kernel warm-up process stopped: the first step compiled what it had not reached"
+        return self.finished()
+
     def stop(self) -> None:
         """End it and what it started (nvcc, ptxas): it runs in a process group of its own."""
         if self.process.poll() is None:
@@ -134,15 +143,22 @@ class KernelWarmup:
             self.process.wait()
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: a trainer killed outright (OOM killer, a scheduler's KILL) takes the warm-up
-    # along instead of leaving it holding GPU memory. Linux only; elsewhere stop() is the only way it ends early.
+PARENT_ENV = "GENOLC_KERNEL_WARMUP_PARENT"
+
+
+def _die_with_parent() -> bool:
+    """In the warm-up process, first thing: a trainer killed outright (OOM killer, a scheduler's KILL) takes it along
+    instead of leaving it holding GPU memory (PR_SET_PDEATHSIG; Linux only, elsewhere stop() is the only way it ends
+    early). Set here rather than in a preexec_fn, which may deadlock a child forked from the threaded trainer.
+    False when the trainer is already gone (it died while this process started)."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    parent = os.environ.get(PARENT_ENV)
+    return parent is None or os.getppid() == int(parent)
 
 
 def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: int, budget_bytes: int
@@ -169,7 +185,8 @@ def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: 
             # reach it; stop() ends its whole group.
             process = subprocess.Popen([sys.executable, "-m", "genolc.train.kernel_warmup", str(spec), str(index),
                                         str(folder / f"{key}.json")], stdout=out, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+                                       stdin=subprocess.DEVNULL, start_new_session=True,
+                                       env={**os.environ, PARENT_ENV: str(os.getpid())})
     except Exception:       # anything at all: the warm-up only saves time, so the trainer compiles as before
         return None
     return KernelWarmup(process, log, time.monotonic())
@@ -269,9 +286,12 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | st
     t0 = time.monotonic()
     config = warmup_model_config(ModelConfig.from_hf(shape.model))
     seconds: dict[str, float | str] = {}
-    threads = _compile_dsa_pair(config, shape.bf16, seconds)
+    # fla's thread first: importing fla took ~20 s while the DSA threads' TileLang lowering held the GIL, so on the
+    # H200 (2026-12-02 logs) fla's compile began only as the DSA backward's ended.
+    threads = []
     if device.type == "cuda" and shape.bf16:
         threads += [t for t in [_compile_fla_kda_backward(config, shape.micro_batch, device, seconds)] if t]
+    threads += _compile_dsa_pair(config, shape.bf16, seconds)
     torch.manual_seed(0)
     model = build_model(config, device=device)
     if shape.recompute:
@@ -315,4 +335,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]) if _die_with_parent() else 0)

@@ -583,7 +583,7 @@ class _Trainer:
                     with self.monitor.capture():
                         metrics = self._timed_step(step)
                     self.monitor.log(metrics)
-                    if warmup is not None and (ended := warmup.finished()):
+                    if warmup is not None and (ended := warmup.end()):
                         _say(ended)
                     log.write(json.dumps(metrics) + "\n")
                     log.flush()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,3 +173,52 @@ def test_stop_ends_the_process_group(tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail("the warm-up's own child survived stop()")
+
+
+def test_end_after_the_first_step_stops_a_warmup_that_still_runs(tmp_path):
+    import sys
+
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    warmup = kernel_warmup.KernelWarmup(running, tmp_path / "log", 0.0)
+    assert warmup.end().startswith("kernel warm-up process stopped")
+    assert running.poll() is not None                 # it holds no GPU memory through the run
+    assert warmup.end() is None                       # said once
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    assert kernel_warmup.KernelWarmup(done, tmp_path / "log", 0.0).end().startswith("kernel warm-up process done")
+
+
+def test_the_warmup_dies_with_a_trainer_killed_outright(tmp_path):
+    import os
+    import signal
+    import sys
+    import time
+
+    pid_file = tmp_path / "child"
+    child = ("import sys, time; from genolc.train.kernel_warmup import _die_with_parent; "
+             f"ok = _die_with_parent(); open({str(pid_file)!r}, 'w').write(str(ok)); time.sleep(60)")
+    trainer = ("import os, subprocess, sys, time; from genolc.train import kernel_warmup as k; "
+               f"p = subprocess.Popen([sys.executable, '-c', {child!r}], env={{**os.environ, k.PARENT_ENV: "
+               f"str(os.getpid())}}); open({str(pid_file) + '.pid'!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", trainer])
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    assert pid_file.read_text() == "True"             # started by its trainer
+    warmup_pid = int((tmp_path / "child.pid").read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    status = Path(f"/proc/{warmup_pid}/status")
+    for _ in range(100):
+        # Gone, or a zombie that nobody has reaped yet (an orphan's reaper may be slow in a container).
+        if not status.exists() or "\tZ" in status.read_text():
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(warmup_pid, signal.SIGKILL)
+        pytest.fail("the warm-up outlived its killed trainer")
+    orphan = subprocess.run([sys.executable, "-c", "from genolc.train.kernel_warmup import _die_with_parent; "
+                             "print(_die_with_parent())"], env={**os.environ, kernel_warmup.PARENT_ENV: "1"},
+                            capture_output=True, text=True)
+    assert orphan.stdout.strip() == "False"           # its trainer is gone: it starts nothing
