@@ -63,12 +63,15 @@ class WarmupShape:
     def key(self, device: torch.device) -> str:
         import importlib.metadata as metadata
 
-        versions = {}
-        for package in ("torch", "triton", "fla-core", "tilelang"):
-            try:
-                versions[package] = metadata.version(package)
-            except metadata.PackageNotFoundError:
-                versions[package] = None
+        from genolc.model.ops.kda.fla_tuning import installed_versions
+
+        # fla and Triton under either of their distribution names (fla-core / flash-linear-attention, triton /
+        # pytorch-triton), so an upgrade of either is a new key.
+        versions = {"torch": torch.__version__, **installed_versions()}
+        try:
+            versions["tilelang"] = metadata.version("tilelang")
+        except metadata.PackageNotFoundError:
+            versions["tilelang"] = None
         # Where the kernels go and which ones a run takes: a marker from another cache folder (a node-local cache
         # under a shared home) or from edited kernels must not stop a warm-up that is needed.
         settings = {name: os.environ.get(name) for name in KERNEL_SETTINGS}

@@ -222,3 +222,16 @@ def test_the_warmup_dies_with_a_trainer_killed_outright(tmp_path):
                              "print(_die_with_parent())"], env={**os.environ, kernel_warmup.PARENT_ENV: "1"},
                             capture_output=True, text=True)
     assert orphan.stdout.strip() == "False"           # its trainer is gone: it starts nothing
+
+
+def test_the_marker_key_changes_with_fla_or_triton_under_either_name(monkeypatch):
+    from genolc.model.ops.kda import fla_tuning
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    device = torch.device("cuda", 0)
+    keys = set()
+    for versions in ({"fla": "0.6.0", "triton": "3.6.0"}, {"fla": "0.7.0", "triton": "3.6.0"},
+                     {"fla": "0.6.0", "triton": "3.7.0"}):
+        monkeypatch.setattr(fla_tuning, "installed_versions", lambda versions=versions: versions)
+        keys.add(shape().key(device))
+    assert len(keys) == 3
