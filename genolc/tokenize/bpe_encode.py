@@ -13,6 +13,7 @@ the cores this process may use), each running the compiled loop without the GIL.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -23,20 +24,31 @@ ENCODERS = ("auto", "numba", "tokenizers")
 
 
 def encoder_choice() -> str:
-    """"numba" or "tokenizers" for this process (``$GENOLC_BPE_ENCODER``, default auto: numba when installed)."""
-    import importlib.util
-
+    """"numba" or "tokenizers" for this process (``$GENOLC_BPE_ENCODER``, default auto: numba when it imports)."""
     from genolc.errors import ConfigError
 
     asked = os.environ.get(ENCODER_ENV, "auto")
     if asked not in ENCODERS:
         raise ConfigError(f"unknown {ENCODER_ENV}={asked!r}", where="environment",
                           fix=f"use one of {', '.join(ENCODERS)}, or unset it")
-    installed = importlib.util.find_spec("numba") is not None
-    if asked == "numba" and not installed:
-        raise ConfigError(f"{ENCODER_ENV}=numba but numba is not installed", where="environment",
-                          fix="pip install numba, or unset the variable")
-    return "numba" if asked == "numba" or (asked == "auto" and installed) else "tokenizers"
+    if asked == "tokenizers":
+        return "tokenizers"
+    problem = _numba_problem()
+    if asked == "numba" and problem:
+        raise ConfigError(f"{ENCODER_ENV}=numba but numba cannot be used ({problem})", where="environment",
+                          fix="pip install numba (a version that supports the installed NumPy), or unset the variable")
+    return "tokenizers" if problem else "numba"
+
+
+@functools.cache
+def _numba_problem() -> str | None:
+    """Why numba cannot run here, or None. Imported, not only found: an installed numba that does not support the
+    installed NumPy fails on import, and auto then takes the library's encoder."""
+    try:
+        import numba  # noqa: F401
+    except Exception as error:      # ImportError, or numba's own check of the NumPy version
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
+    return None
 
 
 def sweepable(merges: list[tuple[str, str]]) -> bool:

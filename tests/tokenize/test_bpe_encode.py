@@ -81,6 +81,14 @@ def test_encoder_choice(monkeypatch):
     monkeypatch.setenv(bpe_encode.ENCODER_ENV, "fast")
     with pytest.raises(ConfigError, match="GENOLC_BPE_ENCODER"):
         bpe_encode.encoder_choice()
+    # An installed numba that fails on import (say, one older than the installed NumPy): auto takes the library's
+    # encoder; asking for numba says why it cannot.
+    monkeypatch.setattr(bpe_encode, "_numba_problem", lambda: "ImportError: Numba needs NumPy 2.2 or less")
+    monkeypatch.setenv(bpe_encode.ENCODER_ENV, "auto")
+    assert bpe_encode.encoder_choice() == "tokenizers"
+    monkeypatch.setenv(bpe_encode.ENCODER_ENV, "numba")
+    with pytest.raises(ConfigError, match="numba cannot be used .ImportError: Numba needs NumPy"):
+        bpe_encode.encoder_choice()
 
 
 def test_several_blocks_encoded_in_parallel_equal_one_after_another(tokenizers, dna, monkeypatch):
