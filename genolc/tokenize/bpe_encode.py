@@ -69,10 +69,13 @@ def sweepable(merges: list[tuple[str, str]]) -> bool:
 
 
 def encoder_threads() -> int:
+    """``$RAYON_NUM_THREADS`` (the library's own knob), else the cores this process may use (affinity and cgroup)."""
+    from genolc.threads import usable_cores
+
     value = os.environ.get("RAYON_NUM_THREADS", "")
     if value.isdigit() and int(value) > 0:
         return int(value)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return usable_cores()
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import signal
@@ -203,13 +202,18 @@ def dsa_kernel_args(config: ModelConfig) -> tuple[int, int, int, str, float]:
 
 
 def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float | str]) -> list[threading.Thread]:
+    from genolc.model.ops.dispatch import dsa_kernel_family
     from genolc.model.ops.dsa.tilelang import backward, forward
 
-    if not bf16 or importlib.util.find_spec("tilelang") is None or os.environ.get("GENOLC_DSA_KERNELS") == "triton":
-        return []       # the Triton pair (genolc/model/ops/dispatch.py)
+    heads, rank = config.num_attention_heads, config.kv_lora_rank
+    # The layer's own choice, on shapes alone: the Triton pair when TileLang is missing or forced off, for fp32
+    # training, or for heads and ranks TileLang's kernels do not take.
+    operands = (torch.empty(1, 1, heads, rank, dtype=torch.bfloat16 if bf16 else torch.float32, device="meta"),
+                torch.empty(1, 1, rank, dtype=torch.bfloat16 if bf16 else torch.float32, device="meta"))
+    if dsa_kernel_family(*operands) != "tilelang":
+        return []
     import tilelang  # noqa: F401  (once, here, rather than by three threads at once)
 
-    rank = config.kv_lora_rank
     args = dsa_kernel_args(config)
 
     def run(name, compile_kernel, launch):

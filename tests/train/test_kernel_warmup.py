@@ -235,3 +235,22 @@ def test_the_marker_key_changes_with_fla_or_triton_under_either_name(monkeypatch
         monkeypatch.setattr(fla_tuning, "installed_versions", lambda versions=versions: versions)
         keys.add(shape().key(device))
     assert len(keys) == 3
+
+
+def test_the_dsa_pair_is_compiled_only_where_the_layer_would_run_it(monkeypatch):
+    """The layer's own kernel choice (dispatch.dsa_kernel_family): no TileLang compile for fp32 training, for more
+    heads than its kernels take (the Triton pair runs there), or when GENOLC_DSA_KERNELS=triton."""
+    import importlib.util
+
+    from genolc.model.ops import dispatch
+    from genolc.model.ops.dsa.tilelang import forward
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(dispatch.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "tilelang" else real_find_spec(name, *a))
+    config = preset("small", vocab_size=16)
+    wide = config.replace(num_attention_heads=forward.MAX_HEADS + 8, num_key_value_heads=forward.MAX_HEADS + 8)
+    assert kernel_warmup._compile_dsa_pair(config, False, {}) == []
+    assert kernel_warmup._compile_dsa_pair(wide, True, {}) == []
+    monkeypatch.setenv("GENOLC_DSA_KERNELS", "triton")
+    assert kernel_warmup._compile_dsa_pair(config, True, {}) == []
