@@ -139,49 +139,14 @@ def _label_forwards(model) -> list:
     return handles
 
 
-def python_callers(event) -> list[str]:
-    """The Python functions above a host op, innermost first ("genolc/model/layers/dsa.py(199): forward", the line
-    of the ``def``), from the parent chain that ``with_stack`` records (``event.stack`` is empty in torch 2.11+)."""
-    callers, parent = list(event.stack or []), event.cpu_parent
-    while parent is not None:
-        if PYTHON_FRAME.search(parent.name):
-            callers.append(parent.name)
-        parent = parent.cpu_parent
-    return callers
-
-
-PYTHON_FRAME = re.compile(r"\(\d+\): ")
-
-
-def device_time_by_line(events, top: int) -> list[dict]:
-    """Each host op's own device time (its kernels, not its children's) summed by the innermost genolc function
-    above it and the op's name: which function launches the copies, casts and small kernels. Ops that autograd's
-    engine runs without a Python caller (most of the backward) are grouped as "(no genolc frame)"."""
-    totals: dict[tuple[str, str], list[float]] = {}
-    for event in events:
-        own = float(getattr(event, "self_device_time_total", 0.0) or 0.0)
-        # Kernels themselves, and the Python-function events with_stack adds, are skipped.
-        if own <= 0 or str(getattr(event, "device_type", "")).endswith("CUDA") or PYTHON_FRAME.search(event.name):
-            continue
-        frames = [f for f in python_callers(event) if "genolc/" in f or "benchmarks/" in f]
-        where = frames[0].split("/genolc/")[-1] if frames else "(no genolc frame)"
-        entry = totals.setdefault((where, event.name[:60]), [0.0, 0])
-        entry[0] += own
-        entry[1] += 1
-    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
-    return [{"where": where, "op": name, "device_ms": round(us / 1e3, 1), "calls": calls}
-            for (where, name), (us, calls) in ranked]
-
-
-def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool = False, stacks: bool = False,
-                   **loss) -> dict:
+def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool = False, **loss) -> dict:
     # Kernels only: no host-side op events (each aten call is one), so a 512k step's trace stays small enough to
     # record and sum within a device call; the per-layer ranges are then empty and the op tables list kernels.
     handles = [] if kernels_only else _label_forwards(model)
     activities = ([torch.profiler.ProfilerActivity.CUDA] if kernels_only
                   else [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
     try:
-        with torch.profiler.profile(activities=activities, with_stack=stacks and not kernels_only) as profiler:
+        with torch.profiler.profile(activities=activities) as profiler:
             row = _step(model, length, chunk, **loss)
     finally:
         for handle in handles:
@@ -221,8 +186,6 @@ def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool 
                     key=lambda e: e.self_cpu_time_total, reverse=True)
     row.update(forward_ranges=sorted(ranges, key=lambda r: -r["device_ms"]),
                top_device_ops=[entry(e) for e in ops[:top]], top_self_cpu_ops=[entry(e) for e in by_cpu[:top]])
-    if stacks and not kernels_only:
-        row["device_time_by_genolc_line"] = device_time_by_line(profiler.events(), 3 * top)
     return row
 
 
@@ -253,10 +216,6 @@ def main() -> None:
     parser.add_argument("--init", default="device", choices=("device", "cpu"),
                         help="where the model is initialised: on the GPU from the meta device, as finetune does "
                              "(default), or on the CPU and then moved")
-    parser.add_argument("--stacks", action="store_true",
-                        help="record Python callers in the profiled step and sum each op's device time by the genolc "
-                             "function that launched it (slower to record; torch 2.11 on the H200 recorded no callers, "
-                             "2026-12-02, so there every op falls under '(no genolc frame)')")
     parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
                         "recorded: what was alive at its peak, by allocating source line ('' for none)")
     args = parser.parse_args()
@@ -298,7 +257,7 @@ def main() -> None:
     if args.profile_chunk:
         profile_seq = parse_length(args.profile_seq or args.seq)
         row = _profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top,
-                             kernels_only=args.profile_kernels_only, stacks=args.stacks, **loss)
+                             kernels_only=args.profile_kernels_only, **loss)
         timed = [r for r in record["steps"]
                  if r["phase"] == "timed" and (r["seq"], r["chunk"]) == (row["seq"], row["chunk"])]
         if timed:
@@ -309,8 +268,6 @@ def main() -> None:
             print(f"  {kind['kind']:32s} {kind['device_ms']:10.1f} ms  {kind['share']:.1%}", flush=True)
         for r in row["forward_ranges"]:
             print(f"  {r['name']:32s} {r['device_ms']:10.1f} ms device (forwards)", flush=True)
-        for r in row.get("device_time_by_genolc_line", [])[:25]:
-            print(f"  {r['device_ms']:8.1f} ms {r['calls']:6d}x {r['op']:28s} {r['where']}", flush=True)
     print(f"wrote {path}")
 
 

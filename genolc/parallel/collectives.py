@@ -104,3 +104,11 @@ def all_reduce_counts(counts: dict[int, torch.Tensor], group=None) -> dict[int, 
         dist.all_reduce(total, group=group)
         reduced[layer] = total
     return reduced
+
+
+def broadcast_module(module: torch.nn.Module, src: int = 0, group=None) -> None:
+    """Every parameter and buffer of ``module`` set, in place, to rank ``src``'s: replicas initialised on their own
+    GPUs draw from CUDA generators whose streams depend on the GPU model, and nothing else makes them equal."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src=src, group=group)

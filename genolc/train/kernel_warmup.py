@@ -189,7 +189,10 @@ def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: 
                                         str(folder / f"{key}.json")], stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True,
                                        env={**os.environ, PARENT_ENV: str(os.getpid())})
-    except Exception:       # anything at all: the warm-up only saves time, so the trainer compiles as before
+    except Exception as error:      # anything at all: the warm-up only saves time, so the trainer compiles as before
+        # One line, so that a warm-up that never starts (a read-only cache folder, a bug) is seen, not silent.
+        print(f"genolc finetune: the kernel warm-up process could not start ({type(error).__name__}: {error}); the "
+              "first step compiles its kernels itself", file=sys.stderr)
         return None
     return KernelWarmup(process, log, time.monotonic())
 

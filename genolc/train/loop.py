@@ -306,6 +306,10 @@ class _Trainer:
             # the CPU's: a GPU run starts from other weights than a CPU run of the same seed), where the CPU took
             # ~25 s for `base` on the H200 machine (benchmarks/results/first_step_cold_2026-12-01_warmup/).
             model = build_model(preset(cfg.model, vocab_size=vocab), device=self.device)
+            if self.mesh.distributed:
+                from genolc.parallel.collectives import broadcast_module
+
+                broadcast_module(model)
         return model.to(self.device)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:

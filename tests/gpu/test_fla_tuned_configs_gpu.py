@@ -45,3 +45,7 @@ def test_a_tuned_preset_runs_without_autotuning(name, tmp_path):
     autotuned = [line for line in (run.stdout + run.stderr).splitlines()
                  if line.startswith("Triton autotuning for function")]
     assert not autotuned, autotuned
+    # And the run did compile the tuned kernels into this cache (not a run whose output format merely changed).
+    compiled = {path.stem for path in (tmp_path / "triton").rglob("*.cubin")}
+    tuned = {path.stem for path in FOLDER.glob("*.json") if path.name != MANIFEST}
+    assert compiled & tuned, (sorted(compiled)[:20], sorted(tuned))

@@ -138,7 +138,7 @@ def test_dsa_kernel_arguments_are_the_layers():
                                                      float(layer.softmax_scale))
 
 
-def test_any_error_starting_it_leaves_training_alone(tmp_path, monkeypatch):
+def test_any_error_starting_it_leaves_training_alone(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
 
     def broken(shape):
@@ -146,6 +146,9 @@ def test_any_error_starting_it_leaves_training_alone(tmp_path, monkeypatch):
 
     monkeypatch.setattr(kernel_warmup, "warmup_bytes", broken)
     assert start_kernel_warmup(shape(), torch.device("cuda", 0), **FITS) is None
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == ["genolc finetune: the kernel warm-up process could not start (RuntimeError: no home directory); "
+                    "the first step compiles its kernels itself"]
 
 
 def test_stop_ends_the_process_group(tmp_path):
