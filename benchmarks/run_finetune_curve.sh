@@ -68,4 +68,6 @@ json.dump({"command": command, "git_sha": os.environ.get("GENOLC_GIT_SHA", "unkn
            "tilelang_compiled": tilelang}, open(path, "w"), indent=1)
 EOF
 gpu_env_pack_caches
+# A cold run's own cache folders go (GB over a few runs); those named by GPU_CACHES_FROM stay for a second run.
+[ -n "${GPU_EMPTY_CACHES:-}" ] && [ -z "${GPU_CACHES_FROM:-}" ] && rm -rf "$caches"
 exit "$rc"

@@ -10,6 +10,7 @@
 # folders). Here: mkdir -p DIR && tar -xzf first_step_cold.tar.gz -C DIR. $COLD_TIMEOUT (seconds a run, default
 # 200) bounds each run.
 set -uo pipefail
+: "${OUT:?run it on the device machine, where \$OUT is set (or set OUT to a folder)}"
 runs=("$@")
 [ ${#runs[@]} -gt 0 ] || runs=(small:128k base:128k)
 fasta=.gpudata/GRCh37_chrX_1-24000000.fa.gz
@@ -38,6 +39,7 @@ print(folder.name, "step seconds:", [round(s["step_seconds"], 1) for s in steps]
       "main thread:", sample.get("seconds_by_kind"))
 EOF
   done
+  rm -rf /tmp/first-step-caches-"$model"-"$seq"-*
 done
 rm -f "$OUT"/*.tar.gz
 tar -czf "$OUT/first_step_cold.tar.gz" -C "$collected" .
