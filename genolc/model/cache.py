@@ -20,6 +20,13 @@ left behind (``LayerCache.past``); each layer writes what its own positions leav
 A past row entry holds the rows of all earlier positions; the present one only the rows this chunk adds. A past
 carried entry is the value after the previous chunk; the present one the value after this chunk.
 
+One more entry crosses passes rather than positions: a DSA layer with an indexer asked to (``keep_selection``)
+writes the pools it chose for its own positions, ``"selection" [B, T, topk // kpool]`` (int32, -1 empty), and a
+later pass over the same chunk that is handed them (``LayerCache.selection``) attends to those pools rather than
+choosing again. The chunked training step keeps them from its first pass for its second and for per-layer
+recompute: the choice (scoring every earlier pool, a top-k over them) costs time that grows with the window, and the
+same pools in every pass make the backward that of the forward whose caches later chunks read.
+
 Window-wide quantities that a chunk cannot see but the whole-window loss uses come with the cache, so the chunks'
 losses add up to the whole window's: the window length (the indexer KL is a mean over the window's rows) and, for
 the MoE balance loss, each layer's fraction of token slots per expert over the window (known after a no-grad pass).
@@ -33,8 +40,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-# Entries that grow by one row per token (or per pool) of the window; all others are carried chunk to chunk.
+# Entries that grow by one row per token (or per pool) of the window; all others but SELECTION are carried chunk to
+# chunk.
 ROW_ENTRIES = frozenset({"latent", "pooled"})
+SELECTION = "selection"
 
 
 @dataclass
@@ -47,6 +56,8 @@ class LayerCache:
     present: dict[str, torch.Tensor] = field(default_factory=dict)
     expert_fraction: torch.Tensor | None = None            # MoE: [E] share of the window's token slots per expert
     aux: bool = True                                       # compute this chunk's share of the auxiliary losses
+    keep_selection: bool = False                           # DSA: write the chosen pools to present["selection"]
+    selection: torch.Tensor | None = None                  # DSA: pools an earlier pass chose for these positions
 
     def replay(self) -> "LayerCache":
         """The same view with a present of its own, for a forward that runs again only to recompute activations
@@ -63,10 +74,12 @@ class ChunkCache:
     layers: list[LayerCache]
 
     @classmethod
-    def empty(cls, num_layers: int, *, start: int, window_len: int, aux: bool = True) -> "ChunkCache":
+    def empty(cls, num_layers: int, *, start: int, window_len: int, aux: bool = True,
+              keep_selection: bool = False) -> "ChunkCache":
         if start < 0 or window_len < 1 or start >= window_len:
             raise ValueError(f"a chunk must start inside its window: start {start}, window {window_len}")
-        return cls(start, window_len, [LayerCache(start, window_len, aux=aux) for _ in range(num_layers)])
+        return cls(start, window_len, [LayerCache(start, window_len, aux=aux, keep_selection=keep_selection)
+                                       for _ in range(num_layers)])
 
 
 def chunk_bounds(length: int, chunk: int) -> list[tuple[int, int]]:
@@ -114,20 +127,31 @@ class WindowCache:
     chunked training step): the latest carried entries and every row entry.
 
     ``cache = window.chunk(start, stop)`` gives the :class:`ChunkCache` for the next chunk, ``window.commit(cache)``
-    takes in what it left (detached copies: a present is often a view of a chunk-sized tensor).
+    takes in what it left (detached copies: a present is often a view of a chunk-sized tensor). With
+    ``keep_selections`` the DSA layers' chosen pools are kept too, for :meth:`selection` to hand to a later pass.
     """
 
-    def __init__(self, num_layers: int, window_len: int) -> None:
+    def __init__(self, num_layers: int, window_len: int, *, keep_selections: bool = False) -> None:
         self.num_layers = num_layers
         self.window_len = window_len
+        self.keep_selections = keep_selections
         self.carried: dict[tuple[int, str], torch.Tensor] = {}
         self.rows: dict[tuple[int, str], RowStore] = {}
+        self.selections: dict[int, RowStore] = {}
 
     def row_lengths(self) -> dict[tuple[int, str], int]:
         return {key: store.length for key, store in self.rows.items()}
 
+    def selection(self, layer: int, start: int, stop: int) -> torch.Tensor | None:
+        """The pools layer ``layer`` chose for positions ``start .. stop - 1`` (None when it kept none for them)."""
+        store = self.selections.get(layer)
+        if store is None or store.length < stop:
+            return None
+        return store.buffer[:, start:stop]
+
     def chunk(self, start: int, *, aux: bool = False) -> ChunkCache:
-        cache = ChunkCache.empty(self.num_layers, start=start, window_len=self.window_len, aux=aux)
+        cache = ChunkCache.empty(self.num_layers, start=start, window_len=self.window_len, aux=aux,
+                                 keep_selection=self.keep_selections)
         for (layer, name), value in self.carried.items():
             cache.layers[layer].past[name] = value
         for (layer, name), store in self.rows.items():
@@ -138,7 +162,10 @@ class WindowCache:
         carried = {}
         for layer, layer_cache in enumerate(cache.layers):
             for name, value in layer_cache.present.items():
-                if name in ROW_ENTRIES:
+                if name == SELECTION:
+                    if self.keep_selections:
+                        self.selections.setdefault(layer, RowStore()).append(value, stop / self.window_len)
+                elif name in ROW_ENTRIES:
                     self.rows.setdefault((layer, name), RowStore()).append(value, stop / self.window_len)
                 else:
                     carried[(layer, name)] = value.detach().clone()

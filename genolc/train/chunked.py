@@ -6,15 +6,17 @@ tokens trains in chunks of ``C`` with exactly the whole window's gradients (to r
 1. Fill (no grad), chunks in order: each chunk runs with the entries the earlier chunks left (KDA states and
    convolution tails, the pool straddling the boundary: "carried"; DSA latent rows and pooled indexer keys of every
    earlier position: "rows") and leaves its own. The MoE load of the whole window is counted here too: the balance
-   loss needs each layer's share of token slots per expert over the window before any chunk's backward.
+   loss needs each layer's share of token slots per expert over the window before any chunk's backward. The DSA
+   layers' chosen pools are kept (int32, ``topk // kpool`` per token and layer).
 2. Backward, chunks last to first: chunk j's forward runs again with grad, its past entries as leaves that require
-   grad; backward starts from chunk j's loss and from the gradients that later chunks already sent to what chunk j
-   left (its carried entries' gradient from chunk j + 1, its rows' gradient summed over every later chunk, in
-   fp32). The gradients reaching chunk j's past leaves go to the chunks before it.
+   grad, attending to the pools pass 1 chose (choosing again would score every earlier pool a second time, and a
+   third under recompute); backward starts from chunk j's loss and from the gradients that later chunks already
+   sent to what chunk j left (its carried entries' gradient from chunk j + 1, its rows' gradient summed over every
+   later chunk, in fp32). The gradients reaching chunk j's past leaves go to the chunks before it.
 
 Parameters accumulate their gradients over the chunks as over micro-batches. Cost: two forwards and one backward, as
 per-layer recompute; memory: one chunk's activations plus the window's caches (O(T) rows of the DSA latent and the
-pool keys, and their fp32 gradients), so the window length is no longer bounded by activations.
+pool keys, and their fp32 gradients; the chosen pools), so the window length is no longer bounded by activations.
 """
 
 from __future__ import annotations
@@ -56,13 +58,14 @@ class ChunkShard(Protocol):
 def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor, terms: LossTerms,
                              chunk: int, autocast: Callable[[], AbstractContextManager],
                              on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                             shard: ChunkShard | None = None) -> MicroBatchResult:
+                             shard: ChunkShard | None = None, keep_selections: bool = True) -> MicroBatchResult:
     """Forward and backward of one micro-batch ``ids [B, T + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``,
     target weights ``[B, T]``) in chunks of ``chunk`` tokens; parameters' ``.grad`` accumulate as for
     ``micro_batch_loss(model(ids[:, :-1])).loss.backward()``. ``autocast()`` opens the compute-precision context;
     ``on_loss`` sees (and may replace, or refuse by raising) each chunk's loss before its backward. ``shard``: this
     process holds only its share of each chunk (:class:`ChunkShard`); its ``.grad`` is then its share of the
-    window's gradient, and the returned counts are its own tokens'."""
+    window's gradient, and the returned counts are its own tokens'. ``keep_selections``: keep the DSA pools the
+    first pass chose for the second (off: choose them again, for a window whose plan fits only without them)."""
     inputs, targets = ids[:, :-1], ids[:, 1:]
     window_len = inputs.shape[1]
 
@@ -72,7 +75,9 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
     bounds = chunk_bounds(window_len, chunk)
     mode = terms.indexer_mode
 
-    window = WindowCache(model.config.num_hidden_layers, window_len)
+    # The DSA layers' chosen pools are kept from the first pass for the second (genolc/model/cache.py); a shard's
+    # layers choose per piece (genolc/parallel/dsa_cp.py) and keep none.
+    window = WindowCache(model.config.num_hidden_layers, window_len, keep_selections=keep_selections and shard is None)
     carried: list[dict[EntryKey, torch.Tensor]] = []      # the carried entries at each chunk's start
     row_starts: list[dict[EntryKey, int]] = []            # each row entry's length at each chunk's start
     counts: dict[int, torch.Tensor] = {}
@@ -107,6 +112,8 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
             cache.layers[layer].past[name] = leaf
         for layer, fraction in fractions.items():
             cache.layers[layer].expert_fraction = fraction
+        for layer, layer_cache in enumerate(cache.layers):
+            layer_cache.selection = window.selection(layer, start, stop)
         with autocast():
             out = model(part(inputs, start, stop), indexer_loss=mode, cache=cache)
         parts: LossParts = micro_batch_loss(out, part(targets, start, stop), part(weights, start, stop), terms)

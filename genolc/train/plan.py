@@ -56,6 +56,8 @@ The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk'
     DSA latent rows   B T R (10 n_dsa + 10)      per layer: the rows (fp32), their fp32 gradient, the kernel's bf16
                                                  copy; one layer's backward adds its leaf's and the kernel's gradient
     pool keys         B T / kpool * Di * 8 n_dsa  rows and their gradient
+    chosen pools      B T (topk / kpool) 4 n_idx  kept from the first pass for the second (n_idx: DSA layers with an
+                                                 indexer), unless only a step without them fits
     KDA states        ceil(T / chunk) n_kda B H Dk Dv * 4   one per chunk boundary
 
 A context-parallel rank (``--cp N``, genolc/parallel) holds its share ``s = ceil(S / N)`` of each span (the window,
@@ -227,8 +229,10 @@ def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16
                       logits=logits, total=total, per_token_per_layer=kinds)
 
 
-def chunked_cache_bytes(config: ModelConfig, *, seq_len: int, chunk: int, windows: int = 1) -> int:
-    """Bytes the chunk-recurrent step keeps for the whole window besides one chunk's activations (module notes)."""
+def chunked_cache_bytes(config: ModelConfig, *, seq_len: int, chunk: int, windows: int = 1,
+                        keep_selections: bool = True) -> int:
+    """Bytes the chunk-recurrent step keeps for the whole window besides one chunk's activations (module notes);
+    ``keep_selections``: the chosen pools kept from the first pass (the step's choice, see genolc/train/strategy.py)."""
     c = config
     tokens = windows * seq_len
     n_dsa = len(c.dsa_layers)
@@ -237,19 +241,23 @@ def chunked_cache_bytes(config: ModelConfig, *, seq_len: int, chunk: int, window
     # bf16 copy of the rows up to the chunk; one layer's backward adds its leaf gradient and the kernel's.
     latent = tokens * c.kv_lora_rank * (10 * n_dsa + 10)
     pools = tokens // c.index_kpool * c.index_head_dim * 8 * n_dsa
+    n_indexed = sum(c.indexer_types[layer] == "full" for layer in c.dsa_layers)
+    chosen = tokens * (c.index_topk // c.index_kpool) * 4 * n_indexed if keep_selections else 0
     boundaries = -(-seq_len // chunk)
     states = boundaries * n_kda * windows * c.linear_num_heads * c.linear_head_dim * c.linear_head_dim * 4
-    return latent + pools + states
+    return latent + pools + chosen + states
 
 
 def estimate_chunked_memory(config: ModelConfig, *, seq_len: int, chunk: int, windows: int = 1, bf16: bool = True,
-                            recompute: bool = False, fast_kernels: bool = False) -> MemoryPlan:
+                            recompute: bool = False, fast_kernels: bool = False,
+                            keep_selections: bool = True) -> MemoryPlan:
     """Peak memory of the chunk-recurrent step (genolc.train.chunked): one chunk's activations as for a window of
     ``chunk`` tokens, plus :func:`chunked_cache_bytes` for the window (counted with the activations)."""
     chunk = min(chunk, seq_len)
     one_chunk = estimate_memory(config, seq_len=chunk, windows=windows, bf16=bf16, recompute=recompute,
                                 fast_kernels=fast_kernels)
-    return with_more_activations(one_chunk, chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows))
+    return with_more_activations(one_chunk, chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows,
+                                                                keep_selections=keep_selections))
 
 
 def fits_within_margin(total_bytes: int, budget_bytes: int) -> bool:
@@ -266,15 +274,15 @@ def with_more_activations(plan: MemoryPlan, extra: int) -> MemoryPlan:
 
 
 def largest_fitting_chunk(config: ModelConfig, *, seq_len: int, windows: int, bf16: bool, recompute: bool,
-                          budget_bytes: int, fast_kernels: bool, multiple: int = 1,
-                          smallest: int = 1024) -> int | None:
+                          budget_bytes: int, fast_kernels: bool, multiple: int = 1, smallest: int = 1024,
+                          keep_selections: bool = True) -> int | None:
     """The longest chunk (``seq_len`` halved until it is a multiple of ``multiple``, down to ``smallest``) whose
     chunked step is estimated to fit ``budget_bytes``, or None."""
     chunk = seq_len // 2
     while chunk >= min(smallest, seq_len):
         if chunk % multiple == 0 and estimate_chunked_memory(
                 config, seq_len=seq_len, chunk=chunk, windows=windows, bf16=bf16, recompute=recompute,
-                fast_kernels=fast_kernels).total <= budget_bytes:
+                fast_kernels=fast_kernels, keep_selections=keep_selections).total <= budget_bytes:
             return chunk
         chunk //= 2
     return None
@@ -282,13 +290,16 @@ def largest_fitting_chunk(config: ModelConfig, *, seq_len: int, windows: int, bf
 
 def estimate_step_seconds(config: ModelConfig, *, seq_len: int, tokens_per_step: int,
                           peak_flops: float = H200_BF16_FLOPS, mfu: float = 0.3, forwards: int = 1,
+                          indexer_passes: int | None = None,
                           indexer_flops_per_s: float = INDEXER_FLOPS_PER_S) -> float:
     """Seconds per optimizer step: the dense and DSA-core FLOPs of genolc/train/flops.py (one backward, ``forwards``
-    forwards: 2 with recompute or the chunked step) at ``mfu``, plus the indexer's scoring (once per forward) at the
-    rate the Triton scoring kernel reached on the H200."""
+    forwards: 2 with recompute or the chunked step) at ``mfu``, plus the indexer's scoring ``indexer_passes`` times
+    (default: once per forward; the chunked step on one process chooses once and keeps the choice) at the rate the
+    Triton scoring kernel reached on the H200."""
     flops = token_flops(config, seq_len)
     matmul = (2 + forwards) * (flops.dense_forward + flops.attention_forward) * tokens_per_step
-    indexer = forwards * flops.indexer_forward * tokens_per_step / indexer_flops_per_s
+    passes = forwards if indexer_passes is None else indexer_passes
+    indexer = passes * flops.indexer_forward * tokens_per_step / indexer_flops_per_s
     return matmul / (peak_flops * mfu) + indexer
 
 
@@ -300,12 +311,13 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
     Tried in order of how little they change the run: fewer windows per micro-batch with more accumulation (same
     tokens per step), then --recompute, then the chunked step (the longest --chunk that fits; same results, two
     forwards per step; with fast kernels ``--chunk 32k --recompute`` instead of a shorter chunk), then the longest
-    shorter --seq (halving) that fits. ``chunk``: the run already asked for chunks of this length.
+    shorter --seq (halving) that fits. ``chunk``: the run already asked for chunks of this length. Chunked steps
+    are planned without the kept selections, which the step gives up when they alone do not fit.
     """
     def fits(seq: int, windows: int, rc: bool) -> bool:
         if chunk is not None and chunk < seq:
             plan = estimate_chunked_memory(config, seq_len=seq, chunk=chunk, windows=windows, bf16=bf16,
-                                           recompute=rc, fast_kernels=fast_kernels)
+                                           recompute=rc, fast_kernels=fast_kernels, keep_selections=False)
         else:
             plan = estimate_memory(config, seq_len=seq, windows=windows, bf16=bf16, recompute=rc,
                                    fast_kernels=fast_kernels)
@@ -320,11 +332,11 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
     for rc in ((recompute,) if recompute else (False, True)):
         chosen = largest_fitting_chunk(config, seq_len=seq_len, windows=1, bf16=bf16, recompute=rc,
                                        budget_bytes=budget_bytes, fast_kernels=fast_kernels,
-                                       multiple=chunk_multiple, smallest=chunk_multiple)
+                                       multiple=chunk_multiple, smallest=chunk_multiple, keep_selections=False)
         if (fast_kernels and not rc and not recompute and chosen is not None and chosen < FAST_CHUNK
                 and (chunk is None or FAST_CHUNK < chunk) and FAST_CHUNK < seq_len
                 and estimate_chunked_memory(config, seq_len=seq_len, chunk=FAST_CHUNK, bf16=bf16, recompute=True,
-                                            fast_kernels=True).total <= budget_bytes):
+                                            fast_kernels=True, keep_selections=False).total <= budget_bytes):
             return f"--chunk {format_length(FAST_CHUNK)} --recompute" + batch
         if chosen is not None and (chunk is None or chosen < chunk):
             return f"--chunk {format_length(chosen)}" + (" --recompute" if rc and not recompute else "") + batch
@@ -343,7 +355,7 @@ def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum
     device size, and an option that would fit."""
     if chunk is not None and chunk < seq_len:
         plan = estimate_chunked_memory(config, seq_len=seq_len, chunk=chunk, windows=micro_batch, bf16=bf16,
-                                       recompute=recompute, fast_kernels=fast_kernels)
+                                       recompute=recompute, fast_kernels=fast_kernels, keep_selections=False)
         setting = f"--seq {format_length(seq_len)} --chunk {format_length(chunk)}"
     else:
         plan = estimate_memory(config, seq_len=seq_len, windows=micro_batch, bf16=bf16, recompute=recompute,
@@ -478,7 +490,7 @@ def estimate_context_parallel_memory(config: ModelConfig, *, seq_len: int, cp: i
         base = estimate_memory(config, seq_len=-(-chunk // cp), windows=windows, bf16=bf16, recompute=recompute,
                                fast_kernels=fast_kernels)
         # The chunk caches hold the whole window on every rank, with one KDA state per chunk (not per rank's share).
-        caches = chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows)
+        caches = chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows, keep_selections=False)
     extra = context_parallel_extra_bytes(config, span=span, cp=cp, past=past, windows=windows, bf16=bf16,
                                          recompute=recompute, fast_kernels=fast_kernels)
     return with_more_activations(base, caches + extra)
@@ -535,7 +547,7 @@ def context_parallel_oom_error(config: ModelConfig, *, seq_len: int, cp: int, ch
         for rc in (False, True):
             alone = largest_fitting_chunk(config, seq_len=seq_len, windows=windows, bf16=bf16, recompute=rc,
                                           budget_bytes=budget_bytes, fast_kernels=fast_kernels,
-                                          multiple=CUDA_SEQ_MULTIPLE if fast_kernels else 1)
+                                          multiple=CUDA_SEQ_MULTIPLE if fast_kernels else 1, keep_selections=False)
             if alone is not None:
                 alone = f"--cp 1 --chunk {format_length(alone)}" + (" --recompute" if rc else "")
                 break

@@ -21,6 +21,7 @@ estimate_context_parallel_memory: the rank's share of the window (or of each chu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -46,13 +47,15 @@ SMALLEST_AUTO_CHUNK = 256
 @dataclass(frozen=True)
 class StepStrategy:
     """``chunk`` None: the whole window at once; else chunks of ``chunk`` tokens. ``estimate_bytes``: the plan's
-    peak; ``reason``: why it was chosen (said once when training starts)."""
+    peak; ``reason``: why it was chosen (said once when training starts). ``keep_selections``: the chunked step
+    keeps the DSA pools its first pass chose for its second (off only where nothing fits with them)."""
 
     seq_len: int
     chunk: int | None
     recompute: bool
     estimate_bytes: int
     reason: str
+    keep_selections: bool = True
 
     @property
     def name(self) -> str:
@@ -86,9 +89,32 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
     ``chunk``: None (auto), 0 (whole window only) or a chunk length. ``auto_recompute``: --chunk auto may add
     per-layer recompute to run chunks of ``FAST_CHUNK``, or, when no chunk fits without it and ``FAST_CHUNK`` does
     not fit with it, the longest chunk that fits with it (the caller applies it when the strategy says so).
-    Raises OutOfMemoryPlanError when the asked (or, for auto, every) setting is estimated not to fit
-    ``budget_bytes``."""
+    A chunked step keeps the pools its first pass chose (planned in); when no setting fits with them, it is
+    chosen as if they were not kept, and chooses them again in its second pass. Raises OutOfMemoryPlanError when
+    the asked (or, for auto, every) setting is estimated not to fit ``budget_bytes`` even so."""
+    options = dict(seq_len=seq_len, windows=windows, grad_accum=grad_accum, chunk=chunk, recompute=recompute,
+                   bf16=bf16, fast_kernels=fast_kernels, budget_bytes=budget_bytes, multiple=multiple, where=where,
+                   auto_recompute=auto_recompute)
+    try:
+        kept = _choose_strategy(model_config, keep_selections=True, **options)
+        # An asked chunk runs within the plan's margin; the pools are kept only where they fit outright.
+        if kept.chunk is None or kept.estimate_bytes <= budget_bytes:
+            return kept
+    except OutOfMemoryPlanError:
+        pass
+    strategy = _choose_strategy(model_config, keep_selections=False, **options)
+    if strategy.chunk is None:
+        return strategy
+    return dataclasses.replace(strategy, keep_selections=False, reason=(
+        f"{strategy.reason}; the DSA pools are chosen again in the second pass: keeping the first pass's does not "
+        "fit"))
+
+
+def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
+                     recompute: bool, bf16: bool, fast_kernels: bool, budget_bytes: int, multiple: int,
+                     where: str, auto_recompute: bool, keep_selections: bool) -> StepStrategy:
     plan_args = dict(windows=windows, bf16=bf16, recompute=recompute, fast_kernels=fast_kernels)
+    chunked_args = dict(keep_selections=keep_selections)
     budget = f"{format_gib(budget_bytes)} GiB"
     whole = estimate_memory(model_config, seq_len=seq_len, **plan_args).total
     if chunk == 0 or (chunk is None and whole <= budget_bytes):
@@ -100,7 +126,7 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
     if chunk is None:
         smallest = max(multiple, SMALLEST_AUTO_CHUNK)
         chosen = largest_fitting_chunk(model_config, seq_len=seq_len, budget_bytes=budget_bytes, multiple=multiple,
-                                       smallest=smallest, **plan_args)
+                                       smallest=smallest, **plan_args, **chunked_args)
         needs = f"the whole window needs an estimated {format_gib(whole)} GiB of the {budget} device"
         reason = f"{needs}; choose with --chunk"
         if auto_recompute and not recompute:
@@ -108,24 +134,25 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
             chosen, why = _recompute_rather_than(
                 chosen, seq_len=seq_len, multiple=multiple, budget_bytes=budget_bytes,
                 recomputed_bytes=lambda c: estimate_chunked_memory(model_config, seq_len=seq_len, chunk=c,
-                                                                   **recomputed).total,
+                                                                   **recomputed, **chunked_args).total,
                 longest_recomputed=lambda: largest_fitting_chunk(model_config, seq_len=seq_len,
                                                                  budget_bytes=budget_bytes, multiple=multiple,
-                                                                 smallest=smallest, **recomputed))
+                                                                 smallest=smallest, **recomputed, **chunked_args))
             if why:
                 reason = f"{needs}; recompute added because {why}; choose with --chunk"
                 recompute, plan_args = True, recomputed
         if chosen is None:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                            multiple, where)
-        estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chosen, **plan_args).total
+        estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chosen, **plan_args,
+                                           **chunked_args).total
         return StepStrategy(seq_len, chosen, recompute, estimate, reason)
     if chunk >= seq_len:
         if whole > budget_bytes:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                            multiple, where)
         return StepStrategy(seq_len, None, recompute, whole, f"--chunk {format_length(chunk)} covers the window")
-    estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chunk, **plan_args).total
+    estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chunk, **plan_args, **chunked_args).total
     if estimate > budget_bytes and not fits_within_margin(estimate, budget_bytes):
         raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
                        multiple, where, chunk=chunk)
@@ -172,7 +199,8 @@ def run_micro_batch(strategy: StepStrategy, model: torch.nn.Module, ids: torch.T
     """Forward and backward of ``ids [B, T + 1]`` (target weights ``[B, T]``) by ``strategy``; parameters'
     ``.grad`` accumulate. ``on_loss`` sees (and may replace, or refuse by raising) each loss before backward."""
     if strategy.chunk is not None:
-        return chunked_forward_backward(model, ids, weights, terms, strategy.chunk, autocast, on_loss)
+        return chunked_forward_backward(model, ids, weights, terms, strategy.chunk, autocast, on_loss,
+                                        keep_selections=strategy.keep_selections)
     return whole_forward_backward(model, ids[:, :-1], ids[:, 1:], weights, terms, autocast, on_loss)
 
 
@@ -214,7 +242,8 @@ def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: i
         if whole > budget_bytes:
             raise refusal(None)
         return StepStrategy(share, None, recompute, whole,
-                            f"--cp {cp}: this rank's {share} of the window's {seq_len} tokens, run whole")
+                            f"--cp {cp}: this rank's {share} of the window's {seq_len} tokens, run whole",
+                            keep_selections=False)
     if chunk is None:
         chunk = largest_fitting_context_parallel_chunk(config, seq_len=seq_len, budget_bytes=budget_bytes,
                                                        multiple=chunk_multiple,
@@ -250,6 +279,7 @@ def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: i
         raise ConfigError(f"the last chunk of a {seq_len}-token window in chunks of {chunk} has {last} tokens, fewer "
                           f"than the {pieces} pieces --cp {cp} cuts each chunk into", where="--chunk / --cp",
                           fix="choose a --chunk that divides --seq")
-    return StepStrategy(seq_len, chunk, recompute, estimate, reason=(
+    # Each rank's pieces choose their pools in every pass (genolc/parallel/dsa_cp.py): nothing is kept.
+    return StepStrategy(seq_len, chunk, recompute, estimate, keep_selections=False, reason=(
         f"--cp {cp}: chunks of {format_length(chunk)} split over the ranks, {format_length(-(-chunk // cp))} tokens "
         f"each; {reason}"))

@@ -8,7 +8,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from genolc.model.config import ModelConfig
 from genolc.model.layers.dsa import DSAAttention
-from genolc.model.ops.indexer.layout import complete_pools_visible, index_width, selected_pools, selects_all_causal
+from genolc.model.ops.indexer.layout import (complete_pools_visible, index_rows, index_width, selected_pools,
+                                             selects_all_causal)
 from genolc.model.ops.indexer.pooling import pool_keys
 from genolc.model.ops.indexer.reference import pool_scores, select_indices
 
@@ -137,6 +138,23 @@ def test_chunk_sizes_do_not_change_the_selection(kpool: int) -> None:
         other = select_indices(queries, head_weights, pooled, kpool=kpool, topk=topk, select_tail=True,
                                softmax_scale=0.5, query_chunk=query_chunk, pool_block=pool_block)
         assert_same_selection(other, baseline, scores, kpool, topk, select_tail=True)
+
+
+@pytest.mark.parametrize("seq_len, offset, kpool, topk, select_tail", [
+    (37, 0, 4, 8, True), (53, 29, 4, 16, True), (41, 6, 4, 8, False), (13, 0, 1, 4, True), (9, 3, 4, 64, True)])
+def test_index_rows_give_back_the_rows_their_pools_came_from(seq_len, offset, kpool, topk, select_tail) -> None:
+    """A kept selection (pool ids) expands to the very rows chosen: pool slots, empty slots (fewer visible pools
+    than topk // kpool, the last case) and the tail, for a chunk that starts mid-window and mid-pool."""
+    queries, head_weights, pooled = random_features(2, seq_len, 4, seed=seq_len)
+    pooled = torch.randn(2, (offset + seq_len) // kpool, pooled.shape[-1])
+    rows = select_indices(queries, head_weights, pooled, kpool=kpool, topk=topk, select_tail=select_tail,
+                          softmax_scale=0.5, query_offset=offset)
+    pools = selected_pools(rows, topk, kpool).to(torch.int32)
+    assert torch.equal(index_rows(pools, query_offset=offset, kpool=kpool, select_tail=select_tail), rows)
+    narrow = index_rows(pools, query_offset=offset, kpool=kpool, select_tail=select_tail, dtype=torch.int32)
+    assert narrow.dtype == torch.int32 and torch.equal(narrow.long(), rows)
+    if topk // kpool > (offset + seq_len) // kpool:
+        assert (pools == -1).any()
 
 
 def test_pool_keys_are_gated_means_and_selection_layout() -> None:

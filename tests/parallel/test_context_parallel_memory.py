@@ -147,7 +147,8 @@ def test_cp_chunk_choice_uses_the_context_parallel_estimate():
 
     config, seq, cp, budget = preset("small"), 1 << 22, 8, int(139.8 * GIB)
     args = dict(windows=1, bf16=True, recompute=False, fast_kernels=True)
-    per_rank = largest_fitting_chunk(config, seq_len=seq, budget_bytes=budget, multiple=128, smallest=256, **args)
+    per_rank = largest_fitting_chunk(config, seq_len=seq, budget_bytes=budget, multiple=128, smallest=256,
+                                     keep_selections=False, **args)   # ranks keep no chosen pools
     assert per_rank == 32 * 1024
     assert estimate_context_parallel_memory(config, seq_len=seq, cp=cp, chunk=per_rank * cp, **args).total > budget
     strategy = choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=None,

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from genolc.model.cache import ChunkCache, chunk_bounds
+from genolc.model.layers.dsa import DSAAttention
 from genolc.train.apply import apply_recompute
 from genolc.train.chunked import chunked_forward_backward
 from genolc.train.loss import LossTerms, micro_batch_loss
@@ -71,6 +72,45 @@ def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, r
     assert worst[1] < 1e-4, worst
     # The indexer only learns from its KL: its gradients must have come through the chunks' pooled-key caches.
     assert any("indexer" in name for name in got)
+
+
+def _count_calls(owner, name: str, counts: dict, key: str) -> None:
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        counts[key] = counts.get(key, 0) + 1
+        return original(*args, **kwargs)
+
+    setattr(owner, name, counted)
+
+
+@pytest.mark.parametrize("mode", [None, "sparse"])
+def test_the_second_pass_attends_to_the_pools_the_first_chose(dna_window, one_thread, mode):
+    """Pools are chosen once per chunk and DSA layer (the first pass); the second pass and its per-layer recompute
+    expand the kept ones. LM-only training (mode None, the default) skips the indexer there too; the gradients
+    still equal the whole window's."""
+    ids, weights = dna_window
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
+                      indexer_mode=mode)
+    model = _model(True)
+    whole = micro_batch_loss(model(ids[:, :-1], indexer_loss=mode), ids[:, 1:], weights, terms)
+    whole.loss.backward()
+    expected = _grads(model)
+    model.zero_grad(set_to_none=True)
+    counts: dict = {}
+    layers = [m for m in model.modules() if isinstance(m, DSAAttention) and m.indexer is not None]
+    assert layers
+    for layer in layers:
+        _count_calls(layer, "select_op", counts, "select")
+        _count_calls(layer.indexer, "features", counts, "features")
+    chunks = len(chunk_bounds(WINDOW, 1000))
+    result = chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext)
+    assert counts["select"] == chunks * len(layers)
+    # With the KL on, the indexer runs in all three forwards (fill, grad, replay) for its loss.
+    assert counts["features"] == chunks * len(layers) * (1 if mode is None else 3)
+    assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
+    for name, grad in _grads(model).items():
+        assert float((grad - expected[name]).norm()) <= 1e-4 * float(expected[name].norm()) + 1e-12, name
 
 
 def test_chunks_shorter_than_a_pool_and_the_conv_window(dna_window, one_thread):

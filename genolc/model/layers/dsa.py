@@ -34,13 +34,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from genolc.model.cache import LayerCache, append_rows
+from genolc.model.cache import SELECTION, LayerCache, append_rows
 from genolc.model.config import ModelConfig, ModelConfigError
 from genolc.model.indexer_loss import INDEXER_LOSS_MODES, indexer_kl_loss, window_kl_rows
 from genolc.model.layers.norm import RMSNorm
 from genolc.model.ops.dispatch import select_indices, sparse_latent_attention
 from genolc.model.ops.dsa.dense import dense_causal_attention
-from genolc.model.ops.indexer.layout import index_width, selects_all_causal
+from genolc.model.ops.indexer.layout import index_rows, index_width, selected_pools, selects_all_causal
 from genolc.model.ops.indexer.pooling import pool_keys
 
 
@@ -186,6 +186,16 @@ class DSAAttention(nn.Module):
                                   select_tail=self.select_tail, softmax_scale=self.indexer.softmax_scale,
                                   **options)
 
+    def _kept_rows(self, kept: torch.Tensor, cache: LayerCache, hidden: torch.Tensor) -> torch.Tensor:
+        """The index rows of pools an earlier pass chose for this chunk (``cache.selection``), in ``_select``'s
+        dtype."""
+        expected = (hidden.shape[0], hidden.shape[1], self.topk // self.kpool)
+        if tuple(kept.shape) != expected:
+            raise ValueError(f"DSA layer {self.layer_idx}: the kept selection is {tuple(kept.shape)}, not "
+                             f"[B, T, topk // kpool] = {list(expected)}")
+        return index_rows(kept.to(hidden.device), query_offset=cache.start, kpool=self.kpool,
+                          select_tail=self.select_tail, dtype=torch.int32 if hidden.is_cuda else torch.int64)
+
     def latent_rows(self, hidden: torch.Tensor) -> torch.Tensor:
         """The normalised latent ``c [B, T, R]`` of ``hidden [B, T, D]``: every key and value of these positions
         (genolc/parallel/dsa_cp.py gathers it across ranks)."""
@@ -231,9 +241,14 @@ class DSAAttention(nn.Module):
 
         features = None
         if self.indexer is not None:
-            with indexer_grad(indexer_loss):
-                features = self.indexer.features(*indexer_inputs(indexer_loss, hidden, q_resid), cache)
-            indices = self._select(features, cache)
+            kept = None if cache is None else cache.selection
+            # With the pools an earlier pass chose, the indexer runs only for its own loss.
+            if kept is None or indexer_loss is not None:
+                with indexer_grad(indexer_loss):
+                    features = self.indexer.features(*indexer_inputs(indexer_loss, hidden, q_resid), cache)
+            indices = self._select(features, cache) if kept is None else self._kept_rows(kept, cache, hidden)
+            if cache is not None and cache.keep_selection:
+                cache.present[SELECTION] = selected_pools(indices, self.topk, self.kpool).to(torch.int32)
         else:
             if shared_indices is None:
                 raise ValueError(f"DSA layer {self.layer_idx} is 'shared' and needs shared_indices from the previous "

@@ -37,3 +37,32 @@ def selected_pools(indices: torch.Tensor, topk: int, kpool: int) -> torch.Tensor
         raise ValueError(f"indices must be [B, T, W >= topk={topk}], got {tuple(indices.shape)}")
     firsts = indices[..., :topk:kpool]
     return torch.where(firsts >= 0, torch.div(firsts, kpool, rounding_mode="floor"), torch.full_like(firsts, -1))
+
+
+def tail_slots(positions: torch.Tensor, kpool: int) -> torch.Tensor:
+    """The ``kpool - 1`` tail slots of the queries at absolute ``positions [C]``: the tokens of each query's own
+    incomplete pool up to itself, -1 past it (``[C, kpool - 1]``, positions' dtype)."""
+    start = complete_pools_visible(positions, kpool) * kpool
+    tail = start[:, None] + torch.arange(kpool - 1, device=positions.device, dtype=positions.dtype)[None, :]
+    return tail.masked_fill(tail > positions[:, None], -1)
+
+
+def index_rows(pools: torch.Tensor, *, query_offset: int, kpool: int, select_tail: bool,
+               dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """The index rows that :func:`selected_pools` read ``pools [B, T, topk // kpool]`` from (-1: empty slot), for
+    queries at positions ``query_offset ..``: ``[B, T, W]`` in ``dtype``. ``index_rows(selected_pools(rows), ...)``
+    gives ``rows`` back exactly, so a selection can be kept at a quarter of its rows' size (kpool 4) and expanded
+    when a later pass over the same positions needs it."""
+    if pools.dim() != 3:
+        raise ValueError(f"pools must be [B, T, topk // kpool], got {tuple(pools.shape)}")
+    batch, seq_len, slots = pools.shape
+    width = slots * kpool + (kpool - 1 if select_tail else 0)
+    rows = torch.empty((batch, seq_len, width), dtype=dtype, device=pools.device)
+    within = torch.arange(kpool, device=pools.device, dtype=dtype)
+    tokens = rows[..., : slots * kpool].view(batch, seq_len, slots, kpool)
+    torch.add(within, pools.to(dtype)[..., None], alpha=kpool, out=tokens)
+    tokens.masked_fill_((pools < 0)[..., None], -1)
+    if select_tail and kpool > 1:
+        positions = torch.arange(query_offset, query_offset + seq_len, device=pools.device)
+        rows[..., slots * kpool:] = tail_slots(positions, kpool)[None].to(dtype)
+    return rows

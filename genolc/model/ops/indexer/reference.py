@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from genolc.model.ops.indexer.layout import complete_pools_visible, index_width
+from genolc.model.ops.indexer.layout import complete_pools_visible, index_width, tail_slots
 from genolc.model.ops.precision import autocast_off
 
 DEFAULT_QUERY_CHUNK = 256
@@ -122,7 +122,6 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
     pools_per_row = topk // kpool
     width = index_width(topk, kpool, select_tail)
     within_pool = torch.arange(kpool, device=device)
-    tail_offsets = torch.arange(kpool - 1, device=device)
     out = torch.full((batch, seq_len, width), -1, dtype=torch.long, device=device)
 
     for q0 in range(0, seq_len, query_chunk):
@@ -153,8 +152,5 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
         out[:, q0:q1, : tokens.shape[-1]] = tokens
 
         if select_tail and kpool > 1:
-            tail_start = n_visible * kpool  # [Cq]
-            tail = tail_start[:, None] + tail_offsets[None, :]
-            tail = tail.masked_fill(tail > positions[:, None], -1)
-            out[:, q0:q1, topk:] = tail[None].expand(batch, -1, -1)
+            out[:, q0:q1, topk:] = tail_slots(positions, kpool)[None].expand(batch, -1, -1)
     return out

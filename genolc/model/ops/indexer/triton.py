@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from genolc.model.ops.indexer.layout import complete_pools_visible, index_width
+from genolc.model.ops.indexer.layout import complete_pools_visible, index_width, tail_slots
 from genolc.model.ops.indexer.reference import check_selection_inputs
 
 SCORE_BUDGET_ELEMENTS = 1 << 28
@@ -175,7 +175,6 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
     pools_per_row = topk // kpool
     width = index_width(topk, kpool, select_tail)
     within_pool = torch.arange(kpool, device=device)
-    tail_offsets = torch.arange(kpool - 1, device=device)
     index_q, head_weights, pooled = prepare_inputs(index_q, head_weights, pooled)
     check_kernel_inputs(index_q, head_weights, pooled)
     out = torch.full((batch, seq_len, width), -1, dtype=out_dtype, device=device)
@@ -187,9 +186,7 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
         n_visible = complete_pools_visible(positions, kpool)
         visible_pools = (query_offset + q1) // kpool  # the chunk's last query sees the most pools
         if select_tail and kpool > 1:
-            tail = (n_visible * kpool)[:, None] + tail_offsets[None, :]
-            tail = tail.masked_fill(tail > positions[:, None], -1)
-            out[:, q0:q1, topk:] = tail[None].to(out_dtype)
+            out[:, q0:q1, topk:] = tail_slots(positions, kpool)[None].to(out_dtype)
         if visible_pools == 0:
             continue
         kept_count = min(pools_per_row, visible_pools)
