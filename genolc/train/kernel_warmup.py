@@ -36,6 +36,7 @@ import torch
 
 from genolc.fsutil import atomic_write_json, genolc_cache_dir
 from genolc.model import ModelConfig
+from genolc.model.ops.kda.fla_import import import_fla_module
 
 WARMUP_ENV = "GENOLC_KERNEL_WARMUP"
 WARMUP_LAYERS = ("linear_attention", "indexed_attention")
@@ -248,8 +249,8 @@ def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: tor
     entry point is called, so its tiling and key are fla's; only in this thread its builder stops the call once the
     kernel is compiled (the inputs here are shapes, not data). Not in fla's public API: any failure skips it."""
     try:
-        from fla.ops.kda.backends.tilelang import KDATileLangBackend
-        from fla.ops.kda.backends.tilelang import chunk_bwd_dqkg
+        KDATileLangBackend = import_fla_module("fla.ops.kda.backends.tilelang").KDATileLangBackend
+        chunk_bwd_dqkg = import_fla_module("fla.ops.kda.backends.tilelang.chunk_bwd_dqkg")
     except Exception:       # fla, TileLang or nvcc missing, or fla reorganised: the step compiles it as before
         return None
     if not KDATileLangBackend.can_use():

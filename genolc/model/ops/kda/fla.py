@@ -39,6 +39,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from genolc.model.ops.kda.fla_import import import_fla_module
 from genolc.model.ops.kda.fla_tuning import point_fla_at_tuned_configs
 from genolc.model.ops.kda.reference import _check_gate, _check_shapes
 
@@ -133,9 +134,7 @@ def check_kernel_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
 @functools.cache
 def _fla_chunk_kda():
     point_fla_at_tuned_configs()
-    from fla.ops.kda import chunk_kda as fla_chunk_kda
-
-    return fla_chunk_kda
+    return import_fla_module("fla.ops.kda").chunk_kda
 
 
 def fla_kda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
