@@ -139,8 +139,10 @@ def _configure_compiler() -> None:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     # KDA's short convolution is an autograd.Function; graphs holding one are otherwise left out of AOTAutograd's
     # cache, so every later process traces their joint graph again (CPU, tiny: a warm process's first step
-    # 5.72-6.38 s -> 5.07-5.6 s, benchmarks/results/compile_cache_tiny_cpu_2026-12-02.json). The cache key covers the function's traced forward and backward (torch's
-    # test_custom_autograd_function_miss), so a changed function is a miss, not a stale graph.
+    # 5.72-6.38 s -> 5.07-5.6 s, benchmarks/results/compile_cache_tiny_cpu_2026-12-02.json; on the H200 `base`'s
+    # second run at 128k still took 27.5 s for its first step, first_step_cold_2026-12-02/README.md). The cache key
+    # covers the function's traced forward and backward (torch's test_custom_autograd_function_miss), so a changed
+    # function is a miss, not a stale graph.
     functorch_config = torch._functorch.config
     if hasattr(functorch_config, "autograd_cache_allow_custom_autograd_functions"):
         functorch_config.autograd_cache_allow_custom_autograd_functions = True
