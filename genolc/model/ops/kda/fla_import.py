@@ -16,10 +16,14 @@ import importlib
 import importlib.util
 import re
 import sys
+import threading
 from types import ModuleType
 
 BARE_PACKAGES = ("fla", "fla.ops")
 _VERSION = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.M)
+# The kernel warm-up's threads and the step import fla ops at once: one set of bare packages, put in or taken out
+# whole.
+_IMPORT_LOCK = threading.RLock()
 
 
 def _declared_version(init_file: str | None) -> str:
@@ -45,6 +49,11 @@ def import_fla_module(name: str, bare: tuple[str, ...] = BARE_PACKAGES) -> Modul
     """``importlib.import_module(name)`` with the packages in ``bare`` (parents first) left uninitialised where
     this process has not imported them yet (module docstring). ModuleNotFoundError as the import's own when fla
     is not installed."""
+    with _IMPORT_LOCK:
+        return _import_with_bare_packages(name, bare)
+
+
+def _import_with_bare_packages(name: str, bare: tuple[str, ...]) -> ModuleType:
     added: list[str] = []
     try:
         for package in bare:
