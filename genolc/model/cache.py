@@ -173,7 +173,8 @@ class WindowCache:
 
     def fork(self, batch_rows: torch.Tensor, window_len: int) -> "WindowCache":
         """A copy that holds only batch rows ``batch_rows`` (in that order) of what the chunks so far left, for
-        continuing those rows, possibly repeated, as windows of ``window_len`` tokens that share this prefix."""
+        continuing those rows, possibly repeated, as windows of ``window_len`` tokens that share this prefix. Kept
+        selections are not copied: they belong to a pass over this window's own chunks."""
         if window_len < max((store.length for store in self.rows.values()), default=0):
             raise ValueError(f"a fork's window ({window_len}) must hold the prefix it continues")
         fork = WindowCache(self.num_layers, window_len)

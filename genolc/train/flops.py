@@ -12,7 +12,8 @@ Per token of a window of ``T`` tokens (forward; a training step is forward + bac
 
 Model FLOPs (MFU's numerator) count one forward and one backward of the dense part and the DSA core, and the
 indexer's forward. Hardware FLOPs (HFU) add what the step strategy runs again: one more forward with per-layer
-recompute, one more with the chunked step (its no-grad fill pass), two with both. MFU divides by the device's
+recompute, one more with the chunked step (its no-grad fill pass), two with both; the indexer's scoring among
+them only where it runs again (a chunked step that keeps its first pass's pools chooses once). MFU divides by the device's
 dense bf16 peak from the vendor's table (:func:`device_peak_flops`); on devices not in it MFU is not reported.
 """
 
@@ -35,6 +36,7 @@ class TokenFlops:
     attention_forward: float
     indexer_forward: float
     extra_forwards: int                 # forwards the step strategy runs again (recompute, chunk fill)
+    extra_indexer_forwards: int         # of those, the ones that score the indexer's pools again
 
     @property
     def model(self) -> float:
@@ -42,7 +44,8 @@ class TokenFlops:
 
     @property
     def hardware(self) -> float:
-        return self.model + self.extra_forwards * (self.dense_forward + self.attention_forward + self.indexer_forward)
+        return (self.model + self.extra_forwards * (self.dense_forward + self.attention_forward)
+                + self.extra_indexer_forwards * self.indexer_forward)
 
 
 def average_keys_per_query(seq_len: int, index_width: int) -> float:
@@ -53,15 +56,18 @@ def average_keys_per_query(seq_len: int, index_width: int) -> float:
     return (below + (seq_len - index_width) * index_width) / seq_len
 
 
-def token_flops(config: ModelConfig, seq_len: int, *, recompute: bool = False, chunked: bool = False) -> TokenFlops:
-    """FLOPs per token of a step over windows of ``seq_len`` tokens (module docstring)."""
+def token_flops(config: ModelConfig, seq_len: int, *, recompute: bool = False, chunked: bool = False,
+                selections_kept: bool = False) -> TokenFlops:
+    """FLOPs per token of a step over windows of ``seq_len`` tokens (module docstring); ``selections_kept``: a
+    chunked step that keeps its first pass's pools (the indexer scores once)."""
     c = config
     dense = 2.0 * parameter_counts(c).active
     keys = average_keys_per_query(seq_len, c.index_width)
     attention = sum(4.0 * c.num_attention_heads * c.kv_lora_rank * keys for _ in c.dsa_layers)
     indexer_layers = sum(1 for i in c.dsa_layers if c.indexer_types[i] == "full")
     indexer = indexer_layers * 2.0 * c.index_n_heads * c.index_head_dim * seq_len / (2 * c.index_kpool)
-    return TokenFlops(dense, attention, indexer, int(recompute) + int(chunked))
+    extra = int(recompute) + int(chunked)
+    return TokenFlops(dense, attention, indexer, extra, 0 if chunked and selections_kept else extra)
 
 
 def device_peak_flops(device_name: str) -> float | None:

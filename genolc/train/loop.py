@@ -549,7 +549,7 @@ class _Trainer:
         return oom_error(self.model.config, seq_len=shape.seq_len, micro_batch=cfg.micro_batch,
                          grad_accum=cfg.grad_accum, recompute=self.recompute, bf16=self.bf16,
                          budget_bytes=self._device_bytes(), where=where, fast_kernels=fast, chunk=chunk,
-                         chunk_multiple=multiple)
+                         chunk_multiple=multiple, keep_selections=bool(strategy and strategy.keep_selections))
 
     def run(self) -> Path:
         cfg = self.config
@@ -664,7 +664,7 @@ class _Trainer:
         step_tokens = shape.tokens * self.mesh.dp_size
         strategy = self._strategy(shape)
         flops = token_flops(self.model.config, shape.seq_len, recompute=strategy.recompute,
-                            chunked=strategy.chunk is not None)
+                            chunked=strategy.chunk is not None, selections_kept=strategy.keep_selections)
         self._step_tokens += step_tokens
         self._step_seconds += seconds
         self._model_flops += flops.model * step_tokens

@@ -350,12 +350,15 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
 
 def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool, bf16: bool,
               budget_bytes: int, where: str, fast_kernels: bool = False, chunk: int | None = None,
-              chunk_multiple: int = 1) -> OutOfMemoryPlanError:
+              chunk_multiple: int = 1, keep_selections: bool = False) -> OutOfMemoryPlanError:
     """The error for a run that does not fit (refused up front, or a device out-of-memory): the estimate, the
-    device size, and an option that would fit."""
+    device size, and an option that would fit. ``keep_selections``: the chunked step ran keeping its first pass's
+    pools (a device out-of-memory of such a step); a setting refused up front is planned without them, the least
+    a chunked step needs."""
     if chunk is not None and chunk < seq_len:
         plan = estimate_chunked_memory(config, seq_len=seq_len, chunk=chunk, windows=micro_batch, bf16=bf16,
-                                       recompute=recompute, fast_kernels=fast_kernels, keep_selections=False)
+                                       recompute=recompute, fast_kernels=fast_kernels,
+                                       keep_selections=keep_selections)
         setting = f"--seq {format_length(seq_len)} --chunk {format_length(chunk)}"
     else:
         plan = estimate_memory(config, seq_len=seq_len, windows=micro_batch, bf16=bf16, recompute=recompute,

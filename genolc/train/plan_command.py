@@ -77,8 +77,8 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     # The chunked step (like recompute) runs two forwards and one backward; under --cp each rank runs 1/cp of the
     # FLOPs (zigzag balances the causal attention), the collectives not counted.
     forwards = 2 if strategy.chunk is not None or strategy.recompute else 1
-    # One process's chunked step chooses the DSA pools once and keeps them (genolc/train/chunked.py).
-    passes = 1 if strategy.chunk is not None and cp == 1 else forwards
+    # A chunked step that keeps the DSA pools chooses them once (genolc/train/chunked.py).
+    passes = 1 if strategy.chunk is not None and strategy.keep_selections else forwards
     seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards,
                                     indexer_passes=passes) / cp
     host = HOST_RUNTIME_BYTES + 4 * params.total    # the model is built in fp32 on the host before it moves

@@ -21,10 +21,9 @@ estimate_context_parallel_memory: the rank's share of the window (or of each chu
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -35,7 +34,7 @@ from genolc.train.loss import LossTerms, micro_batch_loss
 from genolc.errors import ConfigError
 from genolc.train.plan import (FAST_CHUNK, PLAN_MARGIN, OutOfMemoryPlanError, context_parallel_oom_error,
                                estimate_chunked_memory, estimate_context_parallel_memory, estimate_memory,
-                               fits_within_margin, format_gib, largest_fitting_chunk,
+                               estimate_step_seconds, fits_within_margin, format_gib, largest_fitting_chunk,
                                largest_fitting_context_parallel_chunk, oom_error)
 from genolc.units import format_length
 
@@ -89,25 +88,52 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
     ``chunk``: None (auto), 0 (whole window only) or a chunk length. ``auto_recompute``: --chunk auto may add
     per-layer recompute to run chunks of ``FAST_CHUNK``, or, when no chunk fits without it and ``FAST_CHUNK`` does
     not fit with it, the longest chunk that fits with it (the caller applies it when the strategy says so).
-    A chunked step keeps the pools its first pass chose (planned in); when no setting fits with them, it is
-    chosen as if they were not kept, and chooses them again in its second pass. Raises OutOfMemoryPlanError when
-    the asked (or, for auto, every) setting is estimated not to fit ``budget_bytes`` even so."""
+    A chunked step keeps the pools its first pass chose (planned in) unless that does not fit outright, or it
+    costs a chunk shorter than ``FAST_CHUNK`` where not keeping them allows a longer one, or per-layer recompute
+    estimated to cost more than choosing the pools again saves (:func:`_keeping_is_slower`); the step then chooses
+    them again in its second pass. Raises OutOfMemoryPlanError when the asked (or, for auto, every) setting is
+    estimated not to fit ``budget_bytes`` even so."""
     options = dict(seq_len=seq_len, windows=windows, grad_accum=grad_accum, chunk=chunk, recompute=recompute,
                    bf16=bf16, fast_kernels=fast_kernels, budget_bytes=budget_bytes, multiple=multiple, where=where,
                    auto_recompute=auto_recompute)
     try:
-        kept = _choose_strategy(model_config, keep_selections=True, **options)
-        # An asked chunk runs within the plan's margin; the pools are kept only where they fit outright.
-        if kept.chunk is None or kept.estimate_bytes <= budget_bytes:
-            return kept
+        kept_strategy = _choose_strategy(model_config, keep_selections=True, **options)
     except OutOfMemoryPlanError:
-        pass
-    strategy = _choose_strategy(model_config, keep_selections=False, **options)
+        kept_strategy = None
+    if kept_strategy is not None and kept_strategy.chunk is None:
+        return kept_strategy
+    try:
+        strategy = _choose_strategy(model_config, keep_selections=False, **options)
+    except OutOfMemoryPlanError:
+        if kept_strategy is None:
+            raise
+        return kept_strategy
+    fits = kept_strategy is not None and kept_strategy.estimate_bytes <= budget_bytes
+    if fits and not _keeping_is_slower(model_config, kept_strategy, strategy, windows):
+        return kept_strategy
     if strategy.chunk is None:
         return strategy
-    return dataclasses.replace(strategy, keep_selections=False, reason=(
-        f"{strategy.reason}; the DSA pools are chosen again in the second pass: keeping the first pass's does not "
-        "fit"))
+    why = ("keeping the first pass's would cost shorter chunks or recompute, estimated to take longer" if fits
+           else "keeping the first pass's does not fit")
+    return replace(strategy, keep_selections=False,
+                   reason=f"{strategy.reason}; the DSA pools are chosen again in the second pass: {why}")
+
+
+def _keeping_is_slower(config: ModelConfig, kept: StepStrategy, chosen_again: StepStrategy, windows: int) -> bool:
+    """Whether the chunked step that keeps the pools (``kept``) should give way to ``chosen_again``: it runs
+    chunks shorter than ``FAST_CHUNK`` where the other's are longer (measured several times slower, plan.py), or
+    its step is estimated longer (genolc/train/plan.py's estimate at `genolc plan`'s measured utilisation: a
+    recomputed forward against the indexer's second, or second and third, pass)."""
+    if chosen_again.chunk is None or (kept.chunk < chosen_again.chunk and kept.chunk < FAST_CHUNK):
+        return True
+    from genolc.train.plan_command import MEASURED_MFU       # the CLI's default, kept where click reads it
+
+    def seconds(strategy: StepStrategy, passes: int) -> float:
+        forwards = 2 + int(strategy.recompute)
+        return estimate_step_seconds(config, seq_len=strategy.seq_len, tokens_per_step=strategy.seq_len * windows,
+                                     mfu=MEASURED_MFU, forwards=forwards, indexer_passes=passes)
+
+    return seconds(chosen_again, 2 + int(chosen_again.recompute)) < seconds(kept, 1)
 
 
 def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,

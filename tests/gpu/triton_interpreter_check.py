@@ -67,6 +67,11 @@ def check_indexer(batch, length, heads, dim, topk, kpool, tail, dtype, query_chu
     problems = []
     if got.shape != expected.shape or got.dtype != out_dtype:
         return [f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(expected.shape)} {out_dtype}"]
+    # A kept selection (genolc/model/cache.py) is these rows' pools, expanded again when the chunk runs a second time.
+    kept = indexer_layout.selected_pools(got, topk, kpool)
+    if not torch.equal(indexer_layout.index_rows(kept, query_offset=0, kpool=kpool, select_tail=tail,
+                                                 dtype=out_dtype), got):
+        problems.append("the rows' pools do not expand back to the rows")
     got = got.long()
     if not torch.equal(got[..., topk:], expected[..., topk:]):
         problems.append("tail slots differ")

@@ -38,6 +38,12 @@ def test_hardware_flops_add_the_strategys_extra_forwards():
     assert token_flops(config, 4096, recompute=True).hardware == pytest.approx(plain.model + forward)
     both = token_flops(config, 4096, recompute=True, chunked=True)
     assert both.model == plain.model and both.hardware == pytest.approx(plain.model + 2 * forward)
+    # Keeping the first pass's pools, the chunked step scores the indexer's pools once: its forwards again lack it.
+    kept = token_flops(config, 4096, recompute=True, chunked=True, selections_kept=True)
+    assert plain.indexer_forward > 0
+    assert kept.hardware == pytest.approx(plain.model + 2 * (forward - plain.indexer_forward))
+    assert token_flops(config, 4096, recompute=True, selections_kept=True).hardware == pytest.approx(
+        both.hardware - forward)
 
 
 def test_device_peaks():

@@ -218,7 +218,10 @@ class DSAAttention(nn.Module):
                 indexer and the LM loss never reaches it.
             cache: ``hidden`` is one chunk of a window (genolc.model.cache): queries attend over the latent rows
                 of the earlier positions in ``cache.past["latent"]`` too, index rows hold absolute positions, and
-                ``indexer_kl`` is this chunk's share of the window's loss (None when ``cache.aux`` is off).
+                ``indexer_kl`` is this chunk's share of the window's loss (None when ``cache.aux`` is off). Given
+                ``cache.selection`` (the pools an earlier pass over this chunk chose), queries attend to those and
+                the indexer runs only for its loss (not at all without an ``indexer_loss`` mode); with
+                ``cache.keep_selection`` the layer writes the pools it attended to into ``cache.present``.
         """
         if hidden.dim() != 3:
             raise ValueError(f"hidden must be [B, T, D], got {tuple(hidden.shape)}")

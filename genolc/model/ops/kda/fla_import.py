@@ -6,8 +6,11 @@ op's kernels, so ``from fla.ops.kda import chunk_kda`` took 20.5 s of a process 
 step, for the one op genolc calls. :func:`import_fla_module` imports such a submodule with those two package
 ``__init__`` files left out: each of the packages not yet imported becomes a bare package module over fla's own
 search path, so its submodules import as usual, carrying the one name fla's own modules read from ``fla``
-(``__version__``). fla's other packages (``fla.modules``, ``fla.backends``, ...) initialise as usual. A process that
-imported fla before keeps the packages it has; a failed import takes the bare ones back out.
+(``__version__``). Any other name asked of a bare package (``from fla import GatedDeltaNet``, ``from fla.ops
+import chunk_gla``: transformers' fla-backed layers, a user's code in the same process) runs its ``__init__``
+then, so nothing fla exports goes missing. fla's other packages (``fla.modules``, ``fla.backends``, ...)
+initialise as usual. A process that imported fla before keeps the packages it has; a failed import takes out the
+bare packages and every fla module it brought in.
 """
 
 from __future__ import annotations
@@ -37,11 +40,24 @@ def _declared_version(init_file: str | None) -> str:
 
 def _bare_package(name: str) -> ModuleType | None:
     spec = importlib.util.find_spec(name)
-    if spec is None or spec.submodule_search_locations is None:
+    if spec is None or spec.submodule_search_locations is None or spec.loader is None:
         return None
     module = importlib.util.module_from_spec(spec)      # __path__, __spec__, __file__; the __init__ is not run
     if "." not in name:
         module.__version__ = _declared_version(spec.origin)
+
+    def initialise_then_get(attribute: str):
+        # Module-level __getattr__ (PEP 562): only names the module lacks come here. Removed first, so the
+        # __init__ it runs sees an ordinary module.
+        with _IMPORT_LOCK:
+            if vars(module).pop("__getattr__", None) is not None:
+                spec.loader.exec_module(module)
+        try:
+            return vars(module)[attribute]
+        except KeyError:
+            raise AttributeError(f"module {name!r} has no attribute {attribute!r}") from None
+
+    module.__getattr__ = initialise_then_get
     return module
 
 
@@ -55,6 +71,7 @@ def import_fla_module(name: str, bare: tuple[str, ...] = BARE_PACKAGES) -> Modul
 
 def _import_with_bare_packages(name: str, bare: tuple[str, ...]) -> ModuleType:
     added: list[str] = []
+    before = set(sys.modules)
     try:
         for package in bare:
             if package in sys.modules:
@@ -69,6 +86,9 @@ def _import_with_bare_packages(name: str, bare: tuple[str, ...]) -> ModuleType:
                 setattr(sys.modules[parent], child, module)
         return importlib.import_module(name)
     except BaseException:
-        for package in reversed(added):
-            sys.modules.pop(package, None)
+        if added:
+            # Modules imported under the bare packages belong to them (attributes of a package object about to go).
+            for module_name in set(sys.modules) - before:
+                if module_name == added[0] or module_name.startswith(added[0] + "."):
+                    sys.modules.pop(module_name, None)
         raise
