@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import click
 
+from genolc.train.measured import MEASURED_MFU
 from genolc.units import format_length, parse_length
 
 # Host memory besides the model: Python, torch and CUDA runtime, dataset maps (2.0-2.2 GiB in the H200 runs).
 HOST_RUNTIME_BYTES = int(2.1 * 1024**3)
-# Utilisation of the dense part measured on the H200 on 2026-11-30 (chunked steps of `small` at 512k-4M and of `base`
-# with recompute at 512k-2M all within 10 % of estimate_step_seconds at this value, the indexer's quadratic scoring
-# counted apart at its kernel's rate).
-MEASURED_MFU = 0.034
 
 
 @click.command("plan")

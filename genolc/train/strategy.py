@@ -31,6 +31,7 @@ import torch
 from genolc.model import ModelConfig
 from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
 from genolc.train.loss import LossTerms, micro_batch_loss
+from genolc.train.measured import MEASURED_MFU
 from genolc.errors import ConfigError
 from genolc.train.plan import (FAST_CHUNK, PLAN_MARGIN, OutOfMemoryPlanError, context_parallel_oom_error,
                                estimate_chunked_memory, estimate_context_parallel_memory, estimate_memory,
@@ -126,8 +127,6 @@ def _keeping_is_slower(config: ModelConfig, kept: StepStrategy, chosen_again: St
     recomputed forward against the indexer's second, or second and third, pass)."""
     if chosen_again.chunk is None or (kept.chunk < chosen_again.chunk and kept.chunk < FAST_CHUNK):
         return True
-    from genolc.train.plan_command import MEASURED_MFU       # the CLI's default, kept where click reads it
-
     def seconds(strategy: StepStrategy, passes: int) -> float:
         forwards = 2 + int(strategy.recompute)
         return estimate_step_seconds(config, seq_len=strategy.seq_len, tokens_per_step=strategy.seq_len * windows,
