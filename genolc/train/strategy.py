@@ -127,6 +127,7 @@ def _keeping_is_slower(config: ModelConfig, kept: StepStrategy, chosen_again: St
     recomputed forward against the indexer's second, or second and third, pass)."""
     if chosen_again.chunk is None or (kept.chunk < chosen_again.chunk and kept.chunk < FAST_CHUNK):
         return True
+
     def seconds(strategy: StepStrategy, passes: int) -> float:
         forwards = 2 + int(strategy.recompute)
         return estimate_step_seconds(config, seq_len=strategy.seq_len, tokens_per_step=strategy.seq_len * windows,
