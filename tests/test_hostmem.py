@@ -50,3 +50,40 @@ def test_the_users_own_malloc_setting_is_left_alone(monkeypatch):
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert return_large_frees_to_the_system() is False
+
+
+# prepare's pattern: the same chunk-sized arrays allocated, touched and freed chunk after chunk. With glibc's defaults
+# each 4 MiB array is fresh mmap'd pages (1024 minor faults each); kept in the heap, the pages are faulted in once.
+CHUNKS = """
+import resource, sys
+import numpy as np
+if sys.argv[1] == "kept":
+    from genolc.hostmem import keep_freed_blocks_for_reuse
+    assert keep_freed_blocks_for_reuse()
+np.ones(1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(100):
+    upper = np.ones(4 << 20, dtype=np.uint8)
+    flags = upper == 1
+    del upper, flags
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _minor_faults(mode: str) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", CHUNKS, mode], capture_output=True, text=True, env=env, check=True)
+    return int(out.stdout.strip())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_prepares_chunk_arrays_reuse_freed_pages():
+    assert _minor_faults("default") > 50_000          # 100 chunks x two 4 MiB arrays x 1024 pages, less THP
+    assert _minor_faults("kept") < 10_000
+
+
+def test_prepare_leaves_the_users_malloc_settings_alone(monkeypatch):
+    from genolc.hostmem import keep_freed_blocks_for_reuse
+
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "0")
+    assert keep_freed_blocks_for_reuse() is False
