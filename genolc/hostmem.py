@@ -16,7 +16,9 @@ chunk-sized arrays for every chunk of a genome (4 MiB blocks: the upper-cased ba
 with glibc's defaults each comes from fresh pages that the kernel must fault in and zero. Serving them from a heap
 that keeps what is freed took a prepare of the 70 Mbp GRCh37 chrX piece from 52-62k minor page faults to 36-44k and
 its system time from a median 0.48 to 0.29 s (wall median 0.955 -> 0.85 s, six alternating runs each on this
-project's 2-core machine, 2026-12-02; peak RSS 180 -> 205 MB; benchmarks/results/prepare_2026-12-02.json).
+project's 2-core machine, 2026-12-02; peak RSS 180 -> 205 MB). benchmarks/results/prepare_2026-12-02.json: the CLI
+over four .fa.gz genomes 65.5 -> 77.6 Mbp/s median (CPU 2.04 -> 1.68 s), over them inflated 61.6 -> 65.5; the same
+prepare() without the setting varied by 13 % between its two runs there, so read these as about 5-18 %.
 
 ``MALLOC_MMAP_THRESHOLD_`` (and, for the second, ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_TOP_PAD_``) in the
 environment, glibc's own settings, are left to rule. Other C libraries have no ``mallopt``; there nothing changes.
