@@ -48,16 +48,20 @@ def tail_slots(positions: torch.Tensor, kpool: int) -> torch.Tensor:
 
 
 def index_rows(pools: torch.Tensor, *, query_offset: int, kpool: int, select_tail: bool,
-               dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """The index rows that :func:`selected_pools` read ``pools [B, T, topk // kpool]`` from (-1: empty slot), for
-    queries at positions ``query_offset ..``: ``[B, T, W]`` in ``dtype``. ``index_rows(selected_pools(rows), ...)``
-    gives ``rows`` back exactly, so a selection can be kept at a quarter of its rows' size (kpool 4) and expanded
-    when a later pass over the same positions needs it."""
+               dtype: torch.dtype = torch.int64, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The index rows of the chosen ``pools [B, T, topk // kpool]`` (-1: empty slot, best first) for queries at
+    positions ``query_offset ..``: ``[B, T, W]`` in ``dtype`` (written into ``out`` when given). The selectors
+    (reference, triton) build their rows with it, and ``index_rows(selected_pools(rows), ...)`` gives ``rows`` back
+    exactly, so a selection can be kept at a quarter of its rows' size (kpool 4) and expanded when a later pass over
+    the same positions needs it."""
     if pools.dim() != 3:
         raise ValueError(f"pools must be [B, T, topk // kpool], got {tuple(pools.shape)}")
     batch, seq_len, slots = pools.shape
     width = slots * kpool + (kpool - 1 if select_tail else 0)
-    rows = torch.empty((batch, seq_len, width), dtype=dtype, device=pools.device)
+    rows = torch.empty((batch, seq_len, width), dtype=dtype, device=pools.device) if out is None else out
+    if rows.shape != (batch, seq_len, width) or rows.dtype != dtype:
+        raise ValueError(f"out must be [B, T, W] = {[batch, seq_len, width]} {dtype}, got {tuple(rows.shape)} "
+                         f"{rows.dtype}")
     within = torch.arange(kpool, device=pools.device, dtype=dtype)
     tokens = rows[..., : slots * kpool].view(batch, seq_len, slots, kpool)
     torch.add(within, pools.to(dtype)[..., None], alpha=kpool, out=tokens)

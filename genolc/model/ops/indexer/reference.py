@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from genolc.model.ops.indexer.layout import complete_pools_visible, index_width, tail_slots
+from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows, index_width
 from genolc.model.ops.precision import autocast_off
 
 DEFAULT_QUERY_CHUNK = 256
@@ -121,8 +121,7 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
     window_pools = max(known_pools, (window_len or 0) // kpool)
     pools_per_row = topk // kpool
     width = index_width(topk, kpool, select_tail)
-    within_pool = torch.arange(kpool, device=device)
-    out = torch.full((batch, seq_len, width), -1, dtype=torch.long, device=device)
+    out = torch.empty((batch, seq_len, width), dtype=torch.long, device=device)
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
@@ -146,11 +145,7 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
             best_pools = candidate_ids.gather(-1, kept.indices)
 
         # A masked pool is only kept when fewer than pools_per_row are visible; drop it by position, not score.
-        valid = best_pools < n_visible[None, :, None]
-        tokens = best_pools[..., None] * kpool + within_pool
-        tokens = tokens.masked_fill(~valid[..., None], -1).flatten(-2)
-        out[:, q0:q1, : tokens.shape[-1]] = tokens
-
-        if select_tail and kpool > 1:
-            out[:, q0:q1, topk:] = tail_slots(positions, kpool)[None].expand(batch, -1, -1)
+        pools = best_pools.new_full((batch, q1 - q0, pools_per_row), -1)
+        pools[..., : best_pools.shape[-1]] = best_pools.masked_fill(best_pools >= n_visible[None, :, None], -1)
+        index_rows(pools, query_offset=query_offset + q0, kpool=kpool, select_tail=select_tail, out=out[:, q0:q1])
     return out

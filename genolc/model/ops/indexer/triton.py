@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from genolc.model.ops.indexer.layout import complete_pools_visible, index_width, tail_slots
+from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows, index_width
 from genolc.model.ops.indexer.reference import check_selection_inputs
 
 SCORE_BUDGET_ELEMENTS = 1 << 28
@@ -174,10 +174,9 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
         raise ValueError(f"query_chunk must be positive, got {query_chunk}")
     pools_per_row = topk // kpool
     width = index_width(topk, kpool, select_tail)
-    within_pool = torch.arange(kpool, device=device)
     index_q, head_weights, pooled = prepare_inputs(index_q, head_weights, pooled)
     check_kernel_inputs(index_q, head_weights, pooled)
-    out = torch.full((batch, seq_len, width), -1, dtype=out_dtype, device=device)
+    out = torch.empty((batch, seq_len, width), dtype=out_dtype, device=device)
     scores = torch.empty(min(query_chunk, seq_len) * max(n_pools, 1), dtype=torch.float32, device=device)
 
     for q0 in range(0, seq_len, query_chunk):
@@ -185,19 +184,15 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
         positions = torch.arange(query_offset + q0, query_offset + q1, device=device)
         n_visible = complete_pools_visible(positions, kpool)
         visible_pools = (query_offset + q1) // kpool  # the chunk's last query sees the most pools
-        if select_tail and kpool > 1:
-            out[:, q0:q1, topk:] = tail_slots(positions, kpool)[None].to(out_dtype)
-        if visible_pools == 0:
-            continue
+        pools = torch.full((batch, q1 - q0, pools_per_row), -1, dtype=torch.long, device=device)
         kept_count = min(pools_per_row, visible_pools)
         block = scores[: (q1 - q0) * visible_pools].view(q1 - q0, visible_pools)
-        for b in range(batch):
+        for b in range(batch if visible_pools else 0):
             pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools],
                              query_offset + q0, softmax_scale, kpool, block)
             best_pools = block.topk(kept_count, dim=-1).indices
             # A non-causal pool is picked only when fewer than pools_per_row are visible: drop it by position.
-            valid = best_pools < n_visible[:, None]
-            tokens = best_pools[..., None] * kpool + within_pool
-            tokens = tokens.masked_fill(~valid[..., None], -1).flatten(-2)
-            out[b, q0:q1, : tokens.shape[-1]] = tokens.to(out_dtype)
+            pools[b, :, :kept_count] = best_pools.masked_fill(best_pools >= n_visible[:, None], -1)
+        index_rows(pools, query_offset=query_offset + q0, kpool=kpool, select_tail=select_tail, dtype=out_dtype,
+                   out=out[:, q0:q1])
     return out
