@@ -11,7 +11,8 @@ cache rather than for first-touch pages:
   tokenizer's pair lookup, the unusual-byte check).
 
 Process CPU time (user and system: fresh arrays' page faults count), best of --repeats. The sum is what these
-steps cost as prepare runs them, before any pipeline overhead; two cores allow at most ``2 / sum`` bases per second. Writes benchmarks/results/prepare_stage_costs_<date>.json (or $OUT).
+steps cost as prepare runs them, before any pipeline overhead; two cores allow at most ``2 / sum`` bases per
+second. Writes benchmarks/results/prepare_stage_costs_<date>.json (or $OUT).
 """
 
 from __future__ import annotations

@@ -8,12 +8,13 @@ tokens trains in chunks of ``C`` with exactly the whole window's gradients (to r
    earlier position: "rows") and leaves its own. The MoE load of the whole window is counted here too: the balance
    loss needs each layer's share of token slots per expert over the window before any chunk's backward. The DSA
    layers' chosen pools are kept (int32, ``topk // kpool`` per token and layer) unless the step strategy says not
-   to (``keep_selections``: where they do not fit) or the process holds only a shard of each chunk.
+   to (``keep_selections``, genolc/train/strategy.py) or the process holds only a shard of each chunk.
 2. Backward, chunks last to first: chunk j's forward runs again with grad, its past entries as leaves that require
    grad, attending to the pools pass 1 chose where they were kept (choosing again scores every earlier pool a
-   second time, and a third under recompute); backward starts from chunk j's loss and from the gradients that later chunks already
-   sent to what chunk j left (its carried entries' gradient from chunk j + 1, its rows' gradient summed over every
-   later chunk, in fp32). The gradients reaching chunk j's past leaves go to the chunks before it.
+   second time, and a third under recompute); backward starts from chunk j's loss and from the gradients that
+   later chunks already sent to what chunk j left (its carried entries' gradient from chunk j + 1, its rows'
+   gradient summed over every later chunk, in fp32). The gradients reaching chunk j's past leaves go to the chunks
+   before it.
 
 Parameters accumulate their gradients over the chunks as over micro-batches. Cost: two forwards and one backward, as
 per-layer recompute; memory: one chunk's activations plus the window's caches (O(T) rows of the DSA latent and the

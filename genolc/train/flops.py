@@ -13,8 +13,9 @@ Per token of a window of ``T`` tokens (forward; a training step is forward + bac
 Model FLOPs (MFU's numerator) count one forward and one backward of the dense part and the DSA core, and the
 indexer's forward. Hardware FLOPs (HFU) add what the step strategy runs again: one more forward with per-layer
 recompute, one more with the chunked step (its no-grad fill pass), two with both; the indexer's scoring among
-them only where it runs again (a chunked step that keeps its first pass's pools chooses once). MFU divides by the device's
-dense bf16 peak from the vendor's table (:func:`device_peak_flops`); on devices not in it MFU is not reported.
+them only where it runs again (a chunked step that keeps its first pass's pools chooses once). MFU divides by the
+device's dense bf16 peak from the vendor's table (:func:`device_peak_flops`); on devices not in it MFU is not
+reported.
 """
 
 from __future__ import annotations
