@@ -44,6 +44,7 @@ from genolc.model.ops.dsa import reference as dsa_reference  # noqa: E402
 from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
 from genolc.model.ops.kda import reference as kda_reference  # noqa: E402
+from genolc.model.ops.mhc import reference as mhc_reference  # noqa: E402
 from genolc.model.ops.moe import reference as moe_reference  # noqa: E402
 from model_composition_check import Decisions, model_config, selection_agreement  # noqa: E402
 
@@ -84,6 +85,8 @@ def _use_reference_ops(model, monkeypatch):
             module.kda_op = kda_reference.chunk_kda
         if hasattr(module, "sparse_attention_op"):
             module.sparse_attention_op = dsa_reference.sparse_latent_attention
+        if hasattr(module, "mixing_op"):
+            module.mixing_op = mhc_reference.mixing_logits
     monkeypatch.setattr(moe_layer, "routed_experts", moe_reference.routed_experts)
 
 

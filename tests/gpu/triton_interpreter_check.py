@@ -1,10 +1,10 @@
 """TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
 
-Runs genolc's Triton kernels (indexer scoring; DSA latent sparse attention forward, lse and backward) on CPU
-tensors under Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37,
-77, 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a head count that
-needs two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices, strided index
-rows. Exit status 0 when everything matches.
+Runs genolc's Triton kernels (mHC mixing logits; indexer scoring; DSA latent sparse attention forward, lse and
+backward) on CPU tensors under Triton's interpreter and compares them with the pure-torch references at small odd
+shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a
+head count that needs two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices,
+strided index rows. Exit status 0 when everything matches.
 
 Not part of the CI suite (pytest collects ``test_*.py`` only): it needs Triton, which genolc does not depend on on
 CPU. Use a throwaway venv, never the project's:
@@ -34,6 +34,8 @@ from genolc.model.ops.dsa import reference as dsa_reference  # noqa: E402
 from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer import layout as indexer_layout  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
+from genolc.model.ops.mhc import reference as mhc_reference  # noqa: E402
+from genolc.model.ops.mhc import triton as mhc_triton  # noqa: E402
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -166,6 +168,18 @@ def check_dsa(batch, length, heads, rank, topk, kpool, index_dtype, strided_indi
     return problems
 
 
+def check_mhc(rows, cols, logits, dtype, block_rows, block_k) -> list[str]:
+    """The fused mixing-logits kernel (IEEE product) into a NaN-filled output, against the reference."""
+    gen = torch.Generator().manual_seed(rows * 7 + cols)
+    x = (torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen) * 4).to(dtype)
+    weight = torch.randn(logits, cols, generator=gen) * 0.02
+    out = torch.full((rows, logits), float("nan"))
+    config = mhc_triton.KernelConfig(block_rows=block_rows, block_k=block_k)
+    got = mhc_triton.fused_mixing_logits(x, weight, 1e-6, tf32=False, out=out, config=config)
+    error = rel_err(got, mhc_reference.mixing_logits(x, weight, 1e-6))
+    return [] if got is out and error < 1e-6 else [f"rel err {error:.2e}"]
+
+
 def main() -> int:
     failures = 0
     indexer_cases = [
@@ -190,6 +204,18 @@ def main() -> int:
         (1, 101, 40, 20, 32, 4, torch.int32),       # 40 heads: two head blocks, the second partly padded
         (1, 77, 3, 72, 96, 4, torch.int64),         # W = 99 > one slot block; R = 72 pads to 128
     ]
+    mhc_cases = [
+        # rows, K, logits, x dtype, block rows, block K: rows and K off the tile grid, one row, W not a power of 2
+        (37, 96, 24, torch.float32, 16, 32),
+        (203, 200, 24, torch.float32, 64, 64),
+        (1, 72, 24, torch.float32, 16, 64),
+        (77, 128, 40, torch.bfloat16, 32, 32),
+    ]
+    for case in mhc_cases:
+        start = time.time()
+        problems = check_mhc(*case)
+        failures += bool(problems)
+        print(f"mhc {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
     for case in indexer_cases:
         start = time.time()
         problems = check_indexer(*case)

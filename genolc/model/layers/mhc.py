@@ -11,16 +11,18 @@ computes, per token and from all N streams, three sets of weights with a one-lay
 
 Then ``new_streams = post ⊗ block_out + comb^T @ streams`` (:func:`merge_streams`). After the last layer the
 streams are averaged (:func:`collapse_streams`). Parameter names (``fn``, ``base``, ``scale``) match transformers.
+
+The perceptron's input, the RMS-normed streams projected by ``fn``, is the module attribute ``mixing_op``
+(``genolc.model.ops.dispatch.mhc_mixing_logits``: the pure-torch reference on CPU, a fused kernel on CUDA).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from genolc.model.config import ModelConfig
-from genolc.model.layers.norm import unweighted_rms_norm
+from genolc.model.ops.dispatch import mhc_mixing_logits
 
 
 def sinkhorn(matrix: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
@@ -47,14 +49,14 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.zeros(width, dtype=torch.float32))
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
         nn.init.normal_(self.fn, std=0.02)
+        self.mixing_op = mhc_mixing_logits
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if streams.dim() != 4 or streams.shape[2] != self.n_streams:
             raise ValueError(f"streams must be [B, T, {self.n_streams}, D]; got {tuple(streams.shape)}")
         n = self.n_streams
         batch, length = streams.shape[:2]
-        mixed = F.linear(unweighted_rms_norm(streams.reshape(batch, length, -1).float(), self.norm_eps),
-                         self.fn.float())
+        mixed = self.mixing_op(streams.reshape(batch * length, -1), self.fn, self.norm_eps).view(batch, length, -1)
         pre_logit, post_logit, comb_logit = mixed.split([n, n, n * n], dim=-1)
         pre_bias, post_bias, comb_bias = self.base.split([n, n, n * n])
         pre_scale, post_scale, comb_scale = self.scale.unbind(0)

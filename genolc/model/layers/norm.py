@@ -1,4 +1,5 @@
-"""RMS norms: the plain weighted one, the sigmoid-gated one KDA ends with, and the unweighted one mHC uses.
+"""RMS norms: the plain weighted one and the sigmoid-gated one KDA ends with (mHC's unweighted one is part of its
+mixing-logits op, genolc/model/ops/mhc).
 
 All compute in fp32; the weighted norm casts back before the weight (as transformers does), the gated norm keeps
 the weight in fp32 and casts back last.
@@ -8,11 +9,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
-
-def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps)`` over the last dim, the statistics in fp32."""
-    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):

@@ -7,6 +7,7 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     select_indices           genolc.model.ops.indexer.triton (Triton scores + top-k)        | ops.indexer.reference
     sparse_latent_attention  genolc.model.ops.dsa.tilelang pair, else dsa.triton (fused)    | ops.dsa.reference
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
+    mhc_mixing_logits        genolc.model.ops.mhc.op (custom op, fused Triton forward)      | ops.mhc.reference
 
 DSA sparse attention on CUDA runs the TileLang kernel pair (tilelang/forward.py, tilelang/backward.py) when TileLang is installed
 and takes the operands (bf16/fp16, H <= 32, R a multiple of 16 up to 512), else the Triton pair; both are fused
@@ -26,6 +27,7 @@ import torch
 from genolc.model.ops.dsa import reference as dsa_reference
 from genolc.model.ops.indexer import reference as indexer_reference
 from genolc.model.ops.kda import reference as kda_reference
+from genolc.model.ops.mhc import reference as mhc_reference
 from genolc.model.ops.moe import reference as moe_reference
 
 
@@ -113,3 +115,12 @@ def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Ten
 
         return grouped_mm.grouped_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit)
     return moe_reference.routed_experts(x, expert_ids, weights, gate_up_proj, down_proj, swiglu_limit)
+
+
+def mhc_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """mHC's mixing logits ``x [M, K]``, ``weight [W, K]`` -> ``[M, W]``; see ``genolc.model.ops.mhc.reference``."""
+    if x.is_cuda:
+        from genolc.model.ops.mhc import op as mhc_op
+
+        return mhc_op.mixing_logits(x, weight, eps)
+    return mhc_reference.mixing_logits(x, weight, eps)

@@ -1,0 +1,83 @@
+"""python benchmarks/bench_mhc.py [--tokens 32768]   (on the GPU; carry: [".gpu"])
+
+mHC's mixing logits for one chunk of ``--tokens``, fp32 streams (as the trainer's are), shapes of `small`
+(K = 4 x 1024) and `base` (K = 4 x 1536), 24 logits, under bf16 autocast as the trainer runs:
+
+- ``compiled reference``: the reference formula (RMS norm, then a Linear) under torch.compile, which is what
+  genolc ran before the fused kernel (inductor's norm-and-cast kernel, then cuBLAS's product);
+- ``fused op``: ``genolc.model.ops.mhc.op.mixing_logits`` (the Triton kernel; its backward compiled);
+- the kernel alone with each candidate tile config, forward only.
+
+Forward and forward + backward, median of 20 after a warm-up (gpu_bench_common.measure), the streams' read
+bandwidth of the forward, and the error against fp64. Writes JSON (command, git SHA, device) to $OUT or
+benchmarks/results/mhc_<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from gpu_bench_common import measure, write_results
+from genolc.model.ops.mhc import op, reference, triton as mhc_triton
+from genolc.model.presets import base, small
+
+CANDIDATES = [mhc_triton.KernelConfig(64, 64, 4, 3), mhc_triton.KernelConfig(64, 128, 4, 3),
+              mhc_triton.KernelConfig(32, 128, 4, 4), mhc_triton.KernelConfig(128, 64, 8, 3),
+              mhc_triton.KernelConfig(64, 64, 4, 5), mhc_triton.KernelConfig(32, 64, 2, 4)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=32768)
+    args = parser.parse_args()
+    rows = []
+    eps = 1e-6
+    ways = {"compiled reference": torch.compile(reference.mixing_logits, dynamic=False),
+            "fused op": torch.compile(op.mixing_logits, dynamic=False)}
+    for name, config in (("small", small()), ("base", base())):
+        cols = config.hc_mult * config.hidden_size
+        logits = (2 + config.hc_mult) * config.hc_mult
+        x = torch.randn(args.tokens, cols, device="cuda", requires_grad=True)
+        weight = (torch.randn(logits, cols, device="cuda") * 0.02).requires_grad_()
+        grad = torch.randn(args.tokens, logits, device="cuda")
+        x64 = x.detach().double()
+        exact = torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps) * (x64 @ weight.detach().double().t())
+        read_gb = x.numel() * x.element_size() / 1e9
+
+        def error(result: torch.Tensor) -> float:
+            return float((result.double() - exact).norm() / exact.norm())
+
+        for way, function in ways.items():
+            def forward():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return function(x.detach(), weight.detach(), eps)
+
+            def forward_backward():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = function(x, weight, eps)
+                return torch.autograd.grad(out, (x, weight), grad)
+
+            timed = measure(forward, repeats=20)["ms"]
+            rows.append({"preset": name, "tokens": args.tokens, "k": cols, "way": way, "forward_ms": round(timed, 3),
+                         "forward_read_tb_per_s": round(read_gb / timed, 2),
+                         "forward_backward_ms": round(measure(forward_backward, repeats=20)["ms"], 3),
+                         "relative_error_vs_fp64": error(forward())})
+            print(json.dumps(rows[-1]))
+        for candidate in CANDIDATES:
+            timed = measure(lambda: mhc_triton.fused_mixing_logits(x.detach(), weight.detach(), eps, tf32=True,
+                                                                   config=candidate), repeats=20)["ms"]
+            result = mhc_triton.fused_mixing_logits(x.detach(), weight.detach(), eps, tf32=True, config=candidate)
+            rows.append({"preset": name, "tokens": args.tokens, "k": cols, "way": "kernel", "config": vars(candidate),
+                         "forward_ms": round(timed, 3), "forward_read_tb_per_s": round(read_gb / timed, 2),
+                         "relative_error_vs_fp64": error(result)})
+            print(json.dumps(rows[-1]))
+    notes = {"timing": "median of 20 after one warm-up, CUDA events",
+             "default_config": vars(mhc_triton.DEFAULT_CONFIG)}
+    print(f"wrote {write_results('mhc', rows, notes)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The fused mHC mixing-logits kernel (genolc/model/ops/mhc/triton.py) and its custom op on CUDA against the
+pure-torch reference in fp64. Needs CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from genolc.model.ops.mhc import op, triton as mhc_triton  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-6
+
+
+def _exact(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    x64 = x.double()
+    return torch.rsqrt(x64.square().mean(-1, keepdim=True) + EPS) * (x64 @ weight.double().t())
+
+
+def _streams(rows: int, cols: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(rows + cols)
+    x = torch.randn(rows, cols, generator=gen, device="cuda") * torch.rand(rows, 1, generator=gen, device="cuda") * 4
+    weight = torch.randn(24, cols, generator=gen, device="cuda") * 0.02
+    return x.to(dtype), weight
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.double() - expected.double()).norm() / expected.double().norm())
+
+
+@pytest.mark.parametrize("rows, cols, dtype, tf32", [
+    (1, 4096, torch.float32, False),
+    (37, 6144, torch.float32, True),
+    (32771, 4096, torch.float32, True),
+    (32771, 6144, torch.float32, False),
+    (5003, 6144, torch.bfloat16, True),
+])
+def test_kernel_matches_exact_logits(rows, cols, dtype, tf32):
+    x, weight = _streams(rows, cols, dtype)
+    out = torch.full((rows, 24), float("nan"), device="cuda")
+    got = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=tf32, out=out)
+    assert got is out and bool(torch.isfinite(got).all())
+    # TF32 keeps 10 mantissa bits of each operand: ~2^-11 per product, averaging out over K.
+    assert _relative(got, _exact(x, weight)) < (2e-3 if tf32 else 1e-5)
+
+
+@pytest.mark.parametrize("config", [mhc_triton.KernelConfig(32, 128, 4, 3), mhc_triton.KernelConfig(128, 32, 8, 4)])
+def test_other_tile_configs(config):
+    x, weight = _streams(4099, 6144, torch.float32)
+    got = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=False, config=config)
+    assert _relative(got, _exact(x, weight)) < 1e-5
+
+
+def test_op_gradients_under_autocast():
+    """The op as the model calls it (bf16 autocast on: TF32 product; the backward in fp32) against fp64 autograd."""
+    x, weight = _streams(3001, 6144, torch.float32)
+    x.requires_grad_()
+    weight.requires_grad_()
+    grad = torch.randn(3001, 24, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = op.mixing_logits(x, weight, EPS)
+    assert logits.dtype == torch.float32
+    mine = torch.autograd.grad(logits, (x, weight), grad)
+    x64, weight64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    expected = torch.autograd.grad(_exact(x64, weight64), (x64, weight64), grad.double())
+    assert _relative(logits, _exact(x, weight)) < 2e-3
+    assert mine[0].dtype == torch.float32 and _relative(mine[0], expected[0]) < 1e-4
+    assert _relative(mine[1], expected[1]) < 1e-4

@@ -1,0 +1,75 @@
+"""mHC's mixing-logits custom op (genolc/model/ops/mhc/op.py) on CPU: its forward there is the reference formula,
+so these tests check the op's hand-written backward, its registration (fake shapes, autograd) and its use inside the
+hyper-connection under torch.compile. The CUDA kernel itself: tests/gpu/test_mhc_triton.py and, on CPU under
+Triton's interpreter, tests/gpu/triton_interpreter_check.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genolc.model import build_model, preset
+from genolc.model.layers.mhc import HyperConnection
+from genolc.model.ops.mhc import op, reference
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.double() - expected.double()).norm() / expected.double().norm())
+
+
+@pytest.mark.parametrize("rows, dtype", [(37, torch.float32), (1, torch.float32), (53, torch.bfloat16)])
+def test_backward_matches_autograd_of_the_reference(rows, dtype):
+    torch.manual_seed(rows)
+    # Streams of unequal scale per token, as after many layers: the norm's own gradient term matters.
+    x = (torch.randn(rows, 96) * torch.rand(rows, 1) * 5).to(dtype).requires_grad_()
+    weight = torch.randn(24, 96, requires_grad=True)
+    grad = torch.randn(rows, 24)
+
+    logits = op.mixing_logits(x, weight, 1e-6)
+    logits.backward(grad)
+    mine = x.grad.clone(), weight.grad.clone()
+    x.grad = weight.grad = None
+    expected = reference.mixing_logits(x, weight, 1e-6)
+    expected.backward(grad)
+
+    assert logits.dtype == torch.float32 and torch.equal(logits, expected)
+    assert mine[0].dtype == dtype and mine[1].dtype == torch.float32
+    assert _relative(mine[0], x.grad) < 1e-6
+    assert _relative(mine[1], weight.grad) < 1e-6
+
+
+def test_gradient_of_one_input_only():
+    x = torch.randn(5, 32)
+    weight = torch.randn(8, 32, requires_grad=True)
+    op.mixing_logits(x, weight, 1e-6).sum().backward()
+    assert weight.grad is not None and x.grad is None
+    dx, dweight = op.mixing_logits_backward(torch.ones(5, 8), x, weight, op.mixing_logits(x, weight, 1e-6), 1e-6,
+                                            need_x=False)
+    assert dx is None and torch.allclose(dweight, weight.grad)
+
+
+def test_op_registration_passes_torch_opcheck():
+    x = torch.randn(13, 64, requires_grad=True)
+    weight = torch.randn(24, 64, requires_grad=True)
+    torch.library.opcheck(op.mixing_logits_op, (x, weight, 1e-6, False))
+
+
+def test_hyper_connection_with_the_op_compiled_matches_the_reference():
+    """The tiny model's first hyper-connection, once with its default op (the reference on CPU) eagerly and once with
+    the custom op under torch.compile: same outputs and gradients (what the GPU path runs, minus the kernel)."""
+    torch.manual_seed(0)
+    connection = build_model(preset("tiny")).layers[0].attn_hc
+    assert isinstance(connection, HyperConnection)
+    streams = torch.randn(2, 19, 4, 64, requires_grad=True)
+
+    def run():
+        post, comb, block_input = connection(streams)
+        loss = (post.square().sum() + comb.square().sum() + block_input.square().sum())
+        return [t.detach() for t in (post, comb, block_input)], torch.autograd.grad(loss, [streams, connection.fn])
+
+    expected_outputs, expected_grads = run()
+    connection.mixing_op = op.mixing_logits
+    connection.forward = torch.compile(connection.forward, fullgraph=True, dynamic=False)
+    outputs, grads = run()
+    for mine, theirs in zip(outputs + list(grads), expected_outputs + list(expected_grads)):
+        assert _relative(mine, theirs) < 1e-5
