@@ -6,7 +6,7 @@ mHC's mixing logits for one chunk of ``--tokens``, fp32 streams (as the trainer'
 - ``compiled reference``: the reference formula (RMS norm, then a Linear) under torch.compile, which is what
   genolc ran before the fused kernel (inductor's norm-and-cast kernel, then cuBLAS's product);
 - ``fused op``: ``genolc.model.ops.mhc.op.mixing_logits`` (the Triton kernel; its backward compiled);
-- the kernel alone with each candidate tile config, forward only.
+- the forward and backward kernels alone with each candidate tile config.
 
 Forward and forward + backward, median of 20 after a warm-up (gpu_bench_common.measure), the streams' read
 bandwidth of the forward, and the error against fp64. Writes JSON (command, git SHA, device) to $OUT or
@@ -24,9 +24,11 @@ from gpu_bench_common import measure, write_results
 from genolc.model.ops.mhc import op, reference, triton as mhc_triton
 from genolc.model.presets import base, small
 
-CANDIDATES = [mhc_triton.KernelConfig(64, 64, 4, 3), mhc_triton.KernelConfig(64, 128, 4, 3),
-              mhc_triton.KernelConfig(32, 128, 4, 4), mhc_triton.KernelConfig(128, 64, 8, 3),
-              mhc_triton.KernelConfig(64, 64, 4, 5), mhc_triton.KernelConfig(32, 64, 2, 4)]
+CANDIDATES = [mhc_triton.KernelConfig(64, 128, 4, 3), mhc_triton.KernelConfig(64, 64, 4, 3),
+              mhc_triton.KernelConfig(128, 128, 8, 3), mhc_triton.KernelConfig(64, 256, 8, 2)]
+BACKWARD_CANDIDATES = [mhc_triton.BackwardConfig(4096, 64, 64, 4, 2), mhc_triton.BackwardConfig(4096, 64, 128, 8, 2),
+                       mhc_triton.BackwardConfig(2048, 64, 64, 4, 3), mhc_triton.BackwardConfig(8192, 128, 64, 8, 2),
+                       mhc_triton.BackwardConfig(2048, 32, 128, 4, 3)]
 
 
 def main() -> None:
@@ -69,13 +71,22 @@ def main() -> None:
         for candidate in CANDIDATES:
             timed = measure(lambda: mhc_triton.fused_mixing_logits(x.detach(), weight.detach(), eps, tf32=True,
                                                                    config=candidate), repeats=20)["ms"]
-            result = mhc_triton.fused_mixing_logits(x.detach(), weight.detach(), eps, tf32=True, config=candidate)
+            result, _ = mhc_triton.fused_mixing_logits(x.detach(), weight.detach(), eps, tf32=True, config=candidate)
             rows.append({"preset": name, "tokens": args.tokens, "k": cols, "way": "kernel", "config": vars(candidate),
                          "forward_ms": round(timed, 3), "forward_read_tb_per_s": round(read_gb / timed, 2),
                          "relative_error_vs_fp64": error(result)})
             print(json.dumps(rows[-1]))
+        scaled, coef = torch.randn_like(grad), torch.randn(args.tokens, device="cuda")
+        for candidate in BACKWARD_CANDIDATES:
+            timed = measure(lambda: mhc_triton.fused_mixing_logits_backward(
+                scaled, coef, x.detach(), weight.detach(), tf32=True, config=candidate), repeats=20)["ms"]
+            rows.append({"preset": name, "tokens": args.tokens, "k": cols, "way": "backward kernel",
+                         "config": vars(candidate), "backward_ms": round(timed, 3),
+                         "read_and_write_tb_per_s": round(2 * read_gb / timed, 2)})
+            print(json.dumps(rows[-1]))
     notes = {"timing": "median of 20 after one warm-up, CUDA events",
-             "default_config": vars(mhc_triton.DEFAULT_CONFIG)}
+             "default_config": vars(mhc_triton.DEFAULT_CONFIG),
+             "default_backward_config": vars(mhc_triton.DEFAULT_BACKWARD_CONFIG)}
     print(f"wrote {write_results('mhc', rows, notes)}")
 
 

@@ -42,17 +42,37 @@ def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def test_kernel_matches_exact_logits(rows, cols, dtype, tf32):
     x, weight = _streams(rows, cols, dtype)
     out = torch.full((rows, 24), float("nan"), device="cuda")
-    got = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=tf32, out=out)
+    got, rstd = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=tf32, out=out)
     assert got is out and bool(torch.isfinite(got).all())
     # TF32 keeps 10 mantissa bits of each operand: ~2^-11 per product, averaging out over K.
     assert _relative(got, _exact(x, weight)) < (2e-3 if tf32 else 1e-5)
+    assert _relative(rstd, torch.rsqrt(x.double().square().mean(-1) + EPS)) < 1e-6
 
 
 @pytest.mark.parametrize("config", [mhc_triton.KernelConfig(32, 128, 4, 3), mhc_triton.KernelConfig(128, 32, 8, 4)])
 def test_other_tile_configs(config):
     x, weight = _streams(4099, 6144, torch.float32)
-    got = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=False, config=config)
+    got, _ = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=False, config=config)
     assert _relative(got, _exact(x, weight)) < 1e-5
+
+
+@pytest.mark.parametrize("rows, dtype, config", [
+    (32771, torch.float32, mhc_triton.DEFAULT_BACKWARD_CONFIG),
+    (4099, torch.float32, mhc_triton.BackwardConfig(1024, 32, 128, 8, 3)),
+    (37, torch.bfloat16, mhc_triton.DEFAULT_BACKWARD_CONFIG),
+])
+def test_backward_kernel_matches_exact_gradients(rows, dtype, config):
+    x, weight = _streams(rows, 6144, dtype)
+    grad = torch.randn(rows, 24, device="cuda")
+    logits, rstd = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=False)
+    scaled = grad * rstd[:, None]
+    coef = rstd.square() / x.shape[1] * (grad * logits).sum(-1)
+    dx, dweight = mhc_triton.fused_mixing_logits_backward(scaled, coef, x, weight, tf32=False, config=config)
+    x64, weight64 = x.double().requires_grad_(), weight.double().requires_grad_()
+    expected = torch.autograd.grad(_exact(x64, weight64), (x64, weight64), grad.double())
+    assert dx.dtype == dtype and dweight.dtype == torch.float32
+    assert _relative(dx, expected[0]) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+    assert _relative(dweight, expected[1]) < 1e-5
 
 
 def test_op_gradients_under_autocast():

@@ -34,6 +34,7 @@ from genolc.model.ops.dsa import reference as dsa_reference  # noqa: E402
 from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer import layout as indexer_layout  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
+from genolc.model.ops.mhc import op as mhc_op  # noqa: E402
 from genolc.model.ops.mhc import reference as mhc_reference  # noqa: E402
 from genolc.model.ops.mhc import triton as mhc_triton  # noqa: E402
 
@@ -168,16 +169,34 @@ def check_dsa(batch, length, heads, rank, topk, kpool, index_dtype, strided_indi
     return problems
 
 
-def check_mhc(rows, cols, logits, dtype, block_rows, block_k) -> list[str]:
-    """The fused mixing-logits kernel (IEEE product) into a NaN-filled output, against the reference."""
+def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) -> list[str]:
+    """The fused mixing-logits kernels (IEEE products; the forward into a NaN-filled output) against the reference
+    and autograd of it."""
     gen = torch.Generator().manual_seed(rows * 7 + cols)
     x = (torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen) * 4).to(dtype)
     weight = torch.randn(logits, cols, generator=gen) * 0.02
+    grad = torch.randn(rows, logits, generator=gen)
     out = torch.full((rows, logits), float("nan"))
     config = mhc_triton.KernelConfig(block_rows=block_rows, block_k=block_k)
-    got = mhc_triton.fused_mixing_logits(x, weight, 1e-6, tf32=False, out=out, config=config)
-    error = rel_err(got, mhc_reference.mixing_logits(x, weight, 1e-6))
-    return [] if got is out and error < 1e-6 else [f"rel err {error:.2e}"]
+    got, rstd = mhc_triton.fused_mixing_logits(x, weight, 1e-6, tf32=False, out=out, config=config)
+    x_ref, weight_ref = x.clone().requires_grad_(), weight.clone().requires_grad_()
+    expected = mhc_reference.mixing_logits(x_ref, weight_ref, 1e-6)
+    expected_dx, expected_dw = torch.autograd.grad(expected, (x_ref, weight_ref), grad)
+    problems = [] if got is out and rel_err(got, expected) < 1e-6 else [f"logits rel err {rel_err(got, expected):.2e}"]
+    scaled = grad * rstd[:, None]
+    coef = rstd.square() / cols * (grad * got).sum(-1)
+    backward = mhc_triton.BackwardConfig(rows_per_program=rows_per_program, block_rows=block_rows, block_k=block_k)
+    dx, dw = mhc_triton.fused_mixing_logits_backward(scaled, coef, x, weight, tf32=False, config=backward)
+    # bf16 streams: dx is rounded to bf16 like autograd's, but from a different fp32 sum.
+    dx_tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    if dx.dtype != dtype or rel_err(dx, expected_dx) > dx_tolerance:
+        problems.append(f"dx rel err {rel_err(dx, expected_dx):.2e} ({dx.dtype})")
+    if rel_err(dw, expected_dw) > 1e-5:
+        problems.append(f"dweight rel err {rel_err(dw, expected_dw):.2e}")
+    op_dx, op_dw = mhc_op.mixing_logits_backward_op(grad, x, weight, got, rstd, False)
+    if rel_err(op_dx, dx) > dx_tolerance or rel_err(op_dw, dw) > 1e-5:
+        problems.append("the op's torch formulas differ from the kernel")
+    return problems
 
 
 def main() -> int:
@@ -205,11 +224,12 @@ def main() -> int:
         (1, 77, 3, 72, 96, 4, torch.int64),         # W = 99 > one slot block; R = 72 pads to 128
     ]
     mhc_cases = [
-        # rows, K, logits, x dtype, block rows, block K: rows and K off the tile grid, one row, W not a power of 2
-        (37, 96, 24, torch.float32, 16, 32),
-        (203, 200, 24, torch.float32, 64, 64),
-        (1, 72, 24, torch.float32, 16, 64),
-        (77, 128, 40, torch.bfloat16, 32, 32),
+        # rows, K, logits, x dtype, block rows, block K, backward rows per program: rows and K off the tile grid,
+        # one row, W not a power of 2, several row groups with a partial last one
+        (37, 96, 24, torch.float32, 16, 32, 16),
+        (203, 200, 24, torch.float32, 64, 64, 128),
+        (1, 72, 24, torch.float32, 16, 64, 32),
+        (77, 128, 40, torch.bfloat16, 32, 32, 32),
     ]
     for case in mhc_cases:
         start = time.time()

@@ -1,13 +1,19 @@
-"""The mHC mixing logits' forward in one Triton kernel: ``out = rsqrt(mean(x^2) + eps) * (x @ weight^T)``.
+"""The mHC mixing logits in two Triton kernels: the forward ``out = rsqrt(mean(x^2) + eps) * (x @ weight^T)`` and
+its backward (op.py has the formulas), each one pass over the streams.
 
 Each program takes ``BLOCK_ROWS`` tokens and walks their ``K = N * D`` stream values once, summing the squares and
 the ``W`` products (a ``[BLOCK_ROWS, BLOCK_K] x [BLOCK_K, BLOCK_W]`` dot per step) side by side; the norm is folded
 out of the product (``linear(x * r, weight) = r * linear(x, weight)``), so the normed copy of the streams is never
-written. Before this kernel the step ran the norm as one kernel writing a bf16 copy and cuBLAS's product over that
-copy, a ``[T, K] x [K, 24]`` GEMM that cuBLAS tiles into 64 programs reading 0.3-0.5 TB/s (1.42 ms per 32k chunk of
-``base``; 2.2 s of a 29.2 s 512k step, benchmarks/results/profile_chunked_base_512k_2026-12-02.json).
+written. Before these kernels the step ran the norm as one inductor kernel writing a bf16 copy, then cuBLAS's
+``[T, K] x [K, 24]`` product over that copy: in the `base` 512k profile that product took 1.42 ms per 32k chunk
+(benchmarks/results/profile_chunked_base_512k_2026-12-02.json); alone, norm and product took 0.54 ms and this
+kernel 0.26 ms (benchmarks/results/mhc_2026-12-02.json).
 
-The product: TF32 (``tf32=True``, what the op asks for under autocast: more bits than autocast's bf16 Linear) or
+The backward kernel takes ``block_k`` columns of ``rows_per_program`` tokens per program: it writes those
+columns of ``dx`` and keeps their share of ``dweight`` in registers, so the streams are read once and ``dx``
+written once; the per-group partial sums of ``dweight`` are added afterwards in a fixed order.
+
+The products: TF32 (``tf32=True``, what the op asks for under autocast: more bits than autocast's bf16 Linear) or
 IEEE fp32. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py).
 Imports Triton at call time only.
 """
@@ -28,12 +34,24 @@ class KernelConfig:
     """Tile sizes and launch settings; ``benchmarks/bench_mhc.py`` compares candidates on the H200."""
 
     block_rows: int = 64
-    block_k: int = 64
+    block_k: int = 128
     num_warps: int = 4
     num_stages: int = 3
 
 
+@dataclass(frozen=True)
+class BackwardConfig:
+    """The backward's tiles: each program takes ``block_k`` columns of ``rows_per_program`` tokens."""
+
+    rows_per_program: int = 4096
+    block_rows: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
 DEFAULT_CONFIG = KernelConfig()
+DEFAULT_BACKWARD_CONFIG = BackwardConfig()
 
 
 @functools.cache
@@ -42,7 +60,7 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def mixing_logits_kernel(x_ptr, w_ptr, out_ptr, n_rows, n_cols, n_logits, eps,
+    def mixing_logits_kernel(x_ptr, w_ptr, out_ptr, rstd_ptr, n_rows, n_cols, n_logits, eps,
                              stride_xm, stride_wn, stride_om,
                              BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
                              PRECISION: tl.constexpr):
@@ -65,8 +83,46 @@ def _kernel():
         scale = tl.rsqrt(squares / n_cols + eps)
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + logits[None, :], products * scale[:, None],
                  mask=row_ok[:, None] & logit_ok[None, :])
+        tl.store(rstd_ptr + rows, scale, mask=row_ok)
 
     return mixing_logits_kernel
+
+
+@functools.cache
+def _backward_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def mixing_logits_backward_kernel(scaled_ptr, coef_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, n_rows, n_cols, n_logits,
+                                      stride_sm, stride_xm, stride_wn, stride_dxm, stride_dwg, stride_dwn,
+                                      ROWS_PER_PROGRAM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                                      BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, PRECISION: tl.constexpr):
+        cols = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+        group = tl.program_id(1)
+        logits = tl.arange(0, BLOCK_W)
+        col_ok = cols < n_cols
+        logit_ok = logits < n_logits
+        w = tl.load(w_ptr + logits[:, None] * stride_wn + cols[None, :], mask=logit_ok[:, None] & col_ok[None, :],
+                    other=0.0).to(tl.float32)                                                  # [W, K]
+        dw = tl.zeros((BLOCK_W, BLOCK_K), dtype=tl.float32)
+        for r0 in range(group * ROWS_PER_PROGRAM, (group + 1) * ROWS_PER_PROGRAM, BLOCK_ROWS):
+            rows = r0 + tl.arange(0, BLOCK_ROWS)
+            row_ok = rows < n_rows
+            scaled = tl.load(scaled_ptr + rows.to(tl.int64)[:, None] * stride_sm + logits[None, :],
+                             mask=row_ok[:, None] & logit_ok[None, :], other=0.0)               # [M, W]
+            coef = tl.load(coef_ptr + rows, mask=row_ok, other=0.0)
+            tile_ok = row_ok[:, None] & col_ok[None, :]
+            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=tile_ok,
+                        other=0.0).to(tl.float32)                                               # [M, K]
+            dx = tl.dot(scaled, w, input_precision=PRECISION) - coef[:, None] * x
+            tl.store(dx_ptr + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :],
+                     dx.to(dx_ptr.dtype.element_ty), mask=tile_ok)
+            dw = tl.dot(tl.trans(scaled), x, dw, input_precision=PRECISION)
+        tl.store(dw_ptr + group * stride_dwg + logits[:, None] * stride_dwn + cols[None, :], dw,
+                 mask=logit_ok[:, None] & col_ok[None, :])
+
+    return mixing_logits_backward_kernel
 
 
 def check_kernel_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
@@ -86,8 +142,10 @@ def check_kernel_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
 
 
 def fused_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float, *, tf32: bool,
-                        out: torch.Tensor | None = None, config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
-    """``x [M, K]``, ``weight [W, K]`` -> ``[M, W]`` fp32 logits (written into ``out`` when given)."""
+                        out: torch.Tensor | None = None, config: KernelConfig = DEFAULT_CONFIG
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]``, ``weight [W, K]`` -> ``([M, W] logits, [M] rstd)``, both fp32; ``rstd = rsqrt(mean(x^2) +
+    eps)`` per token, which the backward needs. The logits go into ``out`` when given."""
     import triton
 
     check_kernel_inputs(x, weight)
@@ -96,11 +154,46 @@ def fused_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float, *, tf
         out = torch.empty((rows, logits), dtype=torch.float32, device=x.device)
     elif out.shape != (rows, logits) or out.dtype != torch.float32 or out.stride(-1) != 1:
         raise ValueError(f"out must be a float32 [{rows}, {logits}] tensor with a contiguous last dimension")
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows == 0:
-        return out
+        return out, rstd
     grid = (triton.cdiv(rows, config.block_rows),)
-    _kernel()[grid](x, weight, out, rows, x.shape[1], logits, eps, x.stride(0), weight.stride(0), out.stride(0),
-                    BLOCK_ROWS=config.block_rows, BLOCK_K=config.block_k,
+    _kernel()[grid](x, weight, out, rstd, rows, x.shape[1], logits, eps, x.stride(0), weight.stride(0),
+                    out.stride(0), BLOCK_ROWS=config.block_rows, BLOCK_K=config.block_k,
                     BLOCK_W=max(16, triton.next_power_of_2(logits)), PRECISION="tf32" if tf32 else "ieee",
                     num_warps=config.num_warps, num_stages=config.num_stages)
-    return out
+    return out, rstd
+
+
+def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                                 *, tf32: bool, config: BackwardConfig = DEFAULT_BACKWARD_CONFIG
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dx = scaled @ weight - coef * x`` (in x's dtype) and ``dweight = scaled^T @ x`` (in weight's dtype) in one
+    pass over ``x``: ``scaled [M, W]`` fp32 (the logits' gradient times each token's rstd), ``coef [M]`` fp32 (see
+    ``op.py``). Each program keeps its ``[W, block_k]`` share of ``dweight`` for ``rows_per_program`` tokens; the
+    per-group partial sums are added in a fixed order (deterministic, no atomics)."""
+    import triton
+
+    check_kernel_inputs(x, weight)
+    rows, cols, logits = x.shape[0], x.shape[1], weight.shape[0]
+    if scaled.shape != (rows, logits) or scaled.dtype != torch.float32 or coef.shape != (rows,) \
+            or coef.dtype != torch.float32:
+        raise ValueError(f"scaled must be float32 [{rows}, {logits}] and coef float32 [{rows}]; got "
+                         f"{scaled.dtype} {tuple(scaled.shape)} and {coef.dtype} {tuple(coef.shape)}")
+    if config.rows_per_program % config.block_rows:
+        raise ValueError(f"rows_per_program ({config.rows_per_program}) must be a multiple of block_rows "
+                         f"({config.block_rows})")
+    scaled, coef = scaled.contiguous(), coef.contiguous()
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    groups = max(1, triton.cdiv(rows, config.rows_per_program))
+    partial = torch.empty((groups, logits, cols), dtype=torch.float32, device=x.device)
+    if rows == 0:
+        return dx, torch.zeros_like(weight)
+    grid = (triton.cdiv(cols, config.block_k), groups)
+    _backward_kernel()[grid](scaled, coef, x, weight, dx, partial, rows, cols, logits,
+                             scaled.stride(0), x.stride(0), weight.stride(0), dx.stride(0), partial.stride(0),
+                             partial.stride(1), ROWS_PER_PROGRAM=config.rows_per_program,
+                             BLOCK_ROWS=config.block_rows, BLOCK_K=config.block_k,
+                             BLOCK_W=max(16, triton.next_power_of_2(logits)), PRECISION="tf32" if tf32 else "ieee",
+                             num_warps=config.num_warps, num_stages=config.num_stages)
+    return dx, partial.sum(0).to(weight.dtype)
