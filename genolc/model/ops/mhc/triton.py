@@ -4,10 +4,9 @@ its backward (op.py has the formulas), each one pass over the streams.
 Each program takes ``BLOCK_ROWS`` tokens and walks their ``K = N * D`` stream values once, summing the squares and
 the ``W`` products (a ``[BLOCK_ROWS, BLOCK_K] x [BLOCK_K, BLOCK_W]`` dot per step) side by side; the norm is folded
 out of the product (``linear(x * r, weight) = r * linear(x, weight)``), so the normed copy of the streams is never
-written. Before these kernels the step ran the norm as one inductor kernel writing a bf16 copy, then cuBLAS's
-``[T, K] x [K, 24]`` product over that copy: in the `base` 512k profile that product took 1.42 ms per 32k chunk
-(benchmarks/results/profile_chunked_base_512k_2026-12-02.json); alone, norm and product took 0.54 ms and this
-kernel 0.26 ms (benchmarks/results/mhc_2026-12-02.json).
+written. Alone, on a 32k chunk of `base`, this kernel takes 0.27 ms, where the compiled reference (inductor's
+norm writing a bf16 copy, then cuBLAS's product) took 0.46 ms; in the 512k step the difference does not show
+beyond noise (benchmarks/results/mhc_fused_2026-12-02/README.md).
 
 The backward kernel takes ``block_k`` columns of ``rows_per_program`` tokens per program: it writes those
 columns of ``dx`` and keeps their share of ``dweight`` in registers, so the streams are read once and ``dx``
