@@ -5,7 +5,8 @@ mHC's mixing logits for one chunk of ``--tokens``, fp32 streams (as the trainer'
 
 - ``compiled reference``: the reference formula (RMS norm, then a Linear) under torch.compile, which is what
   genolc ran before the fused kernel (inductor's norm-and-cast kernel, then cuBLAS's product);
-- ``fused op``: ``genolc.model.ops.mhc.op.mixing_logits`` (the Triton kernel; its backward compiled);
+- ``fused op``: ``genolc.model.ops.mhc.op.mixing_logits`` (the forward and backward Triton kernels behind custom
+  ops);
 - the forward and backward kernels alone with each candidate tile config.
 
 Forward and forward + backward, median of 20 after a warm-up (gpu_bench_common.measure), the streams' read

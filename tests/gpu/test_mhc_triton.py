@@ -71,18 +71,38 @@ def test_backward_kernel_matches_exact_gradients(rows, dtype, config):
     x64, weight64 = x.double().requires_grad_(), weight.double().requires_grad_()
     expected = torch.autograd.grad(_exact(x64, weight64), (x64, weight64), grad.double())
     assert dx.dtype == dtype and dweight.dtype == torch.float32
-    assert _relative(dx, expected[0]) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+    assert _relative(dx, expected[0]) < (3e-3 if dtype == torch.bfloat16 else 1e-5)
     assert _relative(dweight, expected[1]) < 1e-5
 
 
-def test_op_gradients_under_autocast():
-    """The op as the model calls it (bf16 autocast on: TF32 products forward and backward) against fp64 autograd."""
+def test_strided_rows_odd_width_and_bf16_weight():
+    """x as rows of a wider buffer (stride(0) != K), K off every tile grid, 40 logits, a bf16 weight."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(1001, 4160, generator=gen, device="cuda")[:, :4100]
+    weight = (torch.randn(40, 4100, generator=gen, device="cuda") * 0.02).bfloat16()
+    grad = torch.randn(1001, 40, generator=gen, device="cuda")
+    logits, rstd = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=False)
+    assert _relative(logits, _exact(x, weight)) < 1e-5
+    scaled = grad * rstd[:, None]
+    coef = rstd.square() / x.shape[1] * (grad * logits).sum(-1)
+    dx, dweight = mhc_triton.fused_mixing_logits_backward(scaled, coef, x, weight, tf32=False)
+    x64, weight64 = x.double().requires_grad_(), weight.double().requires_grad_()
+    expected = torch.autograd.grad(_exact(x64, weight64), (x64, weight64), grad.double())
+    assert dx.is_contiguous() and _relative(dx, expected[0]) < 1e-5
+    assert dweight.dtype == torch.bfloat16 and _relative(dweight, expected[1]) < 3e-3
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_op_gradients_under_autocast(compiled):
+    """The op as the model calls it (bf16 autocast on: TF32 products forward and backward), eagerly and inside
+    torch.compile, against fp64 autograd."""
     x, weight = _streams(3001, 6144, torch.float32)
     x.requires_grad_()
     weight.requires_grad_()
     grad = torch.randn(3001, 24, device="cuda")
+    function = torch.compile(op.mixing_logits, dynamic=False) if compiled else op.mixing_logits
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = op.mixing_logits(x, weight, EPS)
+        logits = function(x, weight, EPS)
     assert logits.dtype == torch.float32
     mine = torch.autograd.grad(logits, (x, weight), grad)
     x64, weight64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()

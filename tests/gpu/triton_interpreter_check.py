@@ -179,16 +179,20 @@ def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) 
     out = torch.full((rows, logits), float("nan"))
     config = mhc_triton.KernelConfig(block_rows=block_rows, block_k=block_k)
     got, rstd = mhc_triton.fused_mixing_logits(x, weight, 1e-6, tf32=False, out=out, config=config)
-    x_ref, weight_ref = x.clone().requires_grad_(), weight.clone().requires_grad_()
-    expected = mhc_reference.mixing_logits(x_ref, weight_ref, 1e-6)
-    expected_dx, expected_dw = torch.autograd.grad(expected, (x_ref, weight_ref), grad)
+    expected = mhc_reference.mixing_logits(x, weight, 1e-6)
+    # Gradients in fp64 (the truth), so that a bf16 dx differs from them by its own rounding only.
+    x64, weight64 = x.double().requires_grad_(), weight.double().requires_grad_()
+    exact = torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6) * (x64 @ weight64.t())
+    expected_dx, expected_dw = torch.autograd.grad(exact, (x64, weight64), grad.double())
     problems = [] if got is out and rel_err(got, expected) < 1e-6 else [f"logits rel err {rel_err(got, expected):.2e}"]
     scaled = grad * rstd[:, None]
     coef = rstd.square() / cols * (grad * got).sum(-1)
     backward = mhc_triton.BackwardConfig(rows_per_program=rows_per_program, block_rows=block_rows, block_k=block_k)
     dx, dw = mhc_triton.fused_mixing_logits_backward(scaled, coef, x, weight, tf32=False, config=backward)
-    # bf16 streams: dx is rounded to bf16 like autograd's, but from a different fp32 sum.
-    dx_tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    # bf16 streams: Triton 3.9's interpreter truncates fp32 -> bf16 (half the elements differ from round-to-nearest
+    # here, 3.2e-3 against fp64 where rounding gives 1.7e-3); the GPU rounds to nearest (tests/gpu/test_mhc_triton.py
+    # holds it to 3e-3). Dropping the norm's term from dx costs 5.7e-2 at this shape.
+    dx_tolerance = 5e-3 if dtype == torch.bfloat16 else 1e-5
     if dx.dtype != dtype or rel_err(dx, expected_dx) > dx_tolerance:
         problems.append(f"dx rel err {rel_err(dx, expected_dx):.2e} ({dx.dtype})")
     if rel_err(dw, expected_dw) > 1e-5:

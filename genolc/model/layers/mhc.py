@@ -12,7 +12,7 @@ computes, per token and from all N streams, three sets of weights with a one-lay
 Then ``new_streams = post ⊗ block_out + comb^T @ streams`` (:func:`merge_streams`). After the last layer the
 streams are averaged (:func:`collapse_streams`). Parameter names (``fn``, ``base``, ``scale``) match transformers.
 
-The perceptron's input, the RMS-normed streams projected by ``fn``, is the module attribute ``mixing_op``
+The perceptron's logits, the RMS-normed streams projected by ``fn``, come from the module attribute ``mixing_op``
 (``genolc.model.ops.dispatch.mhc_mixing_logits``: the pure-torch reference on CPU, a fused kernel on CUDA).
 """
 

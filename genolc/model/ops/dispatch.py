@@ -7,7 +7,7 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     select_indices           genolc.model.ops.indexer.triton (Triton scores + top-k)        | ops.indexer.reference
     sparse_latent_attention  genolc.model.ops.dsa.tilelang pair, else dsa.triton (fused)    | ops.dsa.reference
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
-    mhc_mixing_logits        genolc.model.ops.mhc.op (custom op, fused Triton forward)      | ops.mhc.reference
+    mhc_mixing_logits        genolc.model.ops.mhc.op (custom ops, Triton fwd and bwd)        | ops.mhc.reference
 
 DSA sparse attention on CUDA runs the TileLang kernel pair (tilelang/forward.py, tilelang/backward.py) when TileLang is installed
 and takes the operands (bf16/fp16, H <= 32, R a multiple of 16 up to 512), else the Triton pair; both are fused
@@ -118,9 +118,12 @@ def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Ten
 
 
 def mhc_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """mHC's mixing logits ``x [M, K]``, ``weight [W, K]`` -> ``[M, W]``; see ``genolc.model.ops.mhc.reference``."""
+    """mHC's mixing logits ``x [M, K]``, ``weight [W, K]`` -> ``[M, W]``; see ``genolc.model.ops.mhc.reference``.
+    CUDA tensors the kernels do not take (fp64, more than 128 logits) go to the reference too."""
     if x.is_cuda:
-        from genolc.model.ops.mhc import op as mhc_op
+        from genolc.model.ops.mhc import op as mhc_op, triton as mhc_triton
 
-        return mhc_op.mixing_logits(x, weight, eps)
+        if x.dtype in mhc_triton.KERNEL_DTYPES and weight.dtype in mhc_triton.KERNEL_DTYPES \
+                and weight.shape[0] <= mhc_triton.MAX_LOGITS:
+            return mhc_op.mixing_logits(x.contiguous(), weight.contiguous(), eps)
     return mhc_reference.mixing_logits(x, weight, eps)

@@ -1,3 +1,3 @@
 """mHC's mixing logits (the RMS-normed streams projected onto the ``(2 + N) * N`` pre/post/comb logits):
-``reference.py`` (pure torch), ``op.py`` (the ``genolc::mhc_mixing_logits`` custom op with its backward formula),
-``triton.py`` (the fused forward kernel the op runs on CUDA)."""
+``reference.py`` (pure torch), ``op.py`` (the forward and backward custom ops, ``genolc::mhc_mixing_logits`` and
+``genolc::mhc_mixing_logits_backward``), ``triton.py`` (the fused kernels those ops run on CUDA)."""

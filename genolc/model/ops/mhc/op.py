@@ -64,7 +64,8 @@ def mixing_logits_backward_op(grad: torch.Tensor, x: torch.Tensor, weight: torch
 @mixing_logits_backward_op.register_fake
 def _mixing_logits_backward_shapes(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, logits: torch.Tensor,
                                    rstd: torch.Tensor, tf32: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(weight, memory_format=torch.contiguous_format))
 
 
 def _save_for_backward(ctx, inputs, output) -> None:

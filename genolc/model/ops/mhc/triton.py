@@ -31,7 +31,8 @@ MAX_LOGITS = 128
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile sizes and launch settings; ``benchmarks/bench_mhc.py`` compares candidates on the H200 (2026-12-02:
-    this one and ``(128, 128, 8, 3)`` within 2 % of each other, 3.0 TB/s for `base`; ``block_k=256`` 30 % slower)."""
+    this one and ``(128, 128, 8, 3)`` within 2 % of each other, 3.0 TB/s for `base`; ``block_k=256`` takes 37-44 %
+    longer)."""
 
     block_rows: int = 64
     block_k: int = 128
@@ -108,7 +109,7 @@ def _backward_kernel():
         w = tl.load(w_ptr + logits[:, None] * stride_wn + cols[None, :], mask=logit_ok[:, None] & col_ok[None, :],
                     other=0.0).to(tl.float32)                                                  # [W, K]
         dw = tl.zeros((BLOCK_W, BLOCK_K), dtype=tl.float32)
-        for r0 in range(group * ROWS_PER_PROGRAM, (group + 1) * ROWS_PER_PROGRAM, BLOCK_ROWS):
+        for r0 in range(group * ROWS_PER_PROGRAM, tl.minimum((group + 1) * ROWS_PER_PROGRAM, n_rows), BLOCK_ROWS):
             rows = r0 + tl.arange(0, BLOCK_ROWS)
             row_ok = rows < n_rows
             scaled = tl.load(scaled_ptr + rows.to(tl.int64)[:, None] * stride_sm + logits[None, :],
@@ -121,7 +122,7 @@ def _backward_kernel():
             tl.store(dx_ptr + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :],
                      dx.to(dx_ptr.dtype.element_ty), mask=tile_ok)
             dw = tl.dot(tl.trans(scaled), x, dw, input_precision=PRECISION)
-        tl.store(dw_ptr + group * stride_dwg + logits[:, None] * stride_dwn + cols[None, :], dw,
+        tl.store(dw_ptr + group.to(tl.int64) * stride_dwg + logits[:, None] * stride_dwn + cols[None, :], dw,
                  mask=logit_ok[:, None] & col_ok[None, :])
 
     return mixing_logits_backward_kernel
@@ -129,18 +130,23 @@ def _backward_kernel():
 
 def check_kernel_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
     """ValueError unless the kernel takes ``x [M, K]`` and ``weight [W, K]``: float dtypes of ``KERNEL_DTYPES``,
-    contiguous last dimensions, one device, ``W <= MAX_LOGITS``."""
+    contiguous last dimensions, one device, ``W <= MAX_LOGITS``. (``ops.dispatch.mhc_mixing_logits`` sends anything
+    else to the reference.)"""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x must be [M, K] and weight [W, K] with the same K; got {tuple(x.shape)} and "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(f"mHC mixing kernel: x must be [M, K] and weight [W, K] with the same K; got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)} (flatten the streams to [B * T, N * D])")
     if x.dtype not in KERNEL_DTYPES or weight.dtype not in KERNEL_DTYPES:
-        raise ValueError(f"x ({x.dtype}) and weight ({weight.dtype}) must be one of {KERNEL_DTYPES}")
+        raise ValueError(f"mHC mixing kernel: x ({x.dtype}) and weight ({weight.dtype}) must each be one of "
+                         f"{KERNEL_DTYPES}; cast them, or use genolc.model.ops.mhc.reference.mixing_logits")
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError(f"x and weight need a contiguous last dimension; got strides {x.stride()}, {weight.stride()}")
+        raise ValueError(f"mHC mixing kernel: x and weight need a contiguous last dimension; got strides {x.stride()} "
+                         f"and {weight.stride()}: pass x.contiguous() / weight.contiguous()")
     if x.device != weight.device:
-        raise ValueError(f"x is on {x.device} and weight on {weight.device}; put both on one device")
+        raise ValueError(f"mHC mixing kernel: x is on {x.device} and weight on {weight.device}; put both on one "
+                         f"device")
     if weight.shape[0] > MAX_LOGITS:
-        raise ValueError(f"the kernel computes at most {MAX_LOGITS} logits per token, got {weight.shape[0]}")
+        raise ValueError(f"mHC mixing kernel: at most {MAX_LOGITS} logits per token ((2 + hc_mult) * hc_mult), got "
+                         f"{weight.shape[0]}; use genolc.model.ops.mhc.reference.mixing_logits for more streams")
 
 
 def fused_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float, *, tf32: bool,
@@ -187,10 +193,10 @@ def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: to
                          f"({config.block_rows})")
     scaled, coef = scaled.contiguous(), coef.contiguous()
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    groups = max(1, triton.cdiv(rows, config.rows_per_program))
-    partial = torch.empty((groups, logits, cols), dtype=torch.float32, device=x.device)
     if rows == 0:
-        return dx, torch.zeros_like(weight)
+        return dx, torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    groups = triton.cdiv(rows, config.rows_per_program)
+    partial = torch.empty((groups, logits, cols), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(cols, config.block_k), groups)
     _backward_kernel()[grid](scaled, coef, x, weight, dx, partial, rows, cols, logits,
                              scaled.stride(0), x.stride(0), weight.stride(0), dx.stride(0), partial.stride(0),

@@ -1,0 +1,88 @@
+"""python benchmarks/bench_mhc_merge.py [--tokens 32768]   (on the GPU; carry: [".gpu"])
+
+mHC's merge, ``new_streams = post ⊗ block_out + comb^T @ streams`` per token (``genolc.model.layers.mhc.
+merge_streams``), for one chunk of ``--tokens`` with the shapes of `small` (D = 1024) and `base` (D = 1536), fp32
+streams and a bf16 block output, under bf16 autocast and torch.compile as the trainer runs it. Three forms of the
+same sum:
+
+- ``matmul``: the model's form. Under autocast the ``[4, 4] x [4, D]`` product per token is a bf16 batched GEMM:
+  the fp32 streams are cast to bf16 first, then cuBLAS runs a batch of one problem per token, then the sum with
+  ``post ⊗ block_out`` is added. The `base` 128k profile after 573b619 shows a skinny batched GEMM
+  (``nvjet_sm90_tst_512x32_64x3_2x1_v_bz_NTT``, 384 calls, 548 ms of 6.5 s of kernels) beside two pointwise
+  kernels named ``..._to_copy_bmm_view_1`` and ``..._add_bmm_mul_unsqueeze_view_2`` with the same call count,
+  which is what this form compiles to; this benchmark checks that reading;
+- ``unrolled``: the four terms written out (``comb[..., n, :, None] * streams[..., n, None, :]``), all element-wise,
+  so inductor can fuse the forward into one pass in fp32;
+- ``broadcast_sum``: ``(comb^T[..., None] * streams[..., None, :, :]).sum(-2)``, the same as one broadcast and a sum
+  over the four streams.
+
+Forward and forward + backward (gradients for all four inputs), median of 20 after a warm-up
+(gpu_bench_common.measure), and each form's error against fp64. Writes JSON (command, git SHA, device) to $OUT or
+benchmarks/results/mhc_merge_<date>.json. Not yet run: written on 2026-12-02 with no device time left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from gpu_bench_common import measure, write_results
+from genolc.model.layers.mhc import merge_streams
+from genolc.model.presets import base, small
+
+
+def unrolled(block_out, post, comb, streams):
+    dtype = streams.dtype
+    merged = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
+    for n in range(streams.shape[-2]):
+        merged = merged + comb[..., n, :, None].to(dtype) * streams[..., n, None, :]
+    return merged
+
+
+def broadcast_sum(block_out, post, comb, streams):
+    dtype = streams.dtype
+    mixed = (comb.to(dtype).transpose(-1, -2)[..., None] * streams[..., None, :, :]).sum(-2)
+    return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + mixed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=32768)
+    args = parser.parse_args()
+    forms = {"matmul": merge_streams, "unrolled": unrolled, "broadcast_sum": broadcast_sum}
+    rows = []
+    for name, config in (("small", small()), ("base", base())):
+        n, dim = config.hc_mult, config.hidden_size
+        streams = torch.randn(1, args.tokens, n, dim, device="cuda", requires_grad=True)
+        block_out = torch.randn(1, args.tokens, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        post = (2 * torch.rand(1, args.tokens, n, device="cuda")).requires_grad_()
+        comb = torch.softmax(torch.randn(1, args.tokens, n, n, device="cuda"), -1).requires_grad_()
+        inputs = (block_out, post, comb, streams)
+        grad = torch.randn(1, args.tokens, n, dim, device="cuda")
+        exact = merge_streams(*(t.detach().double() for t in inputs))
+        for form, function in forms.items():
+            compiled = torch.compile(function, dynamic=False)
+
+            def forward():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return compiled(*(t.detach() for t in inputs))
+
+            def forward_backward():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = compiled(*inputs)
+                return torch.autograd.grad(out, inputs, grad)
+
+            result = forward()
+            rows.append({"preset": name, "tokens": args.tokens, "dim": dim, "form": form,
+                         "forward_ms": round(measure(forward, repeats=20)["ms"], 3),
+                         "forward_backward_ms": round(measure(forward_backward, repeats=20)["ms"], 3),
+                         "out_dtype": str(result.dtype),
+                         "relative_error_vs_fp64": float((result.double() - exact).norm() / exact.norm())})
+            print(json.dumps(rows[-1]))
+    print(f"wrote {write_results('mhc_merge', rows, {'timing': 'median of 20 after one warm-up, CUDA events'})}")
+
+
+if __name__ == "__main__":
+    main()
