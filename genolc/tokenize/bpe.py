@@ -119,7 +119,8 @@ class BPETokenizer(Tokenizer):
             raise InputError(f"BPE vocabulary lacks the single bases {missing}", where=where, fix=fix)
         known = set(tokens)
         if not isinstance(merges, list) or any(
-                not isinstance(m, (list, tuple)) or len(m) != 2 or m[0] not in known or m[1] not in known or m[0] + m[1] not in known for m in merges):
+                not isinstance(m, (list, tuple)) or len(m) != 2 or m[0] not in known or m[1] not in known
+                or m[0] + m[1] not in known for m in merges):
             raise InputError("BPE merges must be pairs of vocabulary tokens whose join is a token",
                              where=where, fix=fix)
         if isinstance(piece_bases, bool) or not isinstance(piece_bases, int) or not 64 <= piece_bases <= _ENCODE_BLOCK \
