@@ -5,7 +5,7 @@ merge_streams``), for one chunk of ``--tokens`` with the shapes of `small` (D = 
 streams and a bf16 block output, under bf16 autocast and torch.compile as the trainer runs it. Three forms of the
 same sum:
 
-- ``matmul``: the model's form. Under autocast the ``[4, 4] x [4, D]`` product per token is a bf16 batched GEMM:
+- ``matmul``: the model's form up to 2026-12-02. Under autocast the ``[4, 4] x [4, D]`` product per token is a bf16 batched GEMM:
   the fp32 streams are cast to bf16 first, then cuBLAS runs a batch of one problem per token, then the sum with
   ``post ⊗ block_out`` is added. The `base` 128k profile after 573b619 shows a skinny batched GEMM
   (``nvjet_sm90_tst_512x32_64x3_2x1_v_bz_NTT``, 384 calls, 548 ms of 6.5 s of kernels) beside two pointwise
@@ -18,7 +18,8 @@ same sum:
 
 Forward and forward + backward (gradients for all four inputs), median of 20 after a warm-up
 (gpu_bench_common.measure), and each form's error against fp64. Writes JSON (command, git SHA, device) to $OUT or
-benchmarks/results/mhc_merge_<date>.json. Not yet run: written on 2026-12-02 with no device time left.
+benchmarks/results/mhc_merge_<date>.json. Not yet run: written on 2026-12-02 with no device time left. The
+branch ``mhc-merge-elementwise`` puts the ``unrolled`` form into ``genolc.model.layers.mhc.merge_streams``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ import json
 import torch
 
 from gpu_bench_common import measure, write_results
-from genolc.model.layers.mhc import merge_streams
 from genolc.model.presets import base, small
+
+
+def matmul(block_out, post, comb, streams):
+    dtype = streams.dtype
+    return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + comb.to(dtype).transpose(-1, -2) @ streams
 
 
 def unrolled(block_out, post, comb, streams):
@@ -51,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32768)
     args = parser.parse_args()
-    forms = {"matmul": merge_streams, "unrolled": unrolled, "broadcast_sum": broadcast_sum}
+    forms = {"matmul": matmul, "unrolled": unrolled, "broadcast_sum": broadcast_sum}
     rows = []
     for name, config in (("small", small()), ("base", base())):
         n, dim = config.hc_mult, config.hidden_size
@@ -61,7 +66,7 @@ def main() -> None:
         comb = torch.softmax(torch.randn(1, args.tokens, n, n, device="cuda"), -1).requires_grad_()
         inputs = (block_out, post, comb, streams)
         grad = torch.randn(1, args.tokens, n, dim, device="cuda")
-        exact = merge_streams(*(t.detach().double() for t in inputs))
+        exact = matmul(*(t.detach().double() for t in inputs))
         for form, function in forms.items():
             compiled = torch.compile(function, dynamic=False)
 
