@@ -311,7 +311,8 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
     Tried in order of how little they change the run: fewer windows per micro-batch with more accumulation (same
     tokens per step), then --recompute, then the chunked step (the longest --chunk that fits; same results, two
     forwards per step; with fast kernels ``--chunk 32k --recompute`` instead of a shorter chunk), then the longest
-    shorter --seq (halving) that fits. ``chunk``: the run already asked for chunks of this length. Chunked steps
+    shorter --seq (halving) that fits, whole or, unless the run fixed its chunk, in chunks with recompute (what the
+    automatic step strategy then picks). ``chunk``: the run already asked for chunks of this length. Chunked steps
     are planned without the kept selections, which the step gives up when they alone do not fit.
     """
     def fits(seq: int, windows: int, rc: bool) -> bool:
@@ -340,9 +341,15 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
             return f"--chunk {format_length(FAST_CHUNK)} --recompute" + batch
         if chosen is not None and (chunk is None or chosen < chunk):
             return f"--chunk {format_length(chosen)}" + (" --recompute" if rc and not recompute else "") + batch
+    def fits_in_chunks(seq: int) -> bool:
+        return chunk is None and largest_fitting_chunk(
+            config, seq_len=seq, windows=1, bf16=bf16, recompute=True, budget_bytes=budget_bytes,
+            fast_kernels=fast_kernels, multiple=chunk_multiple, smallest=chunk_multiple,
+            keep_selections=False) is not None
+
     seq = seq_len // 2
     while seq >= 1:
-        if fits(seq, 1, True):
+        if fits(seq, 1, True) or fits_in_chunks(seq):
             return f"--seq {format_length(seq)}" + ("" if recompute else " --recompute") + batch
         seq //= 2
     return None
@@ -371,7 +378,10 @@ def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum
             f"(weights+grads+AdamW {format_gib(plan.weights + plan.gradients + plan.optimizer)}, activations "
             f"{format_gib(plan.activations)}, logits {format_gib(plan.logits)}) on a {format_gib(budget_bytes)} GiB "
             "device")
-    if option:
+    if option and option.startswith("--seq"):
+        fix = (f"try {option} (estimated to fit), or keep --seq {format_length(seq_len)} and split each window over "
+               "several GPUs with --cp N (genolc plan --cp N estimates it)")
+    elif option:
         fix = f"try {option} (estimated to fit)"
     else:
         fix = "no single-device setting fits this model; use a smaller --model"
@@ -542,7 +552,10 @@ def context_parallel_oom_error(config: ModelConfig, *, seq_len: int, cp: int, ch
             f"{format_gib(plan.weights + plan.gradients + plan.optimizer)}, activations "
             f"{format_gib(plan.activations)}, logits {format_gib(plan.logits)}) on a {format_gib(budget_bytes)} GiB "
             "device")
-    if option:
+    if option and option.startswith("--seq"):
+        fix = (f"try {option} (estimated to fit), or keep --seq {format_length(seq_len)} and split each window over "
+               "several GPUs with --cp N (genolc plan --cp N estimates it)")
+    elif option:
         fix = f"try {option} (estimated to fit)"
     else:
         # Every rank keeps the whole window's caches, so one process of the window may fit where its ranks do not.

@@ -41,6 +41,21 @@ def test_fitting_option_names_something_that_fits():
     assert "estimated" in err.message and option in err.message
 
 
+def test_a_shorter_window_is_offered_at_the_longest_length_the_chunked_step_fits():
+    """base at 8M fits no chunk on an H200; at 4M the chunked step with recompute does (genolc plan), so the advice
+    is 4M (whole windows with recompute fit only at 64k) and context parallelism for the asked length."""
+    cfg = preset("base")
+    budget = int(139.8 * GIB)
+    assert fitting_option(cfg, seq_len=8 << 20, micro_batch=1, grad_accum=1, recompute=False, bf16=True,
+                          budget_bytes=budget, fast_kernels=True, chunk_multiple=64) == "--seq 4M --recompute"
+    err = oom_error(cfg, seq_len=8 << 20, micro_batch=1, grad_accum=1, recompute=False, bf16=True,
+                    budget_bytes=budget, where="plan", fast_kernels=True, chunk_multiple=64)
+    assert "try --seq 4M --recompute (estimated to fit)" in err.message and "--cp N" in err.message
+    # A run that fixed its chunk length keeps it: only whole-window lengths are offered then.
+    assert fitting_option(cfg, seq_len=8 << 20, micro_batch=1, grad_accum=1, recompute=True, bf16=True,
+                          budget_bytes=budget, fast_kernels=True, chunk=8 << 20) == "--seq 64k"
+
+
 def test_option_order_and_nothing_fits():
     cfg = preset("small")
     # batch split first when it suffices
