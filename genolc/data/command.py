@@ -8,7 +8,6 @@ import click
 
 from genolc.config_defaults import config_default
 from genolc.data.prepare import PrepareConfig, parse_split, prepare
-from genolc.hostmem import keep_freed_blocks_for_reuse
 
 
 @click.command("prepare")
@@ -72,8 +71,6 @@ def prepare_command(genomes: tuple[Path, ...], out: Path | None, train: str | No
         bpe_sample_bases=bpe_sample_bases,
         progress=progress,
     )
-    # This process only prepares: chunk arrays reuse freed heap blocks instead of fresh pages (genolc/hostmem.py).
-    keep_freed_blocks_for_reuse()
     prepare(config)
 
 
