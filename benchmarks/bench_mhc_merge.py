@@ -2,8 +2,8 @@
 
 mHC's merge, ``new_streams = post ⊗ block_out + comb^T @ streams`` per token (``genolc.model.layers.mhc.
 merge_streams``), for one chunk of ``--tokens`` with the shapes of `small` (D = 1024) and `base` (D = 1536), fp32
-streams and a bf16 block output, under bf16 autocast and torch.compile as the trainer runs it. Three forms of the
-same sum:
+streams and a bf16 block output, under bf16 autocast and torch.compile as the trainer runs it. The model's own
+``merge_streams`` (``model``) beside three forms of the same sum:
 
 - ``matmul``: the model's form up to 2026-12-02. Under autocast the ``[4, 4] x [4, D]`` product per token is a bf16 batched GEMM:
   the fp32 streams are cast to bf16 first, then cuBLAS runs a batch of one problem per token, then the sum with
@@ -32,6 +32,7 @@ import json
 import torch
 
 from gpu_bench_common import measure, write_results
+from genolc.model.layers.mhc import merge_streams
 from genolc.model.presets import base, small
 
 
@@ -72,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32768)
     args = parser.parse_args()
-    forms = {"matmul": matmul, "unrolled": unrolled, "broadcast_sum": broadcast_sum}
+    forms = {"model": merge_streams, "matmul": matmul, "unrolled": unrolled, "broadcast_sum": broadcast_sum}
     rows = []
     for name, config in (("small", small()), ("base", base())):
         n, dim = config.hc_mult, config.hidden_size

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from genolc.fsutil import atomic_write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"64k": 65536, "256k": 262144, "1M": 1048576}
 
@@ -76,7 +78,7 @@ def write_results(name: str, rows: list[dict], notes: dict) -> Path:
     path = out_dir / f"{name}_{datetime.date.today().isoformat()}{tag}.json"
     record = {"command": "python " + " ".join(sys.argv), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "notes": notes, "rows": rows}
-    path.write_text(json.dumps(record, indent=1))
+    atomic_write_json(path, record)
     return path
 
 
