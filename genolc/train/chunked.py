@@ -67,7 +67,7 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
     ``on_loss`` sees (and may replace, or refuse by raising) each chunk's loss before its backward. ``shard``: this
     process holds only its share of each chunk (:class:`ChunkShard`); its ``.grad`` is then its share of the
     window's gradient, and the returned counts are its own tokens'. ``keep_selections``: keep the DSA pools the
-    first pass chose for the second (off: choose them again, for a window whose plan fits only without them)."""
+    first pass chose for the second (off: choose them again; genolc/train/strategy.py decides which)."""
     inputs, targets = ids[:, :-1], ids[:, 1:]
     window_len = inputs.shape[1]
 

@@ -10,7 +10,8 @@ micro-batch of random tokens, so the kernels land in Triton's and TileLang's dis
 compiles its glue and runs its forward; the trainer then loads them instead of compiling. It shares nothing with the
 trainer but those caches: its random numbers, memory and failures are its own (a failed warm-up leaves the trainer
 compiling as it would have, and its log says why). A kernel the trainer reaches first is compiled by both (the
-caches' writes are atomic).
+caches' writes are atomic). After the first step the trainer stops a warm-up that still runs: what it had not
+reached, that step compiled itself.
 
 Only on CUDA, in a single process (under ``torchrun`` each rank compiles its own), once per shape on a machine: a
 finished warm-up leaves a marker under the user's cache directory (``genolc/kernel-warmup/``) and later runs of that
@@ -111,7 +112,8 @@ def warmup_bytes(shape: WarmupShape) -> int:
 
 
 class KernelWarmup:
-    """The running warm-up process; :meth:`finished` says once how it ended (for the trainer's log)."""
+    """The running warm-up process. The trainer calls :meth:`end` after the first step: it stops a warm-up that
+    still runs and says once how it ended (for the trainer's log); :meth:`finished` only reports."""
 
     def __init__(self, process: subprocess.Popen, log: Path, started: float) -> None:
         self.process, self.log, self.started = process, log, started

@@ -57,7 +57,7 @@ The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk'
                                                  copy; one layer's backward adds its leaf's and the kernel's gradient
     pool keys         B T / kpool * Di * 8 n_dsa  rows and their gradient
     chosen pools      B T (topk / kpool) 4 n_idx  kept from the first pass for the second (n_idx: DSA layers with an
-                                                 indexer), unless only a step without them fits
+                                                 indexer), unless the strategy chose them again
     KDA states        ceil(T / chunk) n_kda B H Dk Dv * 4   one per chunk boundary
 
 A context-parallel rank (``--cp N``, genolc/parallel) holds its share ``s = ceil(S / N)`` of each span (the window,

@@ -48,7 +48,8 @@ SMALLEST_AUTO_CHUNK = 256
 class StepStrategy:
     """``chunk`` None: the whole window at once; else chunks of ``chunk`` tokens. ``estimate_bytes``: the plan's
     peak; ``reason``: why it was chosen (said once when training starts). ``keep_selections``: the chunked step
-    keeps the DSA pools its first pass chose for its second (off only where nothing fits with them)."""
+    keeps the DSA pools its first pass chose for its second (off where they do not fit, or where keeping them would
+    cost chunks under ``FAST_CHUNK`` or recompute estimated to take longer: :func:`choose_strategy`)."""
 
     seq_len: int
     chunk: int | None

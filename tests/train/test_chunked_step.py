@@ -43,9 +43,12 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("chunk, mode, recompute", [(512, "sparse", False), (333, "dense", False),
-                                                     (1000, "sparse", True)])
-def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, recompute):
+@pytest.mark.parametrize("chunk, mode, recompute, keep", [(512, "sparse", False, True), (333, "dense", False, True),
+                                                           (1000, "sparse", True, True), (512, "sparse", False, False),
+                                                           (1000, None, True, False)])
+def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, recompute, keep):
+    """``keep`` False: the step that chooses the pools again in its second pass (and replay), which the strategy
+    takes where keeping them does not fit or costs more."""
     ids, weights = dna_window
     terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
                       indexer_mode=mode)
@@ -56,11 +59,12 @@ def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, r
     expected, expected_counts = _grads(model), out.tokens_per_expert
     model.zero_grad(set_to_none=True)
 
-    result = chunked_forward_backward(model, ids, weights, terms, chunk, contextlib.nullcontext)
+    result = chunked_forward_backward(model, ids, weights, terms, chunk, contextlib.nullcontext,
+                                      keep_selections=keep)
     got = _grads(model)
 
     assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
-    assert set(result.aux) == {"moe_balance", "indexer_kl"}
+    assert set(result.aux) == ({"moe_balance", "indexer_kl"} if mode else {"moe_balance"})
     for name, value in whole.aux.items():
         assert float(result.aux[name]) == pytest.approx(float(value), rel=1e-5, abs=1e-9)
     assert {k: v.tolist() for k, v in result.tokens_per_expert.items()} == \
@@ -71,7 +75,7 @@ def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, r
     worst = max(errors.items(), key=lambda item: item[1])
     assert worst[1] < 1e-4, worst
     # The indexer only learns from its KL: its gradients must have come through the chunks' pooled-key caches.
-    assert any("indexer" in name for name in got)
+    assert any("indexer" in name for name in got) == (mode is not None)
 
 
 def _count_calls(owner, name: str, counts: dict, key: str) -> None:
@@ -106,6 +110,14 @@ def test_the_second_pass_attends_to_the_pools_the_first_chose(dna_window, one_th
     chunks = len(chunk_bounds(WINDOW, 1000))
     result = chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext)
     assert counts["select"] == chunks * len(layers)
+    # Not kept: chosen in the fill pass, the second pass and its replay.
+    model.zero_grad(set_to_none=True)
+    counts.clear()
+    chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, keep_selections=False)
+    assert counts["select"] == 3 * chunks * len(layers)
+    model.zero_grad(set_to_none=True)
+    counts.clear()
+    result = chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext)
     # With the KL on, the indexer runs in all three forwards (fill, grad, replay) for its loss.
     assert counts["features"] == chunks * len(layers) * (1 if mode is None else 3)
     assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)

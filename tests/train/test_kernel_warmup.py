@@ -257,3 +257,34 @@ def test_the_dsa_pair_is_compiled_only_where_the_layer_would_run_it(monkeypatch)
     assert kernel_warmup._compile_dsa_pair(wide, True, {}) == []
     monkeypatch.setenv("GENOLC_DSA_KERNELS", "triton")
     assert kernel_warmup._compile_dsa_pair(config, True, {}) == []
+
+
+def test_the_dsa_pair_is_compiled_with_the_layers_arguments_where_tilelang_runs(monkeypatch):
+    """bf16 `small` with TileLang present: both kernels are compiled, in threads, with the arguments the layer's own
+    call hands them (compile functions stubbed: no TileLang on CPU)."""
+    import importlib.util
+    import sys
+    import types
+
+    from genolc.model.ops import dispatch
+    from genolc.model.ops.dsa.tilelang import backward, forward
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(dispatch.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "tilelang" else real_find_spec(name, *a))
+    monkeypatch.delenv("GENOLC_DSA_KERNELS", raising=False)
+    monkeypatch.setitem(sys.modules, "tilelang", types.ModuleType("tilelang"))
+    compiled = []
+    monkeypatch.setattr(forward, "compiled_kernel", lambda *args: compiled.append(("forward", args)))
+    monkeypatch.setattr(backward, "compiled_backward_kernel", lambda *args: compiled.append(("backward", args)))
+    config = preset("small", vocab_size=16)
+    seconds: dict = {}
+    threads = kernel_warmup._compile_dsa_pair(config, True, seconds)
+    for thread in threads:
+        thread.join()
+    assert len(threads) == 2 and set(seconds) == {"tilelang_dsa_forward", "tilelang_dsa_backward"}
+    assert all(isinstance(value, float) for value in seconds.values()), seconds
+    args = kernel_warmup.dsa_kernel_args(config)
+    assert sorted(compiled, key=lambda item: item[0]) == [
+        ("backward", (*args, backward.default_backward_config(config.kv_lora_rank))),
+        ("forward", (*args, forward.default_config(config.kv_lora_rank)))]

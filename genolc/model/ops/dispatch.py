@@ -119,7 +119,8 @@ def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Ten
 
 def mhc_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """mHC's mixing logits ``x [M, K]``, ``weight [W, K]`` -> ``[M, W]``; see ``genolc.model.ops.mhc.reference``.
-    CUDA tensors the kernels do not take (fp64, more than 128 logits) go to the reference too."""
+    CUDA tensors the kernels do not take (fp64, more than 128 logits) go to the reference too. Under autocast the
+    kernels' logits are fp32 (TF32 products), the reference's are in the autocast dtype, as a Linear's."""
     if x.is_cuda:
         from genolc.model.ops.mhc import op as mhc_op, triton as mhc_triton
 

@@ -19,7 +19,8 @@ these ops kept a normed bf16 copy of the streams as well.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from genolc.model.ops.mhc import reference
 
 
 @torch.library.custom_op("genolc::mhc_mixing_logits", mutates_args=())
@@ -32,9 +33,7 @@ def mixing_logits_op(x: torch.Tensor, weight: torch.Tensor, eps: float, tf32: bo
 
         return mhc_triton.fused_mixing_logits(x, weight, eps, tf32=tf32)
     with torch.autocast(x.device.type, enabled=False):
-        x32 = x.float()
-        rstd = torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)
-        return F.linear(x32 * rstd, weight.float()), rstd.squeeze(-1)
+        return reference.mixing_logits_and_rstd(x, weight, eps)
 
 
 @mixing_logits_op.register_fake
