@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from typing import Any, Iterable
 
 import numpy as np
@@ -31,7 +30,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, trainers
 
 from genolc.errors import ConfigError, InputError
-from genolc.tokenize.bpe_encode import (ENCODER_ENV, MergeTables, encode_pieces, encoder_choice, encoder_threads,
+from genolc.tokenize.bpe_encode import (MergeTables, encode_pieces, encoder_choice, encoder_threads,
                                        sweepable)
 from genolc.tokenize.base import (BASE_CODES, CODE_ASCII, SPECIAL_TOKENS, Tokenizer, as_bases, check_format,
                                   lookup, reverse_complement_bases)
@@ -224,16 +223,12 @@ class BPETokenizer(Tokenizer):
         return out
 
     def _numba_encoder(self) -> bool:
-        """Whether this encode runs the numba encoder: asked for (or auto with numba installed) and the merges are in
-        an order its rank sweep handles (else auto takes the library's encoder, which handles any order)."""
-        if encoder_choice() != "numba":
-            return False
+        """Whether this encode runs the numba encoder (``bpe_encode.encoder_choice``)."""
+        return encoder_choice(self._merges_sweepable) == "numba"
+
+    def _merges_sweepable(self) -> bool:
         if self._sweepable is None:
             self._sweepable = sweepable(self.merges)
-        if not self._sweepable and os.environ.get(ENCODER_ENV) == "numba":
-            raise ConfigError(f"{ENCODER_ENV}=numba cannot encode with this tokenizer: a merge comes before a merge "
-                              "that makes one of its tokens, or a pair is listed twice", where="environment",
-                              fix=f"unset {ENCODER_ENV} (the tokenizers library's encoder takes any merge order)")
         return self._sweepable
 
     def _tables(self) -> MergeTables:

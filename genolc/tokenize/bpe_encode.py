@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -23,8 +24,9 @@ ENCODER_ENV = "GENOLC_BPE_ENCODER"
 ENCODERS = ("auto", "numba", "tokenizers")
 
 
-def encoder_choice() -> str:
-    """"numba" or "tokenizers" for this process (``$GENOLC_BPE_ENCODER``, default auto: numba when it imports)."""
+def encoder_choice(merges_sweepable: Callable[[], bool] = lambda: True) -> str:
+    """"numba" or "tokenizers" (``$GENOLC_BPE_ENCODER``, default auto: numba when it imports and the tokenizer's
+    merges are in an order its rank sweep handles, ``merges_sweepable()``, asked only when numba would run)."""
     from genolc.errors import ConfigError
 
     asked = os.environ.get(ENCODER_ENV, "auto")
@@ -37,7 +39,15 @@ def encoder_choice() -> str:
     if asked == "numba" and problem:
         raise ConfigError(f"{ENCODER_ENV}=numba but numba cannot be used ({problem})", where="environment",
                           fix="pip install numba (a version that supports the installed NumPy), or unset the variable")
-    return "tokenizers" if problem else "numba"
+    if problem:
+        return "tokenizers"
+    if not merges_sweepable():
+        if asked == "numba":
+            raise ConfigError(f"{ENCODER_ENV}=numba cannot encode with this tokenizer: a merge comes before a merge "
+                              "that makes one of its tokens, or a pair is listed twice", where="environment",
+                              fix=f"unset {ENCODER_ENV} (the tokenizers library's encoder takes any merge order)")
+        return "tokenizers"
+    return "numba"
 
 
 @functools.cache
