@@ -77,9 +77,17 @@ class HyperConnection(nn.Module):
 
 def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                   streams: torch.Tensor) -> torch.Tensor:
-    """``post ⊗ block_out + comb^T @ streams``: ``[B, T, D]``, ``[B, T, N]``, ``[B, T, N, N]``, ``[B, T, N, D]``."""
+    """``post ⊗ block_out + comb^T @ streams``: ``[B, T, D]``, ``[B, T, N]``, ``[B, T, N, N]``, ``[B, T, N, D]``.
+
+    The ``N x N`` product is written out as N element-wise terms: as a matmul, autocast ran it in bf16 (rounding
+    the fp32 streams every layer) and cuBLAS as a batch of one tiny problem per token (the `base` 128k profile of
+    2026-12-02: 8.4 % of the kernel time with its casts); element-wise, torch.compile fuses the merge into one fp32
+    pass (benchmarks/bench_mhc_merge.py)."""
     dtype = streams.dtype
-    return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + comb.to(dtype).transpose(-1, -2) @ streams
+    merged = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
+    for n in range(streams.shape[-2]):
+        merged = merged + comb[..., n, :, None].to(dtype) * streams[..., n, None, :]
+    return merged
 
 
 def expand_streams(hidden: torch.Tensor, n_streams: int) -> torch.Tensor:
