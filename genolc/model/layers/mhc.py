@@ -79,10 +79,11 @@ def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tenso
                   streams: torch.Tensor) -> torch.Tensor:
     """``post ⊗ block_out + comb^T @ streams``: ``[B, T, D]``, ``[B, T, N]``, ``[B, T, N, N]``, ``[B, T, N, D]``.
 
-    The ``N x N`` product is written out as N element-wise terms: as a matmul, autocast ran it in bf16 (rounding
-    the fp32 streams every layer) and cuBLAS as a batch of one tiny problem per token (the `base` 128k profile of
-    2026-12-02: 8.4 % of the kernel time with its casts); element-wise, torch.compile fuses the merge into one fp32
-    pass (benchmarks/bench_mhc_merge.py)."""
+    The ``N x N`` product is written out as N element-wise terms. As a matmul, autocast ran it in bf16, rounding
+    the fp32 streams every layer (on CPU under autocast: 1.4e-3 relative error against 5.5e-8 written out,
+    benchmarks/bench_mhc_merge.py), and cuBLAS likely ran it as a batch of one tiny problem per token: the `base`
+    128k profile of 2026-12-02 has a batched GEMM with the merge's call count, 8.4 % of the kernel time (12.5 % with
+    two cast/add kernels of the same count); that attribution and this form's speed on the GPU are unconfirmed."""
     dtype = streams.dtype
     merged = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
     for n in range(streams.shape[-2]):
