@@ -9,15 +9,17 @@ same sum:
   the fp32 streams are cast to bf16 first, then cuBLAS runs a batch of one problem per token, then the sum with
   ``post ⊗ block_out`` is added. The `base` 128k profile after 573b619 shows a skinny batched GEMM
   (``nvjet_sm90_tst_512x32_64x3_2x1_v_bz_NTT``, 384 calls, 548 ms of 6.5 s of kernels) beside two pointwise
-  kernels named ``..._to_copy_bmm_view_1`` and ``..._add_bmm_mul_unsqueeze_view_2`` with the same call count,
-  which is what this form compiles to; this benchmark checks that reading;
+  kernels named ``..._to_copy_bmm_view_1`` and ``..._add_bmm_mul_unsqueeze_view_2`` with the same call count.
+  That this form compiles to those kernels is a reading of the call counts; the script records the kernels each
+  form's forward launches (torch.profiler) so that the names and times can be set beside the profile's;
 - ``unrolled``: the four terms written out (``comb[..., n, :, None] * streams[..., n, None, :]``), all element-wise,
   so inductor can fuse the forward into one pass in fp32;
 - ``broadcast_sum``: ``(comb^T[..., None] * streams[..., None, :, :]).sum(-2)``, the same as one broadcast and a sum
   over the four streams.
 
 Forward and forward + backward (gradients for all four inputs), median of 20 after a warm-up
-(gpu_bench_common.measure), and each form's error against fp64. Writes JSON (command, git SHA, device) to $OUT or
+(gpu_bench_common.measure), each form's error against fp64 (output and the four gradients), and the kernels of
+one forward with grad. Writes JSON (command, git SHA, device) to $OUT or
 benchmarks/results/mhc_merge_<date>.json. Not yet run: written on 2026-12-02 with no device time left. The
 branch ``mhc-merge-elementwise`` puts the ``unrolled`` form into ``genolc.model.layers.mhc.merge_streams``.
 """
@@ -52,6 +54,20 @@ def broadcast_sum(block_out, post, comb, streams):
     return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + mixed
 
 
+def forward_kernels(run) -> list[dict]:
+    """The CUDA kernels one call of ``run`` launches: name, calls, device ms."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in profiler.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    return [{"name": e.key[:100], "calls": e.count, "device_ms": round(float(e.self_device_time_total) / 1e3, 3)}
+            for e in sorted(kernels, key=lambda e: -float(e.self_device_time_total))]
+
+
+def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.double() - expected).norm() / expected.norm())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32768)
@@ -66,7 +82,10 @@ def main() -> None:
         comb = torch.softmax(torch.randn(1, args.tokens, n, n, device="cuda"), -1).requires_grad_()
         inputs = (block_out, post, comb, streams)
         grad = torch.randn(1, args.tokens, n, dim, device="cuda")
-        exact = matmul(*(t.detach().double() for t in inputs))
+        exact_inputs = [t.detach().double().requires_grad_() for t in inputs]
+        exact = matmul(*exact_inputs)
+        exact_grads = torch.autograd.grad(exact, exact_inputs, grad.double())
+        exact = exact.detach()
         for form, function in forms.items():
             compiled = torch.compile(function, dynamic=False)
 
@@ -80,12 +99,21 @@ def main() -> None:
                 return torch.autograd.grad(out, inputs, grad)
 
             result = forward()
+            grads = forward_backward()
+
+            def forward_with_grad():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    compiled(*inputs)
+
             rows.append({"preset": name, "tokens": args.tokens, "dim": dim, "form": form,
                          "forward_ms": round(measure(forward, repeats=20)["ms"], 3),
                          "forward_backward_ms": round(measure(forward_backward, repeats=20)["ms"], 3),
-                         "out_dtype": str(result.dtype),
-                         "relative_error_vs_fp64": float((result.double() - exact).norm() / exact.norm())})
-            print(json.dumps(rows[-1]))
+                         "out_dtype": str(result.dtype), "relative_error_vs_fp64": relative(result, exact),
+                         "gradient_errors_vs_fp64": {part: relative(g, e) for part, g, e in
+                                                     zip(("block_out", "post", "comb", "streams"), grads,
+                                                         exact_grads)},
+                         "forward_kernels": forward_kernels(forward_with_grad)})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "forward_kernels"}))
     print(f"wrote {write_results('mhc_merge', rows, {'timing': 'median of 20 after one warm-up, CUDA events'})}")
 
 

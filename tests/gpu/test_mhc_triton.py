@@ -9,7 +9,8 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
-from genolc.model.ops.mhc import op, triton as mhc_triton  # noqa: E402
+from genolc.model.ops import dispatch  # noqa: E402
+from genolc.model.ops.mhc import op, reference, triton as mhc_triton  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -90,6 +91,20 @@ def test_strided_rows_odd_width_and_bf16_weight():
     expected = torch.autograd.grad(_exact(x64, weight64), (x64, weight64), grad.double())
     assert dx.is_contiguous() and _relative(dx, expected[0]) < 1e-5
     assert dweight.dtype == torch.bfloat16 and _relative(dweight, expected[1]) < 3e-3
+
+
+def test_dispatch_sends_what_the_kernels_do_not_take_to_the_reference(monkeypatch):
+    calls = []
+    monkeypatch.setattr(op, "mixing_logits", lambda *args: calls.append(args) or reference.mixing_logits(*args))
+    x64, weight64 = (t.double() for t in _streams(37, 4096, torch.float32))
+    assert torch.equal(dispatch.mhc_mixing_logits(x64, weight64, EPS), reference.mixing_logits(x64, weight64, EPS))
+    x, _ = _streams(37, 4096, torch.float32)
+    wide = torch.randn(160, 4096, device="cuda") * 0.02          # more logits than MAX_LOGITS
+    assert torch.equal(dispatch.mhc_mixing_logits(x, wide, EPS), reference.mixing_logits(x, wide, EPS))
+    assert not calls
+    weight = torch.randn(24, 4096, device="cuda") * 0.02
+    dispatch.mhc_mixing_logits(x, weight, EPS)
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("compiled", [False, True])

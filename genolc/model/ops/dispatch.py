@@ -125,5 +125,7 @@ def mhc_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
 
         if x.dtype in mhc_triton.KERNEL_DTYPES and weight.dtype in mhc_triton.KERNEL_DTYPES \
                 and weight.shape[0] <= mhc_triton.MAX_LOGITS:
-            return mhc_op.mixing_logits(x.contiguous(), weight.contiguous(), eps)
+            # The kernels take any row stride; only the last dimension must be contiguous.
+            x = x if x.stride(-1) == 1 else x.contiguous()
+            return mhc_op.mixing_logits(x, weight if weight.stride(-1) == 1 else weight.contiguous(), eps)
     return mhc_reference.mixing_logits(x, weight, eps)
