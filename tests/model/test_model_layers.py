@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from genolc.model import build_model, preset, resize_vocab
-from genolc.model.layers.mhc import HyperConnection, sinkhorn
+from genolc.model.layers.mhc import HyperConnection, merge_streams, sinkhorn
 from genolc.model.layers.moe import MoE, balance_loss, clamped_swiglu
 
 from glm5_reference import small_config
@@ -77,6 +77,22 @@ def test_sinkhorn_makes_mixing_doubly_stochastic():
     assert post.shape == (2, 3, 4) and comb.shape == (2, 3, 4, 4) and block_in.shape == (2, 3, 32)
     with pytest.raises(ValueError, match="streams must be"):
         hc(torch.randn(2, 3, 32))
+
+
+def test_merge_is_post_times_block_plus_comb_transposed_times_streams():
+    """The element-wise merge against the product it spells out, in fp64; under bf16 autocast, with a bf16 block
+    output as the layers hand it, it stays exact to fp32 (the matmul form, run in bf16 there, was 2.7e-2 off)."""
+    torch.manual_seed(0)
+    block_out, post = torch.randn(2, 5, 32, dtype=torch.float64), torch.rand(2, 5, 4, dtype=torch.float64)
+    comb, streams = torch.rand(2, 5, 4, 4, dtype=torch.float64), torch.randn(2, 5, 4, 32, dtype=torch.float64)
+    expected = post.unsqueeze(-1) * block_out.unsqueeze(-2) + comb.transpose(-1, -2) @ streams
+    assert torch.allclose(merge_streams(block_out, post, comb, streams), expected, rtol=1e-12, atol=1e-12)
+    block_bf16 = block_out.bfloat16()
+    expected = post.unsqueeze(-1) * block_bf16.double().unsqueeze(-2) + comb.transpose(-1, -2) @ streams
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        merged = merge_streams(block_bf16, post.float(), comb.float(), streams.float())
+    assert merged.dtype == torch.float32
+    assert float((merged.double() - expected).abs().max()) < 1e-5
 
 
 def test_forward_contract_and_indexer_losses():
