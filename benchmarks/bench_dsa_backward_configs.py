@@ -1,0 +1,157 @@
+"""python bench_dsa_backward_configs.py [--presets base,small] [--queries 32768] [--keys 524288]   (from benchmarks/, H200)
+
+Launch configs of the TileLang sparse-attention backward (genolc.model.ops.dsa.tilelang.backward.BackwardConfig:
+slots per step, pipeline depth, threads, rank slices), timed at the shape the chunked step runs: one 32k chunk of
+queries at the end of a 512k window (``--queries``, ``--keys``), W = topk + kpool - 1 slots per query. The default
+config was chosen from ptxas' register counts alone and never timed against others on the H200; in the `base`
+512k profile (profile_chunked_base_512k_2026-12-02.json) the backward is the longest kernel, 64 calls, 72.5 ms each.
+
+Index rows: 512 random pools of 4 rows each from all ``--keys`` rows plus 3 random tail rows (timing only; the
+kernel does not need causal rows). q, latent, d_out random bf16; out and lse from the TileLang forward on the same
+rows. Every config is compiled first, in parallel threads (``tilelang.compile`` of build_backward_prim_func, as
+genolc/train/kernel_warmup.py compiles several kernels at once), then timed (median of ``--repeats`` after one
+warm-up, d_latent zeroed inside each call as the op does), and its d_q and d_latent are compared with the default
+config's (relative error; atomics add in a different order, so not bit-equal). Also the default config with the keys
+cut to ``--queries`` rows (the d_latent rows then fit in L2), to show what the scatter's reach costs.
+
+Writes $OUT or benchmarks/results/dsa_backward_configs_<date>.json (command, git SHA, device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from gpu_bench_common import measure, write_results
+from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
+from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
+from genolc.model.presets import PRESETS
+
+# (block_slots, num_stages, threads, rank_parts); invalid ones for a rank are skipped (BackwardConfig.check).
+CANDIDATES = [(32, 2, 128, 1), (32, 2, 128, 2), (32, 2, 128, 3), (32, 3, 128, 3), (32, 2, 128, 4), (32, 2, 128, 6),
+              (64, 2, 128, 3), (64, 2, 128, 2), (64, 2, 256, 2), (64, 2, 256, 3), (64, 3, 256, 3), (64, 2, 256, 4),
+              (64, 2, 256, 6), (32, 1, 128, 3), (32, 3, 128, 2)]
+SHARED_LIMIT = 227 * 1024      # sm_90's largest dynamic shared memory per block
+COMPILE_BUDGET_S = 150.0     # per preset
+
+
+def shape_of(name: str) -> dict:
+    config = PRESETS[name]()
+    return {"heads": config.num_attention_heads, "rank": config.kv_lora_rank,
+            "width": config.index_topk + config.index_kpool - 1, "scale": config.qk_nope_head_dim ** -0.5,
+            "pools": config.index_topk // config.index_kpool, "kpool": config.index_kpool}
+
+
+def configs_for(shape: dict) -> list[tilelang_backward.BackwardConfig]:
+    default = tilelang_backward.default_backward_config(shape["rank"])
+    out = [default]
+    for entry in CANDIDATES:
+        config = tilelang_backward.BackwardConfig(*entry)
+        try:
+            config.check(shape["rank"])
+        except ValueError:
+            continue
+        if config.shared_bytes(shape["heads"], shape["rank"]) <= SHARED_LIMIT and config not in out:
+            out.append(config)
+    return out
+
+
+def pool_rows(queries: int, keys: int, shape: dict, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    kpool = shape["kpool"]
+    pools = torch.randint(0, keys // kpool, (queries, shape["pools"]), generator=gen, device="cuda")
+    rows = (pools[:, :, None] * kpool + torch.arange(kpool, device="cuda")).reshape(queries, -1)
+    tail = torch.randint(0, keys, (queries, shape["width"] - rows.shape[1]), generator=gen, device="cuda")
+    return torch.cat([rows, tail], 1).int()[None].contiguous()
+
+
+def inputs(queries: int, keys: int, shape: dict) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    heads, rank = shape["heads"], shape["rank"]
+    q = torch.randn(1, queries, heads, rank, generator=gen, device="cuda").bfloat16()
+    latent = torch.randn(1, keys, rank, generator=gen, device="cuda").bfloat16()
+    d_out = torch.randn(1, queries, heads, rank, generator=gen, device="cuda").bfloat16()
+    indices = pool_rows(queries, keys, shape, seed=1)
+    out, lse = tilelang_forward.sparse_latent_attention_forward(q, latent, indices, shape["scale"])
+    return {"q": q, "latent": latent, "indices": indices, "out": out, "lse": lse, "d_out": d_out}
+
+
+def compile_one(shape: dict, config) -> tuple[object, float]:
+    start = time.monotonic()
+    tilelang_backward._compiled_backward_kernel(shape["heads"], shape["rank"], shape["width"], "bfloat16",
+                                                float(shape["scale"]), config)
+    return config, time.monotonic() - start
+
+
+def backward(tensors: dict, shape: dict, config):
+    return tilelang_backward.sparse_latent_attention_backward(
+        tensors["q"], tensors["latent"], tensors["indices"], tensors["out"], tensors["lse"], tensors["d_out"],
+        shape["scale"], config=config)
+
+
+def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.float() - expected.float()).norm() / expected.float().norm())
+
+
+def sweep(name: str, args, rows: list[dict]) -> None:
+    start = time.monotonic()
+    shape = shape_of(name)
+    configs = configs_for(shape)
+    compile_seconds, errors = {}, {}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = {config: pool.submit(compile_one, shape, config) for config in configs}
+        for config, future in futures.items():
+            left = max(1.0, COMPILE_BUDGET_S - (time.monotonic() - start))
+            try:
+                compile_seconds[config] = round(future.result(timeout=left)[1], 1)
+            except Exception as error:  # noqa: BLE001 - a config that fails to build is a result, not a crash
+                errors[config] = f"{type(error).__name__}: {error}"[:400]
+    tensors = inputs(args.queries, args.keys, shape)
+    default = configs[0]
+    reference = backward(tensors, shape, default)
+    for config in configs:
+        row = {"preset": name, "queries": args.queries, "keys": args.keys, "config": list(vars(config).values()),
+               "default": config == default, "shared_bytes": config.shared_bytes(shape["heads"], shape["rank"]),
+               "compile_s": compile_seconds.get(config)}
+        if config in errors or config not in compile_seconds:
+            row["error"] = errors.get(config, "not compiled within the budget")
+        else:
+            try:
+                d_q, d_latent = backward(tensors, shape, config)
+                row["d_q_rel_err_vs_default"] = relative(d_q, reference[0])
+                row["d_latent_rel_err_vs_default"] = relative(d_latent, reference[1])
+                row["ms"] = round(measure(lambda c=config: backward(tensors, shape, c), args.repeats)["ms"], 2)
+            except Exception as error:  # noqa: BLE001
+                row["error"] = traceback.format_exception_only(type(error), error)[-1][:400]
+        rows.append(row)
+        print({k: v for k, v in row.items()}, flush=True)
+    del tensors, reference
+    torch.cuda.empty_cache()
+    local = inputs(args.queries, args.queries, shape)
+    rows.append({"preset": name, "queries": args.queries, "keys": args.queries, "config": list(vars(default).values()),
+                 "default": True, "ms": round(measure(lambda: backward(local, shape, default), args.repeats)["ms"], 2),
+                 "note": "keys cut to the query count: d_latent's fp32 rows fit in L2"})
+    print(rows[-1], flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", default="base,small")
+    parser.add_argument("--queries", type=int, default=32768)
+    parser.add_argument("--keys", type=int, default=524288)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    rows: list[dict] = []
+    start = time.monotonic()
+    for name in args.presets.split(","):
+        sweep(name, args, rows)
+        write_results("dsa_backward_configs", rows, {"timing": f"median of {args.repeats} after one warm-up"})
+    print(f"done in {time.monotonic() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
