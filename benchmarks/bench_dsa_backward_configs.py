@@ -129,8 +129,6 @@ def sweep(name: str, args, rows: list[dict]) -> None:
                 row["error"] = traceback.format_exception_only(type(error), error)[-1][:400]
         rows.append(row)
         print({k: v for k, v in row.items()}, flush=True)
-    del tensors, reference
-    torch.cuda.empty_cache()
     local = inputs(args.queries, args.queries, shape)
     rows.append({"preset": name, "queries": args.queries, "keys": args.queries, "config": list(vars(default).values()),
                  "default": True, "ms": round(measure(lambda: backward(local, shape, default), args.repeats)["ms"], 2),
