@@ -20,8 +20,9 @@ streams and a bf16 block output, under bf16 autocast and torch.compile as the tr
 Forward and forward + backward (gradients for all four inputs), median of 20 after a warm-up
 (gpu_bench_common.measure), each form's error against fp64 (output and the four gradients), and the kernels of
 one forward with grad. Writes JSON (command, git SHA, device) to $OUT or
-benchmarks/results/mhc_merge_<date>.json. Not yet run: written on 2026-12-02 with no device time left. The
-branch ``mhc-merge-elementwise`` puts the ``unrolled`` form into ``genolc.model.layers.mhc.merge_streams``.
+benchmarks/results/mhc_merge_<date>.json. Run on 2026-12-02 (mhc_merge_2026-12-02.json): ``unrolled`` took `base`'s
+forward from 2.31 to 0.74 ms and forward + backward from 5.21 to 2.26 ms, so the model's ``merge_streams`` is now
+that form (``model`` and ``matmul`` in that file are the same, older form).
 """
 
 from __future__ import annotations
