@@ -5,9 +5,9 @@ merge_streams``), for one chunk of ``--tokens`` with the shapes of `small` (D = 
 streams and a bf16 block output, under bf16 autocast and torch.compile as the trainer runs it. The model's own
 ``merge_streams`` (``model``) beside three forms of the same sum:
 
-- ``matmul``: the model's form up to 2026-12-02. Under autocast the ``[4, 4] x [4, D]`` product per token is a bf16 batched GEMM:
-  the fp32 streams are cast to bf16 first, then cuBLAS runs a batch of one problem per token, then the sum with
-  ``post ⊗ block_out`` is added. The `base` 128k profile after 573b619 shows a skinny batched GEMM
+- ``matmul``: the model's form up to 2026-12-02. Under autocast the ``[4, 4] x [4, D]`` product per token is a bf16
+  batched GEMM: the fp32 streams are cast to bf16 first, then cuBLAS runs a batch of one problem per token, then the
+  sum with ``post ⊗ block_out`` is added. The `base` 128k profile after 573b619 shows a skinny batched GEMM
   (``nvjet_sm90_tst_512x32_64x3_2x1_v_bz_NTT``, 384 calls, 548 ms of 6.5 s of kernels) beside two pointwise
   kernels named ``..._to_copy_bmm_view_1`` and ``..._add_bmm_mul_unsqueeze_view_2`` with the same call count.
   That this form compiles to those kernels is a reading of the call counts; the script records the kernels each

@@ -5,8 +5,8 @@ The eager modules are the reference (their CPU parity with transformers is teste
 eager compute the same expressions; inductor fuses them and may reorder fp32 sums, so they agree to fp32 rounding
 where the math is fp32, and to bf16 rounding (2^-8 relative per rounding) where autocast rounds (the norms'
 outputs cast back to the input's dtype; the mixing logits come from the same custom op, TF32, in both). Then one
-chunked training step of ``mini`` compiled and eager: the same loss to bf16 rounding (routing and index choices may flip on near-ties, which
-moves single gradients but not the loss; see tests/gpu/test_model_fast_path.py).
+chunked training step of ``mini`` compiled and eager: the same loss to bf16 rounding (routing and index choices may
+flip on near-ties, which moves single gradients but not the loss; see tests/gpu/test_model_fast_path.py).
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ def test_moe_equals_a_per_token_loop(overrides):
 
 def test_swiglu_clamps_gate_and_up():
     gate, up = torch.tensor([20.0, -3.0]), torch.tensor([30.0, -30.0])
-    assert torch.allclose(clamped_swiglu(gate, up, 10.0), F.silu(torch.tensor([10.0, -3.0])) * torch.tensor([10.0, -10.0]))
+    expected = F.silu(torch.tensor([10.0, -3.0])) * torch.tensor([10.0, -10.0])
+    assert torch.allclose(clamped_swiglu(gate, up, 10.0), expected)
 
 
 def test_balance_loss_is_one_when_balanced_and_larger_when_not():

@@ -95,10 +95,10 @@ def default_backward_config(rank: int) -> BackwardConfig:
     """32 slots, 2 stages, 128 threads, and the fewest rank slices of <= 128 columns: what ptxas (sm_90a, nvcc 13)
     compiles without spilling at R = 256 (2 slices, 182 registers) and R = 384 (3 slices, 254 registers; 1 slice
     spills 360 bytes, 64-slot blocks 452). Timed on the H200 against 13 other configs for `base` and 6 for `small`
-    (benchmarks/results/dsa_backward_configs_2026-12-02.json, 32k queries over 512k keys): none was faster beyond
-    noise (`base` 79.6 ms, the nearest 79.3-80.1; `small` 52.3 ms, the others 52.0-52.8). With the keys cut to 32k,
-    so that d_latent's fp32 rows stay in L2, the same kernel takes 53.8 ms (`base`) and 32.1 ms (`small`): the
-    scatter's atomics, not the launch shape, set its time."""
+    (benchmarks/results/dsa_backward_configs_2026-12-02.json, 32k queries over 512k keys, medians of 5): none was
+    more than 0.6 % faster (`base` 79.6 ms, the nearest 79.3-80.1; `small` 52.3 ms, the others 52.0-52.8). With the
+    keys cut to 32k, so that d_latent's fp32 rows and the gathered rows mostly stay in L2, the same kernel takes
+    53.8 ms (`base`) and 32.1 ms (`small`): where its memory traffic lands, not the launch shape, sets its time."""
     widest = 128
     fitting = [p for p in range(1, 9) if rank % p == 0 and (rank // p) % 32 == 0]
     if not fitting:
