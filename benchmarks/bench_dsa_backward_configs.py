@@ -16,6 +16,12 @@ cut to ``--queries`` rows: d_latent's fp32 rows (48 MiB for `base`) and the gath
 the 50 MB L2, so the two effects are not separated. Each row keeps all its timed repeats (``ms_all``; the first
 run, on 2026-12-02, kept only the median).
 
+``--slab-rows 16384,32768`` also times the slab-ordered backward (genolc.model.ops.dsa.tilelang.backward_slabs: one
+block per (query, key slab), the blocks in flight scattering into one slab) at each slab size, with its sort of the
+index rows and its row dot included, and checks its gradients against the default kernel's. ``--configs default``
+skips the other launch configs. Next run (not yet made):
+``python bench_dsa_backward_configs.py --configs default --slab-rows 8192,16384,32768,65536``.
+
 Writes $OUT or benchmarks/results/dsa_backward_configs_<date>.json (command, git SHA, device).
 """
 
@@ -31,6 +37,7 @@ import torch
 
 from gpu_bench_common import measure, write_results
 from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
+from genolc.model.ops.dsa.tilelang import backward_slabs
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
 from genolc.model.presets import PRESETS
 
@@ -90,6 +97,20 @@ def compile_one(shape: dict, config) -> tuple[object, float]:
     return config, time.monotonic() - start
 
 
+def compile_slabbed(shape: dict) -> tuple[str, float]:
+    start = time.monotonic()
+    backward_slabs._compiled_slabbed_backward_kernel(shape["heads"], shape["rank"], shape["width"], "bfloat16",
+                                                     float(shape["scale"]),
+                                                     backward_slabs.default_slabbed_config(shape["rank"]))
+    return "slabs", time.monotonic() - start
+
+
+def slabbed(tensors: dict, shape: dict, slab_rows: int):
+    return backward_slabs.sparse_latent_attention_backward_slabs(
+        tensors["q"], tensors["latent"], tensors["indices"], tensors["out"], tensors["lse"], tensors["d_out"],
+        shape["scale"], slab_rows=slab_rows)
+
+
 def backward(tensors: dict, shape: dict, config):
     return tilelang_backward.sparse_latent_attention_backward(
         tensors["q"], tensors["latent"], tensors["indices"], tensors["out"], tensors["lse"], tensors["d_out"],
@@ -103,10 +124,12 @@ def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def sweep(name: str, args, rows: list[dict]) -> None:
     start = time.monotonic()
     shape = shape_of(name)
-    configs = configs_for(shape)
+    configs = configs_for(shape) if args.configs == "all" else configs_for(shape)[:1]
     compile_seconds, errors = {}, {}
     pool = ThreadPoolExecutor(max_workers=8)
     futures = {config: pool.submit(compile_one, shape, config) for config in configs}
+    if args.slab_rows:
+        futures["slabs"] = pool.submit(compile_slabbed, shape)
     for config, future in futures.items():
         left = max(1.0, COMPILE_BUDGET_S - (time.monotonic() - start))
         try:
@@ -138,6 +161,24 @@ def sweep(name: str, args, rows: list[dict]) -> None:
                 row["error"] = traceback.format_exception_only(type(error), error)[-1][:400]
         rows.append(row)
         print({k: v for k, v in row.items()}, flush=True)
+    for slab_rows in args.slab_rows:
+        row = {"preset": name, "queries": args.queries, "keys": args.keys, "variant": "slabs", "slab_rows": slab_rows,
+               "config": list(vars(backward_slabs.default_slabbed_config(shape["rank"])).values()),
+               "compile_s": compile_seconds.get("slabs")}
+        if "slabs" not in compile_seconds:
+            row["error"] = errors.get("slabs", "not compiled within the budget")
+        else:
+            try:
+                d_q, d_latent = slabbed(tensors, shape, slab_rows)
+                row["d_q_rel_err_vs_default"] = relative(d_q, reference[0])
+                row["d_latent_rel_err_vs_default"] = relative(d_latent, reference[1])
+                timing = measure(lambda r=slab_rows: slabbed(tensors, shape, r), args.repeats)
+                row["ms"] = round(timing["ms"], 2)
+                row["ms_all"] = [round(ms, 2) for ms in timing["ms_all"]]
+            except Exception as error:  # noqa: BLE001
+                row["error"] = traceback.format_exception_only(type(error), error)[-1][:400]
+        rows.append(row)
+        print(row, flush=True)
     local = inputs(args.queries, args.queries, shape)
     timing = measure(lambda: backward(local, shape, default), args.repeats)
     rows.append({"preset": name, "queries": args.queries, "keys": args.queries, "config": list(vars(default).values()),
@@ -153,7 +194,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=32768)
     parser.add_argument("--keys", type=int, default=524288)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--configs", choices=("all", "default"), default="all",
+                        help="time every candidate launch config, or only the default")
+    parser.add_argument("--slab-rows", default="",
+                        help="comma-separated slab sizes (rows) for the slab-ordered backward; empty: not run")
     args = parser.parse_args()
+    args.slab_rows = [int(rows) for rows in args.slab_rows.split(",") if rows]
     rows: list[dict] = []
     start = time.monotonic()
     for name in args.presets.split(","):

@@ -1,0 +1,96 @@
+"""The slab-ordered DSA backward's torch side (genolc.model.ops.dsa.tilelang.backward_slabs) on CPU: the sort and cut
+of the index rows, the row dot, and the kernel's algorithm in fp64 (per (query, slab) groups, dQ summed over the
+slabs) against autograd through the reference. The TileLang kernel itself needs CUDA (benchmarks/
+bench_dsa_backward_configs.py runs it against the one-block-per-query kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genolc.model.ops.dsa import reference
+from genolc.model.ops.dsa.tilelang import backward_slabs
+
+
+def naive_slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int):
+    n_slabs = max(1, -(-kv_len // slab_rows))
+    rows = torch.full(indices.shape, -1, dtype=torch.int32)
+    offsets = torch.zeros(*indices.shape[:-1], n_slabs + 1, dtype=torch.int32)
+    for b in range(indices.shape[0]):
+        for t in range(indices.shape[1]):
+            valid = sorted(int(i) for i in indices[b, t] if i >= 0)
+            rows[b, t, :len(valid)] = torch.tensor(valid, dtype=torch.int32)
+            for s in range(n_slabs + 1):
+                offsets[b, t, s] = sum(1 for i in valid if i < s * slab_rows)
+    return rows, offsets
+
+
+@pytest.mark.parametrize("slab_rows, kv_len", [(32, 101), (101, 101), (7, 64), (1000, 101)])
+def test_slab_order_matches_a_per_row_loop(slab_rows, kv_len):
+    gen = torch.Generator().manual_seed(slab_rows)
+    indices = torch.randint(-1, kv_len, (2, 9, 13), generator=gen, dtype=torch.int32)
+    indices[1, 4] = -1                                        # a row with no valid slot
+    rows, offsets = backward_slabs.slab_order(indices, slab_rows, kv_len)
+    expected_rows, expected_offsets = naive_slab_order(indices, slab_rows, kv_len)
+    assert rows.dtype == offsets.dtype == torch.int32
+    assert torch.equal(rows, expected_rows)
+    assert torch.equal(offsets, expected_offsets)
+    assert offsets.shape[-1] == max(1, -(-kv_len // slab_rows)) + 1
+    assert torch.equal(offsets[1, 4], torch.zeros_like(offsets[1, 4]))
+
+
+def test_slab_order_takes_int64_rows_and_rejects_bad_sizes():
+    indices = torch.tensor([[[5, -1, 0, 3]]], dtype=torch.int64)
+    rows, offsets = backward_slabs.slab_order(indices, 4, 6)
+    assert rows.tolist() == [[[0, 3, 5, -1]]]
+    assert offsets.tolist() == [[[0, 2, 3]]]
+    with pytest.raises(ValueError, match="slab_rows"):
+        backward_slabs.slab_order(indices, 0, 6)
+    with pytest.raises(ValueError, match="kv_len"):
+        backward_slabs.slab_order(indices, 4, 2 ** 31)
+
+
+def test_row_dot_is_the_fp32_row_sum_in_pieces():
+    gen = torch.Generator().manual_seed(0)
+    out = torch.randn(2, 11, 3, 8, generator=gen).bfloat16()
+    d_out = torch.randn(2, 11, 3, 8, generator=gen).bfloat16()
+    delta = backward_slabs.row_dot(out, d_out, rows_per_step=4)
+    assert delta.dtype == torch.float32 and delta.shape == (2, 11, 3)
+    torch.testing.assert_close(delta, (out.float() * d_out.float()).sum(-1), rtol=0, atol=0)
+
+
+def _forward_lse(q_lat, latent, indices, scale):
+    rows = latent[torch.arange(latent.shape[0])[:, None, None], indices.long().clamp_min(0)]   # [B, T, W, R]
+    scores = torch.einsum("bthr,btwr->bthw", q_lat, rows) * scale
+    scores = scores.masked_fill((indices < 0)[:, :, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+
+
+@pytest.mark.parametrize("slab_rows", [16, 37, 1000])
+def test_slabbed_algorithm_matches_autograd_through_the_reference(slab_rows):
+    gen = torch.Generator().manual_seed(slab_rows)
+    batch, length, heads, rank, kv_len, width, scale = 2, 23, 3, 16, 101, 13, 0.3
+    q_lat = torch.randn(batch, length, heads, rank, generator=gen, dtype=torch.float64, requires_grad=True)
+    latent = torch.randn(batch, kv_len, rank, generator=gen, dtype=torch.float64, requires_grad=True)
+    # Distinct rows per query (the model's rows are distinct), a third of the slots empty, one row all empty.
+    indices = torch.rand(batch, length, kv_len, generator=gen).topk(width, -1).indices.int()
+    indices = indices.masked_fill(torch.rand(indices.shape, generator=gen) < 0.3, -1)
+    indices[0, 5] = -1
+    out = reference.sparse_latent_attention(q_lat, latent, indices, scale)
+    d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    expected_dq, expected_dc = torch.autograd.grad(out, (q_lat, latent), d_out)
+    lse = _forward_lse(q_lat.detach(), latent.detach(), indices, scale)
+    d_q, d_c = backward_slabs.slabbed_backward_reference(q_lat.detach(), latent.detach(), indices, out.detach(),
+                                                         lse, d_out, scale, slab_rows)
+    torch.testing.assert_close(d_q, expected_dq, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(d_c, expected_dc, rtol=1e-10, atol=1e-10)
+    assert torch.equal(d_q[0, 5], torch.zeros_like(d_q[0, 5]))
+
+
+def test_default_config_is_one_stage_and_the_builder_refuses_more():
+    config = backward_slabs.default_slabbed_config(384)
+    assert config.num_stages == 1 and config.rank_parts == 3
+    two_stages = backward_slabs.BackwardConfig(num_stages=2, rank_parts=3)
+    with pytest.raises(ValueError, match="one pipeline stage"):
+        backward_slabs.build_slabbed_backward_prim_func(12, 384, 2051, "bfloat16", 0.1, two_stages)
