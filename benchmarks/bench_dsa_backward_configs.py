@@ -18,7 +18,8 @@ run, on 2026-12-02, kept only the median).
 
 ``--slab-rows 16384,32768`` also times the slab-ordered backward (genolc.model.ops.dsa.tilelang.backward_slabs: one
 block per (query, key slab), the blocks in flight scattering into one slab) at each slab size, with its sort of the
-index rows and its row dot included, and checks its gradients against the default kernel's. ``--configs default``
+index rows and its row dot included, and checks its gradients against the default kernel's (relative error under
+1e-2, else the script exits 1 after writing its results). ``--configs default``
 skips the other launch configs. Next run (not yet made):
 ``python bench_dsa_backward_configs.py --configs default --slab-rows 8192,16384,32768,65536``.
 
@@ -172,6 +173,7 @@ def sweep(name: str, args, rows: list[dict]) -> None:
                 d_q, d_latent = slabbed(tensors, shape, slab_rows)
                 row["d_q_rel_err_vs_default"] = relative(d_q, reference[0])
                 row["d_latent_rel_err_vs_default"] = relative(d_latent, reference[1])
+                row["matches_default"] = max(row["d_q_rel_err_vs_default"], row["d_latent_rel_err_vs_default"]) < 1e-2
                 timing = measure(lambda r=slab_rows: slabbed(tensors, shape, r), args.repeats)
                 row["ms"] = round(timing["ms"], 2)
                 row["ms_all"] = [round(ms, 2) for ms in timing["ms_all"]]
@@ -206,6 +208,12 @@ def main() -> None:
         sweep(name, args, rows)
         write_results("dsa_backward_configs", rows, {"timing": f"median of {args.repeats} after one warm-up"})
     print(f"done in {time.monotonic() - start:.0f} s")
+    wrong = [row for row in rows if row.get("matches_default") is False]
+    for row in wrong:
+        print(f"FAILED: the slab-ordered backward at {row['slab_rows']} rows differs from the default kernel: "
+              f"d_q {row['d_q_rel_err_vs_default']:.2e}, d_latent {row['d_latent_rel_err_vs_default']:.2e}")
+    if wrong:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -43,18 +43,19 @@ def test_matches_reference(length, topk, heads, rank, poison, rel_err):
     assert lse[0, 17].isinf().all() and (lse[0, 17] > 0).all()
 
 
-@pytest.mark.parametrize("length, topk, heads, rank, slab_rows", [
-    (4099, 256, 12, 384, 1000),     # slabs that do not divide the keys, most (query, slab) pairs non-empty
-    (1001, 64, 8, 256, 64),         # many slabs, many pairs with no slot
-    (777, 32, 3, 64, 100000),       # one slab: the same work as the one-block-per-query kernel
+@pytest.mark.parametrize("batch, length, topk, heads, rank, slab_rows", [
+    (1, 4099, 256, 12, 384, 1000),     # slabs that do not divide the keys, most (query, slab) pairs non-empty
+    (2, 1001, 64, 8, 256, 64),         # two windows, many slabs, many pairs with no slot
+    (1, 777, 32, 3, 64, 100000),       # one slab: the same work as the one-block-per-query kernel
 ])
-def test_slab_ordered_backward_matches_reference(length, topk, heads, rank, slab_rows, poison, rel_err):
+def test_slab_ordered_backward_matches_reference(batch, length, topk, heads, rank, slab_rows, poison, rel_err):
     from genolc.model.ops.dsa.tilelang import backward_slabs
 
-    indices = random_index_rows(length, topk, 4, seed=length + heads + 1).to(torch.int32)
+    indices = torch.cat([random_index_rows(length, topk, 4, seed=length + heads + 1 + b) for b in range(batch)])
+    indices = indices.to(torch.int32).contiguous()
     indices[0, 17] = -1
-    indices[0, length // 2, ::3] = -1
-    leaves, d_out = _inputs(1, length, heads, rank, seed=length + rank + 1)
+    indices[-1, length // 2, ::3] = -1
+    leaves, d_out = _inputs(batch, length, heads, rank, seed=length + rank + 1)
     scale = 0.7 * rank ** -0.5
     _, ref_grads = _fwd_bwd(reference.sparse_latent_attention, *(t.float() for t in leaves), indices, d_out, scale)
     q_lat, latent = (t.detach() for t in leaves)

@@ -48,6 +48,8 @@ def test_slab_order_takes_int64_rows_and_rejects_bad_sizes():
         backward_slabs.slab_order(indices, 0, 6)
     with pytest.raises(ValueError, match="kv_len"):
         backward_slabs.slab_order(indices, 4, 2 ** 31)
+    with pytest.raises(ValueError, match="use slab_rows >= 2"):
+        backward_slabs.slab_order(indices, 1, backward_slabs.MAX_SLABS + 1)
 
 
 def test_row_dot_is_the_fp32_row_sum_in_pieces():

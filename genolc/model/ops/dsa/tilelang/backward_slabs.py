@@ -24,7 +24,7 @@ rank slices scattered with ``atomic_addx4``. The loop over a block's slots has a
 (:func:`default_slabbed_config`).
 
 Status: lowered by TileLang and compiled by nvcc 13 for sm_90a on a CPU machine (``tests/gpu/
-tilelang_lowering_check.py``: 214 registers at `base`, 156 at `small`, no spills); its slab split and
+tilelang_lowering_check.py``: 219 registers at `base`, 162 at `small`, no spills); its slab split and
 summation order are tested against the reference in pure torch (tests/model/test_dsa_backward_slabs.py,
 :func:`slabbed_backward_reference`). It has not run on a GPU: benchmarks/bench_dsa_backward_configs.py times it
 beside the default kernel and checks its gradients against that kernel's.
@@ -45,6 +45,7 @@ from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, padd
 # 32k rows: d_latent's fp32 slab is 48 MiB at R = 384 and 32 MiB at R = 256, the sizes measured above.
 DEFAULT_SLAB_ROWS = 32768
 _EMPTY_KEY = torch.iinfo(torch.int32).max
+MAX_SLABS = 65535          # CUDA's limit on gridDim.y
 
 
 def default_slabbed_config(rank: int) -> BackwardConfig:
@@ -72,6 +73,9 @@ def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torc
     if kv_len >= _EMPTY_KEY:
         raise ValueError(f"kv_len {kv_len} does not fit the int32 rows")
     n_slabs = max(1, -(-kv_len // slab_rows))
+    if n_slabs > MAX_SLABS:
+        raise ValueError(f"{n_slabs} slabs of {slab_rows} rows over {kv_len} keys: at most {MAX_SLABS} (the grid's "
+                         f"second dimension); use slab_rows >= {-(-kv_len // MAX_SLABS)}")
     keys = torch.where(indices < 0, _EMPTY_KEY, indices).to(torch.int32)
     rows = keys.sort(dim=-1).values
     bounds = torch.arange(n_slabs + 1, device=indices.device, dtype=torch.int64) * slab_rows
@@ -93,8 +97,10 @@ def row_dot(out: torch.Tensor, d_out: torch.Tensor, rows_per_step: int = 4096) -
 def slabbed_backward_reference(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
                                lse: torch.Tensor, d_out: torch.Tensor, softmax_scale: float,
                                slab_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's algorithm in torch, fp64, one (query, slab) group at a time: sorted rows cut by :func:`slab_order`,
-    per-group ``dQ`` partials summed over the slabs, ``dC`` scattered per group. Slow; for tests at small sizes."""
+    """The slab split and the math in torch, fp64, one (query, slab) group at a time: sorted rows cut by
+    :func:`slab_order`, per-group ``dQ`` partials summed over the slabs, ``dC`` scattered per group. It tests the
+    host side and the decomposition, not the kernel's own details (blocks of ``block_slots``, clamped slot indices,
+    the count mask, bf16 P and dS): those are the GPU test's. Slow; for small sizes."""
     rows, offsets = slab_order(indices, slab_rows, latent.shape[1])
     q, c, o, do = (x.double() for x in (q_lat, latent, out, d_out))
     delta = (o * do).sum(-1)
@@ -170,9 +176,12 @@ def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: s
             first = Offsets[b, t, s]
             count = Offsets[b, t, s + 1] - first
 
+            # A pair with no slot loads nothing (h < heads is false for every row when count is 0).
             for h, r in T.Parallel(heads_pad, rank):
-                q_shared[h, r] = T.if_then_else(h < heads, Q[b, t, T.min(h, heads - 1), r], T.cast(0, dtype))
-                do_shared[h, r] = T.if_then_else(h < heads, DOut[b, t, T.min(h, heads - 1), r], T.cast(0, dtype))
+                q_shared[h, r] = T.if_then_else(h < heads and count > 0, Q[b, t, T.min(h, heads - 1), r],
+                                                T.cast(0, dtype))
+                do_shared[h, r] = T.if_then_else(h < heads and count > 0, DOut[b, t, T.min(h, heads - 1), r],
+                                                 T.cast(0, dtype))
             for h in T.Parallel(heads_pad):
                 delta[h] = T.if_then_else(h < heads, Delta[b, t, T.min(h, heads - 1)], 0)
                 lse_log2[h] = T.if_then_else(h < heads, Lse[b, t, T.min(h, heads - 1)], T.infinity(accum))
