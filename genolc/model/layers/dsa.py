@@ -73,6 +73,12 @@ class IndexerFeatures:
     pooled: torch.Tensor
 
 
+def index_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of DSA index rows on ``device``: int32 on CUDA (what the fast kernels take), int64 elsewhere (what the
+    CPU reference selector returns)."""
+    return torch.int32 if device.type == "cuda" else torch.int64
+
+
 def indexer_grad(indexer_loss: str | None):
     """The grad mode the indexer runs in: off without an ``indexer_loss`` mode (inference, LM-only training), as is
     otherwise; with a mode its inputs come through :func:`indexer_inputs` detached, so only its KL trains it."""
@@ -176,8 +182,8 @@ class DSAAttention(nn.Module):
         self.dense_attention_op = dense_causal_attention
 
     def _select(self, features: IndexerFeatures, cache: LayerCache | None = None) -> torch.Tensor:
-        # int32 rows on CUDA (the fast selector takes out_dtype; the CPU reference returns int64 only).
-        options = {"out_dtype": torch.int32} if features.queries.is_cuda else {}
+        # The fast selector takes out_dtype; the CPU reference returns int64 only.
+        options = {"out_dtype": index_dtype(features.queries.device)} if features.queries.is_cuda else {}
         if cache is not None:
             options.update(query_offset=cache.start, window_len=cache.window_len)
         with torch.no_grad():
@@ -194,7 +200,7 @@ class DSAAttention(nn.Module):
             raise ValueError(f"DSA layer {self.layer_idx}: the kept selection is {tuple(kept.shape)}, not "
                              f"[B, T, topk // kpool] = {list(expected)}")
         return index_rows(kept.to(hidden.device), query_offset=cache.start, kpool=self.kpool,
-                          select_tail=self.select_tail, dtype=torch.int32 if hidden.is_cuda else torch.int64)
+                          select_tail=self.select_tail, dtype=index_dtype(hidden.device))
 
     def latent_rows(self, hidden: torch.Tensor) -> torch.Tensor:
         """The normalised latent ``c [B, T, R]`` of ``hidden [B, T, D]``: every key and value of these positions
