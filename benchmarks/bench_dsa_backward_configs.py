@@ -122,6 +122,26 @@ def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.float() - expected.float()).norm() / expected.float().norm())
 
 
+def timed_row(row: dict, run, reference: tuple[torch.Tensor, torch.Tensor], repeats: int,
+              not_built: str | None) -> dict:
+    """``row`` with ``run()``'s gradients compared with ``reference`` and its timing (median and every repeat), or
+    the error that stopped it; printed as it is made."""
+    if not_built is not None:
+        row["error"] = not_built
+    else:
+        try:
+            d_q, d_latent = run()
+            row["d_q_rel_err_vs_default"] = relative(d_q, reference[0])
+            row["d_latent_rel_err_vs_default"] = relative(d_latent, reference[1])
+            timing = measure(run, repeats)
+            row["ms"] = round(timing["ms"], 2)
+            row["ms_all"] = [round(ms, 2) for ms in timing["ms_all"]]
+        except Exception as error:  # noqa: BLE001 - a config that fails at run time is a result, not a crash
+            row["error"] = traceback.format_exception_only(type(error), error)[-1][:400]
+    print(row, flush=True)
+    return row
+
+
 def sweep(name: str, args, rows: list[dict]) -> None:
     start = time.monotonic()
     shape = shape_of(name)
@@ -148,39 +168,19 @@ def sweep(name: str, args, rows: list[dict]) -> None:
         row = {"preset": name, "queries": args.queries, "keys": args.keys, "config": list(vars(config).values()),
                "default": config == default, "shared_bytes": config.shared_bytes(shape["heads"], shape["rank"]),
                "compile_s": compile_seconds.get(config)}
-        if config in errors or config not in compile_seconds:
-            row["error"] = errors.get(config, "not compiled within the budget")
-        else:
-            try:
-                d_q, d_latent = backward(tensors, shape, config)
-                row["d_q_rel_err_vs_default"] = relative(d_q, reference[0])
-                row["d_latent_rel_err_vs_default"] = relative(d_latent, reference[1])
-                timing = measure(lambda c=config: backward(tensors, shape, c), args.repeats)
-                row["ms"] = round(timing["ms"], 2)
-                row["ms_all"] = [round(ms, 2) for ms in timing["ms_all"]]
-            except Exception as error:  # noqa: BLE001
-                row["error"] = traceback.format_exception_only(type(error), error)[-1][:400]
-        rows.append(row)
-        print({k: v for k, v in row.items()}, flush=True)
+        compiled = config in compile_seconds
+        rows.append(timed_row(row, lambda c=config: backward(tensors, shape, c), reference, args.repeats,
+                              None if compiled else errors.get(config, "not compiled within the budget")))
     for slab_rows in args.slab_rows:
         row = {"preset": name, "queries": args.queries, "keys": args.keys, "variant": "slabs", "slab_rows": slab_rows,
                "config": list(vars(backward_slabs.default_slabbed_config(shape["rank"])).values()),
                "compile_s": compile_seconds.get("slabs")}
-        if "slabs" not in compile_seconds:
-            row["error"] = errors.get("slabs", "not compiled within the budget")
-        else:
-            try:
-                d_q, d_latent = slabbed(tensors, shape, slab_rows)
-                row["d_q_rel_err_vs_default"] = relative(d_q, reference[0])
-                row["d_latent_rel_err_vs_default"] = relative(d_latent, reference[1])
-                row["matches_default"] = max(row["d_q_rel_err_vs_default"], row["d_latent_rel_err_vs_default"]) < 1e-2
-                timing = measure(lambda r=slab_rows: slabbed(tensors, shape, r), args.repeats)
-                row["ms"] = round(timing["ms"], 2)
-                row["ms_all"] = [round(ms, 2) for ms in timing["ms_all"]]
-            except Exception as error:  # noqa: BLE001
-                row["error"] = traceback.format_exception_only(type(error), error)[-1][:400]
+        compiled = "slabs" in compile_seconds
+        row = timed_row(row, lambda r=slab_rows: slabbed(tensors, shape, r), reference, args.repeats,
+                        None if compiled else errors.get("slabs", "not compiled within the budget"))
+        if "error" not in row:
+            row["matches_default"] = max(row["d_q_rel_err_vs_default"], row["d_latent_rel_err_vs_default"]) < 1e-2
         rows.append(row)
-        print(row, flush=True)
     local = inputs(args.queries, args.queries, shape)
     timing = measure(lambda: backward(local, shape, default), args.repeats)
     rows.append({"preset": name, "queries": args.queries, "keys": args.queries, "config": list(vars(default).values()),

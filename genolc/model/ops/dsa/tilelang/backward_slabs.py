@@ -27,7 +27,9 @@ Status: lowered by TileLang and compiled by nvcc 13 for sm_90a on a CPU machine 
 tilelang_lowering_check.py``: 219 registers at `base`, 162 at `small`, no spills); its slab split and
 summation order are tested against the reference in pure torch (tests/model/test_dsa_backward_slabs.py,
 :func:`slabbed_backward_reference`). It has not run on a GPU: benchmarks/bench_dsa_backward_configs.py times it
-beside the default kernel and checks its gradients against that kernel's.
+beside the default kernel and checks its gradients against that kernel's. Its per-block body repeats backward.py's
+on purpose: once measured, one of the two kernels goes (this one, or the one-block-per-query one it would replace),
+and the GPU-verified kernel stays untouched until then.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the prim_func's tensor annotations.
