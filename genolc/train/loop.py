@@ -549,7 +549,8 @@ class _Trainer:
         return oom_error(self.model.config, seq_len=shape.seq_len, micro_batch=cfg.micro_batch,
                          grad_accum=cfg.grad_accum, recompute=self.recompute, bf16=self.bf16,
                          budget_bytes=self._device_bytes(), where=where, fast_kernels=fast, chunk=chunk,
-                         chunk_multiple=multiple, keep_selections=bool(strategy and strategy.keep_selections))
+                         chunk_multiple=multiple, keep_selections=bool(strategy and strategy.keep_selections),
+                         whole_only=cfg.chunk == 0)
 
     def run(self) -> Path:
         cfg = self.config

@@ -305,15 +305,17 @@ def estimate_step_seconds(config: ModelConfig, *, seq_len: int, tokens_per_step:
 
 def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool,
                    bf16: bool, budget_bytes: int, fast_kernels: bool = False, chunk: int | None = None,
-                   chunk_multiple: int = 1) -> str | None:
+                   chunk_multiple: int = 1, whole_only: bool = False) -> str | None:
     """The first change that brings the estimate under ``budget_bytes``, as command-line options, or None.
 
     Tried in order of how little they change the run: fewer windows per micro-batch with more accumulation (same
     tokens per step), then --recompute, then the chunked step (the longest --chunk that fits; same results, two
     forwards per step; with fast kernels ``--chunk 32k --recompute`` instead of a shorter chunk), then the longest
     shorter --seq (halving) that fits, whole or, unless the run fixed its chunk, in chunks with recompute (what the
-    automatic step strategy then picks). ``chunk``: the run already asked for chunks of this length. Chunked steps
-    are planned without the kept selections, which the step gives up when they alone do not fit.
+    automatic step strategy then picks). ``chunk``: the run already asked for chunks of this length.
+    ``whole_only``: the run asked for the whole window (``--chunk off``): a --chunk for the same length is still
+    offered (it replaces ``off``), but a shorter --seq only where the whole window fits. Chunked steps are planned
+    without the kept selections, which the step gives up when they alone do not fit.
     """
     def fits(seq: int, windows: int, rc: bool) -> bool:
         if chunk is not None and chunk < seq:
@@ -341,8 +343,9 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
             return f"--chunk {format_length(FAST_CHUNK)} --recompute" + batch
         if chosen is not None and (chunk is None or chosen < chunk):
             return f"--chunk {format_length(chosen)}" + (" --recompute" if rc and not recompute else "") + batch
+
     def fits_in_chunks(seq: int) -> bool:
-        return chunk is None and largest_fitting_chunk(
+        return chunk is None and not whole_only and largest_fitting_chunk(
             config, seq_len=seq, windows=1, bf16=bf16, recompute=True, budget_bytes=budget_bytes,
             fast_kernels=fast_kernels, multiple=chunk_multiple, smallest=chunk_multiple,
             keep_selections=False) is not None
@@ -357,11 +360,13 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
 
 def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool, bf16: bool,
               budget_bytes: int, where: str, fast_kernels: bool = False, chunk: int | None = None,
-              chunk_multiple: int = 1, keep_selections: bool = False) -> OutOfMemoryPlanError:
+              chunk_multiple: int = 1, keep_selections: bool = False, whole_only: bool = False
+              ) -> OutOfMemoryPlanError:
     """The error for a run that does not fit (refused up front, or a device out-of-memory): the estimate, the
-    device size, and an option that would fit. ``keep_selections``: the chunked step ran keeping its first pass's
-    pools (a device out-of-memory of such a step); a setting refused up front is planned without them, the least
-    a chunked step needs."""
+    device size, and an option that would fit (:func:`fitting_option`; when that is a shorter window, also the
+    fewest context-parallel ranks that fit the asked one, :func:`fitting_context_parallel`). ``keep_selections``:
+    the chunked step ran keeping its first pass's pools (a device out-of-memory of such a step); a setting refused
+    up front is planned without them, the least a chunked step needs. ``whole_only``: as fitting_option's."""
     if chunk is not None and chunk < seq_len:
         plan = estimate_chunked_memory(config, seq_len=seq_len, chunk=chunk, windows=micro_batch, bf16=bf16,
                                        recompute=recompute, fast_kernels=fast_kernels,
@@ -373,19 +378,58 @@ def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum
         setting = f"--seq {format_length(seq_len)}"
     option = fitting_option(config, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum,
                             recompute=recompute, bf16=bf16, budget_bytes=budget_bytes, fast_kernels=fast_kernels,
-                            chunk=chunk, chunk_multiple=chunk_multiple)
+                            chunk=chunk, chunk_multiple=chunk_multiple, whole_only=whole_only)
     what = (f"out of device memory at {setting}: estimated {format_gib(plan.total)} GiB "
             f"(weights+grads+AdamW {format_gib(plan.weights + plan.gradients + plan.optimizer)}, activations "
             f"{format_gib(plan.activations)}, logits {format_gib(plan.logits)}) on a {format_gib(budget_bytes)} GiB "
             "device")
-    if option and option.startswith("--seq"):
-        fix = (f"try {option} (estimated to fit), or keep --seq {format_length(seq_len)} and split each window over "
-               "several GPUs with --cp N (genolc plan --cp N estimates it)")
+    spread = None
+    if option is None or option.startswith("--seq"):
+        spread = fitting_context_parallel(config, seq_len=seq_len, windows=micro_batch, bf16=bf16,
+                                          budget_bytes=budget_bytes, fast_kernels=fast_kernels,
+                                          chunk_multiple=chunk_multiple, whole_only=whole_only)
+    keep = (f"keep --seq {format_length(seq_len)} and split each window over {spread[0]} GPUs with {spread[1]} "
+            f"(genolc plan {spread[1]} --seq {format_length(seq_len)} checks it)") if spread else None
+    if option and keep:
+        fix = f"try {option} (estimated to fit), or {keep}"
     elif option:
         fix = f"try {option} (estimated to fit)"
+    elif keep:
+        fix = f"no single-device setting fits; {keep}"
     else:
         fix = "no single-device setting fits this model; use a smaller --model"
     return OutOfMemoryPlanError(what, where=where, fix=fix)
+
+
+# The most context-parallel ranks an out-of-memory message suggests.
+MAX_ADVISED_CP = 1024
+# --chunk auto's shortest chunk (per context-parallel rank, genolc/train/strategy.py): below it the per-chunk
+# overheads (kernel launches, the window's cache copies) dominate; --chunk may go lower.
+SMALLEST_AUTO_CHUNK = 256
+
+
+def fitting_context_parallel(config: ModelConfig, *, seq_len: int, windows: int, bf16: bool, budget_bytes: int,
+                             fast_kernels: bool, chunk_multiple: int = 1, whole_only: bool = False
+                             ) -> tuple[int, str] | None:
+    """The fewest context-parallel ranks (a power of two, at most ``MAX_ADVISED_CP``) whose ranks are each estimated
+    to fit one window of ``seq_len`` (:func:`estimate_context_parallel_memory`, the zigzag layout), with the options
+    that say so: ``--cp N`` when the ranks fit it whole, ``--cp N --recompute`` when they need recompute, whole or
+    in the longest chunk that --chunk auto would pick. None when no such count fits. ``chunk_multiple``: the
+    kernels' multiple for one process (each chunk is cut into 2 cp pieces of it). ``whole_only``: the ranks run
+    their share whole (``--chunk off``)."""
+    cp = 2
+    while cp <= min(MAX_ADVISED_CP, seq_len):
+        args = dict(seq_len=seq_len, cp=cp, windows=windows, bf16=bf16, fast_kernels=fast_kernels)
+        multiple = chunk_multiple * 2 * cp if chunk_multiple > 1 else 1
+        if estimate_context_parallel_memory(config, recompute=False, **args).total <= budget_bytes:
+            return cp, f"--cp {cp}"
+        if (estimate_context_parallel_memory(config, recompute=True, **args).total <= budget_bytes
+                or not whole_only and largest_fitting_context_parallel_chunk(
+                    config, recompute=True, budget_bytes=budget_bytes, multiple=multiple,
+                    smallest=max(multiple, SMALLEST_AUTO_CHUNK * cp), **args) is not None):
+            return cp, f"--cp {cp} --recompute"
+        cp *= 2
+    return None
 
 
 def required_seq_multiple(device_type: str) -> int:
@@ -552,10 +596,7 @@ def context_parallel_oom_error(config: ModelConfig, *, seq_len: int, cp: int, ch
             f"{format_gib(plan.weights + plan.gradients + plan.optimizer)}, activations "
             f"{format_gib(plan.activations)}, logits {format_gib(plan.logits)}) on a {format_gib(budget_bytes)} GiB "
             "device")
-    if option and option.startswith("--seq"):
-        fix = (f"try {option} (estimated to fit), or keep --seq {format_length(seq_len)} and split each window over "
-               "several GPUs with --cp N (genolc plan --cp N estimates it)")
-    elif option:
+    if option:
         fix = f"try {option} (estimated to fit)"
     else:
         # Every rank keeps the whole window's caches, so one process of the window may fit where its ranks do not.

@@ -33,15 +33,11 @@ from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
 from genolc.train.loss import LossTerms, micro_batch_loss
 from genolc.train.measured import MEASURED_MFU
 from genolc.errors import ConfigError
-from genolc.train.plan import (FAST_CHUNK, PLAN_MARGIN, OutOfMemoryPlanError, context_parallel_oom_error,
-                               estimate_chunked_memory, estimate_context_parallel_memory, estimate_memory,
-                               estimate_step_seconds, fits_within_margin, format_gib, largest_fitting_chunk,
-                               largest_fitting_context_parallel_chunk, oom_error)
+from genolc.train.plan import (FAST_CHUNK, PLAN_MARGIN, SMALLEST_AUTO_CHUNK, OutOfMemoryPlanError,
+                               context_parallel_oom_error, estimate_chunked_memory, estimate_context_parallel_memory,
+                               estimate_memory, estimate_step_seconds, fits_within_margin, format_gib,
+                               largest_fitting_chunk, largest_fitting_context_parallel_chunk, oom_error)
 from genolc.units import format_length
-
-
-# Below this the per-chunk overheads (kernel launches, the window's cache copies) dominate; --chunk may go lower.
-SMALLEST_AUTO_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -49,7 +45,7 @@ class StepStrategy:
     """``chunk`` None: the whole window at once; else chunks of ``chunk`` tokens. ``estimate_bytes``: the plan's
     peak; ``reason``: why it was chosen (said once when training starts). ``keep_selections``: the chunked step
     keeps the DSA pools its first pass chose for its second (off where they do not fit, or where keeping them would
-    cost chunks under ``FAST_CHUNK`` or recompute estimated to take longer: :func:`choose_strategy`)."""
+    cost chunks under ``FAST_CHUNK`` or a step estimated to take longer: :func:`choose_strategy`)."""
 
     seq_len: int
     chunk: int | None
@@ -92,7 +88,7 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
     not fit with it, the longest chunk that fits with it (the caller applies it when the strategy says so).
     A chunked step keeps the pools its first pass chose (planned in) unless that does not fit outright, or it
     costs a chunk shorter than ``FAST_CHUNK`` where not keeping them allows a longer one, or per-layer recompute
-    estimated to cost more than choosing the pools again saves (:func:`_keeping_is_slower`); the step then chooses
+    estimated to cost more than choosing the pools again saves (:func:`_why_keeping_is_slower`); the step then chooses
     them again in its second pass. Raises OutOfMemoryPlanError when the asked (or, for auto, every) setting is
     estimated not to fit ``budget_bytes`` even so."""
     options = dict(seq_len=seq_len, windows=windows, grad_accum=grad_accum, chunk=chunk, recompute=recompute,
@@ -111,30 +107,37 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
             raise
         return kept_strategy
     fits = kept_strategy is not None and kept_strategy.estimate_bytes <= budget_bytes
-    if fits and not _keeping_is_slower(model_config, kept_strategy, strategy, windows):
+    slower = _why_keeping_is_slower(model_config, kept_strategy, strategy, windows) if fits else None
+    if fits and slower is None:
         return kept_strategy
     if strategy.chunk is None:
         return strategy
-    why = ("keeping the first pass's would cost shorter chunks or recompute, estimated to take longer" if fits
-           else "keeping the first pass's does not fit")
+    why = slower or "keeping the first pass's does not fit"
     return replace(strategy, keep_selections=False,
                    reason=f"{strategy.reason}; the DSA pools are chosen again in the second pass: {why}")
 
 
-def _keeping_is_slower(config: ModelConfig, kept: StepStrategy, chosen_again: StepStrategy, windows: int) -> bool:
-    """Whether the chunked step that keeps the pools (``kept``) should give way to ``chosen_again``: it runs
-    chunks shorter than ``FAST_CHUNK`` where the other's are longer (measured several times slower, plan.py), or
-    its step is estimated longer (genolc/train/plan.py's estimate at `genolc plan`'s measured utilisation: a
-    recomputed forward against the indexer's second, or second and third, pass)."""
-    if chosen_again.chunk is None or (kept.chunk < chosen_again.chunk and kept.chunk < FAST_CHUNK):
-        return True
+def _why_keeping_is_slower(config: ModelConfig, kept: StepStrategy, chosen_again: StepStrategy,
+                           windows: int) -> str | None:
+    """Why the chunked step that keeps the pools (``kept``) should give way to ``chosen_again``, or None when it
+    should not: it runs chunks shorter than ``FAST_CHUNK`` where the other's are longer (measured several times
+    slower, plan.py), or its step is estimated longer (genolc/train/plan.py's estimate at `genolc plan`'s measured
+    utilisation: a recomputed forward against the indexer's second, or second and third, pass)."""
+    if chosen_again.chunk is None:
+        return "keeping the first pass's does not leave room for the whole window"
+    if kept.chunk < chosen_again.chunk and kept.chunk < FAST_CHUNK:
+        return (f"keeping the first pass's would cut the chunks to {format_length(kept.chunk)}, and chunks under "
+                f"{format_length(FAST_CHUNK)} run slower")
 
     def seconds(strategy: StepStrategy, passes: int) -> float:
         forwards = 2 + int(strategy.recompute)
         return estimate_step_seconds(config, seq_len=strategy.seq_len, tokens_per_step=strategy.seq_len * windows,
                                      mfu=MEASURED_MFU, forwards=forwards, indexer_passes=passes)
 
-    return seconds(chosen_again, 2 + int(chosen_again.recompute)) < seconds(kept, 1)
+    if seconds(chosen_again, 2 + int(chosen_again.recompute)) >= seconds(kept, 1):
+        return None
+    shapes = [format_length(s.chunk) + (" with recompute" if s.recompute else "") for s in (kept, chosen_again)]
+    return f"keeping the first pass's is estimated to take longer ({shapes[0]} chunks against {shapes[1]})"
 
 
 def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
@@ -147,7 +150,7 @@ def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, g
     if chunk == 0 or (chunk is None and whole <= budget_bytes):
         if whole > budget_bytes:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
-                           multiple, where)
+                           multiple, where, whole_only=chunk == 0)
         reason = "--chunk off" if chunk == 0 else f"fits the {budget} device"
         return StepStrategy(seq_len, None, recompute, whole, reason)
     if chunk is None:
@@ -214,10 +217,10 @@ def _as_asked(estimate: int, budget_bytes: int) -> str:
 
 
 def _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes, multiple, where,
-             chunk=None):
+             chunk=None, whole_only=False):
     return oom_error(model_config, seq_len=seq_len, micro_batch=windows, grad_accum=grad_accum, recompute=recompute,
                      bf16=bf16, budget_bytes=budget_bytes, where=where, fast_kernels=fast_kernels, chunk=chunk,
-                     chunk_multiple=multiple)
+                     chunk_multiple=multiple, whole_only=whole_only)
 
 
 def run_micro_batch(strategy: StepStrategy, model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor,

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from genolc.model.presets import parameter_counts, preset
-from genolc.train.plan import (GIB, activation_bytes_per_token, estimate_chunked_memory, estimate_memory,
-                               estimate_step_seconds, fast_activation_bytes_per_token, fitting_option, oom_error,
-                               required_seq_multiple)
+from genolc.train.plan import (GIB, activation_bytes_per_token, estimate_chunked_memory,
+                               estimate_context_parallel_memory, estimate_memory, estimate_step_seconds,
+                               fast_activation_bytes_per_token, fitting_context_parallel, fitting_option,
+                               largest_fitting_context_parallel_chunk, oom_error, required_seq_multiple)
 
 
 def test_memory_components_add_up_and_scale():
@@ -50,10 +51,32 @@ def test_a_shorter_window_is_offered_at_the_longest_length_the_chunked_step_fits
                           budget_bytes=budget, fast_kernels=True, chunk_multiple=64) == "--seq 4M --recompute"
     err = oom_error(cfg, seq_len=8 << 20, micro_batch=1, grad_accum=1, recompute=False, bf16=True,
                     budget_bytes=budget, where="plan", fast_kernels=True, chunk_multiple=64)
-    assert "try --seq 4M --recompute (estimated to fit)" in err.message and "--cp N" in err.message
+    assert "try --seq 4M --recompute (estimated to fit)" in err.message
+    assert "split each window over 256 GPUs with --cp 256 --recompute" in err.message
+    # --chunk off: only a window that fits whole is offered in place of 8M.
+    err = oom_error(cfg, seq_len=8 << 20, micro_batch=1, grad_accum=1, recompute=False, bf16=True,
+                    budget_bytes=budget, where="plan", fast_kernels=True, chunk_multiple=64, whole_only=True)
+    assert "try --seq 64k --recompute (estimated to fit)" in err.message
     # A run that fixed its chunk length keeps it: only whole-window lengths are offered then.
     assert fitting_option(cfg, seq_len=8 << 20, micro_batch=1, grad_accum=1, recompute=True, bf16=True,
                           budget_bytes=budget, fast_kernels=True, chunk=8 << 20) == "--seq 64k"
+
+
+def test_context_parallel_advice_is_the_fewest_ranks_that_fit():
+    """The --cp an out-of-memory message names is the smallest power of two at which each rank is estimated to fit
+    (what genolc plan --cp checks): half as many ranks do not, whole or in any chunk."""
+    cfg = preset("base")
+    budget = int(139.8 * GIB)
+    args = dict(seq_len=8 << 20, windows=1, bf16=True, budget_bytes=budget, fast_kernels=True)
+    cp, option = fitting_context_parallel(cfg, chunk_multiple=64, **args)
+    assert (cp, option) == (256, "--cp 256 --recompute")
+    fit = {k: v for k, v in args.items() if k != "budget_bytes"}
+    assert estimate_context_parallel_memory(cfg, cp=cp, recompute=True, **fit).total <= budget
+    for rc in (False, True):
+        assert estimate_context_parallel_memory(cfg, cp=cp // 2, recompute=rc, **fit).total > budget
+        assert largest_fitting_context_parallel_chunk(cfg, cp=cp // 2, recompute=rc, multiple=64, smallest=64,
+                                                      **args) is None
+    assert fitting_context_parallel(cfg, chunk_multiple=64, **{**args, "budget_bytes": 8 * GIB}) is None
 
 
 def test_option_order_and_nothing_fits():
@@ -222,7 +245,7 @@ def test_chunked_plan_above_the_runs_that_kept_the_pools():
     folder = RESULTS / "kept_selection_512k_2026-12-02"
     for model, recompute, most in (("small", False, 1.3), ("base", True, 1.1)):
         summary = json.loads((folder / f"finetune_curve_{model}_512k" / "summary.json").read_text())
-        assert summary["step_strategies"][0].startswith(f"--seq 512k: chunked step, --chunk 32k")
+        assert summary["step_strategies"][0].startswith("--seq 512k: chunked step, --chunk 32k")
         planned = estimate_chunked_memory(preset(model), seq_len=512 * 1024, chunk=32 * 1024, recompute=recompute,
                                           fast_kernels=True).gib()
         assert 1.0 <= planned / summary["peak_memory_gib"] <= most, (model, planned, summary["peak_memory_gib"])
@@ -263,7 +286,7 @@ def test_plan_command_says_what_finetune_would_choose():
     assert "peak host memory" in result.output and "step time" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "off"])
     assert result.exit_code == 0 and "does not fit" in result.output, result.output
-    assert "try --chunk 32k --recompute" in result.output, result.output
+    assert "try --chunk 32k --recompute (estimated to fit)." in result.output, result.output
     # At 4M the pools kept from the first pass (24 GiB in `small`) leave room for 32k chunks only with recompute;
     # at 8M only a step that chooses them again fits.
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M"])
@@ -320,7 +343,7 @@ def test_pools_are_kept_unless_that_costs_short_chunks_or_more_time():
                   budget_bytes=int(139.8 * GIB), multiple=64, where="test", auto_recompute=True)
     base_3m = choose_strategy(preset("base"), seq_len=3 << 20, **common)
     assert (base_3m.chunk, base_3m.recompute, base_3m.keep_selections) == (32 * 1024, True, False)
-    assert "would cost shorter chunks or recompute" in base_3m.describe()
+    assert "would cut the chunks to 12k, and chunks under 32k run slower" in base_3m.describe()
     small_4m = choose_strategy(preset("small"), seq_len=4 << 20, **common)
     assert (small_4m.chunk, small_4m.recompute, small_4m.keep_selections) == (32 * 1024, True, True)
 
