@@ -36,7 +36,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
-from gpu_bench_common import measure, write_results
+from gpu_bench_common import measure, rel_err, write_results
 from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
 from genolc.model.ops.dsa.tilelang import backward_slabs
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
@@ -118,9 +118,6 @@ def backward(tensors: dict, shape: dict, config):
         shape["scale"], config=config)
 
 
-def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual.float() - expected.float()).norm() / expected.float().norm())
-
 
 def timed_row(row: dict, run, reference: tuple[torch.Tensor, torch.Tensor], repeats: int,
               not_built: str | None) -> dict:
@@ -131,8 +128,8 @@ def timed_row(row: dict, run, reference: tuple[torch.Tensor, torch.Tensor], repe
     else:
         try:
             d_q, d_latent = run()
-            row["d_q_rel_err_vs_default"] = relative(d_q, reference[0])
-            row["d_latent_rel_err_vs_default"] = relative(d_latent, reference[1])
+            row["d_q_rel_err_vs_default"] = rel_err(d_q, reference[0])
+            row["d_latent_rel_err_vs_default"] = rel_err(d_latent, reference[1])
             timing = measure(run, repeats)
             row["ms"] = round(timing["ms"], 2)
             row["ms_all"] = [round(ms, 2) for ms in timing["ms_all"]]

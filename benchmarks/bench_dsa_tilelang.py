@@ -33,7 +33,7 @@ from dataclasses import astuple
 
 import torch
 
-from gpu_bench_common import SIZES, parse_bench_args, print_table, try_measure, write_results
+from gpu_bench_common import SIZES, parse_bench_args, print_table, rel_err, try_measure, write_results
 from genolc.model.ops.dsa import reference, triton as dsa_triton
 from genolc.model.presets import PRESETS
 
@@ -62,20 +62,6 @@ def elapsed() -> float:
 def error_text(error: BaseException) -> str:
     lines = traceback.format_exception(type(error), error, error.__traceback__)
     return (f"{type(error).__name__}: {error}"[:600] + " | " + "".join(lines[-4:])[-1200:]).replace("\n", " ")
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``||actual - expected|| / ||expected||``, accumulated in float64 over chunks (1M-token outputs are ~5G
-    elements); any NaN or inf in ``actual`` gives inf."""
-    actual, expected = actual.reshape(-1), expected.reshape(-1)
-    diff_sq, ref_sq = 0.0, 0.0
-    for i in range(0, actual.numel(), 1 << 26):
-        a, e = actual[i:i + (1 << 26)].double(), expected[i:i + (1 << 26)].double()
-        if not torch.isfinite(a).all():
-            return float("inf")
-        diff_sq += float(((a - e) ** 2).sum())
-        ref_sq += float((e ** 2).sum())
-    return (diff_sq / max(ref_sq, 1e-60)) ** 0.5
 
 
 def poison(gib: float = 4.0) -> None:

@@ -32,7 +32,7 @@ import json
 
 import torch
 
-from gpu_bench_common import measure, write_results
+from gpu_bench_common import measure, rel_err, write_results
 from genolc.model.layers.mhc import merge_streams
 from genolc.model.presets import base, small
 
@@ -65,9 +65,6 @@ def forward_kernels(run) -> list[dict]:
     return [{"name": e.key[:100], "calls": e.count, "device_ms": round(float(e.self_device_time_total) / 1e3, 3)}
             for e in sorted(kernels, key=lambda e: -float(e.self_device_time_total))]
 
-
-def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual.double() - expected).norm() / expected.norm())
 
 
 def main() -> None:
@@ -110,8 +107,8 @@ def main() -> None:
             rows.append({"preset": name, "tokens": args.tokens, "dim": dim, "form": form,
                          "forward_ms": round(measure(forward, repeats=20)["ms"], 3),
                          "forward_backward_ms": round(measure(forward_backward, repeats=20)["ms"], 3),
-                         "out_dtype": str(result.dtype), "relative_error_vs_fp64": relative(result, exact),
-                         "gradient_errors_vs_fp64": {part: relative(g, e) for part, g, e in
+                         "out_dtype": str(result.dtype), "relative_error_vs_fp64": rel_err(result, exact),
+                         "gradient_errors_vs_fp64": {part: rel_err(g, e) for part, g, e in
                                                      zip(("block_out", "post", "comb", "streams"), grads,
                                                          exact_grads)},
                          "forward_kernels": forward_kernels(forward_with_grad)})

@@ -70,6 +70,20 @@ def try_measure(step, repeats: int) -> dict:
         return {"error": f"OOM: {str(error)[:160]}"}
 
 
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``||actual - expected|| / ||expected||``, accumulated in float64 over chunks (1M-token outputs are ~5G
+    elements); any NaN or inf in ``actual`` gives inf."""
+    actual, expected = actual.reshape(-1), expected.reshape(-1)
+    diff_sq, ref_sq = 0.0, 0.0
+    for i in range(0, actual.numel(), 1 << 26):
+        a, e = actual[i:i + (1 << 26)].double(), expected[i:i + (1 << 26)].double()
+        if not torch.isfinite(a).all():
+            return float("inf")
+        diff_sq += float(((a - e) ** 2).sum())
+        ref_sq += float((e ** 2).sum())
+    return (diff_sq / max(ref_sq, 1e-60)) ** 0.5
+
+
 def write_results(name: str, rows: list[dict], notes: dict) -> Path:
     out_dir = Path(os.environ.get("OUT", ROOT / "benchmarks" / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)

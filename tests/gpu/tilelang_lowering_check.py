@@ -92,7 +92,8 @@ def main() -> int:
             try:
                 source = lower(f"{preset} {kernel}", build())
             except Exception as error:  # noqa: BLE001 - every kernel is reported, then the exit status says
-                failures.append(f"{preset} {kernel}: {type(error).__name__}: {str(error).splitlines()[-1][:300]}")
+                last_line = (str(error).strip().splitlines() or [""])[-1]
+                failures.append(f"{preset} {kernel}: {type(error).__name__}: {last_line[:300]}")
                 continue
             if kernel == "backward_slabs" and "if (1 <= count)" not in source:
                 failures.append(f"{preset} {kernel}: no guard on the loop's tail for a slab with no slot")

@@ -74,8 +74,8 @@ class IndexerFeatures:
 
 
 def index_dtype(device: torch.device) -> torch.dtype:
-    """The dtype of DSA index rows on ``device``: int32 on CUDA (what the fast kernels take), int64 elsewhere (what the
-    CPU reference selector returns)."""
+    """The dtype of DSA index rows on ``device``: int32 on CUDA (what the fast kernels take), int64 elsewhere (the
+    reference ops' indexing dtype)."""
     return torch.int32 if device.type == "cuda" else torch.int64
 
 
@@ -182,8 +182,7 @@ class DSAAttention(nn.Module):
         self.dense_attention_op = dense_causal_attention
 
     def _select(self, features: IndexerFeatures, cache: LayerCache | None = None) -> torch.Tensor:
-        # The fast selector takes out_dtype; the CPU reference returns int64 only.
-        options = {"out_dtype": index_dtype(features.queries.device)} if features.queries.is_cuda else {}
+        options = {"out_dtype": index_dtype(features.queries.device)}
         if cache is not None:
             options.update(query_offset=cache.start, window_len=cache.window_len)
         with torch.no_grad():

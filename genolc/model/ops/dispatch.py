@@ -124,8 +124,7 @@ def mhc_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     if x.is_cuda:
         from genolc.model.ops.mhc import op as mhc_op, triton as mhc_triton
 
-        if x.dtype in mhc_triton.KERNEL_DTYPES and weight.dtype in mhc_triton.KERNEL_DTYPES \
-                and weight.shape[0] <= mhc_triton.MAX_LOGITS:
+        if mhc_triton.unsupported_reason(x, weight) is None:
             # The kernels take any row stride; only the last dimension must be contiguous.
             x = x if x.stride(-1) == 1 else x.contiguous()
             return mhc_op.mixing_logits(x, weight if weight.stride(-1) == 1 else weight.contiguous(), eps)

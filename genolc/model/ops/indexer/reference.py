@@ -88,7 +88,7 @@ def check_selection_inputs(index_q: torch.Tensor, head_weights: torch.Tensor, po
 def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
                    topk: int, select_tail: bool, softmax_scale: float, query_chunk: int = DEFAULT_QUERY_CHUNK,
                    pool_block: int = DEFAULT_POOL_BLOCK, query_offset: int = 0,
-                   window_len: int | None = None) -> torch.Tensor:
+                   window_len: int | None = None, out_dtype: torch.dtype = torch.long) -> torch.Tensor:
     """Causal top-k pool selection, expanded to token indices.
 
     Args:
@@ -104,9 +104,11 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
         query_offset: absolute position of the first query (0 for a whole window).
         window_len: length of the whole window these queries belong to (default: ``query_offset + T``); only
             shapes the candidate rows, see below.
+        out_dtype: integer dtype of the rows (int64 by default; the model asks for int32 on CUDA).
 
     Returns:
-        ``[B, T, W]`` int64 absolute token indices in the layout described in the module docstring, -1 for empty slots.
+        ``[B, T, W]`` ``out_dtype`` absolute token indices in the layout described in the module docstring, -1 for
+        empty slots.
         Among pools with equal scores (ReLU makes many exactly 0) the choice is ``torch.topk``'s, which depends on
         the candidate row: each row is scored against whole blocks of ``pool_block`` pools (the last one cut at
         the window's last pool, ``window_len // kpool``), non-causal pools at -inf, so a query's row, and so its
@@ -121,7 +123,7 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
     window_pools = max(known_pools, (window_len or 0) // kpool)
     pools_per_row = topk // kpool
     width = index_width(topk, kpool, select_tail)
-    out = torch.empty((batch, seq_len, width), dtype=torch.long, device=device)
+    out = torch.empty((batch, seq_len, width), dtype=out_dtype, device=device)
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)

@@ -187,12 +187,14 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
         pools = torch.full((batch, q1 - q0, pools_per_row), -1, dtype=torch.long, device=device)
         kept_count = min(pools_per_row, visible_pools)
         block = scores[: (q1 - q0) * visible_pools].view(q1 - q0, visible_pools)
-        for b in range(batch if visible_pools else 0):
-            pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools],
-                             query_offset + q0, softmax_scale, kpool, block)
-            best_pools = block.topk(kept_count, dim=-1).indices
-            # A non-causal pool is picked only when fewer than pools_per_row are visible: drop it by position.
-            pools[b, :, :kept_count] = best_pools.masked_fill(best_pools >= n_visible[:, None], -1)
+        # Queries that see no complete pool yet choose none (their rows hold only the tail slots, if any).
+        if visible_pools:
+            for b in range(batch):
+                pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools],
+                                 query_offset + q0, softmax_scale, kpool, block)
+                best_pools = block.topk(kept_count, dim=-1).indices
+                # A non-causal pool is picked only when fewer than pools_per_row are visible: drop it by position.
+                pools[b, :, :kept_count] = best_pools.masked_fill(best_pools >= n_visible[:, None], -1)
         index_rows(pools, query_offset=query_offset + q0, kpool=kpool, select_tail=select_tail, dtype=out_dtype,
                    out=out[:, q0:q1])
     return out

@@ -128,25 +128,34 @@ def _backward_kernel():
     return mixing_logits_backward_kernel
 
 
+def unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why the kernels cannot take ``x`` and ``weight`` (a dtype outside ``KERNEL_DTYPES``, more than ``MAX_LOGITS``
+    logits), or None. ``ops.dispatch.mhc_mixing_logits`` sends those to the reference; layouts are not a reason
+    (the dispatch makes the last dimension contiguous). Pure torch: no Triton import."""
+    if x.dtype not in KERNEL_DTYPES or weight.dtype not in KERNEL_DTYPES:
+        return (f"x ({x.dtype}) and weight ({weight.dtype}) must each be one of {KERNEL_DTYPES}; cast them, or use "
+                "genolc.model.ops.mhc.reference.mixing_logits")
+    if weight.shape[0] > MAX_LOGITS:
+        return (f"at most {MAX_LOGITS} logits per token ((2 + hc_mult) * hc_mult), got {weight.shape[0]}; use "
+                "genolc.model.ops.mhc.reference.mixing_logits for more streams")
+    return None
+
+
 def check_kernel_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
     """ValueError unless the kernel takes ``x [M, K]`` and ``weight [W, K]``: float dtypes of ``KERNEL_DTYPES``,
-    contiguous last dimensions, one device, ``W <= MAX_LOGITS``. (``ops.dispatch.mhc_mixing_logits`` sends anything
-    else to the reference.)"""
+    contiguous last dimensions, one device, ``W <= MAX_LOGITS`` (:func:`unsupported_reason`)."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"mHC mixing kernel: x must be [M, K] and weight [W, K] with the same K; got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)} (flatten the streams to [B * T, N * D])")
-    if x.dtype not in KERNEL_DTYPES or weight.dtype not in KERNEL_DTYPES:
-        raise ValueError(f"mHC mixing kernel: x ({x.dtype}) and weight ({weight.dtype}) must each be one of "
-                         f"{KERNEL_DTYPES}; cast them, or use genolc.model.ops.mhc.reference.mixing_logits")
+    reason = unsupported_reason(x, weight)
+    if reason is not None:
+        raise ValueError(f"mHC mixing kernel: {reason}")
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError(f"mHC mixing kernel: x and weight need a contiguous last dimension; got strides {x.stride()} "
                          f"and {weight.stride()}: pass x.contiguous() / weight.contiguous()")
     if x.device != weight.device:
         raise ValueError(f"mHC mixing kernel: x is on {x.device} and weight on {weight.device}; put both on one "
                          f"device")
-    if weight.shape[0] > MAX_LOGITS:
-        raise ValueError(f"mHC mixing kernel: at most {MAX_LOGITS} logits per token ((2 + hc_mult) * hc_mult), got "
-                         f"{weight.shape[0]}; use genolc.model.ops.mhc.reference.mixing_logits for more streams")
 
 
 def fused_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float, *, tf32: bool,

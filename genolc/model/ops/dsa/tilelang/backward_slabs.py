@@ -25,9 +25,9 @@ rank slices scattered with ``atomic_addx4``. The loop over a block's slots has a
 
 Status: lowered by TileLang and compiled by nvcc 13 for sm_90a on a CPU machine (``tests/gpu/
 tilelang_lowering_check.py``: 219 registers at `base`, 162 at `small`, no spills); its slab split and
-summation order are tested against the reference in pure torch (tests/model/test_dsa_backward_slabs.py,
-:func:`slabbed_backward_reference`). It has not run on a GPU: benchmarks/bench_dsa_backward_configs.py times it
-beside the default kernel and checks its gradients against that kernel's. Its per-block body repeats backward.py's
+summation order are tested against the reference in pure torch (tests/model/test_dsa_backward_slabs.py). It has
+not run on a GPU: benchmarks/bench_dsa_backward_configs.py times it beside the default kernel and checks its
+gradients against that kernel's. Its per-block body repeats backward.py's
 on purpose: once measured, one of the two kernels goes (this one, or the one-block-per-query one it would replace),
 and the GPU-verified kernel stays untouched until then.
 """
@@ -94,36 +94,6 @@ def row_dot(out: torch.Tensor, d_out: torch.Tensor, rows_per_step: int = 4096) -
         t1 = min(out.shape[1], t0 + rows_per_step)
         delta[:, t0:t1] = (out[:, t0:t1].float() * d_out[:, t0:t1].float()).sum(-1)
     return delta
-
-
-def slabbed_backward_reference(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
-                               lse: torch.Tensor, d_out: torch.Tensor, softmax_scale: float,
-                               slab_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The slab split and the math in torch, fp64, one (query, slab) group at a time: sorted rows cut by
-    :func:`slab_order`, per-group ``dQ`` partials summed over the slabs, ``dC`` scattered per group. It tests the
-    host side and the decomposition, not the kernel's own details (blocks of ``block_slots``, clamped slot indices,
-    the count mask, bf16 P and dS): those are the GPU test's. Slow; for small sizes."""
-    rows, offsets = slab_order(indices, slab_rows, latent.shape[1])
-    q, c, o, do = (x.double() for x in (q_lat, latent, out, d_out))
-    delta = (o * do).sum(-1)
-    d_q = torch.zeros_like(q)
-    d_c = torch.zeros_like(c)
-    batch, seq_len, _, _ = q.shape
-    for b in range(batch):
-        for t in range(seq_len):
-            for s in range(offsets.shape[-1] - 1):
-                lo, hi = int(offsets[b, t, s]), int(offsets[b, t, s + 1])
-                if hi == lo:
-                    continue
-                slots = rows[b, t, lo:hi].long()
-                kv = c[b, slots]                                             # [n, R]
-                scores = softmax_scale * q[b, t] @ kv.T                      # [H, n]
-                probs = torch.exp(scores - lse[b, t].double()[:, None])
-                d_probs = do[b, t] @ kv.T
-                d_scores = probs * (d_probs - delta[b, t][:, None]) * softmax_scale
-                d_q[b, t] += d_scores @ kv
-                d_c[b].index_add_(0, slots, d_scores.T @ q[b, t] + probs.T @ do[b, t])
-    return d_q.to(q_lat.dtype), d_c.to(latent.dtype)
 
 
 def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
