@@ -109,6 +109,10 @@ INDEXER_FLOPS_PER_S = 64e12
 # forward (per-layer recompute) costs less: `base` at 1M on the H200 took > 390 s a step in 8k chunks, 153 s in 32k
 # chunks with recompute (benchmarks/results/long_context_2026-11-30.json).
 FAST_CHUNK = 32 * 1024
+# The shortest chunk that runs faster without per-layer recompute than FAST_CHUNK chunks with it: `base` at 512k on
+# the H200 took 24.1-25.5 s a step in 16k chunks without recompute against 25.7-26.7 s in 32k chunks with it
+# (benchmarks/results/finetune_512k_chunks_2026-12-02/). Measured on one GPU only; context parallelism keeps FAST_CHUNK.
+FAST_UNRECOMPUTED_CHUNK = 16 * 1024
 # Allocator fragmentation and kernel workspaces on top of every estimate. An explicit --chunk may run inside it
 # (fits_within_margin), with a warning: `base` at 1M over 2 H200s ran in 32k chunks at 134.0 GiB a rank, planned
 # 142.6 with the margin and 129.6 without.
@@ -310,9 +314,10 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
 
     Tried in order of how little they change the run: fewer windows per micro-batch with more accumulation (same
     tokens per step), then --recompute, then the chunked step (the longest --chunk that fits; same results, two
-    forwards per step; with fast kernels ``--chunk 32k --recompute`` instead of a shorter chunk), then the longest
-    shorter --seq (halving) that fits, whole or, unless the run fixed its chunk, in chunks with recompute (what the
-    automatic step strategy then picks). ``chunk``: the run already asked for chunks of this length.
+    forwards per step; with fast kernels ``--chunk 32k --recompute`` instead of a chunk under
+    ``FAST_UNRECOMPUTED_CHUNK``), then the longest shorter --seq (halving) that fits, whole or, unless the run fixed
+    its chunk, in chunks with recompute (what the automatic step strategy then picks). ``chunk``: the run already
+    asked for chunks of this length.
     ``whole_only``: the run asked for the whole window (``--chunk off``): a --chunk for the same length is still
     offered (it replaces ``off``), but a shorter --seq only where the whole window fits. Chunked steps are planned
     without the kept selections, which the step gives up when they alone do not fit.
@@ -336,7 +341,7 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
         chosen = largest_fitting_chunk(config, seq_len=seq_len, windows=1, bf16=bf16, recompute=rc,
                                        budget_bytes=budget_bytes, fast_kernels=fast_kernels,
                                        multiple=chunk_multiple, smallest=chunk_multiple, keep_selections=False)
-        if (fast_kernels and not rc and not recompute and chosen is not None and chosen < FAST_CHUNK
+        if (fast_kernels and not rc and not recompute and chosen is not None and chosen < FAST_UNRECOMPUTED_CHUNK
                 and (chunk is None or FAST_CHUNK < chunk) and FAST_CHUNK < seq_len
                 and estimate_chunked_memory(config, seq_len=seq_len, chunk=FAST_CHUNK, bf16=bf16, recompute=True,
                                             fast_kernels=True, keep_selections=False).total <= budget_bytes):

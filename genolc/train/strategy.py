@@ -8,8 +8,9 @@ Strategies, from the memory plan (genolc/train/plan.py), before the first step a
   caches, two forwards and one backward (within each chunk per-layer recompute again when ``--recompute``).
 
 ``--chunk auto`` (the default) takes ``whole`` when its estimate fits the device and otherwise the longest chunk that
-fits; on a GPU, when that chunk is shorter than ``FAST_CHUNK`` (or none fits) and per-layer recompute lets chunks of
-``FAST_CHUNK`` fit, it takes those with recompute (the setting measured on the H200), and when no chunk fits without
+fits; on a GPU, when that chunk is shorter than ``FAST_UNRECOMPUTED_CHUNK`` (or none fits) and per-layer recompute
+lets chunks of ``FAST_CHUNK`` fit, it takes those with recompute (the settings measured on the H200: plan.py), and
+when no chunk fits without
 recompute and ``FAST_CHUNK`` does not fit with it, the longest that fits with it; ``--chunk off`` insists on
 ``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit is refused up front with the estimate and
 an option that fits, never discovered by the kernel's OOM killer; a chunk the user chose runs, with a warning in its
@@ -33,9 +34,10 @@ from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
 from genolc.train.loss import LossTerms, micro_batch_loss
 from genolc.train.measured import MEASURED_MFU
 from genolc.errors import ConfigError
-from genolc.train.plan import (FAST_CHUNK, PLAN_MARGIN, SMALLEST_AUTO_CHUNK, OutOfMemoryPlanError,
-                               context_parallel_oom_error, estimate_chunked_memory, estimate_context_parallel_memory,
-                               estimate_memory, estimate_step_seconds, fits_within_margin, format_gib,
+from genolc.train.plan import (FAST_CHUNK, FAST_UNRECOMPUTED_CHUNK, PLAN_MARGIN, SMALLEST_AUTO_CHUNK,
+                               OutOfMemoryPlanError, context_parallel_oom_error, estimate_chunked_memory,
+                               estimate_context_parallel_memory, estimate_memory, estimate_step_seconds,
+                               fits_within_margin, format_gib,
                                largest_fitting_chunk, largest_fitting_context_parallel_chunk, oom_error)
 from genolc.units import format_length
 
@@ -45,7 +47,7 @@ class StepStrategy:
     """``chunk`` None: the whole window at once; else chunks of ``chunk`` tokens. ``estimate_bytes``: the plan's
     peak; ``reason``: why it was chosen (said once when training starts). ``keep_selections``: the chunked step
     keeps the DSA pools its first pass chose for its second (off where they do not fit, or where keeping them would
-    cost chunks under ``FAST_CHUNK`` or a step estimated to take longer: :func:`choose_strategy`)."""
+    cost chunks under ``FAST_UNRECOMPUTED_CHUNK`` or a step estimated to take longer: :func:`choose_strategy`)."""
 
     seq_len: int
     chunk: int | None
@@ -84,13 +86,14 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
                     where: str, auto_recompute: bool = False) -> StepStrategy:
     """The strategy for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
     ``chunk``: None (auto), 0 (whole window only) or a chunk length. ``auto_recompute``: --chunk auto may add
-    per-layer recompute to run chunks of ``FAST_CHUNK``, or, when no chunk fits without it and ``FAST_CHUNK`` does
-    not fit with it, the longest chunk that fits with it (the caller applies it when the strategy says so).
-    A chunked step keeps the pools its first pass chose (planned in) unless that does not fit outright, or it
-    costs a chunk shorter than ``FAST_CHUNK`` where not keeping them allows a longer one, or per-layer recompute
-    estimated to cost more than choosing the pools again saves (:func:`_why_keeping_is_slower`); the step then chooses
-    them again in its second pass. Raises OutOfMemoryPlanError when the asked (or, for auto, every) setting is
-    estimated not to fit ``budget_bytes`` even so."""
+    per-layer recompute to run chunks of ``FAST_CHUNK`` where none of ``FAST_UNRECOMPUTED_CHUNK`` fits without it,
+    or, when no chunk fits without it and ``FAST_CHUNK`` does not fit with it, the longest chunk that fits with it
+    (the caller applies it when the strategy says so). A chunked step keeps the pools its first pass chose (planned
+    in) unless that does not fit outright, or it costs a chunk shorter than ``FAST_UNRECOMPUTED_CHUNK`` where not
+    keeping them allows a longer one, or per-layer recompute estimated to cost more than choosing the pools again
+    saves (:func:`_why_keeping_is_slower`); the step then chooses them again in its second pass. Raises
+    OutOfMemoryPlanError when the asked (or, for auto, every) setting is estimated not to fit ``budget_bytes`` even
+    so."""
     options = dict(seq_len=seq_len, windows=windows, grad_accum=grad_accum, chunk=chunk, recompute=recompute,
                    bf16=bf16, fast_kernels=fast_kernels, budget_bytes=budget_bytes, multiple=multiple, where=where,
                    auto_recompute=auto_recompute)
@@ -120,14 +123,14 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
 def _why_keeping_is_slower(config: ModelConfig, kept: StepStrategy, chosen_again: StepStrategy,
                            windows: int) -> str | None:
     """Why the chunked step that keeps the pools (``kept``) should give way to ``chosen_again``, or None when it
-    should not: it runs chunks shorter than ``FAST_CHUNK`` where the other's are longer (measured several times
-    slower, plan.py), or its step is estimated longer (genolc/train/plan.py's estimate at `genolc plan`'s measured
-    utilisation: a recomputed forward against the indexer's second, or second and third, pass)."""
+    should not: it runs chunks shorter than ``FAST_UNRECOMPUTED_CHUNK`` where the other's are longer (8k chunks ran
+    several times slower, plan.py), or its step is estimated longer (genolc/train/plan.py's estimate at `genolc
+    plan`'s measured utilisation: a recomputed forward against the indexer's second, or second and third, pass)."""
     if chosen_again.chunk is None:
         return "keeping the first pass's does not leave room for the whole window"
-    if kept.chunk < chosen_again.chunk and kept.chunk < FAST_CHUNK:
+    if kept.chunk < chosen_again.chunk and kept.chunk < FAST_UNRECOMPUTED_CHUNK:
         return (f"keeping the first pass's would cut the chunks to {format_length(kept.chunk)}, and chunks under "
-                f"{format_length(FAST_CHUNK)} run slower")
+                f"{format_length(FAST_UNRECOMPUTED_CHUNK)} run slower")
 
     def seconds(strategy: StepStrategy, passes: int) -> float:
         forwards = 2 + int(strategy.recompute)
@@ -163,6 +166,7 @@ def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, g
             recomputed = {**plan_args, "recompute": True}
             chosen, why = _recompute_rather_than(
                 chosen, seq_len=seq_len, multiple=multiple, budget_bytes=budget_bytes,
+                fast_unrecomputed=FAST_UNRECOMPUTED_CHUNK,
                 recomputed_bytes=lambda c: estimate_chunked_memory(model_config, seq_len=seq_len, chunk=c,
                                                                    **recomputed, **chunked_args).total,
                 longest_recomputed=lambda: largest_fitting_chunk(model_config, seq_len=seq_len,
@@ -190,18 +194,19 @@ def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, g
 
 
 def _recompute_rather_than(chosen: int | None, *, seq_len: int, multiple: int, budget_bytes: int,
-                           recomputed_bytes: Callable[[int], int],
+                           fast_unrecomputed: int, recomputed_bytes: Callable[[int], int],
                            longest_recomputed: Callable[[], int | None]) -> tuple[int | None, str | None]:
     """--chunk auto's recompute rule on a GPU (module docstring), given ``chosen``, the longest chunk that fits
     without recompute (None: none): the chunk to run and why recompute was added, or ``(chosen, None)`` to run
-    without it. ``recomputed_bytes(chunk)`` and ``longest_recomputed()`` are the plan with recompute."""
-    if chosen is not None and chosen >= FAST_CHUNK:
+    without it. ``fast_unrecomputed``: the shortest chunk that runs faster without recompute than ``FAST_CHUNK``
+    with it. ``recomputed_bytes(chunk)`` and ``longest_recomputed()`` are the plan with recompute."""
+    if chosen is not None and chosen >= fast_unrecomputed:
         return chosen, None
     if seq_len > FAST_CHUNK and FAST_CHUNK % multiple == 0 and recomputed_bytes(FAST_CHUNK) <= budget_bytes:
         if chosen is None:
             return FAST_CHUNK, "no chunk fits without it"
         return FAST_CHUNK, (f"without it the longest chunk that fits is {format_length(chosen)}, and chunks under "
-                            f"{format_length(FAST_CHUNK)} run slower than a recomputed forward costs")
+                            f"{format_length(fast_unrecomputed)} run slower than a recomputed forward costs")
     if chosen is None:
         longest = longest_recomputed()
         if longest is not None:
@@ -284,8 +289,10 @@ def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: i
         reason = f"{needs}; choose with --chunk"
         if auto_recompute and not recompute:
             recomputed = {**plan_args, "recompute": True}
+            # FAST_UNRECOMPUTED_CHUNK was measured on one GPU; under --cp a rank runs a share of each chunk.
             chunk, why = _recompute_rather_than(
                 chunk, seq_len=seq_len, multiple=chunk_multiple, budget_bytes=budget_bytes,
+                fast_unrecomputed=FAST_CHUNK,
                 recomputed_bytes=lambda c: estimate_context_parallel_memory(config, seq_len=seq_len, chunk=c,
                                                                             **recomputed).total,
                 longest_recomputed=lambda: largest_fitting_context_parallel_chunk(

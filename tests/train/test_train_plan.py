@@ -286,16 +286,18 @@ def test_plan_command_says_what_finetune_would_choose():
     assert "peak host memory" in result.output and "step time" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "off"])
     assert result.exit_code == 0 and "does not fit" in result.output, result.output
+    assert "try --chunk 16k (estimated to fit)." in result.output, result.output
+    result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "2M", "--chunk", "off"])
     assert "try --chunk 32k --recompute (estimated to fit)." in result.output, result.output
-    # At 4M the pools kept from the first pass (24 GiB in `small`) leave room for 32k chunks only with recompute;
+    # At 4M the pools kept from the first pass (24 GiB in `small`) leave room for 16k chunks without recompute;
     # at 8M only a step that chooses them again fits.
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M"])
-    assert "--seq 4M: chunked step, --chunk 32k with per-layer recompute, estimated" in result.output, result.output
+    assert "--seq 4M: chunked step, --chunk 16k, estimated" in result.output, result.output
     assert "chosen again" not in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "8M"])
-    planned = estimate_chunked_memory(preset("small"), seq_len=8 << 20, chunk=32768, recompute=True,
-                                      fast_kernels=True, keep_selections=False).gib()
-    assert f"--chunk 32k with per-layer recompute, estimated peak {planned:.1f} GiB" in result.output, result.output
+    planned = estimate_chunked_memory(preset("small"), seq_len=8 << 20, chunk=16384, fast_kernels=True,
+                                      keep_selections=False).gib()
+    assert f"--chunk 16k, estimated peak {planned:.1f} GiB" in result.output, result.output
     assert "the DSA pools are chosen again in the second pass" in result.output, result.output
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "64k", "--device", "cpu",
                                        "--gpu-memory", "20"])
@@ -314,28 +316,32 @@ def test_a_chunk_covering_a_window_that_does_not_fit_is_refused():
 
 
 def test_auto_chunk_adds_recompute_on_a_gpu_rather_than_run_short_chunks():
-    """`base` at 1M on the H200: without recompute only 16k chunks fit (8k with the first pass's pools kept, 8 GiB
-    here, so they are chosen again); 32k chunks with recompute were measured faster (153 s a step, against > 390 s
-    in 8k chunks), so --chunk auto takes them, keeping the pools, and says why."""
+    """`base` on the H200: at 2M only 8k chunks fit without recompute; 32k chunks with it were measured faster than
+    8k without (153 s a step at 1M, against > 390 s), so --chunk auto takes them, keeping the pools, and says why.
+    At 1M 16k chunks fit without recompute (with the pools chosen again: 8k with them kept), and 16k chunks without
+    recompute were measured faster than 32k with it (at 512k), so auto adds none."""
     from genolc.model import preset
     from genolc.train.plan import GIB
     from genolc.train.strategy import choose_strategy
 
-    common = dict(seq_len=1 << 20, windows=1, grad_accum=1, chunk=None, bf16=True, fast_kernels=True,
+    common = dict(windows=1, grad_accum=1, chunk=None, bf16=True, fast_kernels=True,
                   budget_bytes=int(139.8 * GIB), multiple=64, where="test")
-    plain = choose_strategy(preset("base"), recompute=False, **common)
-    assert (plain.chunk, plain.recompute, plain.keep_selections) == (16 * 1024, False, False)
-    chosen = choose_strategy(preset("base"), recompute=False, auto_recompute=True, **common)
+    plain = choose_strategy(preset("base"), seq_len=2 << 20, recompute=False, **common)
+    assert (plain.chunk, plain.recompute, plain.keep_selections) == (8 * 1024, False, True)
+    chosen = choose_strategy(preset("base"), seq_len=2 << 20, recompute=False, auto_recompute=True, **common)
     assert (chosen.chunk, chosen.recompute, chosen.keep_selections) == (32 * 1024, True, True)
     assert "recompute added because without it the longest chunk that fits is 8k" in chosen.describe()
-    small = choose_strategy(preset("small"), recompute=False, auto_recompute=True, **common)
+    at_1m = choose_strategy(preset("base"), seq_len=1 << 20, recompute=False, auto_recompute=True, **common)
+    assert (at_1m.chunk, at_1m.recompute, at_1m.keep_selections) == (16 * 1024, False, False)
+    small = choose_strategy(preset("small"), seq_len=1 << 20, recompute=False, auto_recompute=True, **common)
     assert (small.chunk, small.recompute) == (32 * 1024, False)
 
 
 def test_pools_are_kept_unless_that_costs_short_chunks_or_more_time():
     """`base` at 3M: keeping the pools leaves room only for 12k chunks with recompute, choosing them again for 32k
-    chunks with it, which win (chunks under 32k are several times slower). `small` at 4M: keeping them costs
-    recompute, which the step-time estimate prices below a second and third choice at 4M."""
+    chunks with it, which win (chunks under 16k run slower). `small` at 4M: keeping them costs 16k chunks instead of
+    32k, both without recompute; 16k is not under FAST_UNRECOMPUTED_CHUNK and one indexer pass is estimated to cost
+    less than two, so the pools are kept."""
     from genolc.model import preset
     from genolc.train.strategy import choose_strategy
 
@@ -343,9 +349,9 @@ def test_pools_are_kept_unless_that_costs_short_chunks_or_more_time():
                   budget_bytes=int(139.8 * GIB), multiple=64, where="test", auto_recompute=True)
     base_3m = choose_strategy(preset("base"), seq_len=3 << 20, **common)
     assert (base_3m.chunk, base_3m.recompute, base_3m.keep_selections) == (32 * 1024, True, False)
-    assert "would cut the chunks to 12k, and chunks under 32k run slower" in base_3m.describe()
+    assert "would cut the chunks to 12k, and chunks under 16k run slower" in base_3m.describe()
     small_4m = choose_strategy(preset("small"), seq_len=4 << 20, **common)
-    assert (small_4m.chunk, small_4m.recompute, small_4m.keep_selections) == (32 * 1024, True, True)
+    assert (small_4m.chunk, small_4m.recompute, small_4m.keep_selections) == (16 * 1024, False, True)
 
 
 def test_auto_chunk_takes_the_longest_recomputed_chunk_when_nothing_else_fits():
