@@ -46,9 +46,11 @@ def test_matches_reference(length, topk, heads, rank, poison, rel_err):
 @pytest.mark.parametrize("batch, length, topk, heads, rank, slab_rows", [
     (1, 4099, 256, 12, 384, 1000),     # slabs that do not divide the keys, most (query, slab) pairs non-empty
     (2, 1001, 64, 8, 256, 64),         # two windows, many slabs, many pairs with no slot
-    (1, 777, 32, 3, 64, 100000),       # one slab: the rows as given, each block walking its whole row
+    (1, 777, 32, 3, 64, 100000),       # one slab: the same work as the one-block-per-query kernel
 ])
-def test_backward_in_slabs_matches_reference(batch, length, topk, heads, rank, slab_rows, poison, rel_err):
+def test_slab_ordered_backward_matches_reference(batch, length, topk, heads, rank, slab_rows, poison, rel_err):
+    from genolc.model.ops.dsa.tilelang import backward_slabs
+
     indices = torch.cat([random_index_rows(length, topk, 4, seed=length + heads + 1 + b) for b in range(batch)])
     indices = indices.to(torch.int32).contiguous()
     indices[0, 17] = -1
@@ -59,12 +61,12 @@ def test_backward_in_slabs_matches_reference(batch, length, topk, heads, rank, s
     q_lat, latent = (t.detach() for t in leaves)
     out, lse = tilelang_forward.sparse_latent_attention_forward(q_lat, latent, indices, scale)
     poison()
-    grads = tilelang_backward.sparse_latent_attention_backward(q_lat, latent, indices, out, lse, d_out.bfloat16(),
-                                                               scale, slab_rows=slab_rows)
+    grads = backward_slabs.sparse_latent_attention_backward_slabs(q_lat, latent, indices, out, lse,
+                                                                  d_out.bfloat16(), scale, slab_rows=slab_rows)
     for name, mine, theirs in zip(("q_lat", "latent"), grads, ref_grads):
         assert mine.dtype == torch.bfloat16, name
         assert rel_err(mine, theirs) < 1e-2, name
     assert grads[0][0, 17].float().abs().max() == 0
-    one_slab = tilelang_backward.sparse_latent_attention_backward(q_lat, latent, indices, out, lse,
-                                                                  d_out.bfloat16(), scale, slab_rows=length)
-    assert rel_err(grads[0], one_slab[0]) < 1e-2 and rel_err(grads[1], one_slab[1]) < 1e-2
+    one_block = tilelang_backward.sparse_latent_attention_backward(q_lat, latent, indices, out, lse,
+                                                                   d_out.bfloat16(), scale)
+    assert rel_err(grads[0], one_block[0]) < 1e-2 and rel_err(grads[1], one_block[1]) < 1e-2

@@ -1,12 +1,14 @@
 """PYTHONPATH=. /tmp/tri/bin/python tests/gpu/tilelang_lowering_check.py [--nvcc PATH]
 
-Lowers genolc's TileLang kernels (the DSA sparse-attention forward and its slab-ordered backward) to CUDA source
-for sm_90a at the shapes of `small` and `base`, on a machine without a GPU: TileLang's layout inference, pipelining
-and CUDA code generation run. It catches what fails to build before a device call is spent on it, and checks that
-the backward's tail after the peeled loop is guarded for a (query, slab) pair with no slot. With ``--nvcc``, each
-source is also compiled to a cubin (``-Xptxas -v``) and its registers and spill bytes are printed; a compile error
-fails the check, a spill is reported. Exit status 0 when all builds. (2026-12-02, nvcc 13.0: the forward 123
-registers at `small`, 255 and 8 bytes spilled at `base`; the backward 154 and 226; no other spills.)
+Lowers genolc's TileLang kernels (the DSA sparse-attention forward, its one-block-per-query backward and the
+slab-ordered backward) to CUDA source for sm_90a at the shapes of `small` and `base`, on a machine without a GPU:
+TileLang's layout inference, pipelining and CUDA code generation run. It catches what fails to build before a
+device call is spent on it, and checks that the slab-ordered kernel's tail after the peeled loop is guarded for a
+(query, slab) pair with no slot. With ``--nvcc``, each source is also compiled to a cubin (``-Xptxas -v``) and its
+registers and spill bytes are printed; a compile error fails the check, a spill is reported. Exit status 0 when all
+builds. (2026-12-02, nvcc 13.0: the forward 123 registers at `small`, 255 and 8 bytes spilled at `base`; the
+one-block-per-query backward 182 and 254, as backward.py says; the slab-ordered backward 162 and 219; no other
+spills.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only). Use a throwaway venv, never the project's:
 
@@ -33,7 +35,7 @@ import time
 import tilelang
 from tvm.target import Target
 
-from genolc.model.ops.dsa.tilelang import backward, forward
+from genolc.model.ops.dsa.tilelang import backward, backward_slabs, forward
 from genolc.model.presets import base, small
 
 TARGET = Target({"kind": "cuda", "arch": "sm_90a"})
@@ -83,6 +85,8 @@ def main() -> int:
                                                        forward.default_config(rank)),
             "backward": lambda: backward.build_backward_prim_func(heads, rank, width, "bfloat16", scale,
                                                                   backward.default_backward_config(rank)),
+            "backward_slabs": lambda: backward_slabs.build_slabbed_backward_prim_func(
+                heads, rank, width, "bfloat16", scale, backward_slabs.default_slabbed_config(rank)),
         }
         for kernel, build in builds.items():
             try:
@@ -91,7 +95,7 @@ def main() -> int:
                 last_line = (str(error).strip().splitlines() or [""])[-1]
                 failures.append(f"{preset} {kernel}: {type(error).__name__}: {last_line[:300]}")
                 continue
-            if kernel == "backward" and "if (1 <= count)" not in source:
+            if kernel == "backward_slabs" and "if (1 <= count)" not in source:
                 failures.append(f"{preset} {kernel}: no guard on the loop's tail for a slab with no slot")
             if args.nvcc:
                 problem = compile_cubin(args.nvcc, f"{preset} {kernel}", source)

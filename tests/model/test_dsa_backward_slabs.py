@@ -1,7 +1,7 @@
-"""The TileLang DSA backward's torch side (genolc.model.ops.dsa.tilelang.backward) on CPU: the sort and cut of the
-index rows into key slabs, the row dot, and the slab split of the math in fp64 (per (query, slab) groups, dQ summed
-over the slabs) against autograd through the reference. The TileLang kernel itself needs CUDA
-(tests/gpu/test_dsa_tilelang.py)."""
+"""The slab-ordered DSA backward's torch side (genolc.model.ops.dsa.tilelang.backward_slabs) on CPU: the sort and cut
+of the index rows, the row dot, and the slab split of the math in fp64 (per (query, slab) groups, dQ summed over the
+slabs) against autograd through the reference. The TileLang kernel itself needs CUDA (benchmarks/
+bench_dsa_backward_configs.py runs it against the one-block-per-query kernel)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from genolc.model.ops.dsa import reference
-from genolc.model.ops.dsa.tilelang import backward
+from genolc.model.ops.dsa.tilelang import backward_slabs
 
 
 def slabbed_backward_reference(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
@@ -19,7 +19,7 @@ def slabbed_backward_reference(q_lat: torch.Tensor, latent: torch.Tensor, indice
     ``slab_order``, per-group ``dQ`` partials summed over the slabs, ``dC`` scattered per group. It tests the
     host side and the decomposition, not the kernel's own details (blocks of ``block_slots``, clamped slot indices,
     the count mask, bf16 P and dS): those are the GPU test's. Slow; for small sizes."""
-    rows, offsets = backward.slab_order(indices, slab_rows, latent.shape[1])
+    rows, offsets = backward_slabs.slab_order(indices, slab_rows, latent.shape[1])
     q, c, o, do = (x.double() for x in (q_lat, latent, out, d_out))
     delta = (o * do).sum(-1)
     d_q = torch.zeros_like(q)
@@ -32,7 +32,6 @@ def slabbed_backward_reference(q_lat: torch.Tensor, latent: torch.Tensor, indice
                 if hi == lo:
                     continue
                 slots = rows[b, t, lo:hi].long()
-                slots = slots[slots >= 0]
                 kv = c[b, slots]                                             # [n, R]
                 scores = softmax_scale * q[b, t] @ kv.T                      # [H, n]
                 probs = torch.exp(scores - lse[b, t].double()[:, None])
@@ -45,8 +44,6 @@ def slabbed_backward_reference(q_lat: torch.Tensor, latent: torch.Tensor, indice
 
 def naive_slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int):
     n_slabs = max(1, -(-kv_len // slab_rows))
-    if n_slabs == 1:
-        return indices.int(), torch.tensor([0, indices.shape[-1]], dtype=torch.int32).expand(*indices.shape[:-1], 2)
     rows = torch.full(indices.shape, -1, dtype=torch.int32)
     offsets = torch.zeros(*indices.shape[:-1], n_slabs + 1, dtype=torch.int32)
     for b in range(indices.shape[0]):
@@ -58,41 +55,38 @@ def naive_slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int):
     return rows, offsets
 
 
-@pytest.mark.parametrize("slab_rows, kv_len", [(32, 101), (100, 101), (7, 64), (101, 101), (1000, 101)])
-def test_slab_order_matches_a_per_row_loop(slab_rows, kv_len, monkeypatch):
-    monkeypatch.setattr(backward, "_SORT_QUERIES", 4)         # rows sorted in three steps of 4, 4 and 1 queries
+@pytest.mark.parametrize("slab_rows, kv_len", [(32, 101), (101, 101), (7, 64), (1000, 101)])
+def test_slab_order_matches_a_per_row_loop(slab_rows, kv_len):
     gen = torch.Generator().manual_seed(slab_rows)
     indices = torch.randint(-1, kv_len, (2, 9, 13), generator=gen, dtype=torch.int32)
     indices[1, 4] = -1                                        # a row with no valid slot
-    rows, offsets = backward.slab_order(indices, slab_rows, kv_len)
+    rows, offsets = backward_slabs.slab_order(indices, slab_rows, kv_len)
     expected_rows, expected_offsets = naive_slab_order(indices, slab_rows, kv_len)
     assert rows.dtype == offsets.dtype == torch.int32
     assert torch.equal(rows, expected_rows)
     assert torch.equal(offsets, expected_offsets)
     assert offsets.shape[-1] == max(1, -(-kv_len // slab_rows)) + 1
-    # One slab: the rows as given, every slot walked (the kernel skips the -1 ones); more: an empty row has none.
-    expected_empty = [0, 13] if kv_len <= slab_rows else [0] * offsets.shape[-1]
-    assert offsets[1, 4].tolist() == expected_empty
+    assert torch.equal(offsets[1, 4], torch.zeros_like(offsets[1, 4]))
 
 
 def test_slab_order_takes_int64_rows_and_rejects_bad_sizes():
     indices = torch.tensor([[[5, -1, 0, 3]]], dtype=torch.int64)
-    rows, offsets = backward.slab_order(indices, 4, 6)
+    rows, offsets = backward_slabs.slab_order(indices, 4, 6)
     assert rows.tolist() == [[[0, 3, 5, -1]]]
     assert offsets.tolist() == [[[0, 2, 3]]]
     with pytest.raises(ValueError, match="slab_rows"):
-        backward.slab_order(indices, 0, 6)
+        backward_slabs.slab_order(indices, 0, 6)
     with pytest.raises(ValueError, match="kv_len"):
-        backward.slab_order(indices, 4, 2 ** 31)
+        backward_slabs.slab_order(indices, 4, 2 ** 31)
     with pytest.raises(ValueError, match="use slab_rows >= 2"):
-        backward.slab_order(indices, 1, backward.MAX_SLABS + 1)
+        backward_slabs.slab_order(indices, 1, backward_slabs.MAX_SLABS + 1)
 
 
 def test_row_dot_is_the_fp32_row_sum_in_pieces():
     gen = torch.Generator().manual_seed(0)
     out = torch.randn(2, 11, 3, 8, generator=gen).bfloat16()
     d_out = torch.randn(2, 11, 3, 8, generator=gen).bfloat16()
-    delta = backward.row_dot(out, d_out, rows_per_step=4)
+    delta = backward_slabs.row_dot(out, d_out, rows_per_step=4)
     assert delta.dtype == torch.float32 and delta.shape == (2, 11, 3)
     torch.testing.assert_close(delta, (out.float() * d_out.float()).sum(-1), rtol=0, atol=0)
 
@@ -124,3 +118,11 @@ def test_slabbed_algorithm_matches_autograd_through_the_reference(slab_rows):
     torch.testing.assert_close(d_q, expected_dq, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(d_c, expected_dc, rtol=1e-10, atol=1e-10)
     assert torch.equal(d_q[0, 5], torch.zeros_like(d_q[0, 5]))
+
+
+def test_default_config_is_one_stage_and_the_builder_refuses_more():
+    config = backward_slabs.default_slabbed_config(384)
+    assert config.num_stages == 1
+    two_stages = backward_slabs.BackwardConfig(num_stages=2, rank_parts=3)
+    with pytest.raises(ValueError, match="one pipeline stage"):
+        backward_slabs.build_slabbed_backward_prim_func(12, 384, 2051, "bfloat16", 0.1, two_stages)

@@ -149,10 +149,9 @@ def test_backward_launch_configs(no_tilelang_backward):
         config = no_tilelang_backward.default_backward_config(rank)
         config.check(rank)
         assert config.rank_parts == parts and rank // parts <= 128
-    # Base (H = 12, R = 384): Q, dO, one 32-slot gathered tile, P and dS, one fp32 [32, 128] dC slice, fp32 dQ.
+    # Base (H = 12, R = 384): Q, dO, two 32-slot gathered stages, P and dS, one fp32 [32, 128] dC slice.
     base = no_tilelang_backward.default_backward_config(384)
-    assert base.shared_bytes(12, 384) == (2 * 16 * 384 * 2 + 32 * 384 * 2 + 2 * 16 * 32 * 2 + 32 * 128 * 4
-                                          + 16 * 384 * 4)
+    assert base.shared_bytes(12, 384) == 2 * 16 * 384 * 2 + 2 * 32 * 384 * 2 + 2 * 16 * 32 * 2 + 32 * 128 * 4
     assert base.shared_bytes(12, 384) < 227 * 1024
     with pytest.raises(ValueError, match="multiple of 32"):
         no_tilelang_backward.default_backward_config(80)
@@ -161,6 +160,8 @@ def test_backward_launch_configs(no_tilelang_backward):
     with pytest.raises(ValueError, match="multiples of"):
         config_cls(rank_parts=8).check(384)                   # 48-column slices cannot split over 4 warps of 8
     with pytest.raises(ValueError, match="multiples of"):
-        config_cls(32, 256).check(384)                        # 32 slots over 8 warps
+        config_cls(32, 2, 256).check(384)                     # 32 slots over 8 warps
     with pytest.raises(ValueError, match="threads"):
-        config_cls(16, 128).check(256)
+        config_cls(16, 2, 128).check(256)
+    with pytest.raises(ValueError, match="num_stages"):
+        config_cls(32, 4, 128).check(256)

@@ -11,40 +11,30 @@ Contract (the same as ``dsa_triton.sparse_latent_attention_backward``):
     P = exp(scale * Q C^T - lse);  delta = rowsum(O * dO);  dP = dO C^T;  dS = P * (dP - delta) * scale
     dQ = dS C;  dC[s] += dS[:, s]^T Q + P[:, s]^T dO   for every selected row s (fp32 atomics, cast at the end)
 
+Design (mirrors forward.py). One thread block per query token (grid T x B). The block holds its H query rows and
+their dO rows in shared memory, zero-padded to a multiple of 16 heads (the M extent of an MMA tile), computes
+``delta`` itself in fp32 (no fp32 [B, T, H] copies of O and dO), and walks the index row in blocks of
+``block_slots`` slots. Per block: gather the latent rows into shared memory (software-pipelined), two GEMMs for
+``S = Q C^T`` and ``dP = dO C^T`` into fp32 fragments, ``P`` and ``dS`` elementwise, then ``dQ += dS C`` (fp32
+``[H_pad, R]`` fragment kept for the whole row), and ``dC = dS^T Q + P^T dO`` in ``rank_parts`` column slices (an
+fp32 ``[block_slots, R / rank_parts]`` fragment), each staged through shared memory and added into an fp32
+``[B, S, R]`` buffer with 16-byte vector atomics (``atomic_addx4``: ``atom.global.add.v4.f32`` on sm_90, a quarter
+of the scalar atomic instructions; consecutive threads take consecutive 16 bytes of one row). Masked slots (-1, or
+past W in the last block) get P = 0 and issue no atomics.
+
 What limits it: the scatter. Every (query, slot) adds one fp32 row of R into d_latent: T * W * R * 4 bytes of
-read-modify-write traffic (3.2 TB at 1M tokens, W = 2051, R = 384) against 10 * T * W * H * R FLOPs. At 512k keys
-the fp32 d_latent (805 MB for `base`) is far larger than the H200's 50 MB L2, so a kernel that lets each query
-scatter anywhere sends its atomics out to memory.
-
-Design. The keys are cut into slabs of ``slab_rows`` rows and one thread block handles one (query, slab) pair: the
-query's slots in that slab. The grid is (query, slab, batch) with the query fastest, so the blocks resident at once
-mostly scatter into one slab, which can stay in L2. To find a query's slots in a slab, each index row is sorted
-(empty slots last) and cut at the slab boundaries (:func:`slab_order`, torch); with one slab (S <= ``slab_rows``)
-nothing is sorted and the block walks the whole row, as one block per query would. A block holds its query's H
-rows of Q and dO in shared memory, zero-padded to 16 heads (the M extent of an MMA tile), and walks its slots in
-blocks of ``block_slots``: gather the latent rows into shared memory, ``S = Q C^T`` and ``dP = dO C^T`` on tensor
-cores into fp32 fragments, ``P`` and ``dS`` elementwise, ``dQ += dS C`` into an fp32 ``[H_pad, R]`` fragment, and
-``dC = dS^T Q + P^T dO`` in ``rank_parts`` column slices (an fp32 ``[block_slots, R / rank_parts]`` fragment), each
-staged through shared memory and added into the fp32 ``[B, S, R]`` buffer with 16-byte vector atomics
-(``atomic_addx4``: ``atom.global.add.v4.f32`` on sm_90; consecutive threads take consecutive 16 bytes of a row).
-Masked slots (-1, or past the block's count) get P = 0 and issue no atomics. What slabs cost: each block loads its
-query's Q and dO again (once per slab holding one of its slots); dQ's per-slab partials are summed with vector
-atomics into an fp32 buffer (one row per (query, slab)) and cast at the end; ``delta`` is computed once, in torch
-(:func:`row_dot`). The slot loop's trip count depends on the data, which TileLang 0.1.15 lowers only without
-software pipelining: one stage (in the earlier one-block-per-query kernel one stage timed the same as two).
-
-Measured on the H200, 32k queries at the end of a 512k window (benchmarks/results/
-dsa_backward_slabs_2026-12-02.json, medians of 5, sort and row dot included): `base` 72.3 ms with 32k-row slabs
-against 79.6 for one block per query (8k rows 110.1, 16k 86.5, 64k 74.5); `small` 40.9 against 52.3. With the keys
-cut to 32k the one-block kernel took 53.6 and 31.8 ms: the L2 bound the slabs approach only part of the way.
-Registers (ptxas, sm_90a, nvcc 13): 226 at `base`, 154 at `small`, no spills.
+read-modify-write traffic at the L2 (3.2 TB at 1M tokens, W = 2051, R = 384), against T * W * R * 2 gathered bytes
+and 10 * T * W * H * R FLOPs. Registers: the dQ accumulator alone is 16 * R fp32 over 128 threads (48 a thread at
+R = 384), so dC is sliced; ptxas (sm_90a) for the default configs: H=8/R=256 182 registers, H=12/R=384 254, no
+spills. Shared memory at R = 384: Q and dO 24 KiB, two gathered 32-slot stages 48 KiB, the fp32 dC slice 16 KiB
+(~89 KiB; 254 registers x 128 threads also leaves room for two blocks per SM).
 
 Empty rows: lse = +inf gives P = 0, hence dQ = 0 and no contribution to d_latent. The exponent uses a finite
 stand-in for +inf (``EMPTY_ROW_LSE``) so fast-math ``exp2`` never sees an infinity.
 
-Kernels are compiled per ``(H, R, W, dtype, softmax_scale, BackwardConfig)`` and cached for the process; B, T, S and
-the slab count are dynamic. TileLang is imported only when a kernel is built. Unsupported inputs raise ValueError;
-nothing falls back to another implementation.
+Kernels are compiled per ``(H, R, W, dtype, softmax_scale, BackwardConfig)`` and cached for the process; B, T and S
+are dynamic. TileLang is imported only when a kernel is built. Unsupported inputs raise ValueError; nothing falls
+back to another implementation.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the prim_func's tensor annotations, which name
@@ -63,20 +53,15 @@ from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, chec
 EMPTY_ROW_LSE = 2.0 ** 30
 # Components per vector atomic (red.global.add.v4.f32): R must be a multiple of it (it is: R % 16 == 0).
 ATOMIC_VECTOR = 4
-# 32k rows: d_latent's fp32 slab is 48 MiB at R = 384 and 32 MiB at R = 256; the fastest of 8k-64k for both presets.
-DEFAULT_SLAB_ROWS = 32768
-MAX_SLABS = 65535          # CUDA's limit on gridDim.y
-_EMPTY_KEY = torch.iinfo(torch.int32).max
-# Index rows sorted per step of this many queries: the sort's int64 order stays ~100 MB at W = 2051.
-_SORT_QUERIES = 4096
 
 
 @dataclass(frozen=True)
 class BackwardConfig:
-    """Launch shape of the backward: slots per step, threads per block, and the number of rank slices the dC tile is
-    computed and scattered in (fewer live fp32 registers per slice)."""
+    """Launch shape of the backward: slots per step, pipeline depth of the gather, threads per block, and the number
+    of rank slices the dC tile is computed and scattered in (fewer live fp32 registers per slice)."""
 
     block_slots: int = 32
+    num_stages: int = 2
     threads: int = 128
     rank_parts: int = 2
 
@@ -87,6 +72,8 @@ class BackwardConfig:
         warps = self.threads // 32
         if self.threads not in (128, 256) or self.block_slots not in (32, 64):
             raise ValueError(f"threads must be 128/256 and block_slots 32/64, got {self}")
+        if not 1 <= self.num_stages <= 3:
+            raise ValueError(f"num_stages must be in [1, 3], got {self.num_stages}")
         if not 1 <= self.rank_parts <= 8 or rank % self.rank_parts != 0:
             raise ValueError(f"rank_parts must be in [1, 8] and divide R ({rank}), got {self.rank_parts}")
         part = rank // self.rank_parts
@@ -95,19 +82,23 @@ class BackwardConfig:
                              f"8 * warps = {8 * warps} for {self.threads} threads")
 
     def shared_bytes(self, heads: int, rank: int, itemsize: int = 2) -> int:
-        """Shared memory the kernel asks for (Q, dO, the gathered tile, P and dS tiles, the fp32 dC slice and the
-        fp32 dQ staging tile)."""
+        """Shared memory the kernel asks for (Q, dO, gathered tiles, P and dS tiles, the fp32 dC slice)."""
         heads_pad = padded_heads(heads)
-        return (2 * heads_pad * rank * itemsize + self.block_slots * rank * itemsize
-                + 2 * heads_pad * self.block_slots * itemsize + self.block_slots * (rank // self.rank_parts) * 4
-                + heads_pad * rank * 4)
+        return (2 * heads_pad * rank * itemsize + self.num_stages * self.block_slots * rank * itemsize
+                + 2 * heads_pad * self.block_slots * itemsize + self.block_slots * (rank // self.rank_parts) * 4)
+
+
+DEFAULT_BACKWARD_CONFIG = BackwardConfig()
 
 
 def default_backward_config(rank: int) -> BackwardConfig:
-    """32 slots, 128 threads, and the fewest rank slices of <= 128 columns: what ptxas (sm_90a, nvcc 13) compiles
-    without spilling at R = 256 (2 slices) and R = 384 (3 slices; 1 slice spilled in the one-block-per-query kernel).
-    In that kernel 14 other configs for `base` and 6 for `small` were timed on the H200 (benchmarks/results/
-    dsa_backward_configs_2026-12-02.json): none was more than 0.6 % faster."""
+    """32 slots, 2 stages, 128 threads, and the fewest rank slices of <= 128 columns: what ptxas (sm_90a, nvcc 13)
+    compiles without spilling at R = 256 (2 slices, 182 registers) and R = 384 (3 slices, 254 registers; 1 slice
+    spills 360 bytes, 64-slot blocks 452). Timed on the H200 against 13 other configs for `base` and 6 for `small`
+    (benchmarks/results/dsa_backward_configs_2026-12-02.json, 32k queries over 512k keys, medians of 5): none was
+    more than 0.6 % faster (`base` 79.6 ms, the nearest 79.3-80.1; `small` 52.3 ms, the others 52.0-52.8). With the
+    keys cut to 32k, so that d_latent's fp32 rows and the gathered rows mostly stay in L2, the same kernel takes
+    53.8 ms (`base`) and 32.1 ms (`small`): where its memory traffic lands, not the launch shape, sets its time."""
     widest = 128
     fitting = [p for p in range(1, 9) if rank % p == 0 and (rank // p) % 32 == 0]
     if not fitting:
@@ -132,66 +123,16 @@ def check_backward_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: to
     check_inputs(q_lat, latent, indices, softmax_scale)
 
 
-def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The slots each (query, slab) block walks.
-
-    Args:
-        indices: ``[B, T, W]`` int32/int64 latent rows, -1 for an empty slot.
-        slab_rows: rows per slab (positive).
-        kv_len: S, the number of latent rows (every valid index is below it).
-
-    Returns:
-        ``rows [B, T, W]`` int32 and ``offsets [B, T, n + 1]`` int32 with ``n = ceil(S / slab_rows)`` (at least 1):
-        query t's slots in slab s are ``rows[b, t, offsets[b, t, s]:offsets[b, t, s + 1]]``, where an entry of -1
-        is an empty slot (the kernel skips it). With more than one slab each row is sorted, its empty slots last
-        and outside every slab's range, so ``offsets[..., n]`` is its count of valid slots; with one slab the rows
-        are the indices as given and ``offsets`` is ``(0, W)``.
-    """
-    if slab_rows < 1:
-        raise ValueError(f"slab_rows must be positive, got {slab_rows}")
-    if kv_len >= _EMPTY_KEY:
-        raise ValueError(f"kv_len {kv_len} does not fit the int32 rows")
-    n_slabs = max(1, -(-kv_len // slab_rows))
-    if n_slabs > MAX_SLABS:
-        raise ValueError(f"{n_slabs} slabs of {slab_rows} rows over {kv_len} keys: at most {MAX_SLABS} (the grid's "
-                         f"second dimension); use slab_rows >= {-(-kv_len // MAX_SLABS)}")
-    batch, seq_len, width = indices.shape
-    if n_slabs == 1:
-        offsets = torch.tensor([0, width], dtype=torch.int32, device=indices.device)
-        return indices.to(torch.int32).contiguous(), offsets.expand(batch, seq_len, 2).contiguous()
-    rows = torch.empty(indices.shape, dtype=torch.int32, device=indices.device)
-    offsets = torch.empty((batch, seq_len, n_slabs + 1), dtype=torch.int32, device=indices.device)
-    bounds = torch.arange(n_slabs + 1, device=indices.device, dtype=torch.int64) * slab_rows
-    bounds = bounds.clamp_max(_EMPTY_KEY - 1).to(torch.int32)
-    for t0 in range(0, seq_len, _SORT_QUERIES):
-        t1 = min(seq_len, t0 + _SORT_QUERIES)
-        piece = indices[:, t0:t1]
-        keys = torch.where(piece < 0, _EMPTY_KEY, piece).to(torch.int32).sort(dim=-1).values
-        offsets[:, t0:t1] = torch.searchsorted(keys, bounds.expand(batch, t1 - t0, n_slabs + 1).contiguous(),
-                                               out_int32=True)
-        rows[:, t0:t1] = keys.masked_fill(keys == _EMPTY_KEY, -1)
-    return rows, offsets
-
-
-def row_dot(out: torch.Tensor, d_out: torch.Tensor, rows_per_step: int = 4096) -> torch.Tensor:
-    """``delta [B, T, H]`` fp32 = rowsum(O * dO), products and sums in fp32, a few thousand queries at a time (no
-    full fp32 copies of O and dO)."""
-    delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
-    for t0 in range(0, out.shape[1], rows_per_step):
-        t1 = min(out.shape[1], t0 + rows_per_step)
-        delta[:, t0:t1] = (out[:, t0:t1].float() * d_out[:, t0:t1].float()).sum(-1)
-    return delta
-
-
 def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
-                             config: BackwardConfig):
-    """The TileLang ``prim_func`` for one ``(H, R, W, dtype, scale, config)``; arguments (Q, Latent, Rows, Offsets,
-    Lse, Delta, DOut, DQ, DLatent) with DQ ``[B, T, H, R]`` and DLatent ``[B, S, R]`` fp32, zeroed by the caller."""
+                             config: BackwardConfig = DEFAULT_BACKWARD_CONFIG):
+    """The TileLang ``prim_func`` for one ``(H, R, W, dtype, scale)``; arguments
+    (Q, Latent, Indices, Out, Lse, DOut, DQ, DLatent) with DLatent fp32 ``[B, S, R]``, zeroed by the caller."""
     import tilelang.language as T
 
     config.check(rank)
-    block_slots, threads = config.block_slots, config.threads
+    block_slots, num_stages, threads = config.block_slots, config.num_stages, config.threads
     heads_pad = padded_heads(heads)
+    num_blocks = -(-width // block_slots)
     scale = float(softmax_scale)
     scale_log2 = scale * LOG2_E
     part = rank // config.rank_parts
@@ -200,28 +141,25 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
     batch = T.dynamic("batch")
     seq_len = T.dynamic("seq_len")
     kv_len = T.dynamic("kv_len")
-    n_bounds = T.dynamic("n_bounds")          # slabs + 1
 
     @T.prim_func
     def sparse_latent_bwd(
         Q: T.Tensor([batch, seq_len, heads, rank], dtype),
         Latent: T.Tensor([batch, kv_len, rank], dtype),
-        Rows: T.Tensor([batch, seq_len, width], "int32"),
-        Offsets: T.Tensor([batch, seq_len, n_bounds], "int32"),
+        Indices: T.Tensor([batch, seq_len, width], "int32"),
+        Out: T.Tensor([batch, seq_len, heads, rank], dtype),
         Lse: T.Tensor([batch, seq_len, heads], accum),
-        Delta: T.Tensor([batch, seq_len, heads], accum),
         DOut: T.Tensor([batch, seq_len, heads, rank], dtype),
-        DQ: T.Tensor([batch, seq_len, heads, rank], accum),
+        DQ: T.Tensor([batch, seq_len, heads, rank], dtype),
         DLatent: T.Tensor([batch, kv_len, rank], accum),
     ):
-        with T.Kernel(seq_len, n_bounds - 1, batch, threads=threads) as (t, s, b):
+        with T.Kernel(seq_len, batch, threads=threads) as (t, b):
             q_shared = T.alloc_shared([heads_pad, rank], dtype)
             do_shared = T.alloc_shared([heads_pad, rank], dtype)
             kv_shared = T.alloc_shared([block_slots, rank], dtype)
             p_shared = T.alloc_shared([heads_pad, block_slots], dtype)
             ds_shared = T.alloc_shared([heads_pad, block_slots], dtype)
             dkv_shared = T.alloc_shared([block_slots, part], accum)
-            dq_shared = T.alloc_shared([heads_pad, rank], accum)
             scores = T.alloc_fragment([heads_pad, block_slots], accum)
             d_probs = T.alloc_fragment([heads_pad, block_slots], accum)
             acc_dq = T.alloc_fragment([heads_pad, rank], accum)
@@ -229,30 +167,29 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
             delta = T.alloc_fragment([heads_pad], accum)
             lse_log2 = T.alloc_fragment([heads_pad], accum)
             slot_valid = T.alloc_fragment([block_slots], "bool")
-            first = Offsets[b, t, s]
-            count = Offsets[b, t, s + 1] - first
 
-            # A pair with no slot loads nothing (h < heads is false for every row when count is 0).
             for h, r in T.Parallel(heads_pad, rank):
-                q_shared[h, r] = T.if_then_else(h < heads and count > 0, Q[b, t, T.min(h, heads - 1), r],
-                                                T.cast(0, dtype))
-                do_shared[h, r] = T.if_then_else(h < heads and count > 0, DOut[b, t, T.min(h, heads - 1), r],
-                                                 T.cast(0, dtype))
+                q_shared[h, r] = T.if_then_else(h < heads, Q[b, t, T.min(h, heads - 1), r], T.cast(0, dtype))
+                do_shared[h, r] = T.if_then_else(h < heads, DOut[b, t, T.min(h, heads - 1), r], T.cast(0, dtype))
+            # delta = rowsum(O * dO) in fp32, each thread summing the rows it owns in the score layout (a block
+            # reduce over the [H_pad, R] dQ layout fails to lower in TileLang 0.1.15 for H_pad = 32).
             for h in T.Parallel(heads_pad):
-                delta[h] = T.if_then_else(h < heads, Delta[b, t, T.min(h, heads - 1)], 0)
+                delta[h] = 0
+                for r in T.serial(rank):
+                    delta[h] += T.if_then_else(
+                        h < heads, T.cast(Out[b, t, T.min(h, heads - 1), r], accum) * T.cast(do_shared[h, r], accum), 0)
+            T.fill(acc_dq, 0)
+            for h in T.Parallel(heads_pad):
                 lse_log2[h] = T.if_then_else(h < heads, Lse[b, t, T.min(h, heads - 1)], T.infinity(accum))
                 lse_log2[h] = T.if_then_else(lse_log2[h] < T.infinity(accum), lse_log2[h] * LOG2_E, EMPTY_ROW_LSE)
-            T.fill(acc_dq, 0)
 
-            for blk in T.Pipelined(T.ceildiv(count, block_slots), num_stages=1):
-                # Slots past this block's count re-read a later slot (or row 0 for -1): masked below.
+            for blk in T.Pipelined(num_blocks, num_stages=num_stages):
+                # Slots past W (last block) re-read slot W - 1 and -1 slots read row 0: both masked below.
                 for j, r in T.Parallel(block_slots, rank):
-                    kv_shared[j, r] = Latent[
-                        b, T.max(Rows[b, t, T.min(first + blk * block_slots + j, width - 1)], 0), r]
+                    kv_shared[j, r] = Latent[b, T.max(Indices[b, t, T.min(blk * block_slots + j, width - 1)], 0), r]
                 for j in T.Parallel(block_slots):
-                    slot_valid[j] = T.if_then_else(blk * block_slots + j < count,
-                                                   Rows[b, t, T.min(first + blk * block_slots + j, width - 1)] >= 0,
-                                                   False)
+                    slot_valid[j] = T.if_then_else(blk * block_slots + j < width,
+                                                   Indices[b, t, T.min(blk * block_slots + j, width - 1)] >= 0, False)
                 T.gemm(q_shared, kv_shared, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
                        clear_accum=True)
                 T.gemm(do_shared, kv_shared, d_probs, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
@@ -266,25 +203,23 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
                 T.gemm(ds_shared, kv_shared, acc_dq, policy=T.GemmWarpPolicy.FullCol)
                 # dC in rank slices (a Python loop: unrolled while the kernel is built), so the fp32 tile in
                 # registers is [slots, R / rank_parts], not [slots, R].
-                for column in part_offsets:
-                    T.gemm(ds_shared, q_shared[0:heads_pad, column:column + part], acc_dkv, transpose_A=True,
+                for lo in part_offsets:
+                    T.gemm(ds_shared, q_shared[0:heads_pad, lo:lo + part], acc_dkv, transpose_A=True,
                            policy=T.GemmWarpPolicy.FullCol, clear_accum=True)
-                    T.gemm(p_shared, do_shared[0:heads_pad, column:column + part], acc_dkv, transpose_A=True,
+                    T.gemm(p_shared, do_shared[0:heads_pad, lo:lo + part], acc_dkv, transpose_A=True,
                            policy=T.GemmWarpPolicy.FullCol)
                     T.copy(acc_dkv, dkv_shared)
                     for j, v in T.Parallel(block_slots, part // ATOMIC_VECTOR):
-                        if blk * block_slots + j < count:
-                            if Rows[b, t, T.min(first + blk * block_slots + j, width - 1)] >= 0:
+                        if blk * block_slots + j < width:
+                            if Indices[b, t, T.min(blk * block_slots + j, width - 1)] >= 0:
                                 T.atomic_addx4(
-                                    DLatent[b, Rows[b, t, T.min(first + blk * block_slots + j, width - 1)],
-                                            column + v * ATOMIC_VECTOR],
+                                    DLatent[b, Indices[b, t, T.min(blk * block_slots + j, width - 1)],
+                                            lo + v * ATOMIC_VECTOR],
                                     dkv_shared[j, v * ATOMIC_VECTOR])
 
-            T.copy(acc_dq, dq_shared)
-            for h, v in T.Parallel(heads_pad, rank // ATOMIC_VECTOR):
+            for h, r in T.Parallel(heads_pad, rank):
                 if h < heads:
-                    if count > 0:
-                        T.atomic_addx4(DQ[b, t, h, v * ATOMIC_VECTOR], dq_shared[h, v * ATOMIC_VECTOR])
+                    DQ[b, t, h, r] = acc_dq[h, r]
 
     return sparse_latent_bwd
 
@@ -293,7 +228,7 @@ _COMPILE_LOCK = threading.Lock()     # as the forward's: one compile per key acr
 
 
 def compiled_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
-                             config: BackwardConfig):
+                             config: BackwardConfig = DEFAULT_BACKWARD_CONFIG):
     """The compiled backward kernel for one shape key (compiled on first use, then reused for the process)."""
     with _COMPILE_LOCK:
         return _compiled_backward_kernel(heads, rank, width, dtype, softmax_scale, config)
@@ -310,8 +245,8 @@ def _compiled_backward_kernel(heads: int, rank: int, width: int, dtype: str, sof
 
 def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
                                      out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
-                                     softmax_scale: float, *, config: BackwardConfig | None = None,
-                                     slab_rows: int = DEFAULT_SLAB_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+                                     softmax_scale: float, *, config: BackwardConfig | None = None
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Backward of :func:`tilelang_forward.sparse_latent_attention_forward` (the Triton backward's contract).
 
     Args:
@@ -319,7 +254,6 @@ def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, 
         out: ``[B, T, H, R]`` the forward's o_lat; lse: ``[B, T, H]`` its fp32 natural-log log-sum-exp.
         d_out: ``[B, T, H, R]`` gradient of o_lat (cast to q's dtype and made contiguous here).
         config: launch shape (default :func:`default_backward_config`).
-        slab_rows: latent rows per slab (:func:`slab_order`).
 
     Returns:
         ``(d_q_lat [B, T, H, R] in q's dtype, d_latent [B, S, R] in latent's dtype)``.
@@ -329,18 +263,16 @@ def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, 
     batch, seq_len, heads, rank = q_lat.shape
     config = default_backward_config(rank) if config is None else config
     config.check(rank)
-    d_q = torch.zeros(q_lat.shape, dtype=torch.float32, device=q_lat.device)
+    d_q = torch.empty_like(q_lat)
     d_latent = torch.zeros(latent.shape, dtype=torch.float32, device=latent.device)
     if seq_len > 0 and batch > 0:
         if latent.shape[1] == 0:
             raise ValueError("latent has no rows (S = 0) but indices has rows to attend")
-        rows, offsets = slab_order(indices, slab_rows, latent.shape[1])
-        delta = row_dot(out, d_out)
         kernel = compiled_backward_kernel(heads, rank, indices.shape[2], SUPPORTED_DTYPES[q_lat.dtype],
                                           float(softmax_scale), config)
         with torch.cuda.device(q_lat.device):
-            kernel(q_lat, latent, rows, offsets, lse, delta, d_out, d_q, d_latent)
-    return d_q.to(q_lat.dtype), d_latent.to(latent.dtype)
+            kernel(q_lat, latent, indices, out, lse, d_out, d_q, d_latent)
+    return d_q, d_latent.to(latent.dtype)
 
 
 # The kernel pair for dsa_triton.SparseLatentAttention (TileLang forward and backward).
