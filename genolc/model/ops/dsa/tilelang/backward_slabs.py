@@ -1,0 +1,245 @@
+"""Sparse latent attention backward in TileLang with the scatter ordered by key slab (a candidate, not yet wired in).
+
+The same contract as :func:`genolc.model.ops.dsa.tilelang.backward.sparse_latent_attention_backward`, and the same
+per-slot math (see that module). What differs is the order of the work. The one-block-per-query kernel scatters
+each query's ``W`` rows of ``dC`` (fp32 atomics) anywhere in ``[0, S)``, so at 512k keys the fp32 ``d_latent``
+(805 MB for `base`) is far larger than the H200's 50 MB L2 and the atomics go out to memory. Measured on the H200
+(benchmarks/results/dsa_backward_configs_2026-12-02.json): with the keys cut from 512k to 32k the same kernel ran in
+53.8 ms instead of 79.6 (`base`) and 32.1 instead of 52.3 (`small`), and no launch config of it was faster.
+
+Here the keys are cut into slabs of ``slab_rows`` rows, and one block handles one (query, slab) pair: the query's
+slots that fall in that slab. The grid is (query, slab, batch) with the query fastest, so the blocks resident at any
+moment mostly scatter into one slab, which can stay in L2. To find a query's slots in a slab, each index row is
+sorted (empty slots last) and cut at the slab boundaries (:func:`slab_order`, pure torch). The price:
+
+- each block loads its query's Q and dO rows again (once per slab that holds one of its slots);
+- ``dQ`` is summed over the slabs: each block adds its ``[H, R]`` partial into an fp32 buffer with vector atomics
+  (one row per (query, slab), against one per (query, slot) for ``dC``), cast at the end;
+- ``delta = rowsum(O * dO)`` is computed once for all slabs, in torch, instead of by every block.
+
+Everything else follows backward.py: Q and dO rows padded to 16 heads in shared memory, the gathered latent tile,
+``S = Q C^T`` and ``dP = dO C^T`` on tensor cores, ``dQ += dS C`` in an fp32 fragment, ``dC = dS^T Q + P^T dO`` in
+rank slices scattered with ``atomic_addx4``. The loop over a block's slots has a data-dependent trip count
+(``ceil(count / block_slots)``), which TileLang lowers only without software pipelining
+(:func:`default_slabbed_config`).
+
+Status: lowered by TileLang and compiled by nvcc 13 for sm_90a on a CPU machine (``tests/gpu/
+tilelang_lowering_check.py``: 219 registers at `base`, 162 at `small`, no spills); its slab split and
+summation order are tested against the reference in pure torch (tests/model/test_dsa_backward_slabs.py). It has
+not run on a GPU: benchmarks/bench_dsa_backward_configs.py times it beside the default kernel and checks its
+gradients against that kernel's. Its per-block body repeats backward.py's
+on purpose: once measured, one of the two kernels goes (this one, or the one-block-per-query one it would replace),
+and the GPU-verified kernel stays untouched until then.
+"""
+
+# No ``from __future__ import annotations``: TileLang evaluates the prim_func's tensor annotations.
+import dataclasses
+import functools
+import threading
+
+import torch
+
+from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
+from genolc.model.ops.dsa.tilelang.backward import (ATOMIC_VECTOR, EMPTY_ROW_LSE, BackwardConfig,
+                                                    check_backward_inputs, default_backward_config)
+from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, padded_heads
+
+# 32k rows: d_latent's fp32 slab is 48 MiB at R = 384 and 32 MiB at R = 256, the sizes measured above.
+DEFAULT_SLAB_ROWS = 32768
+_EMPTY_KEY = torch.iinfo(torch.int32).max
+MAX_SLABS = 65535          # CUDA's limit on gridDim.y
+
+
+def default_slabbed_config(rank: int) -> BackwardConfig:
+    """backward.py's default tiles with one stage: TileLang 0.1.15 lowers a pipelined loop with a data-dependent trip
+    count only without software pipelining (two stages fail in CUDA codegen), and in the one-block-per-query kernel
+    one stage timed the same as two (79.64 against 79.61 ms, dsa_backward_configs_2026-12-02.json)."""
+    return dataclasses.replace(default_backward_config(rank), num_stages=1)
+
+
+def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each index row sorted and cut at the slab boundaries.
+
+    Args:
+        indices: ``[B, T, W]`` int32/int64 latent rows, -1 for an empty slot.
+        slab_rows: rows per slab (positive).
+        kv_len: S, the number of latent rows (every valid index is below it).
+
+    Returns:
+        ``rows [B, T, W]`` int32, each row ascending with its empty slots (-1) last, and ``offsets [B, T, n + 1]``
+        int32 with ``n = ceil(S / slab_rows)`` (at least 1): query t's slots in slab s are
+        ``rows[b, t, offsets[b, t, s]:offsets[b, t, s + 1]]``, and ``offsets[..., n]`` is its count of valid slots.
+    """
+    if slab_rows < 1:
+        raise ValueError(f"slab_rows must be positive, got {slab_rows}")
+    if kv_len >= _EMPTY_KEY:
+        raise ValueError(f"kv_len {kv_len} does not fit the int32 rows")
+    n_slabs = max(1, -(-kv_len // slab_rows))
+    if n_slabs > MAX_SLABS:
+        raise ValueError(f"{n_slabs} slabs of {slab_rows} rows over {kv_len} keys: at most {MAX_SLABS} (the grid's "
+                         f"second dimension); use slab_rows >= {-(-kv_len // MAX_SLABS)}")
+    keys = torch.where(indices < 0, _EMPTY_KEY, indices).to(torch.int32)
+    rows = keys.sort(dim=-1).values
+    bounds = torch.arange(n_slabs + 1, device=indices.device, dtype=torch.int64) * slab_rows
+    bounds = bounds.clamp_max(_EMPTY_KEY - 1).to(torch.int32)
+    offsets = torch.searchsorted(rows, bounds.expand(*rows.shape[:-1], n_slabs + 1).contiguous(), out_int32=True)
+    return rows.masked_fill(rows == _EMPTY_KEY, -1).contiguous(), offsets.contiguous()
+
+
+def row_dot(out: torch.Tensor, d_out: torch.Tensor, rows_per_step: int = 4096) -> torch.Tensor:
+    """``delta [B, T, H]`` fp32 = rowsum(O * dO), products and sums in fp32, a few thousand queries at a time (no
+    full fp32 copies of O and dO)."""
+    delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
+    for t0 in range(0, out.shape[1], rows_per_step):
+        t1 = min(out.shape[1], t0 + rows_per_step)
+        delta[:, t0:t1] = (out[:, t0:t1].float() * d_out[:, t0:t1].float()).sum(-1)
+    return delta
+
+
+def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
+                                     config: BackwardConfig):
+    """The TileLang ``prim_func`` for one ``(H, R, W, dtype, scale, config)``; arguments (Q, Latent, Rows, Offsets,
+    Lse, Delta, DOut, DQ, DLatent) with DQ ``[B, T, H, R]`` and DLatent ``[B, S, R]`` fp32, zeroed by the caller."""
+    config.check(rank)
+    if config.num_stages != 1:
+        raise ValueError(f"the slab-ordered backward runs one pipeline stage (see default_slabbed_config), "
+                         f"got {config}")
+    import tilelang.language as T
+
+    block_slots, threads = config.block_slots, config.threads
+    heads_pad = padded_heads(heads)
+    scale = float(softmax_scale)
+    scale_log2 = scale * LOG2_E
+    part = rank // config.rank_parts
+    part_offsets = [part * index for index in range(config.rank_parts)]
+    accum = "float32"
+    batch = T.dynamic("batch")
+    seq_len = T.dynamic("seq_len")
+    kv_len = T.dynamic("kv_len")
+    n_bounds = T.dynamic("n_bounds")          # slabs + 1
+
+    @T.prim_func
+    def sparse_latent_bwd_slabs(
+        Q: T.Tensor([batch, seq_len, heads, rank], dtype),
+        Latent: T.Tensor([batch, kv_len, rank], dtype),
+        Rows: T.Tensor([batch, seq_len, width], "int32"),
+        Offsets: T.Tensor([batch, seq_len, n_bounds], "int32"),
+        Lse: T.Tensor([batch, seq_len, heads], accum),
+        Delta: T.Tensor([batch, seq_len, heads], accum),
+        DOut: T.Tensor([batch, seq_len, heads, rank], dtype),
+        DQ: T.Tensor([batch, seq_len, heads, rank], accum),
+        DLatent: T.Tensor([batch, kv_len, rank], accum),
+    ):
+        with T.Kernel(seq_len, n_bounds - 1, batch, threads=threads) as (t, s, b):
+            q_shared = T.alloc_shared([heads_pad, rank], dtype)
+            do_shared = T.alloc_shared([heads_pad, rank], dtype)
+            kv_shared = T.alloc_shared([block_slots, rank], dtype)
+            p_shared = T.alloc_shared([heads_pad, block_slots], dtype)
+            ds_shared = T.alloc_shared([heads_pad, block_slots], dtype)
+            dkv_shared = T.alloc_shared([block_slots, part], accum)
+            dq_shared = T.alloc_shared([heads_pad, rank], accum)
+            scores = T.alloc_fragment([heads_pad, block_slots], accum)
+            d_probs = T.alloc_fragment([heads_pad, block_slots], accum)
+            acc_dq = T.alloc_fragment([heads_pad, rank], accum)
+            acc_dkv = T.alloc_fragment([block_slots, part], accum)
+            delta = T.alloc_fragment([heads_pad], accum)
+            lse_log2 = T.alloc_fragment([heads_pad], accum)
+            slot_valid = T.alloc_fragment([block_slots], "bool")
+            first = Offsets[b, t, s]
+            count = Offsets[b, t, s + 1] - first
+
+            # A pair with no slot loads nothing (h < heads is false for every row when count is 0).
+            for h, r in T.Parallel(heads_pad, rank):
+                q_shared[h, r] = T.if_then_else(h < heads and count > 0, Q[b, t, T.min(h, heads - 1), r],
+                                                T.cast(0, dtype))
+                do_shared[h, r] = T.if_then_else(h < heads and count > 0, DOut[b, t, T.min(h, heads - 1), r],
+                                                 T.cast(0, dtype))
+            for h in T.Parallel(heads_pad):
+                delta[h] = T.if_then_else(h < heads, Delta[b, t, T.min(h, heads - 1)], 0)
+                lse_log2[h] = T.if_then_else(h < heads, Lse[b, t, T.min(h, heads - 1)], T.infinity(accum))
+                lse_log2[h] = T.if_then_else(lse_log2[h] < T.infinity(accum), lse_log2[h] * LOG2_E, EMPTY_ROW_LSE)
+            T.fill(acc_dq, 0)
+
+            for blk in T.Pipelined(T.ceildiv(count, block_slots), num_stages=1):
+                # Slots past this slab's count re-read a later sorted slot (or row 0 for -1): masked below.
+                for j, r in T.Parallel(block_slots, rank):
+                    kv_shared[j, r] = Latent[
+                        b, T.max(Rows[b, t, T.min(first + blk * block_slots + j, width - 1)], 0), r]
+                for j in T.Parallel(block_slots):
+                    slot_valid[j] = blk * block_slots + j < count
+                T.gemm(q_shared, kv_shared, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
+                       clear_accum=True)
+                T.gemm(do_shared, kv_shared, d_probs, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
+                       clear_accum=True)
+                for h, j in T.Parallel(heads_pad, block_slots):
+                    scores[h, j] = T.if_then_else(slot_valid[j], T.exp2(scores[h, j] * scale_log2 - lse_log2[h]), 0)
+                for h, j in T.Parallel(heads_pad, block_slots):
+                    d_probs[h, j] = scores[h, j] * (d_probs[h, j] - delta[h]) * scale
+                T.copy(scores, p_shared)
+                T.copy(d_probs, ds_shared)
+                T.gemm(ds_shared, kv_shared, acc_dq, policy=T.GemmWarpPolicy.FullCol)
+                for column in part_offsets:
+                    T.gemm(ds_shared, q_shared[0:heads_pad, column:column + part], acc_dkv, transpose_A=True,
+                           policy=T.GemmWarpPolicy.FullCol, clear_accum=True)
+                    T.gemm(p_shared, do_shared[0:heads_pad, column:column + part], acc_dkv, transpose_A=True,
+                           policy=T.GemmWarpPolicy.FullCol)
+                    T.copy(acc_dkv, dkv_shared)
+                    for j, v in T.Parallel(block_slots, part // ATOMIC_VECTOR):
+                        if blk * block_slots + j < count:
+                            T.atomic_addx4(
+                                DLatent[b, Rows[b, t, T.min(first + blk * block_slots + j, width - 1)],
+                                        column + v * ATOMIC_VECTOR],
+                                dkv_shared[j, v * ATOMIC_VECTOR])
+
+            T.copy(acc_dq, dq_shared)
+            for h, v in T.Parallel(heads_pad, rank // ATOMIC_VECTOR):
+                if h < heads:
+                    if count > 0:
+                        T.atomic_addx4(DQ[b, t, h, v * ATOMIC_VECTOR], dq_shared[h, v * ATOMIC_VECTOR])
+
+    return sparse_latent_bwd_slabs
+
+
+_COMPILE_LOCK = threading.Lock()
+
+
+def compiled_slabbed_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
+                                     config: BackwardConfig):
+    """The compiled kernel for one shape key (compiled on first use, then reused for the process)."""
+    with _COMPILE_LOCK:
+        return _compiled_slabbed_backward_kernel(heads, rank, width, dtype, softmax_scale, config)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_slabbed_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
+                                      config: BackwardConfig):
+    import tilelang
+
+    func = build_slabbed_backward_prim_func(heads, rank, width, dtype, softmax_scale, config)
+    return tilelang.compile(func, target="cuda", pass_configs=tilelang_forward.pass_configs())
+
+
+def sparse_latent_attention_backward_slabs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                                           out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+                                           softmax_scale: float, *, config: BackwardConfig | None = None,
+                                           slab_rows: int = DEFAULT_SLAB_ROWS
+                                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of the TileLang forward, the scatter ordered by key slab (arguments and returns as
+    ``backward.sparse_latent_attention_backward``; ``slab_rows``: latent rows per slab)."""
+    d_out = d_out.to(q_lat.dtype).contiguous()
+    check_backward_inputs(q_lat, latent, indices, out, lse, d_out, softmax_scale)
+    batch, seq_len, heads, rank = q_lat.shape
+    config = default_slabbed_config(rank) if config is None else config
+    config.check(rank)
+    d_q = torch.zeros(q_lat.shape, dtype=torch.float32, device=q_lat.device)
+    d_latent = torch.zeros(latent.shape, dtype=torch.float32, device=latent.device)
+    if seq_len > 0 and batch > 0:
+        if latent.shape[1] == 0:
+            raise ValueError("latent has no rows (S = 0) but indices has rows to attend")
+        rows, offsets = slab_order(indices, slab_rows, latent.shape[1])
+        delta = row_dot(out, d_out)
+        kernel = compiled_slabbed_backward_kernel(heads, rank, indices.shape[2], SUPPORTED_DTYPES[q_lat.dtype],
+                                                  float(softmax_scale), config)
+        with torch.cuda.device(q_lat.device):
+            kernel(q_lat, latent, rows, offsets, lse, delta, d_out, d_q, d_latent)
+    return d_q.to(q_lat.dtype), d_latent.to(latent.dtype)
