@@ -111,7 +111,8 @@ INDEXER_FLOPS_PER_S = 64e12
 FAST_CHUNK = 32 * 1024
 # The shortest chunk that runs faster without per-layer recompute than FAST_CHUNK chunks with it: `base` at 512k on
 # the H200 took 24.1-25.5 s a step in 16k chunks without recompute against 25.7-26.7 s in 32k chunks with it
-# (benchmarks/results/finetune_512k_chunks_2026-12-02/). Measured on one GPU only; context parallelism keeps FAST_CHUNK.
+# (benchmarks/results/finetune_512k_chunks_2026-12-02/), both keeping the first pass's pools. Measured on one GPU
+# with the pools kept only: a step that chooses them again, and context parallelism, keep FAST_CHUNK.
 FAST_UNRECOMPUTED_CHUNK = 16 * 1024
 # Allocator fragmentation and kernel workspaces on top of every estimate. An explicit --chunk may run inside it
 # (fits_within_margin), with a warning: `base` at 1M over 2 H200s ran in 32k chunks at 134.0 GiB a rank, planned
@@ -307,6 +308,15 @@ def estimate_step_seconds(config: ModelConfig, *, seq_len: int, tokens_per_step:
     return matmul / (peak_flops * mfu) + indexer
 
 
+def _fast_unrecomputed(config: ModelConfig, seq_len: int, chunk: int, bf16: bool, budget_bytes: int) -> int:
+    """The shortest chunk worth running without recompute rather than ``FAST_CHUNK`` chunks with it, as the step
+    strategy (genolc/train/strategy.py) judges ``chunk``: ``FAST_UNRECOMPUTED_CHUNK`` where the first pass's pools
+    can be kept at that chunk (what was measured), else ``FAST_CHUNK``."""
+    kept = estimate_chunked_memory(config, seq_len=seq_len, chunk=chunk, bf16=bf16, fast_kernels=True,
+                                   keep_selections=True).total
+    return FAST_UNRECOMPUTED_CHUNK if kept <= budget_bytes else FAST_CHUNK
+
+
 def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool,
                    bf16: bool, budget_bytes: int, fast_kernels: bool = False, chunk: int | None = None,
                    chunk_multiple: int = 1, whole_only: bool = False) -> str | None:
@@ -341,7 +351,8 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
         chosen = largest_fitting_chunk(config, seq_len=seq_len, windows=1, bf16=bf16, recompute=rc,
                                        budget_bytes=budget_bytes, fast_kernels=fast_kernels,
                                        multiple=chunk_multiple, smallest=chunk_multiple, keep_selections=False)
-        if (fast_kernels and not rc and not recompute and chosen is not None and chosen < FAST_UNRECOMPUTED_CHUNK
+        if (fast_kernels and not rc and not recompute and chosen is not None
+                and chosen < _fast_unrecomputed(config, seq_len, chosen, bf16, budget_bytes)
                 and (chunk is None or FAST_CHUNK < chunk) and FAST_CHUNK < seq_len
                 and estimate_chunked_memory(config, seq_len=seq_len, chunk=FAST_CHUNK, bf16=bf16, recompute=True,
                                             fast_kernels=True, keep_selections=False).total <= budget_bytes):

@@ -164,9 +164,11 @@ def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, g
         reason = f"{needs}; choose with --chunk"
         if auto_recompute and not recompute:
             recomputed = {**plan_args, "recompute": True}
+            # FAST_UNRECOMPUTED_CHUNK was measured with the first pass's pools kept: choosing them again costs
+            # an indexer pass the step-time estimate prices too low against recompute, so there FAST_CHUNK holds.
             chosen, why = _recompute_rather_than(
                 chosen, seq_len=seq_len, multiple=multiple, budget_bytes=budget_bytes,
-                fast_unrecomputed=FAST_UNRECOMPUTED_CHUNK,
+                fast_unrecomputed=FAST_UNRECOMPUTED_CHUNK if keep_selections else FAST_CHUNK,
                 recomputed_bytes=lambda c: estimate_chunked_memory(model_config, seq_len=seq_len, chunk=c,
                                                                    **recomputed, **chunked_args).total,
                 longest_recomputed=lambda: largest_fitting_chunk(model_config, seq_len=seq_len,

@@ -286,18 +286,19 @@ def test_plan_command_says_what_finetune_would_choose():
     assert "peak host memory" in result.output and "step time" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "off"])
     assert result.exit_code == 0 and "does not fit" in result.output, result.output
-    assert "try --chunk 16k (estimated to fit)." in result.output, result.output
-    result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "2M", "--chunk", "off"])
+    # 16k chunks fit only with the pools chosen again, where 16k without recompute was not measured: 32k with it.
     assert "try --chunk 32k --recompute (estimated to fit)." in result.output, result.output
+    result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "512k", "--chunk", "off"])
+    assert "try --chunk 16k (estimated to fit)." in result.output, result.output
     # At 4M the pools kept from the first pass (24 GiB in `small`) leave room for 16k chunks without recompute;
-    # at 8M only a step that chooses them again fits.
+    # at 8M only a step that chooses them again fits, in 32k chunks with recompute.
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M"])
     assert "--seq 4M: chunked step, --chunk 16k, estimated" in result.output, result.output
     assert "chosen again" not in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "8M"])
-    planned = estimate_chunked_memory(preset("small"), seq_len=8 << 20, chunk=16384, fast_kernels=True,
-                                      keep_selections=False).gib()
-    assert f"--chunk 16k, estimated peak {planned:.1f} GiB" in result.output, result.output
+    planned = estimate_chunked_memory(preset("small"), seq_len=8 << 20, chunk=32768, recompute=True,
+                                      fast_kernels=True, keep_selections=False).gib()
+    assert f"--chunk 32k with per-layer recompute, estimated peak {planned:.1f} GiB" in result.output, result.output
     assert "the DSA pools are chosen again in the second pass" in result.output, result.output
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "64k", "--device", "cpu",
                                        "--gpu-memory", "20"])
@@ -316,23 +317,25 @@ def test_a_chunk_covering_a_window_that_does_not_fit_is_refused():
 
 
 def test_auto_chunk_adds_recompute_on_a_gpu_rather_than_run_short_chunks():
-    """`base` on the H200: at 2M only 8k chunks fit without recompute; 32k chunks with it were measured faster than
+    """`base` on the H200: at 1M and 2M only 8k chunks fit without recompute and with the first pass's pools kept
+    (at 1M 16k with them chosen again, a pairing never measured); 32k chunks with recompute were measured faster than
     8k without (153 s a step at 1M, against > 390 s), so --chunk auto takes them, keeping the pools, and says why.
-    At 1M 16k chunks fit without recompute (with the pools chosen again: 8k with them kept), and 16k chunks without
-    recompute were measured faster than 32k with it (at 512k), so auto adds none."""
+    At 512k 16k chunks fit without recompute, pools kept, measured faster than 32k with it: auto adds none."""
     from genolc.model import preset
     from genolc.train.plan import GIB
     from genolc.train.strategy import choose_strategy
 
     common = dict(windows=1, grad_accum=1, chunk=None, bf16=True, fast_kernels=True,
                   budget_bytes=int(139.8 * GIB), multiple=64, where="test")
-    plain = choose_strategy(preset("base"), seq_len=2 << 20, recompute=False, **common)
-    assert (plain.chunk, plain.recompute, plain.keep_selections) == (8 * 1024, False, True)
-    chosen = choose_strategy(preset("base"), seq_len=2 << 20, recompute=False, auto_recompute=True, **common)
-    assert (chosen.chunk, chosen.recompute, chosen.keep_selections) == (32 * 1024, True, True)
-    assert "recompute added because without it the longest chunk that fits is 8k" in chosen.describe()
-    at_1m = choose_strategy(preset("base"), seq_len=1 << 20, recompute=False, auto_recompute=True, **common)
-    assert (at_1m.chunk, at_1m.recompute, at_1m.keep_selections) == (16 * 1024, False, False)
+    plain = choose_strategy(preset("base"), seq_len=1 << 20, recompute=False, **common)
+    assert (plain.chunk, plain.recompute, plain.keep_selections) == (16 * 1024, False, False)
+    for seq_len in (1 << 20, 2 << 20):
+        chosen = choose_strategy(preset("base"), seq_len=seq_len, recompute=False, auto_recompute=True, **common)
+        assert (chosen.chunk, chosen.recompute, chosen.keep_selections) == (32 * 1024, True, True)
+        assert ("recompute added because without it the longest chunk that fits is 8k, and chunks under 16k"
+                in chosen.describe())
+    at_512k = choose_strategy(preset("base"), seq_len=1 << 19, recompute=False, auto_recompute=True, **common)
+    assert (at_512k.chunk, at_512k.recompute, at_512k.keep_selections) == (16 * 1024, False, True)
     small = choose_strategy(preset("small"), seq_len=1 << 20, recompute=False, auto_recompute=True, **common)
     assert (small.chunk, small.recompute) == (32 * 1024, False)
 
