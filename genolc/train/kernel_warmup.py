@@ -209,7 +209,7 @@ def dsa_kernel_args(config: ModelConfig) -> tuple[int, int, int, str, float]:
 
 def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float | str]) -> list[threading.Thread]:
     from genolc.model.ops.dispatch import dsa_kernel_family
-    from genolc.model.ops.dsa.tilelang import backward, forward
+    from genolc.model.ops.dsa.tilelang import backward, backward_slabs, forward
 
     heads, rank = config.num_attention_heads, config.kv_lora_rank
     # The layer's own choice, on shapes alone: the Triton pair when TileLang is missing or forced off, for fp32
@@ -234,7 +234,10 @@ def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float 
                                                                forward.default_config(rank))),
                threading.Thread(target=run, daemon=True, args=("tilelang_dsa_backward",
                                                                backward.compiled_backward_kernel,
-                                                               backward.default_backward_config(rank)))]
+                                                               backward.default_backward_config(rank))),
+               threading.Thread(target=run, daemon=True, args=("tilelang_dsa_backward_slabs",
+                                                               backward_slabs.compiled_slabbed_backward_kernel,
+                                                               backward_slabs.default_slabbed_config(rank)))]
     for thread in threads:
         thread.start()
     return threads

@@ -70,3 +70,31 @@ def test_slab_ordered_backward_matches_reference(batch, length, topk, heads, ran
     one_block = tilelang_backward.sparse_latent_attention_backward(q_lat, latent, indices, out, lse,
                                                                    d_out.bfloat16(), scale)
     assert rel_err(grads[0], one_block[0]) < 1e-2 and rel_err(grads[1], one_block[1]) < 1e-2
+
+
+def test_op_over_a_long_key_range_runs_in_slabs_and_matches_reference(poison, rel_err, monkeypatch):
+    """Queries at the end of a window longer than SLABBED_FROM_ROWS (a chunk's view): the autograd op's backward runs
+    the slab-ordered kernel there, and its gradients match the reference."""
+    from genolc.model.ops.dsa.tilelang import backward_slabs
+
+    queries, keys, width, heads, rank = 300, tilelang_backward.SLABBED_FROM_ROWS + 777, 259, 12, 384
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q_lat = torch.randn(1, queries, heads, rank, generator=gen, device="cuda").bfloat16().requires_grad_(True)
+    latent = torch.randn(1, keys, rank, generator=gen, device="cuda").bfloat16().requires_grad_(True)
+    d_out = torch.randn(1, queries, heads, rank, generator=gen, device="cuda")
+    indices = torch.rand(queries, keys, generator=gen, device="cuda").topk(width, -1).indices.int()[None]
+    indices[0, 5] = -1
+    indices[0, 100, ::4] = -1
+    indices = indices.contiguous()
+    scale = 0.7 * rank ** -0.5
+    _, ref_grads = _fwd_bwd(reference.sparse_latent_attention, q_lat.float(), latent.float(), indices, d_out, scale)
+    ran = []
+    slabbed = backward_slabs.sparse_latent_attention_backward_slabs
+    monkeypatch.setattr(backward_slabs, "sparse_latent_attention_backward_slabs",
+                        lambda *args: ran.append("slabs") or slabbed(*args))
+    poison()
+    _, grads = _fwd_bwd(tilelang_backward.sparse_latent_attention, q_lat, latent, indices, d_out, scale)
+    assert ran == ["slabs"]
+    for name, mine, theirs in zip(("q_lat", "latent"), grads, ref_grads):
+        assert rel_err(mine, theirs) < 1e-2, name
+    assert grads[0][0, 5].float().abs().max() == 0

@@ -126,3 +126,19 @@ def test_default_config_is_one_stage_and_the_builder_refuses_more():
     two_stages = backward_slabs.BackwardConfig(num_stages=2, rank_parts=3)
     with pytest.raises(ValueError, match="one pipeline stage"):
         backward_slabs.build_slabbed_backward_prim_func(12, 384, 2051, "bfloat16", 0.1, two_stages)
+
+
+def test_the_op_runs_in_slabs_only_over_the_threshold(monkeypatch):
+    from genolc.model.ops.dsa.tilelang import backward
+
+    calls = []
+    monkeypatch.setattr(backward, "sparse_latent_attention_backward", lambda *args: calls.append(("one block", args)))
+    monkeypatch.setattr(backward_slabs, "sparse_latent_attention_backward_slabs",
+                        lambda *args: calls.append(("slabs", args)))
+    assert backward.TILELANG_KERNELS[1] is backward.chosen_backward
+    for rows in (backward.SLABBED_FROM_ROWS, backward.SLABBED_FROM_ROWS + 1):
+        latent = torch.empty(1, rows, 16, device="meta")
+        backward.chosen_backward("q", latent, "indices", "out", "lse", "d_out", 0.5)
+    assert [(kind, args[1].shape[1]) for kind, args in calls] == [
+        ("one block", backward.SLABBED_FROM_ROWS), ("slabs", backward.SLABBED_FROM_ROWS + 1)]
+    assert calls[1][1][2:] == ("indices", "out", "lse", "d_out", 0.5)

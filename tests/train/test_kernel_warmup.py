@@ -267,7 +267,7 @@ def test_the_dsa_pair_is_compiled_with_the_layers_arguments_where_tilelang_runs(
     import types
 
     from genolc.model.ops import dispatch
-    from genolc.model.ops.dsa.tilelang import backward, forward
+    from genolc.model.ops.dsa.tilelang import backward, backward_slabs, forward
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(dispatch.importlib.util, "find_spec",
@@ -277,14 +277,18 @@ def test_the_dsa_pair_is_compiled_with_the_layers_arguments_where_tilelang_runs(
     compiled = []
     monkeypatch.setattr(forward, "compiled_kernel", lambda *args: compiled.append(("forward", args)))
     monkeypatch.setattr(backward, "compiled_backward_kernel", lambda *args: compiled.append(("backward", args)))
+    monkeypatch.setattr(backward_slabs, "compiled_slabbed_backward_kernel",
+                        lambda *args: compiled.append(("backward_slabs", args)))
     config = preset("small", vocab_size=16)
     seconds: dict = {}
     threads = kernel_warmup._compile_dsa_pair(config, True, seconds)
     for thread in threads:
         thread.join()
-    assert len(threads) == 2 and set(seconds) == {"tilelang_dsa_forward", "tilelang_dsa_backward"}
+    assert len(threads) == 3 and set(seconds) == {"tilelang_dsa_forward", "tilelang_dsa_backward",
+                                                  "tilelang_dsa_backward_slabs"}
     assert all(isinstance(value, float) for value in seconds.values()), seconds
     args = kernel_warmup.dsa_kernel_args(config)
     assert sorted(compiled, key=lambda item: item[0]) == [
         ("backward", (*args, backward.default_backward_config(config.kv_lora_rank))),
+        ("backward_slabs", (*args, backward_slabs.default_slabbed_config(config.kv_lora_rank))),
         ("forward", (*args, forward.default_config(config.kv_lora_rank)))]

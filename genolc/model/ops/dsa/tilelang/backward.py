@@ -275,8 +275,27 @@ def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, 
     return d_q, d_latent.to(latent.dtype)
 
 
+# Over this many latent rows the backward runs in key slabs (backward_slabs.py). Measured on the H200 at 32k queries
+# (dsa_backward_slabs_2026-12-02.json): over 512k keys in 32k-row slabs `base` 72.3 ms against 79.6 here, `small`
+# 40.9 against 52.3; with 32k keys this kernel's atomics stay in L2 (53.6 and 31.8 ms) and it keeps its two
+# pipeline stages, which the slab kernel cannot have. Four slabs: where between them the two cross was not timed.
+SLABBED_FROM_ROWS = 4 * 32768
+
+
+def chosen_backward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, d_out: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward the TileLang op runs (arguments and returns as :func:`sparse_latent_attention_backward`): in
+    key slabs over ``SLABBED_FROM_ROWS`` latent rows, else one block per query."""
+    if latent.shape[1] > SLABBED_FROM_ROWS:
+        from genolc.model.ops.dsa.tilelang import backward_slabs      # it imports this module
+
+        return backward_slabs.sparse_latent_attention_backward_slabs(q_lat, latent, indices, out, lse, d_out,
+                                                                     softmax_scale)
+    return sparse_latent_attention_backward(q_lat, latent, indices, out, lse, d_out, softmax_scale)
+
+
 # The kernel pair for dsa_triton.SparseLatentAttention (TileLang forward and backward).
-TILELANG_KERNELS = (tilelang_forward.sparse_latent_attention_forward, sparse_latent_attention_backward)
+TILELANG_KERNELS = (tilelang_forward.sparse_latent_attention_forward, chosen_backward)
 
 
 def prepare_tilelang_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor
