@@ -276,9 +276,10 @@ def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, 
 
 
 # Over this many latent rows the backward runs in key slabs (backward_slabs.py). Measured on the H200 at 32k queries
-# (dsa_backward_slabs_2026-12-02.json): over 512k keys in 32k-row slabs `base` 72.3 ms against 79.6 here, `small`
-# 40.9 against 52.3; with 32k keys this kernel's atomics stay in L2 (53.6 and 31.8 ms) and it keeps its two
-# pipeline stages, which the slab kernel cannot have. Four slabs: where between them the two cross was not timed.
+# (benchmarks/results/dsa_backward_hybrid_2026-12-02/), this kernel against the slab one in 32k-row slabs: `base`
+# 72.6 / 60.8 ms at 128k keys, 77.3 / 64.8 at 256k, 79.6 / 72.3 at 512k; `small` 45.5 / 36.1, 50.1 / 37.7,
+# 52.3 / 40.9. With 32k keys this kernel's atomics stay in L2 (53.9 and 32.1 ms) and it keeps its two pipeline
+# stages, which the slab kernel cannot have; 64k was not timed, so the two may cross below 128k.
 SLABBED_FROM_ROWS = 4 * 32768
 
 
