@@ -3,8 +3,9 @@
 Launch configs of the TileLang sparse-attention backward (genolc.model.ops.dsa.tilelang.backward.BackwardConfig:
 slots per step, pipeline depth, threads, rank slices), timed at the shape the chunked step runs: one 32k chunk of
 queries at the end of a 512k window (``--queries``, ``--keys``), W = topk + kpool - 1 slots per query. The default
-config was chosen from ptxas' register counts alone and never timed against others on the H200; in the `base`
-512k profile (profile_chunked_base_512k_2026-12-02.json) the backward is the longest kernel, 64 calls, 72.5 ms each.
+config was chosen from ptxas' register counts; timed here against 14 others (dsa_backward_configs_2026-12-02.json),
+none was more than 0.6 % faster. In the `base` 512k profile (profile_chunked_base_512k_2026-12-02.json) the backward
+is the longest kernel, 64 calls, 72.5 ms each.
 
 Index rows: 512 random pools of 4 rows each from all ``--keys`` rows plus 3 random tail rows (timing only; the
 kernel does not need causal rows). q, latent, d_out random bf16; out and lse from the TileLang forward on the same
@@ -20,8 +21,9 @@ run, on 2026-12-02, kept only the median).
 block per (query, key slab), the blocks in flight scattering into one slab) at each slab size, with its sort of the
 index rows and its row dot included, and checks its gradients against the default kernel's (relative error under
 1e-2, else the script exits 1 after writing its results). ``--configs default``
-skips the other launch configs. Next run (not yet made):
-``python bench_dsa_backward_configs.py --configs default --slab-rows 8192,16384,32768,65536``.
+skips the other launch configs. Runs: ``--configs default --slab-rows 8192,16384,32768,65536``
+(dsa_backward_slabs_2026-12-02.json) and ``--configs default --slab-rows 32768 --keys 131072`` / ``262144``
+(dsa_backward_hybrid_2026-12-02/), which set backward.SLABBED_FROM_ROWS.
 
 Writes $OUT or benchmarks/results/dsa_backward_configs_<date>.json (command, git SHA, device).
 """
