@@ -146,7 +146,9 @@ def _configure_compiler() -> None:
     functorch_config = torch._functorch.config
     if hasattr(functorch_config, "autograd_cache_allow_custom_autograd_functions"):
         functorch_config.autograd_cache_allow_custom_autograd_functions = True
-    warnings.filterwarnings("ignore", message="Online softmax is disabled", category=UserWarning)
+    # Inductor's note that it split a softmax reduction, raised once per graph: nothing a user can act on. Its text
+    # begins with a newline, and the filter's pattern must match from the start.
+    warnings.filterwarnings("ignore", message=r"\s*Online softmax is disabled", category=UserWarning)
 
 
 def _check_cache_dir() -> Path:

@@ -57,6 +57,21 @@ def test_compile_wraps_the_per_token_modules_once_and_keeps_names(monkeypatch, t
     assert vars(twin.layers[0].attn_hc)["merge"].args[0] is twin.layers[0].attn_hc
 
 
+def test_inductors_online_softmax_note_is_silenced(monkeypatch, tmp_path):
+    """Inductor warns once per graph that splits a softmax reduction (on the H200 three times a run, each in six
+    lines of a user's log); its text starts with a newline. Other UserWarnings still show."""
+    import warnings
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_compile(build_model(preset("tiny")))
+        warnings.warn("\nOnline softmax is disabled on the fly since Inductor decides to\nsplit the reduction.",
+                      UserWarning)
+        warnings.warn("something else", UserWarning)
+    assert [str(w.message) for w in caught] == ["something else"]
+
+
 def test_compile_auto_is_on_cuda_only_and_the_trainer_applies_it_after_recompute(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     assert compile_wanted(_config(tmp_path), "cuda") and not compile_wanted(_config(tmp_path), "cpu")
