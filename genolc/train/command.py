@@ -84,7 +84,8 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @_option("--chunk", "chunk", default=_chunk_text(config_default(TrainConfig, "chunk")), metavar="auto|off|LENGTH",
          help="Train each window in chunks of this many tokens with exact gradients (e.g. 64k), 'off' for the "
               "whole window at once, or 'auto': whole when it fits the device, else the longest chunk that does "
-              "(on a GPU, 32k chunks with per-layer recompute rather than chunks under 16k).")
+              "(on a GPU, 32k chunks with per-layer recompute rather than shorter ones, except 16k or longer chunks "
+              "that fit with the first pass's DSA pools kept; `genolc plan` shows the choice).")
 @_option("--checkpoint-every", help="Save every N steps (0: end only).")
 @_option("--keep", "keep_checkpoints", help="Checkpoints kept.")
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in --out.")
