@@ -3,8 +3,8 @@
 Launch configs of the TileLang sparse-attention backward (genolc.model.ops.dsa.tilelang.backward.BackwardConfig:
 slots per step, pipeline depth, threads, rank slices), timed at the shape the chunked step runs: one 32k chunk of
 queries at the end of a 512k window (``--queries``, ``--keys``), W = topk + kpool - 1 slots per query. The default
-config was chosen from ptxas' register counts; timed here against 14 others (dsa_backward_configs_2026-12-02.json),
-none was more than 0.6 % faster. In the `base` 512k profile (profile_chunked_base_512k_2026-12-02.json) the backward
+config was chosen from ptxas' register counts; timed here against 13 others for `base` and 6 for `small`
+(dsa_backward_configs_2026-12-02.json), none was more than 0.6 % faster. In the `base` 512k profile (profile_chunked_base_512k_2026-12-02.json) the backward
 is the longest kernel, 64 calls, 72.5 ms each.
 
 Index rows: 512 random pools of 4 rows each from all ``--keys`` rows plus 3 random tail rows (timing only; the
@@ -25,7 +25,7 @@ skips the other launch configs. Runs: ``--configs default --slab-rows 8192,16384
 (dsa_backward_slabs_2026-12-02.json) and ``--configs default --slab-rows 32768 --keys 131072`` / ``262144``
 (dsa_backward_hybrid_2026-12-02/), which set backward.SLABBED_FROM_ROWS.
 
-Writes $OUT or benchmarks/results/dsa_backward_configs_<date>.json (command, git SHA, device).
+Writes $OUT or benchmarks/results/dsa_backward_configs[_keysN]_<date>.json (command, git SHA, device).
 """
 
 from __future__ import annotations
@@ -205,7 +205,10 @@ def main() -> None:
     start = time.monotonic()
     for name in args.presets.split(","):
         sweep(name, args, rows)
-        write_results("dsa_backward_configs", rows, {"timing": f"median of {args.repeats} after one warm-up"})
+        # Runs at other key counts get their own file (one call's 256k run once overwrote its 128k one's).
+        name_keys = "" if args.keys == 524288 else f"_keys{args.keys}"
+        write_results(f"dsa_backward_configs{name_keys}", rows,
+                      {"timing": f"median of {args.repeats} after one warm-up"})
     print(f"done in {time.monotonic() - start:.0f} s")
     wrong = [row for row in rows if row.get("matches_default") is False]
     for row in wrong:

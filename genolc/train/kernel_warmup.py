@@ -1,11 +1,11 @@
 """Compile a run's GPU kernels in a second process while the first training step runs.
 
 On a machine whose caches are empty, the first ``finetune`` step compiles every Triton kernel fla's KDA uses,
-TileLang's DSA pair and fla's TileLang KDA backward (48 s of TileLang alone for ``small`` on an H200,
+TileLang's DSA kernels and fla's TileLang KDA backward (48 s of TileLang alone for ``small`` on an H200,
 benchmarks/results/first_step_cold_small_128k_2026-12-01/), one after another, each when the step first reaches it:
 the backward's kernels only after the whole first forward. A second process started with the run builds a two-layer
-model of the run's shapes (one KDA layer, one DSA layer, the run's MLP kinds), compiles genolc's TileLang pair and
-fla's TileLang KDA backward in three threads (nvcc runs outside the GIL) and runs one chunked step on one
+model of the run's shapes (one KDA layer, one DSA layer, the run's MLP kinds), compiles genolc's TileLang DSA kernels
+and fla's TileLang KDA backward in threads of their own (nvcc runs outside the GIL) and runs one chunked step on one
 micro-batch of random tokens, so the kernels land in Triton's and TileLang's disk caches while the trainer traces,
 compiles its glue and runs its forward; the trainer then loads them instead of compiling. It shares nothing with the
 trainer but those caches: its random numbers, memory and failures are its own (a failed warm-up leaves the trainer
@@ -207,7 +207,11 @@ def dsa_kernel_args(config: ModelConfig) -> tuple[int, int, int, str, float]:
             float(config.qk_head_dim ** -0.5))
 
 
-def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float | str]) -> list[threading.Thread]:
+def _compile_dsa_kernels(config: ModelConfig, bf16: bool, seq_len: int,
+                         seconds: dict[str, float | str]) -> list[threading.Thread]:
+    """Threads compiling the TileLang DSA kernels a run of ``seq_len``-token windows uses: the forward, the backward
+    and, for windows of at least ``SLABBED_FROM_ROWS`` tokens, the slab-ordered backward (backward.chosen_backward
+    runs it there); none where the layer runs the Triton pair."""
     from genolc.model.ops.dispatch import dsa_kernel_family
     from genolc.model.ops.dsa.tilelang import backward, backward_slabs, forward
 
@@ -218,7 +222,7 @@ def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float 
                 torch.empty(1, 1, rank, dtype=torch.bfloat16 if bf16 else torch.float32, device="meta"))
     if dsa_kernel_family(*operands) != "tilelang":
         return []
-    import tilelang  # noqa: F401  (once, here, rather than by three threads at once)
+    import tilelang  # noqa: F401  (once, here, rather than by several threads at once)
 
     args = dsa_kernel_args(config)
 
@@ -230,14 +234,12 @@ def _compile_dsa_pair(config: ModelConfig, bf16: bool, seconds: dict[str, float 
         except Exception as error:      # the step compiles it again and says why if it fails there too
             seconds[name] = f"failed: {error!r}"
 
-    threads = [threading.Thread(target=run, daemon=True, args=("tilelang_dsa_forward", forward.compiled_kernel,
-                                                               forward.default_config(rank))),
-               threading.Thread(target=run, daemon=True, args=("tilelang_dsa_backward",
-                                                               backward.compiled_backward_kernel,
-                                                               backward.default_backward_config(rank))),
-               threading.Thread(target=run, daemon=True, args=("tilelang_dsa_backward_slabs",
-                                                               backward_slabs.compiled_slabbed_backward_kernel,
-                                                               backward_slabs.default_slabbed_config(rank)))]
+    kernels = [("tilelang_dsa_forward", forward.compiled_kernel, forward.default_config(rank)),
+               ("tilelang_dsa_backward", backward.compiled_backward_kernel, backward.default_backward_config(rank))]
+    if seq_len >= backward.SLABBED_FROM_ROWS:
+        kernels.append(("tilelang_dsa_backward_slabs", backward_slabs.compiled_slabbed_backward_kernel,
+                        backward_slabs.default_slabbed_config(rank)))
+    threads = [threading.Thread(target=run, daemon=True, args=kernel) for kernel in kernels]
     for thread in threads:
         thread.start()
     return threads
@@ -307,7 +309,7 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | st
     threads = []
     if device.type == "cuda" and shape.bf16:
         threads += [t for t in [_compile_fla_kda_backward(config, shape.micro_batch, device, seconds)] if t]
-    threads += _compile_dsa_pair(config, shape.bf16, seconds)
+    threads += _compile_dsa_kernels(config, shape.bf16, shape.seq_len, seconds)
     torch.manual_seed(0)
     model = build_model(config, device=device)
     if shape.recompute:

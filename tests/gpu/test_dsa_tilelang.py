@@ -73,8 +73,8 @@ def test_slab_ordered_backward_matches_reference(batch, length, topk, heads, ran
 
 
 def test_op_over_a_long_key_range_runs_in_slabs_and_matches_reference(poison, rel_err, monkeypatch):
-    """Queries at the end of a window longer than SLABBED_FROM_ROWS (a chunk's view): the autograd op's backward runs
-    the slab-ordered kernel there, and its gradients match the reference."""
+    """Queries at the end of a window past SLABBED_FROM_ROWS (a chunk's view): the autograd op's backward runs the
+    slab-ordered kernel there, and its gradients match the reference."""
     from genolc.model.ops.dsa.tilelang import backward_slabs
 
     queries, keys, width, heads, rank = 300, tilelang_backward.SLABBED_FROM_ROWS + 777, 259, 12, 384

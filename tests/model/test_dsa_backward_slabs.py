@@ -1,7 +1,7 @@
 """The slab-ordered DSA backward's torch side (genolc.model.ops.dsa.tilelang.backward_slabs) on CPU: the sort and cut
-of the index rows, the row dot, and the slab split of the math in fp64 (per (query, slab) groups, dQ summed over the
-slabs) against autograd through the reference. The TileLang kernel itself needs CUDA (benchmarks/
-bench_dsa_backward_configs.py runs it against the one-block-per-query kernel)."""
+of the index rows, the row dot, the slab split of the math in fp64 (per (query, slab) groups, dQ summed over the
+slabs) against autograd through the reference, and which backward the TileLang op runs. The TileLang kernel itself
+needs CUDA (tests/gpu/test_dsa_tilelang.py; benchmarks/bench_dsa_backward_configs.py times it)."""
 
 from __future__ import annotations
 
@@ -128,17 +128,21 @@ def test_default_config_is_one_stage_and_the_builder_refuses_more():
         backward_slabs.build_slabbed_backward_prim_func(12, 384, 2051, "bfloat16", 0.1, two_stages)
 
 
-def test_the_op_runs_in_slabs_only_over_the_threshold(monkeypatch):
+def test_the_op_runs_in_slabs_from_the_threshold_on(monkeypatch):
     from genolc.model.ops.dsa.tilelang import backward
 
     calls = []
-    monkeypatch.setattr(backward, "sparse_latent_attention_backward", lambda *args: calls.append(("one block", args)))
+    monkeypatch.setattr(backward, "sparse_latent_attention_backward",
+                        lambda *args: calls.append(("one block", args)) or "one block's gradients")
     monkeypatch.setattr(backward_slabs, "sparse_latent_attention_backward_slabs",
-                        lambda *args: calls.append(("slabs", args)))
+                        lambda *args: calls.append(("slabs", args)) or "the slabs' gradients")
     assert backward.TILELANG_KERNELS[1] is backward.chosen_backward
-    for rows in (backward.SLABBED_FROM_ROWS, backward.SLABBED_FROM_ROWS + 1):
+    results = []
+    for rows in (backward.SLABBED_FROM_ROWS - 1, backward.SLABBED_FROM_ROWS):
         latent = torch.empty(1, rows, 16, device="meta")
-        backward.chosen_backward("q", latent, "indices", "out", "lse", "d_out", 0.5)
+        results.append(backward.chosen_backward("q", latent, "indices", "out", "lse", "d_out", 0.5))
+    assert results == ["one block's gradients", "the slabs' gradients"]
     assert [(kind, args[1].shape[1]) for kind, args in calls] == [
-        ("one block", backward.SLABBED_FROM_ROWS), ("slabs", backward.SLABBED_FROM_ROWS + 1)]
-    assert calls[1][1][2:] == ("indices", "out", "lse", "d_out", 0.5)
+        ("one block", backward.SLABBED_FROM_ROWS - 1), ("slabs", backward.SLABBED_FROM_ROWS)]
+    for _, args in calls:
+        assert args[0] == "q" and args[2:] == ("indices", "out", "lse", "d_out", 0.5)

@@ -253,15 +253,16 @@ def test_the_dsa_pair_is_compiled_only_where_the_layer_would_run_it(monkeypatch)
                         lambda name, *a: object() if name == "tilelang" else real_find_spec(name, *a))
     config = preset("small", vocab_size=16)
     wide = config.replace(num_attention_heads=forward.MAX_HEADS + 8, num_key_value_heads=forward.MAX_HEADS + 8)
-    assert kernel_warmup._compile_dsa_pair(config, False, {}) == []
-    assert kernel_warmup._compile_dsa_pair(wide, True, {}) == []
+    assert kernel_warmup._compile_dsa_kernels(config, False, 1 << 20, {}) == []
+    assert kernel_warmup._compile_dsa_kernels(wide, True, 1 << 20, {}) == []
     monkeypatch.setenv("GENOLC_DSA_KERNELS", "triton")
-    assert kernel_warmup._compile_dsa_pair(config, True, {}) == []
+    assert kernel_warmup._compile_dsa_kernels(config, True, 1 << 20, {}) == []
 
 
-def test_the_dsa_pair_is_compiled_with_the_layers_arguments_where_tilelang_runs(monkeypatch):
-    """bf16 `small` with TileLang present: both kernels are compiled, in threads, with the arguments the layer's own
-    call hands them (compile functions stubbed: no TileLang on CPU)."""
+def test_the_dsa_kernels_are_compiled_with_the_layers_arguments_where_tilelang_runs(monkeypatch):
+    """bf16 `small` with TileLang present: the forward and backward are compiled, in threads, with the arguments the
+    layer's own call hands them, and the slab-ordered backward only for windows that reach SLABBED_FROM_ROWS
+    (compile functions stubbed: no TileLang on CPU)."""
     import importlib.util
     import sys
     import types
@@ -280,15 +281,17 @@ def test_the_dsa_pair_is_compiled_with_the_layers_arguments_where_tilelang_runs(
     monkeypatch.setattr(backward_slabs, "compiled_slabbed_backward_kernel",
                         lambda *args: compiled.append(("backward_slabs", args)))
     config = preset("small", vocab_size=16)
-    seconds: dict = {}
-    threads = kernel_warmup._compile_dsa_pair(config, True, seconds)
-    for thread in threads:
-        thread.join()
-    assert len(threads) == 3 and set(seconds) == {"tilelang_dsa_forward", "tilelang_dsa_backward",
-                                                  "tilelang_dsa_backward_slabs"}
-    assert all(isinstance(value, float) for value in seconds.values()), seconds
     args = kernel_warmup.dsa_kernel_args(config)
-    assert sorted(compiled, key=lambda item: item[0]) == [
-        ("backward", (*args, backward.default_backward_config(config.kv_lora_rank))),
-        ("backward_slabs", (*args, backward_slabs.default_slabbed_config(config.kv_lora_rank))),
-        ("forward", (*args, forward.default_config(config.kv_lora_rank)))]
+    expected = [("backward", (*args, backward.default_backward_config(config.kv_lora_rank))),
+                ("backward_slabs", (*args, backward_slabs.default_slabbed_config(config.kv_lora_rank))),
+                ("forward", (*args, forward.default_config(config.kv_lora_rank)))]
+    for seq_len, kinds in ((backward.SLABBED_FROM_ROWS - 64, {"backward", "forward"}),
+                           (backward.SLABBED_FROM_ROWS, {"backward", "backward_slabs", "forward"})):
+        compiled.clear()
+        seconds: dict = {}
+        threads = kernel_warmup._compile_dsa_kernels(config, True, seq_len, seconds)
+        for thread in threads:
+            thread.join()
+        assert len(threads) == len(kinds) and set(seconds) == {f"tilelang_dsa_{kind}" for kind in kinds}
+        assert all(isinstance(value, float) for value in seconds.values()), seconds
+        assert sorted(compiled, key=lambda item: item[0]) == [item for item in expected if item[0] in kinds]

@@ -9,11 +9,12 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
     mhc_mixing_logits        genolc.model.ops.mhc.op (custom ops, Triton fwd and bwd)        | ops.mhc.reference
 
-DSA sparse attention on CUDA runs the TileLang kernel pair (tilelang/forward.py, tilelang/backward.py) when TileLang is installed
-and takes the operands (bf16/fp16, H <= 32, R a multiple of 16 up to 512), else the Triton pair; both are fused
-sparse kernels of one contract, tested against the reference, and the choice is logged once with its reason.
-TileLang measured 1.7x faster fwd+bwd for the base shape at 1M tokens on the H200 (2.88 vs 4.92 s,
-benchmarks/results/dsa_tilelang_2026-11-29_fwd_bwd.json). ``GENOLC_DSA_KERNELS=triton`` (or ``tilelang``) forces one.
+DSA sparse attention on CUDA runs the TileLang kernels (tilelang/forward.py, tilelang/backward.py, which hands windows
+from 128k keys on to tilelang/backward_slabs.py) when TileLang is installed and takes the operands (bf16/fp16,
+H <= 32, R a multiple of 16 up to 512), else the Triton pair; both are fused sparse kernels of one contract, tested
+against the reference, and the choice is logged once with its reason. TileLang measured 1.7x faster fwd+bwd for the
+base shape at 1M tokens on the H200 (2.88 vs 4.92 s, benchmarks/results/dsa_tilelang_2026-11-29_fwd_bwd.json).
+``GENOLC_DSA_KERNELS=triton`` (or ``tilelang``) forces one.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ Contract (the same as ``dsa_triton.sparse_latent_attention_backward``):
     P = exp(scale * Q C^T - lse);  delta = rowsum(O * dO);  dP = dO C^T;  dS = P * (dP - delta) * scale
     dQ = dS C;  dC[s] += dS[:, s]^T Q + P[:, s]^T dO   for every selected row s (fp32 atomics, cast at the end)
 
+The autograd op's backward (:func:`chosen_backward`) runs this module's kernel below ``SLABBED_FROM_ROWS`` latent
+rows and the slab-ordered kernel of backward_slabs.py from there on, where its scatter stays in L2.
+
 Design (mirrors forward.py). One thread block per query token (grid T x B). The block holds its H query rows and
 their dO rows in shared memory, zero-padded to a multiple of 16 heads (the M extent of an MMA tile), computes
 ``delta`` itself in fp32 (no fp32 [B, T, H] copies of O and dO), and walks the index row in blocks of
@@ -275,7 +278,7 @@ def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, 
     return d_q, d_latent.to(latent.dtype)
 
 
-# Over this many latent rows the backward runs in key slabs (backward_slabs.py). Measured on the H200 at 32k queries
+# From this many latent rows on the backward runs in key slabs (backward_slabs.py). Measured on the H200 at 32k queries
 # (benchmarks/results/dsa_backward_hybrid_2026-12-02/), this kernel against the slab one in 32k-row slabs: `base`
 # 72.6 / 60.8 ms at 128k keys, 77.3 / 64.8 at 256k, 79.6 / 72.3 at 512k; `small` 45.5 / 36.1, 50.1 / 37.7,
 # 52.3 / 40.9. With 32k keys this kernel's atomics stay in L2 (53.9 and 32.1 ms) and it keeps its two pipeline
@@ -286,8 +289,8 @@ SLABBED_FROM_ROWS = 4 * 32768
 def chosen_backward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, d_out: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The backward the TileLang op runs (arguments and returns as :func:`sparse_latent_attention_backward`): in
-    key slabs over ``SLABBED_FROM_ROWS`` latent rows, else one block per query."""
-    if latent.shape[1] > SLABBED_FROM_ROWS:
+    key slabs from ``SLABBED_FROM_ROWS`` latent rows on, else one block per query."""
+    if latent.shape[1] >= SLABBED_FROM_ROWS:
         from genolc.model.ops.dsa.tilelang import backward_slabs      # it imports this module
 
         return backward_slabs.sparse_latent_attention_backward_slabs(q_lat, latent, indices, out, lse, d_out,

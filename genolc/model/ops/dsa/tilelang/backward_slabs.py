@@ -26,11 +26,12 @@ rank slices scattered with ``atomic_addx4``. The loop over a block's slots has a
 Measured on the H200 at 32k queries over 512k keys (benchmarks/results/dsa_backward_slabs_2026-12-02.json, the
 sort and row dot included): `base` 72.3 ms in 32k-row slabs against 79.6 for one block per query (8k rows 110.1,
 16k 86.5, 64k 74.5), `small` 40.9 against 52.3; gradients within 1.2e-4 of that kernel's. backward.chosen_backward
-runs it over ``backward.SLABBED_FROM_ROWS`` (128k) latent rows: at 128k keys 60.8 against 72.6 ms (`base`), 36.1
-against 45.5 (`small`) (dsa_backward_hybrid_2026-12-02/). Registers (ptxas, sm_90a, nvcc 13): 219 at `base`, 162
-at `small`, no spills. A version that also took the one-slab case (rows unsorted, -1 slots checked in the kernel)
-ran slower than both kernels: 84.1 ms at 512k keys and 65.1 at 32k for `base`
-(dsa_backward_slabs_2026-12-02_wired/): the two kernels stay apart. Its per-block body repeats backward.py's; the
+runs it from ``backward.SLABBED_FROM_ROWS`` (128k) latent rows on: at 128k keys 60.8 against 72.6 ms (`base`),
+36.1 against 45.5 (`small`) (dsa_backward_hybrid_2026-12-02/); it was not timed at 32k or 64k keys. Registers
+(ptxas, sm_90a, nvcc 13): 219 at `base`, 162 at `small`, no spills. A version that also took the one-slab case
+(rows unsorted, -1 slots checked in the kernel) ran slower at `base` than both kernels: 84.1 ms at 512k keys and
+65.1 at 32k (one block per query 53.6); at `small` 43.6 and 32.9 ms, between them at 512k keys and slower than one
+block per query at 32k (dsa_backward_slabs_2026-12-02_wired/): the two kernels stay apart. Its per-block body repeats backward.py's; the
 loop bounds, the slot masks, delta and dQ differ.
 """
 
