@@ -43,8 +43,8 @@ import threading
 import torch
 
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
-from genolc.model.ops.dsa.tilelang.backward import (ATOMIC_VECTOR, EMPTY_ROW_LSE, BackwardConfig,
-                                                    check_backward_inputs, default_backward_config)
+from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, EMPTY_ROW_LSE, BackwardConfig,
+                                                           check_backward_inputs, default_backward_config)
 from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, padded_heads
 
 # 32k rows: d_latent's fp32 slab is 48 MiB at R = 384 and 32 MiB at R = 256, the sizes measured above.
