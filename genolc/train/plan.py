@@ -105,14 +105,15 @@ H200_BF16_FLOPS = PEAK_BF16_FLOPS["H200"]
 # The indexer's Triton scoring + top-k at 1M tokens on the H200: 2.2 s for 1.4e14 FLOPs
 # (benchmarks/results/indexer_2026-11-29.json).
 INDEXER_FLOPS_PER_S = 64e12
-# Chunks shorter than this leave the GPU's matmuls and the per-chunk cache reads inefficient enough that a third
-# forward (per-layer recompute) costs less: `base` at 1M on the H200 took > 390 s a step in 8k chunks, 153 s in 32k
-# chunks with recompute (benchmarks/results/long_context_2026-11-30.json).
+# The chunk --chunk auto adds per-layer recompute to reach rather than run shorter chunks without it: `base` at 1M on
+# the H200 took > 390 s a step in 8k chunks, 153 s in 32k chunks with recompute
+# (benchmarks/results/long_context_2026-11-30.json). Where the first pass's pools cannot be kept, under context
+# parallelism, and for chunks that need recompute anyway, every chunk under it counts as short.
 FAST_CHUNK = 32 * 1024
-# The shortest chunk that runs faster without per-layer recompute than FAST_CHUNK chunks with it: `base` at 512k on
-# the H200 took 24.1-25.5 s a step in 16k chunks without recompute against 25.7-26.7 s in 32k chunks with it
-# (benchmarks/results/finetune_512k_chunks_2026-12-02/), both keeping the first pass's pools. Measured on one GPU
-# with the pools kept only: a step that chooses them again, and context parallelism, keep FAST_CHUNK.
+# Where the pools are kept, the shortest chunk that does not count as short: one run each, `base` at 512k on one
+# H200, micro-batch 1, steps 2-5 of the learning-rate warm-up, took 25.5, 25.2, 24.5, 24.1 s in 16k chunks without
+# recompute against 26.7, 25.8, 25.9, 25.7 s in 32k chunks with it
+# (benchmarks/results/finetune_512k_chunks_2026-12-02/).
 FAST_UNRECOMPUTED_CHUNK = 16 * 1024
 # Allocator fragmentation and kernel workspaces on top of every estimate. An explicit --chunk may run inside it
 # (fits_within_margin), with a warning: `base` at 1M over 2 H200s ran in 32k chunks at 134.0 GiB a rank, planned

@@ -8,13 +8,13 @@ Strategies, from the memory plan (genolc/train/plan.py), before the first step a
   caches, two forwards and one backward (within each chunk per-layer recompute again when ``--recompute``).
 
 ``--chunk auto`` (the default) takes ``whole`` when its estimate fits the device and otherwise the longest chunk that
-fits; on a GPU, when that chunk is shorter than ``FAST_UNRECOMPUTED_CHUNK`` (or none fits) and per-layer recompute
-lets chunks of ``FAST_CHUNK`` fit, it takes those with recompute (the settings measured on the H200: plan.py), and
-when no chunk fits without
-recompute and ``FAST_CHUNK`` does not fit with it, the longest that fits with it; ``--chunk off`` insists on
-``whole``; ``--chunk 64k`` chooses the chunk. A setting estimated not to fit is refused up front with the estimate and
-an option that fits, never discovered by the kernel's OOM killer; a chunk the user chose runs, with a warning in its
-reason, when it fits once the plan's margin (``PLAN_MARGIN``) is taken off.
+fits; on a GPU, when that chunk is short (under ``FAST_UNRECOMPUTED_CHUNK`` where the first pass's pools are kept, else
+under ``FAST_CHUNK``: the settings measured on the H200, plan.py), or none fits, and per-layer recompute lets chunks of
+``FAST_CHUNK`` fit, it takes those with recompute, and when no chunk fits without recompute and ``FAST_CHUNK`` does not
+fit with it, the longest that fits with it; ``--chunk off`` insists on ``whole``; ``--chunk 64k`` chooses the chunk. A
+setting estimated not to fit is refused up front with the estimate and an option that fits, never discovered by the
+kernel's OOM killer; a chunk the user chose runs, with a warning in its reason, when it fits once the plan's margin
+(``PLAN_MARGIN``) is taken off.
 
 Under ``--cp N`` (:func:`choose_context_parallel_strategy`) the same choice is made per rank from
 estimate_context_parallel_memory: the rank's share of the window (or of each chunk) plus what the whole span adds.
@@ -122,15 +122,17 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
 
 def _why_keeping_is_slower(config: ModelConfig, kept: StepStrategy, chosen_again: StepStrategy,
                            windows: int) -> str | None:
-    """Why the chunked step that keeps the pools (``kept``) should give way to ``chosen_again``, or None when it
-    should not: it runs chunks shorter than ``FAST_UNRECOMPUTED_CHUNK`` where the other's are longer (8k chunks ran
-    several times slower, plan.py), or its step is estimated longer (genolc/train/plan.py's estimate at `genolc
-    plan`'s measured utilisation: a recomputed forward against the indexer's second, or second and third, pass)."""
+    """Why the chunked step that keeps the pools (``kept``) should give way to ``chosen_again``, or None when it should
+    not: it runs short chunks where the other's are longer (under ``FAST_UNRECOMPUTED_CHUNK`` without recompute, under
+    ``FAST_CHUNK`` with it; 8k chunks ran several times slower, plan.py), or its step is estimated longer
+    (genolc/train/plan.py's estimate at `genolc plan`'s measured utilisation: a recomputed forward against the indexer's
+    second, or second and third, pass)."""
     if chosen_again.chunk is None:
         return "keeping the first pass's does not leave room for the whole window"
-    if kept.chunk < chosen_again.chunk and kept.chunk < FAST_UNRECOMPUTED_CHUNK:
+    short = FAST_CHUNK if kept.recompute else FAST_UNRECOMPUTED_CHUNK
+    if kept.chunk < chosen_again.chunk and kept.chunk < short:
         return (f"keeping the first pass's would cut the chunks to {format_length(kept.chunk)}, and chunks under "
-                f"{format_length(FAST_UNRECOMPUTED_CHUNK)} run slower")
+                f"{format_length(short)} run slower")
 
     def seconds(strategy: StepStrategy, passes: int) -> float:
         forwards = 2 + int(strategy.recompute)
@@ -164,11 +166,12 @@ def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, g
         reason = f"{needs}; choose with --chunk"
         if auto_recompute and not recompute:
             recomputed = {**plan_args, "recompute": True}
-            # FAST_UNRECOMPUTED_CHUNK was measured with the first pass's pools kept: choosing them again costs
-            # an indexer pass the step-time estimate prices too low against recompute, so there FAST_CHUNK holds.
+            # 16k chunks without recompute were measured only with the first pass's pools kept; a step that chooses
+            # them again pays a second indexer pass no run has weighed against recompute, so FAST_CHUNK holds there.
             chosen, why = _recompute_rather_than(
                 chosen, seq_len=seq_len, multiple=multiple, budget_bytes=budget_bytes,
                 fast_unrecomputed=FAST_UNRECOMPUTED_CHUNK if keep_selections else FAST_CHUNK,
+                qualifier="" if keep_selections else "with the DSA pools chosen again, ",
                 recomputed_bytes=lambda c: estimate_chunked_memory(model_config, seq_len=seq_len, chunk=c,
                                                                    **recomputed, **chunked_args).total,
                 longest_recomputed=lambda: largest_fitting_chunk(model_config, seq_len=seq_len,
@@ -196,19 +199,21 @@ def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, g
 
 
 def _recompute_rather_than(chosen: int | None, *, seq_len: int, multiple: int, budget_bytes: int,
-                           fast_unrecomputed: int, recomputed_bytes: Callable[[int], int],
+                           fast_unrecomputed: int, qualifier: str, recomputed_bytes: Callable[[int], int],
                            longest_recomputed: Callable[[], int | None]) -> tuple[int | None, str | None]:
     """--chunk auto's recompute rule on a GPU (module docstring), given ``chosen``, the longest chunk that fits
     without recompute (None: none): the chunk to run and why recompute was added, or ``(chosen, None)`` to run
     without it. ``fast_unrecomputed``: the shortest chunk that runs faster without recompute than ``FAST_CHUNK``
-    with it. ``recomputed_bytes(chunk)`` and ``longest_recomputed()`` are the plan with recompute."""
+    with it; ``qualifier`` goes before "chunks under" in the reason. ``recomputed_bytes(chunk)`` and
+    ``longest_recomputed()`` are the plan with recompute."""
     if chosen is not None and chosen >= fast_unrecomputed:
         return chosen, None
     if seq_len > FAST_CHUNK and FAST_CHUNK % multiple == 0 and recomputed_bytes(FAST_CHUNK) <= budget_bytes:
         if chosen is None:
             return FAST_CHUNK, "no chunk fits without it"
-        return FAST_CHUNK, (f"without it the longest chunk that fits is {format_length(chosen)}, and chunks under "
-                            f"{format_length(fast_unrecomputed)} run slower than a recomputed forward costs")
+        return FAST_CHUNK, (f"without it the longest chunk that fits is {format_length(chosen)}, and {qualifier}"
+                            f"chunks under {format_length(fast_unrecomputed)} run slower than a recomputed forward "
+                            "costs")
     if chosen is None:
         longest = longest_recomputed()
         if longest is not None:
@@ -259,12 +264,12 @@ def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: i
                                      budget_bytes: int, multiple: int, where: str,
                                      auto_recompute: bool = False) -> StepStrategy:
     """The step strategy of one rank of ``--cp cp`` (``pieces``: the layout's pieces per span), as
-    :func:`choose_strategy` chooses for one process but from estimate_context_parallel_memory (genolc/train/plan.py,
-    the rank's share plus what the span adds): the whole window when it fits (or ``chunk`` is 0 or covers the
-    window), else ``chunk`` or, for None (auto), the longest chunk that fits (``auto_recompute``: or chunks of
-    ``FAST_CHUNK`` with per-layer recompute, by choose_strategy's rule, the chunk counted whole, not per rank: the
-    window's caches are read once per chunk on every rank). Raises OutOfMemoryPlanError when the
-    setting is estimated not to fit ``budget_bytes``, ConfigError for a last chunk shorter than ``pieces``."""
+    :func:`choose_strategy` chooses for one process but from estimate_context_parallel_memory (genolc/train/plan.py, the
+    rank's share plus what the span adds): the whole window when it fits (or ``chunk`` is 0 or covers the window), else
+    ``chunk`` or, for None (auto), the longest chunk that fits (``auto_recompute``: or chunks of ``FAST_CHUNK`` with
+    per-layer recompute where the longest chunk without it is under ``FAST_CHUNK``, the chunk counted whole, not per
+    rank: the window's caches are read once per chunk on every rank). Raises OutOfMemoryPlanError when the setting is
+    estimated not to fit ``budget_bytes``, ConfigError for a last chunk shorter than ``pieces``."""
     plan_args = dict(cp=cp, windows=windows, recompute=recompute, bf16=bf16, fast_kernels=fast_kernels)
     # A chunk is cut into the layout's pieces, each a multiple of the kernels' chunk.
     chunk_multiple = multiple * pieces if multiple > 1 else 1
@@ -294,7 +299,7 @@ def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: i
             # FAST_UNRECOMPUTED_CHUNK was measured on one GPU; under --cp a rank runs a share of each chunk.
             chunk, why = _recompute_rather_than(
                 chunk, seq_len=seq_len, multiple=chunk_multiple, budget_bytes=budget_bytes,
-                fast_unrecomputed=FAST_CHUNK,
+                fast_unrecomputed=FAST_CHUNK, qualifier="",
                 recomputed_bytes=lambda c: estimate_context_parallel_memory(config, seq_len=seq_len, chunk=c,
                                                                             **recomputed).total,
                 longest_recomputed=lambda: largest_fitting_context_parallel_chunk(

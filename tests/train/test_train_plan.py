@@ -352,7 +352,12 @@ def test_pools_are_kept_unless_that_costs_short_chunks_or_more_time():
                   budget_bytes=int(139.8 * GIB), multiple=64, where="test", auto_recompute=True)
     base_3m = choose_strategy(preset("base"), seq_len=3 << 20, **common)
     assert (base_3m.chunk, base_3m.recompute, base_3m.keep_selections) == (32 * 1024, True, False)
-    assert "would cut the chunks to 12k, and chunks under 16k run slower" in base_3m.describe()
+    assert "would cut the chunks to 12k, and chunks under 32k run slower" in base_3m.describe()
+    assert "with the DSA pools chosen again, chunks under 32k run slower than a recomputed" in base_3m.describe()
+    # A kept chunk that needs recompute anyway is short under 32k, not 16k: `base` at 2M on a 112 GiB device keeps
+    # 32k chunks with recompute rather than 16k ones with it and the pools kept.
+    base_2m = choose_strategy(preset("base"), seq_len=2 << 20, **{**common, "budget_bytes": int(112 * GIB)})
+    assert (base_2m.chunk, base_2m.recompute, base_2m.keep_selections) == (32 * 1024, True, False)
     small_4m = choose_strategy(preset("small"), seq_len=4 << 20, **common)
     assert (small_4m.chunk, small_4m.recompute, small_4m.keep_selections) == (16 * 1024, False, True)
 
@@ -406,7 +411,8 @@ def test_an_asked_chunk_runs_inside_the_plans_margin_with_a_warning():
 
 def test_context_parallel_auto_chunk_adds_recompute_on_a_gpu_rather_than_run_short_chunks():
     """`base` at 1M over 2 H200s: without recompute only 16k chunks (8k tokens a rank) fit the plan, so --chunk auto
-    takes 32k chunks with recompute, as one process does; `small` keeps its 64k chunks."""
+    takes 32k chunks with recompute (16k chunks without it were measured on one GPU only); `small` keeps its 64k
+    chunks."""
     from genolc.model import preset
     from genolc.train.strategy import choose_context_parallel_strategy
 
