@@ -4,8 +4,8 @@ Launch configs of the TileLang sparse-attention backward (genolc.model.ops.dsa.t
 slots per step, pipeline depth, threads, rank slices), timed at the shape the chunked step runs: one 32k chunk of
 queries at the end of a 512k window (``--queries``, ``--keys``), W = topk + kpool - 1 slots per query. The default
 config was chosen from ptxas' register counts; timed here against 13 others for `base` and 6 for `small`
-(dsa_backward_configs_2026-12-02.json), none was more than 0.6 % faster. In the `base` 512k profile (profile_chunked_base_512k_2026-12-02.json) the backward
-is the longest kernel, 64 calls, 72.5 ms each.
+(dsa_backward_configs_2026-12-02.json), none was more than 0.6 % faster. In the `base` 512k profile
+(profile_chunked_base_512k_2026-12-02.json) the backward is the longest kernel, 64 calls, 72.5 ms each.
 
 Index rows: 512 random pools of 4 rows each from all ``--keys`` rows plus 3 random tail rows (timing only; the
 kernel does not need causal rows). q, latent, d_out random bf16; out and lse from the TileLang forward on the same
@@ -95,16 +95,16 @@ def inputs(queries: int, keys: int, shape: dict) -> dict:
 
 def compile_one(shape: dict, config) -> tuple[object, float]:
     start = time.monotonic()
-    tilelang_backward._compiled_backward_kernel(shape["heads"], shape["rank"], shape["width"], "bfloat16",
-                                                float(shape["scale"]), config)
+    tilelang_backward.compiled_backward_kernel(shape["heads"], shape["rank"], shape["width"], "bfloat16",
+                                               float(shape["scale"]), config)
     return config, time.monotonic() - start
 
 
 def compile_slabbed(shape: dict) -> tuple[str, float]:
     start = time.monotonic()
-    backward_slabs._compiled_slabbed_backward_kernel(shape["heads"], shape["rank"], shape["width"], "bfloat16",
-                                                     float(shape["scale"]),
-                                                     backward_slabs.default_slabbed_config(shape["rank"]))
+    backward_slabs.compiled_slabbed_backward_kernel(shape["heads"], shape["rank"], shape["width"], "bfloat16",
+                                                    float(shape["scale"]),
+                                                    backward_slabs.default_slabbed_config(shape["rank"]))
     return "slabs", time.monotonic() - start
 
 

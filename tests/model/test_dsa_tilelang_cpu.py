@@ -165,3 +165,42 @@ def test_backward_launch_configs(no_tilelang_backward):
         config_cls(16, 2, 128).check(256)
     with pytest.raises(ValueError, match="num_stages"):
         config_cls(32, 4, 128).check(256)
+
+
+def test_compile_once_builds_each_key_once_and_different_keys_at_once(monkeypatch):
+    """The TileLang kernels' compile cache (forward.compile_once, which the backward modules use too): one compile
+    per (builder, key) however many threads ask, and two keys compiling at the same time (the kernel warm-up's
+    threads rely on it). tilelang.compile is stubbed: no TileLang on CPU."""
+    import sys
+    import threading
+    import types
+
+    from genolc.model.ops.dsa.tilelang import forward
+
+    both_started = threading.Barrier(2, timeout=10)
+    compiled = []
+
+    def fake_compile(func, target, pass_configs):
+        compiled.append(func)
+        if func in ("A", "B"):
+            both_started.wait()      # times out (BrokenBarrierError) if the two keys compiled one after the other
+        return f"kernel {func}"
+
+    monkeypatch.setitem(sys.modules, "tilelang", types.SimpleNamespace(compile=fake_compile))
+    monkeypatch.setattr(forward, "pass_configs", lambda: {})
+    forward._compiled.cache_clear()
+
+    def build(name):
+        return name
+
+    results = []
+    threads = [threading.Thread(target=lambda n=name: results.append(forward.compile_once(build, n)))
+               for name in ("A", "B", "A", "B")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == ["kernel A", "kernel A", "kernel B", "kernel B"]
+    assert sorted(compiled) == ["A", "B"]
+    assert forward.compile_once(build, "C") == "kernel C" and compiled.count("C") == 1
+    forward._compiled.cache_clear()

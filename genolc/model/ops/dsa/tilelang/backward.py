@@ -42,9 +42,6 @@ back to another implementation.
 
 # No ``from __future__ import annotations``: TileLang evaluates the prim_func's tensor annotations, which name
 # build_backward_prim_func's local dynamic dimensions.
-import functools
-import threading
-
 import torch
 
 from genolc.model.ops.dsa import triton as dsa_triton
@@ -52,7 +49,7 @@ from genolc.model.ops.dsa.tilelang import backward_slabs
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
 from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, DEFAULT_BACKWARD_CONFIG, EMPTY_ROW_LSE,
                                                            BackwardConfig, check_backward_inputs,
-                                                           default_backward_config)
+                                                           default_backward_config, slot_step_macros)
 from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, check_inputs, padded_heads
 
 def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
@@ -65,10 +62,9 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
     block_slots, num_stages, threads = config.block_slots, config.num_stages, config.threads
     heads_pad = padded_heads(heads)
     num_blocks = -(-width // block_slots)
-    scale = float(softmax_scale)
-    scale_log2 = scale * LOG2_E
     part = rank // config.rank_parts
     part_offsets = [part * index for index in range(config.rank_parts)]
+    probabilities_and_dq, dc_slice = slot_step_macros(heads_pad, block_slots, part, softmax_scale)
     accum = "float32"
     batch = T.dynamic("batch")
     seq_len = T.dynamic("seq_len")
@@ -122,25 +118,12 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
                 for j in T.Parallel(block_slots):
                     slot_valid[j] = T.if_then_else(blk * block_slots + j < width,
                                                    Indices[b, t, T.min(blk * block_slots + j, width - 1)] >= 0, False)
-                T.gemm(q_shared, kv_shared, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
-                       clear_accum=True)
-                T.gemm(do_shared, kv_shared, d_probs, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
-                       clear_accum=True)
-                for h, j in T.Parallel(heads_pad, block_slots):
-                    scores[h, j] = T.if_then_else(slot_valid[j], T.exp2(scores[h, j] * scale_log2 - lse_log2[h]), 0)
-                for h, j in T.Parallel(heads_pad, block_slots):
-                    d_probs[h, j] = scores[h, j] * (d_probs[h, j] - delta[h]) * scale
-                T.copy(scores, p_shared)
-                T.copy(d_probs, ds_shared)
-                T.gemm(ds_shared, kv_shared, acc_dq, policy=T.GemmWarpPolicy.FullCol)
+                probabilities_and_dq(q_shared, do_shared, kv_shared, slot_valid, lse_log2, delta, scores, d_probs,
+                                     p_shared, ds_shared, acc_dq)
                 # dC in rank slices (a Python loop: unrolled while the kernel is built), so the fp32 tile in
                 # registers is [slots, R / rank_parts], not [slots, R].
                 for lo in part_offsets:
-                    T.gemm(ds_shared, q_shared[0:heads_pad, lo:lo + part], acc_dkv, transpose_A=True,
-                           policy=T.GemmWarpPolicy.FullCol, clear_accum=True)
-                    T.gemm(p_shared, do_shared[0:heads_pad, lo:lo + part], acc_dkv, transpose_A=True,
-                           policy=T.GemmWarpPolicy.FullCol)
-                    T.copy(acc_dkv, dkv_shared)
+                    dc_slice(q_shared, do_shared, p_shared, ds_shared, acc_dkv, dkv_shared, lo)
                     for j, v in T.Parallel(block_slots, part // ATOMIC_VECTOR):
                         if blk * block_slots + j < width:
                             if Indices[b, t, T.min(blk * block_slots + j, width - 1)] >= 0:
@@ -156,23 +139,10 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
     return sparse_latent_bwd
 
 
-_COMPILE_LOCK = threading.Lock()     # as the forward's: one compile per key across threads
-
-
 def compiled_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
                              config: BackwardConfig = DEFAULT_BACKWARD_CONFIG):
     """The compiled backward kernel for one shape key (compiled on first use, then reused for the process)."""
-    with _COMPILE_LOCK:
-        return _compiled_backward_kernel(heads, rank, width, dtype, softmax_scale, config)
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
-                              config: BackwardConfig):
-    import tilelang
-
-    func = build_backward_prim_func(heads, rank, width, dtype, softmax_scale, config)
-    return tilelang.compile(func, target="cuda", pass_configs=tilelang_forward.pass_configs())
+    return tilelang_forward.compile_once(build_backward_prim_func, heads, rank, width, dtype, softmax_scale, config)
 
 
 def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,

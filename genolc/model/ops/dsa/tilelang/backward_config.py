@@ -1,13 +1,13 @@
 """What the two TileLang backward kernels of the DSA sparse attention share (backward.py: one block per query;
-backward_slabs.py: one block per (query, key slab)): their launch config, its default, their input checks and two
-constants of their math. Kept apart so that backward.py can hand long key ranges to backward_slabs.py, which builds
+backward_slabs.py: one block per (query, key slab)): their launch config, its default, their input checks, two
+constants of their math and the TileLang macros of one step over a block of slots. Kept apart so that backward.py can hand long key ranges to backward_slabs.py, which builds
 on these, without an import cycle."""
 
 from dataclasses import dataclass
 
 import torch
 
-from genolc.model.ops.dsa.tilelang.forward import check_inputs, padded_heads
+from genolc.model.ops.dsa.tilelang.forward import LOG2_E, check_inputs, padded_heads
 
 # Finite stand-in for lse = +inf (log2 units): exp2(score - 2^30) underflows to exactly 0 for any finite score.
 EMPTY_ROW_LSE = 2.0 ** 30
@@ -81,3 +81,40 @@ def check_backward_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: to
         if tensor.device != q_lat.device:
             raise ValueError(f"{name} is on {tensor.device}, q_lat on {q_lat.device}")
     check_inputs(q_lat, latent, indices, softmax_scale)
+
+
+def slot_step_macros(heads_pad: int, block_slots: int, part: int, softmax_scale: float):
+    """The TileLang macros both backward kernels run on one step of ``block_slots`` gathered latent rows:
+
+    ``probabilities_and_dq(...)``: ``S = Q C^T`` and ``dP = dO C^T`` on tensor cores, ``P`` (masked by
+    ``slot_valid``) and ``dS`` in place of them, both staged to shared memory in bf16, and ``dQ += dS C``;
+    ``dc_slice(..., column)``: ``dC = dS^T Q + P^T dO`` for the ``part`` latent columns from ``column`` into the fp32
+    fragment ``acc_dkv``, staged to ``dkv_shared`` for the kernel's own scatter.
+    Imports TileLang when called (kernel build time only)."""
+    import tilelang.language as T
+
+    scale = float(softmax_scale)
+    scale_log2 = scale * LOG2_E
+
+    @T.macro
+    def probabilities_and_dq(q_shared, do_shared, kv_shared, slot_valid, lse_log2, delta, scores, d_probs, p_shared,
+                             ds_shared, acc_dq):
+        T.gemm(q_shared, kv_shared, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol, clear_accum=True)
+        T.gemm(do_shared, kv_shared, d_probs, transpose_B=True, policy=T.GemmWarpPolicy.FullCol, clear_accum=True)
+        for h, j in T.Parallel(heads_pad, block_slots):
+            scores[h, j] = T.if_then_else(slot_valid[j], T.exp2(scores[h, j] * scale_log2 - lse_log2[h]), 0)
+        for h, j in T.Parallel(heads_pad, block_slots):
+            d_probs[h, j] = scores[h, j] * (d_probs[h, j] - delta[h]) * scale
+        T.copy(scores, p_shared)
+        T.copy(d_probs, ds_shared)
+        T.gemm(ds_shared, kv_shared, acc_dq, policy=T.GemmWarpPolicy.FullCol)
+
+    @T.macro
+    def dc_slice(q_shared, do_shared, p_shared, ds_shared, acc_dkv, dkv_shared, column):
+        T.gemm(ds_shared, q_shared[0:heads_pad, column:column + part], acc_dkv, transpose_A=True,
+               policy=T.GemmWarpPolicy.FullCol, clear_accum=True)
+        T.gemm(p_shared, do_shared[0:heads_pad, column:column + part], acc_dkv, transpose_A=True,
+               policy=T.GemmWarpPolicy.FullCol)
+        T.copy(acc_dkv, dkv_shared)
+
+    return probabilities_and_dq, dc_slice

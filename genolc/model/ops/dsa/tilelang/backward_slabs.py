@@ -31,20 +31,20 @@ runs it from ``backward.SLABBED_FROM_ROWS`` (128k) latent rows on: at 128k keys 
 (ptxas, sm_90a, nvcc 13): 219 at `base`, 162 at `small`, no spills. A version that also took the one-slab case
 (rows unsorted, -1 slots checked in the kernel) ran slower at `base` than both kernels: 84.1 ms at 512k keys and
 65.1 at 32k (one block per query 53.6); at `small` 43.6 and 32.9 ms, between them at 512k keys and slower than one
-block per query at 32k (dsa_backward_slabs_2026-12-02_wired/): the two kernels stay apart. Its per-block body repeats backward.py's; the
-loop bounds, the slot masks, delta and dQ differ.
+block per query at 32k (dsa_backward_slabs_2026-12-02_wired/): the two kernels stay apart. The math of a step of
+slots is shared with backward.py (backward_config.slot_step_macros; the lowered CUDA of both kernels was byte-equal
+before and after); the grid, loop bounds, slot masks, delta and dQ differ.
 """
 
 # No ``from __future__ import annotations``: TileLang evaluates the prim_func's tensor annotations.
 import dataclasses
-import functools
-import threading
 
 import torch
 
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
 from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, EMPTY_ROW_LSE, BackwardConfig,
-                                                           check_backward_inputs, default_backward_config)
+                                                           check_backward_inputs, default_backward_config,
+                                                           slot_step_macros)
 from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, padded_heads
 
 # 32k rows: d_latent's fp32 slab is 48 MiB at R = 384 and 32 MiB at R = 256, the sizes measured above.
@@ -111,10 +111,9 @@ def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: s
 
     block_slots, threads = config.block_slots, config.threads
     heads_pad = padded_heads(heads)
-    scale = float(softmax_scale)
-    scale_log2 = scale * LOG2_E
     part = rank // config.rank_parts
     part_offsets = [part * index for index in range(config.rank_parts)]
+    probabilities_and_dq, dc_slice = slot_step_macros(heads_pad, block_slots, part, softmax_scale)
     accum = "float32"
     batch = T.dynamic("batch")
     seq_len = T.dynamic("seq_len")
@@ -170,23 +169,10 @@ def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: s
                         b, T.max(Rows[b, t, T.min(first + blk * block_slots + j, width - 1)], 0), r]
                 for j in T.Parallel(block_slots):
                     slot_valid[j] = blk * block_slots + j < count
-                T.gemm(q_shared, kv_shared, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
-                       clear_accum=True)
-                T.gemm(do_shared, kv_shared, d_probs, transpose_B=True, policy=T.GemmWarpPolicy.FullCol,
-                       clear_accum=True)
-                for h, j in T.Parallel(heads_pad, block_slots):
-                    scores[h, j] = T.if_then_else(slot_valid[j], T.exp2(scores[h, j] * scale_log2 - lse_log2[h]), 0)
-                for h, j in T.Parallel(heads_pad, block_slots):
-                    d_probs[h, j] = scores[h, j] * (d_probs[h, j] - delta[h]) * scale
-                T.copy(scores, p_shared)
-                T.copy(d_probs, ds_shared)
-                T.gemm(ds_shared, kv_shared, acc_dq, policy=T.GemmWarpPolicy.FullCol)
+                probabilities_and_dq(q_shared, do_shared, kv_shared, slot_valid, lse_log2, delta, scores, d_probs,
+                                     p_shared, ds_shared, acc_dq)
                 for column in part_offsets:
-                    T.gemm(ds_shared, q_shared[0:heads_pad, column:column + part], acc_dkv, transpose_A=True,
-                           policy=T.GemmWarpPolicy.FullCol, clear_accum=True)
-                    T.gemm(p_shared, do_shared[0:heads_pad, column:column + part], acc_dkv, transpose_A=True,
-                           policy=T.GemmWarpPolicy.FullCol)
-                    T.copy(acc_dkv, dkv_shared)
+                    dc_slice(q_shared, do_shared, p_shared, ds_shared, acc_dkv, dkv_shared, column)
                     for j, v in T.Parallel(block_slots, part // ATOMIC_VECTOR):
                         if blk * block_slots + j < count:
                             T.atomic_addx4(
@@ -203,23 +189,11 @@ def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: s
     return sparse_latent_bwd_slabs
 
 
-_COMPILE_LOCK = threading.Lock()
-
-
 def compiled_slabbed_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
                                      config: BackwardConfig):
     """The compiled kernel for one shape key (compiled on first use, then reused for the process)."""
-    with _COMPILE_LOCK:
-        return _compiled_slabbed_backward_kernel(heads, rank, width, dtype, softmax_scale, config)
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled_slabbed_backward_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
-                                      config: BackwardConfig):
-    import tilelang
-
-    func = build_slabbed_backward_prim_func(heads, rank, width, dtype, softmax_scale, config)
-    return tilelang.compile(func, target="cuda", pass_configs=tilelang_forward.pass_configs())
+    return tilelang_forward.compile_once(build_slabbed_backward_prim_func, heads, rank, width, dtype, softmax_scale,
+                                         config)
 
 
 def sparse_latent_attention_backward_slabs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,

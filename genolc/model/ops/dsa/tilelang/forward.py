@@ -221,22 +221,32 @@ def pass_configs() -> dict:
 
 # A thread that asks for a kernel another thread is compiling waits for it rather than compiling it again
 # (genolc/train/kernel_warmup.py compiles the forward and the backward in two threads while its step runs).
-_COMPILE_LOCK = threading.Lock()
+_KEY_LOCKS: dict[tuple, threading.Lock] = {}
+_KEY_LOCKS_GUARD = threading.Lock()
+
+
+def compile_once(build, *key):
+    """``tilelang.compile(build(*key))`` for CUDA, once per process and ``(build, key)``: threads asking for one key
+    wait for the first one's compile; different keys (the warm-up's kernels, a benchmark's configs) compile at once,
+    nvcc running outside the GIL. ``build`` returns a TileLang ``prim_func`` (this module's and the backward
+    modules' builders)."""
+    with _KEY_LOCKS_GUARD:
+        lock = _KEY_LOCKS.setdefault((build, key), threading.Lock())
+    with lock:
+        return _compiled(build, key)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(build, key: tuple):
+    import tilelang
+
+    return tilelang.compile(build(*key), target="cuda", pass_configs=pass_configs())
 
 
 def compiled_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
                     config: KernelConfig = DEFAULT_CONFIG):
     """The compiled kernel for one shape key (compiled on first use, then reused for the process)."""
-    with _COMPILE_LOCK:
-        return _compiled_kernel(heads, rank, width, dtype, softmax_scale, config)
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled_kernel(heads: int, rank: int, width: int, dtype: str, softmax_scale: float, config: KernelConfig):
-    import tilelang
-
-    func = build_prim_func(heads, rank, width, dtype, softmax_scale, config)
-    return tilelang.compile(func, target="cuda", pass_configs=pass_configs())
+    return compile_once(build_prim_func, heads, rank, width, dtype, softmax_scale, config)
 
 
 def sparse_latent_attention_forward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
