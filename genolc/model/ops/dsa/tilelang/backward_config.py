@@ -1,7 +1,7 @@
 """What the two TileLang backward kernels of the DSA sparse attention share (backward.py: one block per query;
 backward_slabs.py: one block per (query, key slab)): their launch config, its default, their input checks, two
-constants of their math and the TileLang macros of one step over a block of slots. Kept apart so that backward.py can hand long key ranges to backward_slabs.py, which builds
-on these, without an import cycle."""
+constants of their math and the TileLang macros of one step over a block of slots. Kept apart so that backward.py
+can hand long key ranges to backward_slabs.py, which builds on these, without an import cycle."""
 
 from dataclasses import dataclass
 
