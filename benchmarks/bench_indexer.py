@@ -1,7 +1,9 @@
 """python benchmarks/bench_indexer.py [--sizes 64k,256k,1M]
 
 Indexer selection (no grad; both presets use 8 heads x 64 dims, kpool 4, topk 2048, tail on; bf16 features):
-the Triton-scored streamed top-k vs the pure-torch reference (64k, 256k). Counts written down:
+the Triton-scored streamed selection with its top-k kernel ("streamed"), the same with torch.topk over each score
+block ("streamed, torch.topk", what it ran before 2026-12-02), and the pure-torch reference (64k, 256k). Counts
+written down:
   FLOPs  2*H*D per (query, causal pool) pair, T*(T/kpool)/2 pairs; score bytes written+read by top-k 8 per pair.
 The streamed op returns int32 rows, as the model asks for on CUDA (the reference returns int64). Peak memory is
 reported above the inputs and also minus the [T, 2051] output (the working set): the output itself is T*2051*4
@@ -11,6 +13,7 @@ Writes benchmarks/results/indexer_<date>.json.
 
 from __future__ import annotations
 
+import functools
 
 import torch
 
@@ -32,12 +35,14 @@ def main() -> None:
         weights = torch.randn(1, length, HEADS, device="cuda") * HEADS ** -0.5
         pooled = torch.randn(1, length // KPOOL, DIM, device="cuda", dtype=torch.bfloat16)
         pairs = length * (length // KPOOL) / 2
-        variants = [("streamed", indexer_triton.select_indices, torch.int32)]
+        variants = [("streamed", indexer_triton.select_indices, torch.int32),
+                    ("streamed, torch.topk", functools.partial(indexer_triton.streamed_select, fused_topk=False,
+                                                               query_chunk=None, query_offset=0), torch.int32)]
         if length <= SIZES["256k"]:
             variants.append(("reference", reference.select_indices, torch.int64))
         for name, op, row_dtype in variants:
             output_gib = length * (TOPK + KPOOL - 1) * row_dtype.itemsize / 2 ** 30
-            dtype_arg = {"out_dtype": row_dtype} if op is indexer_triton.select_indices else {}
+            dtype_arg = {} if name == "reference" else {"out_dtype": row_dtype}
 
             def step():
                 op(index_q, weights, pooled, kpool=KPOOL, topk=TOPK, select_tail=True, softmax_scale=DIM ** -0.5,

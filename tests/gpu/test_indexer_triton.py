@@ -9,6 +9,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 from genolc.model.ops.indexer import layout, reference, triton as indexer_triton  # noqa: E402
+from genolc.model.ops.indexer.triton_topk import top_pools  # noqa: E402
+from top_pools_check import score_blocks, top_pools_problems  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -71,3 +73,28 @@ def test_int32_output_and_small_query_chunk():
     narrow = indexer_triton.select_indices(index_q, weights, pooled, query_chunk=64, out_dtype=torch.int32, **kwargs)
     assert narrow.dtype == torch.int32
     assert torch.equal(wide.sort(-1).values, narrow.long().sort(-1).values)
+
+
+@pytest.mark.parametrize("rows, cols, first_query, kpool, keep", [
+    (64, 131072, 524287 - 63, 4, 512),     # `base`'s and `small`'s last queries at 512k: 128k pools, keep 512
+    (48, 5000, 1900, 4, 512),              # rows below keep beside rows above it
+    (16, 40000, 39990, 1, 100),            # keep not a power of two, kpool 1
+])
+def test_top_pools_kernel(rows, cols, first_query, kpool, keep):
+    for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cuda").items():
+        for dtype in (torch.int32, torch.int64):
+            out = torch.full((rows, keep), 7, dtype=dtype, device="cuda")
+            top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out)
+            problems = top_pools_problems(scores.cpu(), out.cpu(), first_query=first_query, kpool=kpool, keep=keep)
+            assert problems == [], (name, dtype)
+
+
+def test_fused_topk_selects_as_torch_topk():
+    index_q, weights, pooled = _features(1, 20000, 8, 64, 4, seed=3, dtype=torch.bfloat16)
+    kwargs = dict(kpool=4, topk=2048, select_tail=True, softmax_scale=64 ** -0.5, query_chunk=None,
+                  out_dtype=torch.int64, query_offset=0)
+    fused = indexer_triton.streamed_select(index_q, weights, pooled, **kwargs)
+    unfused = indexer_triton.streamed_select(index_q, weights, pooled, fused_topk=False, **kwargs)
+    # The same scores feed both; only ties at the cut may be broken differently.
+    assert ((fused.sort(-1).values == unfused.sort(-1).values).all(-1)).float().mean() > 0.99
+    assert torch.equal((fused < 0).sum(-1), (unfused < 0).sum(-1))

@@ -1,6 +1,6 @@
 """TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
 
-Runs genolc's Triton kernels (mHC mixing logits; indexer scoring; DSA latent sparse attention forward, lse and
+Runs genolc's Triton kernels (mHC mixing logits; indexer scoring and top-k; DSA latent sparse attention forward, lse and
 backward) on CPU tensors under Triton's interpreter and compares them with the pure-torch references at small odd
 shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a
 head count that needs two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices,
@@ -37,6 +37,8 @@ from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E40
 from genolc.model.ops.mhc import op as mhc_op  # noqa: E402
 from genolc.model.ops.mhc import reference as mhc_reference  # noqa: E402
 from genolc.model.ops.mhc import triton as mhc_triton  # noqa: E402
+from genolc.model.ops.indexer.triton_topk import top_pools  # noqa: E402
+from top_pools_check import score_blocks, top_pools_problems  # noqa: E402
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -169,6 +171,18 @@ def check_dsa(batch, length, heads, rank, topk, kpool, index_dtype, strided_indi
     return problems
 
 
+def check_top_pools(rows, cols, first_query, kpool, keep) -> list[str]:
+    """The top-k kernel on each kind of score block of top_pools_check.py, int32 and int64 output."""
+    problems = []
+    for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cpu").items():
+        for dtype in (torch.int32, torch.int64):
+            out = torch.empty(rows, keep, dtype=dtype)
+            top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out)
+            problems += [f"{name} {dtype}: {p}" for p in top_pools_problems(scores, out, first_query=first_query,
+                                                                             kpool=kpool, keep=keep)]
+    return problems
+
+
 def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) -> list[str]:
     """The fused mixing-logits kernels (IEEE products; the forward into a NaN-filled output) against the reference
     and autograd of it."""
@@ -240,6 +254,19 @@ def main() -> int:
         problems = check_mhc(*case)
         failures += bool(problems)
         print(f"mhc {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
+    top_pools_cases = [
+        # rows, cols, first query, kpool, keep: rows that see fewer pools than keep beside rows that see more,
+        # keep not a power of two, rows past the block's columns, candidates over their 1024 slots
+        (24, 300, 100, 4, 48),
+        (9, 3001, 11990, 4, 64),
+        (5, 2500, 2600, 1, 100),
+    ]
+    for case in top_pools_cases:
+        start = time.time()
+        problems = check_top_pools(*case)
+        failures += bool(problems)
+        print(f"top_pools {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} "
+              f"({time.time() - start:.1f}s)")
     for case in indexer_cases:
         start = time.time()
         problems = check_indexer(*case)

@@ -1,10 +1,10 @@
 """Index rows of the DSA k-pool indexer: their width, which pools a query may pick, and what a row holds.
 
-Index rows are ``W = topk + (kpool - 1 if select_tail else 0)`` wide, laid out as ``topk // kpool`` slots of
-``kpool`` consecutive tokens (one selected pool per slot, best first) followed by ``kpool - 1`` tail slots. Empty
-slots hold -1. Every non-negative entry is ``<= t`` (causal) and no token appears twice in a row; the indexer
-(:mod:`genolc.model.ops.indexer.reference`, ``triton``), the sparse attention (``genolc.model.ops.dsa``) and the
-indexer loss (``genolc.model.indexer_loss``) rely on this layout.
+Index rows are ``W = topk + (kpool - 1 if select_tail else 0)`` wide, laid out as ``topk // kpool`` slots of ``kpool``
+consecutive tokens (one selected pool per slot; in the reference's rows best first, in the Triton op's ascending;
+nothing reads the order) followed by ``kpool - 1`` tail slots. Empty slots hold -1. Every non-negative entry is ``<= t``
+(causal) and no token appears twice in a row; the indexer (:mod:`genolc.model.ops.indexer.reference`, ``triton``), the
+sparse attention (``genolc.model.ops.dsa``) and the indexer loss (``genolc.model.indexer_loss``) rely on this layout.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def tail_slots(positions: torch.Tensor, kpool: int) -> torch.Tensor:
 
 def index_rows(pools: torch.Tensor, *, query_offset: int, kpool: int, select_tail: bool,
                dtype: torch.dtype = torch.int64, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The index rows of the chosen ``pools [B, T, topk // kpool]`` (-1: empty slot, best first) for queries at
+    """The index rows of the chosen ``pools [B, T, topk // kpool]`` (-1: empty slot, in any order) for queries at
     positions ``query_offset ..``: ``[B, T, W]`` in ``dtype`` (written into ``out`` when given). The selectors
     (reference, triton) build their rows with it, and ``index_rows(selected_pools(rows), ...)`` gives ``rows`` back
     exactly, so a selection can be kept at a quarter of its rows' size (kpool 4) and expanded when a later pass over

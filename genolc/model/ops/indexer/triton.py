@@ -1,15 +1,17 @@
-"""Streamed indexer top-k on the GPU: a Triton scoring kernel per query chunk, then ``torch.topk``.
+"""Streamed indexer top-k on the GPU: per query chunk a Triton scoring kernel, then a Triton top-k kernel.
 
 Same contract as :func:`genolc.model.ops.indexer.reference.select_indices` (index rows ``topk + kpool - 1`` wide
-with ``select_tail``, best pool first, -1 for empty slots). Per query chunk of ``Cq`` rows the kernel writes the
-``[Cq, P_visible]`` fp32 score block
+with ``select_tail``, -1 for empty slots; the pools in ascending order here, best first in the reference's). Per
+query chunk of ``Cq`` rows the scoring kernel writes the ``[Cq, P_visible]`` fp32 score block
 
     score[t, p] = sum_h w[t, h] * relu(softmax_scale * <q[t, h], pooled[p]>)     (-inf where p >= (t + 1) // kpool)
 
-with the head sum fused (no ``[Cq, H, P]`` intermediate), and ``torch.topk`` keeps the ``topk // kpool`` best pools.
-``P_visible`` is the last query's causal pool count, so early chunks cost little. The chunk size is chosen so the
-score block holds at most ``SCORE_BUDGET_ELEMENTS`` floats (1 GiB): working memory is that block plus the
-``[B, T, W]`` output, O(T * W), never O(T^2 / kpool).
+with the head sum fused (no ``[Cq, H, P]`` intermediate), and :func:`genolc.model.ops.indexer.triton_topk.top_pools`
+keeps each row's ``topk // kpool`` best causal pools (``fused_topk=False``: ``torch.topk`` over the block, as before
+2026-12-02, kept for the benchmark). ``P_visible`` is the last query's causal pool count, so early chunks cost
+little. The chunk size is chosen so the score block holds at most ``SCORE_BUDGET_ELEMENTS`` floats (1 GiB): working
+memory is that block, the top-k's candidate slots (64 MiB at 2048 queries) and the ``[B, T, W]`` output, O(T * W),
+never O(T^2 / kpool).
 
 The dot products sum in a different order than the reference's fp32 einsum, so pools whose scores tie to within
 rounding may be chosen differently; everything else selects the same sets.
@@ -25,6 +27,7 @@ import torch
 
 from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows, index_width
 from genolc.model.ops.indexer.reference import check_selection_inputs
+from genolc.model.ops.indexer.triton_topk import candidate_buffers, top_pools
 
 SCORE_BUDGET_ELEMENTS = 1 << 28
 MAX_QUERY_CHUNK = 4096
@@ -146,10 +149,12 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
         out_dtype: int64 (the contract) or int32 (half the output memory).
         query_offset: absolute position of the first query (a chunk of a window), as the reference's.
         window_len: ignored. The reference pads candidate rows to the window's pool count so that tied scores
-            choose the same pools in a chunk as in the whole window; here ``torch.topk`` over each query chunk's
-            visible pools decides ties, so a chunk may pick other pools among exactly equal scores.
+            choose the same pools in a chunk as in the whole window; here the top-k kernel keeps the lowest-numbered
+            of the pools whose scores tie at the cut, so it may pick other pools than the reference among exactly
+            equal scores.
     Returns:
-        ``[B, T, W]`` token indices, layout as the reference's, -1 for empty slots.
+        ``[B, T, W]`` token indices, layout as the reference's (pools ascending rather than best first), -1 for
+        empty slots.
     """
     check_selection_inputs(index_q, head_weights, pooled, kpool=kpool, topk=topk, query_offset=query_offset)
     if not index_q.is_cuda:
@@ -163,9 +168,10 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
 
 def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, *, kpool: int,
                     topk: int, select_tail: bool, softmax_scale: float, query_chunk: int | None,
-                    out_dtype: torch.dtype, query_offset: int = 0) -> torch.Tensor:
+                    out_dtype: torch.dtype, query_offset: int = 0, fused_topk: bool = True) -> torch.Tensor:
     """:func:`select_indices` after its input checks, on any device Triton runs on (CUDA, or CPU tensors under
-    ``TRITON_INTERPRET=1``, which ``tests/gpu/triton_interpreter_check.py`` uses)."""
+    ``TRITON_INTERPRET=1``, which ``tests/gpu/triton_interpreter_check.py`` uses). ``fused_topk=False`` keeps the
+    pools with ``torch.topk`` (best first) instead of the top-k kernel (ascending)."""
     batch, seq_len = index_q.shape[:2]
     device = index_q.device
     n_pools = (query_offset + seq_len) // kpool
@@ -177,24 +183,29 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
     index_q, head_weights, pooled = prepare_inputs(index_q, head_weights, pooled)
     check_kernel_inputs(index_q, head_weights, pooled)
     out = torch.empty((batch, seq_len, width), dtype=out_dtype, device=device)
-    scores = torch.empty(min(query_chunk, seq_len) * max(n_pools, 1), dtype=torch.float32, device=device)
+    rows = min(query_chunk, seq_len)
+    scores = torch.empty(rows * max(n_pools, 1), dtype=torch.float32, device=device)
+    candidates = candidate_buffers(rows, pools_per_row, device) if fused_topk and n_pools else None
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
-        positions = torch.arange(query_offset + q0, query_offset + q1, device=device)
-        n_visible = complete_pools_visible(positions, kpool)
         visible_pools = (query_offset + q1) // kpool  # the chunk's last query sees the most pools
         pools = torch.full((batch, q1 - q0, pools_per_row), -1, dtype=torch.long, device=device)
-        kept_count = min(pools_per_row, visible_pools)
         block = scores[: (q1 - q0) * visible_pools].view(q1 - q0, visible_pools)
         # Queries that see no complete pool yet choose none (their rows hold only the tail slots, if any).
         if visible_pools:
             for b in range(batch):
                 pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools],
                                  query_offset + q0, softmax_scale, kpool, block)
-                best_pools = block.topk(kept_count, dim=-1).indices
+                if fused_topk:
+                    top_pools(block, first_query=query_offset + q0, kpool=kpool, keep=pools_per_row, out=pools[b],
+                              candidates=candidates)
+                    continue
+                positions = torch.arange(query_offset + q0, query_offset + q1, device=device)
+                n_visible = complete_pools_visible(positions, kpool)
+                best_pools = block.topk(min(pools_per_row, visible_pools), dim=-1).indices
                 # A non-causal pool is picked only when fewer than pools_per_row are visible: drop it by position.
-                pools[b, :, :kept_count] = best_pools.masked_fill(best_pools >= n_visible[:, None], -1)
+                pools[b, :, : best_pools.shape[1]] = best_pools.masked_fill(best_pools >= n_visible[:, None], -1)
         index_rows(pools, query_offset=query_offset + q0, kpool=kpool, select_tail=select_tail, dtype=out_dtype,
                    out=out[:, q0:q1])
     return out
