@@ -20,7 +20,7 @@ def score_blocks(rows: int, cols: int, keep: int, *, seed: int, device: str) -> 
     half = zeros[::3, ::2]
     zeros[::3, ::2] = torch.where(half == 0, -0.0, half)     # -0.0 beside +0.0 in every third row
     overflow = torch.rand(rows, cols, generator=gen)
-    overflow[:, :: launch_shape(keep)[1]] = -100.0
+    overflow[:, :: launch_shape(keep).groups] = -100.0
     equal = torch.full((rows, cols), 0.5)
     return {name: block.to(device) for name, block in
             {"spread": spread, "zeros": zeros, "overflow": overflow, "equal": equal}.items()}

@@ -256,10 +256,11 @@ def main() -> int:
         print(f"mhc {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
     top_pools_cases = [
         # rows, cols, first query, kpool, keep: rows that see fewer pools than keep beside rows that see more,
-        # keep not a power of two, rows past the block's columns, candidates over their 1024 slots
+        # keep not a power of two, rows past the block's columns, candidates over their 1024 slots, two segments
         (24, 300, 100, 4, 48),
         (9, 3001, 11990, 4, 64),
         (5, 2500, 2600, 1, 100),
+        (2, 20000, 79990, 4, 64),
     ]
     for case in top_pools_cases:
         start = time.time()

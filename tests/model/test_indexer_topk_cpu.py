@@ -13,11 +13,15 @@ from genolc.model.ops.indexer import triton_topk
 @pytest.mark.parametrize("keep", [1, 2, 7, 16, 48, 100, 512, 513, 2048])
 def test_top_pools_launch_shape_keeps_its_floor_guarantee(keep):
     # The floor (lowest of G groups' second-best scores) has >= 2 G >= keep scores at or above it; the output
-    # block covers keep; the candidate slots hold every score of a row too short to fill two per group.
-    keep_block, groups, cap = triton_topk.launch_shape(keep)
-    assert keep_block >= keep and keep_block & (keep_block - 1) == 0 and keep_block < 2 * keep
-    assert 2 * groups >= keep and groups & (groups - 1) == 0
-    assert cap >= 2 * groups and cap >= triton_topk.CAP_PER_KEPT * keep and cap % triton_topk.BLOCK == 0
+    # block covers keep; the candidate slots hold every score of a row too short to fill two per group; a
+    # segment is whole tiles of whole group rows (a pool's group is its id mod G in every segment).
+    shape = triton_topk.launch_shape(keep)
+    assert shape.keep_block >= keep and shape.keep_block & (shape.keep_block - 1) == 0 and shape.keep_block < 2 * keep
+    assert 2 * shape.groups >= keep and shape.groups & (shape.groups - 1) == 0
+    assert shape.cap >= 2 * shape.groups and shape.cap >= triton_topk.CAP_PER_KEPT * keep
+    assert shape.cap % triton_topk.BLOCK == 0 and shape.group_rows & (shape.group_rows - 1) == 0
+    assert shape.segment % (shape.group_rows * shape.groups) == 0 and shape.segment % triton_topk.BLOCK == 0
+    assert shape.segments(1) == 1 and shape.segments(shape.segment + 1) == 2
 
 
 def test_top_pools_refuses_what_the_kernel_cannot_take():
@@ -27,8 +31,11 @@ def test_top_pools_refuses_what_the_kernel_cannot_take():
         triton_topk.top_pools(scores.double(), first_query=0, kpool=4, keep=8, out=out)
     with pytest.raises(ValueError, match="out must be"):
         triton_topk.top_pools(scores, first_query=0, kpool=4, keep=8, out=out.float())
-    with pytest.raises(ValueError, match="candidates must be"):
+    with pytest.raises(ValueError, match="do not fit a 4 x 64 block"):
         triton_topk.top_pools(scores, first_query=0, kpool=4, keep=8, out=out,
-                              candidates=triton_topk.candidate_buffers(2, 8, torch.device("cpu")))
+                              buffers=triton_topk.TopPoolsBuffers.allocate(2, 64, 8, torch.device("cpu")))
+    with pytest.raises(ValueError, match="do not fit a 4 x 64 block"):
+        triton_topk.top_pools(scores, first_query=0, kpool=4, keep=8, out=out,
+                              buffers=triton_topk.TopPoolsBuffers.allocate(4, 16, 8, torch.device("cpu")))
     with pytest.raises(ValueError, match="keep must be positive"):
         triton_topk.launch_shape(0)

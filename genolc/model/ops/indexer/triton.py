@@ -10,7 +10,7 @@ with the head sum fused (no ``[Cq, H, P]`` intermediate), and :func:`genolc.mode
 keeps each row's ``topk // kpool`` best causal pools (``fused_topk=False``: ``torch.topk`` over the block, as before
 2026-12-02, kept for the benchmark). ``P_visible`` is the last query's causal pool count, so early chunks cost
 little. The chunk size is chosen so the score block holds at most ``SCORE_BUDGET_ELEMENTS`` floats (1 GiB): working
-memory is that block, the top-k's candidate slots (64 MiB at 2048 queries) and the ``[B, T, W]`` output, O(T * W),
+memory is that block, the top-k's work space (96 MiB at 2048 queries) and the ``[B, T, W]`` output, O(T * W),
 never O(T^2 / kpool).
 
 The dot products sum in a different order than the reference's fp32 einsum, so pools whose scores tie to within
@@ -27,7 +27,7 @@ import torch
 
 from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows, index_width
 from genolc.model.ops.indexer.reference import check_selection_inputs
-from genolc.model.ops.indexer.triton_topk import candidate_buffers, top_pools
+from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools
 
 SCORE_BUDGET_ELEMENTS = 1 << 28
 MAX_QUERY_CHUNK = 4096
@@ -185,7 +185,7 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
     out = torch.empty((batch, seq_len, width), dtype=out_dtype, device=device)
     rows = min(query_chunk, seq_len)
     scores = torch.empty(rows * max(n_pools, 1), dtype=torch.float32, device=device)
-    candidates = candidate_buffers(rows, pools_per_row, device) if fused_topk and n_pools else None
+    buffers = TopPoolsBuffers.allocate(rows, n_pools, pools_per_row, device) if fused_topk and n_pools else None
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
@@ -199,7 +199,7 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
                                  query_offset + q0, softmax_scale, kpool, block)
                 if fused_topk:
                     top_pools(block, first_query=query_offset + q0, kpool=kpool, keep=pools_per_row, out=pools[b],
-                              candidates=candidates)
+                              buffers=buffers)
                     continue
                 positions = torch.arange(query_offset + q0, query_offset + q1, device=device)
                 n_visible = complete_pools_visible(positions, kpool)

@@ -1,4 +1,4 @@
-"""The indexer's selection on the GPU: each query's best pools out of its score row, one Triton program per row.
+"""The indexer's selection on the GPU: each query's best pools out of its score row, in four Triton launches.
 
 :func:`top_pools` takes the ``[Cq, P]`` fp32 score block of :func:`genolc.model.ops.indexer.triton.pool_score_block`
 and writes, per row ``t``, the ids of the ``keep`` best of the row's first ``n_t = (first_query + t + 1) // kpool``
@@ -6,50 +6,96 @@ scores (its complete causal pools; nothing past them is read), in ascending pool
 ``torch.topk`` over the whole block, whose radix select read every row, causal or not, in four passes and a gather
 (1.8 s of a `base` step at 512k, benchmarks/results/training_speed_2026-12-01.md).
 
-Per row, with scores compared as their ordered bit patterns (:func:`_ordered`; -0.0 ranks just below +0.0):
+Scores are compared as their ordered bit patterns (-0.0 ranks just below +0.0). Rows are cut into segments of
+``SEGMENT`` pools, one program each, so that a block of a thousand long rows still fills the GPU (one program per
+row was latency-bound: slower than ``torch.topk`` at 1M, benchmarks/results/indexer_2026-12-02.json):
 
-1. One read: the two largest scores of each of ``G`` strided groups (pool ``i`` is in group ``i mod G``,
-   ``2 G >= keep``). The lowest of the groups' second-largest scores, the floor, has at least ``2 G`` scores at or
-   above it.
-2. A second read copies every score at or above the floor, with its pool id, in pool order, to the row's ``CAP``
-   candidate slots. If a row's scores were drawn alike at random, about 4 ``keep`` of them would pass at ``keep``
-   512 over 128k pools; the cap is 8 ``keep``.
-3. The cut, the ``keep``-th best score: a bisection over the ordered patterns, each step a count of the scores at or
-   above its middle (at most 32 steps) among the candidates, or over the whole row when they did not fit (each
-   count one more read of the row). Where fewer than ``keep`` scores lie above the floor the floor is the cut.
-4. The kept pools in pool order: every one above the cut, then the lowest-numbered ones at the cut until ``keep``.
+1. One read (every row and segment): the two largest scores of each of ``G`` strided groups (pool ``i`` is in
+   group ``i mod G``, ``2 G >= keep``); per row the groups' tops over all segments are merged, and the lowest of the
+   groups' second-largest scores, the floor, has at least ``2 G >= keep`` scores at or above it.
+2. A second read copies every score at or above the floor, with its pool id, to the row's ``CAP`` candidate slots
+   (taken with an atomic counter). If a row's scores were drawn alike at random about 4 ``keep`` of them would pass
+   at ``keep`` 512, whatever the row's length; the cap is 8 ``keep``.
+3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
+   (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
+   When the candidates overflowed their slots, the bisection counts over the whole row instead (one read a step);
+   where fewer than ``keep`` scores lie above the floor the floor is the cut.
+4. The kept pools, sorted ascending.
 
-The result is a top-``keep`` of each row: the kept scores are the ``keep`` largest, as a multiset; only which of
-several equal scores at the cut are kept can differ from ``torch.topk``'s choice.
+The result is a top-``keep`` of each row, the same whatever order the atomics ran in: the kept scores are the
+``keep`` largest, as a multiset, and among equal scores at the cut the lowest pool ids are kept (``torch.topk`` may
+choose others among them).
 
 Imports Triton at call time only (CUDA code paths; see ``genolc.model.ops.dispatch``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 BLOCK = 1024
-GROUP_ROWS = 8
+TILE = 4096
+SEGMENT = 16384
 CAP_PER_KEPT = 8
 
 
-def launch_shape(keep: int) -> tuple[int, int, int]:
-    """(KEEP_BLOCK, GROUPS, CAP) of the kernel for ``keep`` pools a row: the output block (a power of two >=
-    keep), the strided groups (a power of two, 2 G >= keep, at least 16) and the candidate slots a row."""
+@dataclass(frozen=True)
+class LaunchShape:
+    keep_block: int       # the output block: a power of two >= keep
+    groups: int           # strided groups: a power of two, 2 G >= keep, at least 16
+    group_rows: int       # rows of a [group_rows, groups] tile in the first read
+    segment: int          # pools per (row, segment) program
+    cap: int              # candidate slots a row
+
+    def segments(self, n_cols: int) -> int:
+        return max(1, -(-n_cols // self.segment))
+
+
+def launch_shape(keep: int) -> LaunchShape:
+    """The kernels' block sizes for ``keep`` pools a row."""
     if keep < 1:
         raise ValueError(f"keep must be positive, got {keep}")
     keep_block = 1 << (keep - 1).bit_length()
     groups = max(16, keep_block // 2)
-    return keep_block, groups, max(CAP_PER_KEPT * keep_block, 4 * groups, BLOCK)
+    group_rows = max(1, TILE // groups)
+    return LaunchShape(keep_block=keep_block, groups=groups, group_rows=group_rows,
+                       segment=max(SEGMENT, group_rows * groups),
+                       cap=max(CAP_PER_KEPT * keep_block, 4 * groups, BLOCK))
+
+
+@dataclass(frozen=True)
+class TopPoolsBuffers:
+    """Work space of :func:`top_pools` for blocks of up to ``rows`` x ``cols`` (int32): the groups' tops per
+    segment ``[rows, segments * 2 * G]``, floor and highest ``[rows, 2]``, the candidate counters ``[rows, 2]``, the
+    candidates' ordered scores and pool ids ``[rows, CAP]`` each. 96 MiB at 2048 rows of 128k pools, keep 512."""
+    rows: int
+    cols: int
+    tops: torch.Tensor
+    floors: torch.Tensor
+    counts: torch.Tensor
+    cand_vals: torch.Tensor
+    cand_ids: torch.Tensor
+
+    @classmethod
+    def allocate(cls, rows: int, cols: int, keep: int, device: torch.device) -> "TopPoolsBuffers":
+        shape = launch_shape(keep)
+
+        def buffer(*dims):
+            return torch.empty(dims, dtype=torch.int32, device=device)
+
+        return cls(rows=rows, cols=cols, tops=buffer(rows, shape.segments(cols) * 2 * shape.groups),
+                   floors=buffer(rows, 2), counts=buffer(rows, 2), cand_vals=buffer(rows, shape.cap),
+                   cand_ids=buffer(rows, shape.cap))
 
 
 def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, out: torch.Tensor,
-              candidates: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+              buffers: TopPoolsBuffers | None = None) -> torch.Tensor:
     """The ``keep`` best causal pools of each row of ``scores [Cq, P]`` (fp32, row ``t`` the query at
     ``first_query + t``, which sees pools ``0 .. (first_query + t + 1) // kpool - 1``): fills ``out [Cq, keep]``
-    (int32 or int64) with their ids in ascending order, -1 after them, and returns it. ``candidates``: two int32
-    ``[>= Cq, CAP]`` work buffers (:func:`candidate_buffers`), allocated here when not given."""
+    (int32 or int64) with their ids in ascending order, -1 after them, and returns it. ``buffers``: the work space
+    (:class:`TopPoolsBuffers` for ``keep``, at least Cq x P), allocated here when not given."""
     n_rows, n_cols = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError(f"scores must be float32 with a contiguous last dimension, got {scores.dtype} "
@@ -57,23 +103,30 @@ def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, 
     if out.shape != (n_rows, keep) or out.dtype not in (torch.int32, torch.int64) or out.stride(-1) != 1:
         raise ValueError(f"out must be [{n_rows}, {keep}] int32/int64 with a contiguous last dimension, got "
                          f"{tuple(out.shape)} {out.dtype}")
-    keep_block, groups, cap = launch_shape(keep)
-    vals, ids = candidate_buffers(n_rows, keep, scores.device) if candidates is None else candidates
-    if vals.shape[0] < n_rows or vals.shape[1:] != (cap,) or ids.shape != vals.shape:
-        raise ValueError(f"candidates must be two [>= {n_rows}, {cap}] int32 buffers, got {tuple(vals.shape)}")
-    if n_rows:
-        from genolc.model.ops.indexer.triton_topk_kernel import top_pools_kernel
+    shape = launch_shape(keep)
+    if buffers is None:
+        buffers = TopPoolsBuffers.allocate(n_rows, n_cols, keep, scores.device)
+    if (buffers.rows < n_rows or buffers.cols < n_cols or buffers.cand_vals.shape[1] != shape.cap
+            or buffers.tops.shape[1] < shape.segments(n_cols) * 2 * shape.groups):
+        raise ValueError(f"buffers for {buffers.rows} x {buffers.cols} (cap {buffers.cand_vals.shape[1]}) do not "
+                         f"fit a {n_rows} x {n_cols} block at keep {keep}")
+    if not n_rows:
+        return out
+    from genolc.model.ops.indexer import triton_topk_kernel as kernels
 
-        top_pools_kernel[(n_rows,)](
-            scores, out, vals, ids, first_query, n_cols, kpool, keep,
-            scores.stride(0), out.stride(0), vals.stride(0),
-            KEEP_BLOCK=keep_block, GROUPS=groups, GROUP_ROWS=GROUP_ROWS, BLOCK=BLOCK, CAP=cap, num_warps=4)
+    segments = shape.segments(n_cols)
+    tops, floors, counts = buffers.tops, buffers.floors, buffers.counts
+    vals, ids = buffers.cand_vals, buffers.cand_ids
+    kernels.group_tops_kernel[(n_rows, segments)](
+        scores, tops, first_query, n_cols, kpool, scores.stride(0), tops.stride(0),
+        GROUPS=shape.groups, GROUP_ROWS=shape.group_rows, SEGMENT=shape.segment, num_warps=4)
+    kernels.floors_kernel[(n_rows,)](
+        tops, floors, counts, first_query, n_cols, kpool, tops.stride(0),
+        GROUPS=shape.groups, SEGMENT=shape.segment, num_warps=4)
+    kernels.candidates_kernel[(n_rows, segments)](
+        scores, floors, counts, vals, ids, first_query, n_cols, kpool, keep, scores.stride(0), vals.stride(0),
+        BLOCK=BLOCK, SEGMENT=shape.segment, CAP=shape.cap, num_warps=4)
+    kernels.select_kernel[(n_rows,)](
+        scores, floors, counts, vals, ids, out, first_query, n_cols, kpool, keep, scores.stride(0), vals.stride(0),
+        out.stride(0), KEEP_BLOCK=shape.keep_block, BLOCK=BLOCK, CAP=shape.cap, num_warps=8)
     return out
-
-
-def candidate_buffers(n_rows: int, keep: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's per-row candidate slots: two int32 ``[n_rows, CAP]`` buffers (ordered scores, pool ids);
-    32 MiB each at 2048 rows and keep 512."""
-    cap = launch_shape(keep)[2]
-    return (torch.empty((n_rows, cap), dtype=torch.int32, device=device),
-            torch.empty((n_rows, cap), dtype=torch.int32, device=device))

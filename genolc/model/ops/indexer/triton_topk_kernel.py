@@ -1,11 +1,17 @@
-"""The Triton kernel of :func:`genolc.model.ops.indexer.triton_topk.top_pools` (its algorithm is described there).
+"""The Triton kernels of :func:`genolc.model.ops.indexer.triton_topk.top_pools` (the algorithm is described there).
 
-Imports Triton at import time: :mod:`genolc.model.ops.indexer.triton_topk` imports this module when it first runs
-the kernel.
+Scores are compared as :func:`_ordered` int32 patterns throughout; ``LOWEST`` stands for "no score". Four launches
+per score block: ``group_tops_kernel`` and ``candidates_kernel`` on every (row, segment), ``floors_kernel`` and
+``select_kernel`` on every row.
+
+Imports Triton at import time: :mod:`genolc.model.ops.indexer.triton_topk` imports this module when it first runs.
 """
 
 import triton
 import triton.language as tl
+
+LOWEST = tl.constexpr(-2147483648)
+NO_POOL = tl.constexpr(2147483647)
 
 
 @triton.jit
@@ -16,102 +22,153 @@ def _ordered(x):
 
 
 @triton.jit
-def _load_ordered(ptr, start, offs, n, FROM_CANDIDATES: tl.constexpr):
+def _visible(first_query, row, kpool, n_cols):
+    return tl.minimum((first_query + row + 1) // kpool, n_cols)
+
+
+@triton.jit
+def _load_ordered(ptr, start, offs, n):
     inside = start + offs < n
-    if FROM_CANDIDATES:
-        value = tl.load(ptr + start + offs, mask=inside, other=-2147483648)
-    else:
-        value = _ordered(tl.load(ptr + start + offs, mask=inside, other=0.0))
-    return tl.where(inside, value, -2147483648), inside
+    value = _ordered(tl.load(ptr + start + offs, mask=inside, other=0.0))
+    return tl.where(inside, value, LOWEST), inside
 
 
 @triton.jit
-def _count_at_least(ptr, n, threshold, offs, BLOCK: tl.constexpr, FROM_CANDIDATES: tl.constexpr):
-    count = 0
-    for start in range(0, n, BLOCK):
-        value, inside = _load_ordered(ptr, start, offs, n, FROM_CANDIDATES)
-        count += tl.sum(((value >= threshold) & inside).to(tl.int32), axis=0)
-    return count
+def group_tops_kernel(scores_ptr, tops_ptr, first_query, n_cols, kpool, stride_s, stride_t,
+                      GROUPS: tl.constexpr, GROUP_ROWS: tl.constexpr, SEGMENT: tl.constexpr):
+    """tops[row, segment] = the two best scores of each strided group (pool i in group i mod GROUPS) among the
+    segment's causal pools: ``[2, GROUPS]``, best first."""
+    row = tl.program_id(0)
+    segment = tl.program_id(1)
+    n = _visible(first_query, row, kpool, n_cols)
+    seg_start = segment * SEGMENT
+    if seg_start < n:
+        scores = scores_ptr + row.to(tl.int64) * stride_s
+        seg_end = tl.minimum(seg_start + SEGMENT, n)
+        first = tl.full([GROUPS], LOWEST, tl.int32)
+        second = tl.full([GROUPS], LOWEST, tl.int32)
+        tile = tl.arange(0, GROUP_ROWS)[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :]
+        for start in range(seg_start, seg_end, GROUP_ROWS * GROUPS):
+            inside = start + tile < seg_end
+            value = tl.where(inside, _ordered(tl.load(scores + start + tile, mask=inside, other=0.0)), LOWEST)
+            top = tl.max(value, axis=0)
+            is_top = value == top[None, :]
+            ties = tl.sum(is_top.to(tl.int32), axis=0)
+            runner_up = tl.where(ties > 1, top, tl.max(tl.where(is_top, LOWEST, value), axis=0))
+            second = tl.maximum(tl.minimum(first, top), tl.maximum(second, runner_up))
+            first = tl.maximum(first, top)
+        tops = tops_ptr + (row.to(tl.int64) * stride_t + segment * 2 * GROUPS)
+        groups = tl.arange(0, GROUPS)
+        tl.store(tops + groups, first)
+        tl.store(tops + GROUPS + groups, second)
 
 
 @triton.jit
-def _select(vals, ids, n, lo, hi, count_hi, keep, pools, offs, BLOCK: tl.constexpr,
-            FROM_CANDIDATES: tl.constexpr):
-    # Invariant: at least `keep` scores >= lo, count_hi (< keep) scores >= hi.
+def floors_kernel(tops_ptr, floors_ptr, counts_ptr, first_query, n_cols, kpool, stride_t,
+                  GROUPS: tl.constexpr, SEGMENT: tl.constexpr):
+    """Per row: floor (the lowest group's second-best score), highest score; zeroes the row's two counters."""
+    row = tl.program_id(0)
+    n = _visible(first_query, row, kpool, n_cols)
+    tops = tops_ptr + row.to(tl.int64) * stride_t
+    groups = tl.arange(0, GROUPS)
+    first = tl.full([GROUPS], LOWEST, tl.int32)
+    second = tl.full([GROUPS], LOWEST, tl.int32)
+    for segment in range(0, tl.cdiv(n, SEGMENT)):
+        seg_first = tl.load(tops + segment * 2 * GROUPS + groups)
+        seg_second = tl.load(tops + segment * 2 * GROUPS + GROUPS + groups)
+        second = tl.maximum(tl.minimum(first, seg_first), tl.maximum(second, seg_second))
+        first = tl.maximum(first, seg_first)
+    tl.store(floors_ptr + 2 * row, tl.min(second, axis=0))
+    tl.store(floors_ptr + 2 * row + 1, tl.max(first, axis=0))
+    tl.store(counts_ptr + 2 * row, 0)
+    tl.store(counts_ptr + 2 * row + 1, 0)
+
+
+@triton.jit
+def candidates_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_ids_ptr, first_query, n_cols, kpool,
+                      keep, stride_s, stride_c, BLOCK: tl.constexpr, SEGMENT: tl.constexpr, CAP: tl.constexpr):
+    """Copies the segment's scores at or above the row's floor (and their pool ids) to the row's candidate slots,
+    slots taken with an atomic counter (counts[row, 0]); counts[row, 1] gathers the scores above the floor."""
+    row = tl.program_id(0)
+    segment = tl.program_id(1)
+    n = _visible(first_query, row, kpool, n_cols)
+    seg_start = segment * SEGMENT
+    if (seg_start < n) & (n > keep):
+        scores = scores_ptr + row.to(tl.int64) * stride_s
+        seg_end = tl.minimum(seg_start + SEGMENT, n)
+        floor = tl.load(floors_ptr + 2 * row)
+        cand_vals = cand_vals_ptr + row.to(tl.int64) * stride_c
+        cand_ids = cand_ids_ptr + row.to(tl.int64) * stride_c
+        offs = tl.arange(0, BLOCK)
+        above = 0
+        for start in range(seg_start, seg_end, BLOCK):
+            value, inside = _load_ordered(scores, start, offs, seg_end)
+            passing = (value >= floor) & inside
+            passed = tl.sum(passing.to(tl.int32), axis=0)
+            if passed > 0:
+                first_slot = tl.atomic_add(counts_ptr + 2 * row, passed)
+                slot = first_slot + tl.cumsum(passing.to(tl.int32), axis=0) - 1
+                tl.store(cand_vals + slot, value, mask=passing & (slot < CAP))
+                tl.store(cand_ids + slot, start + offs, mask=passing & (slot < CAP))
+            above += tl.sum(((value > floor) & inside).to(tl.int32), axis=0)
+        tl.atomic_add(counts_ptr + 2 * row + 1, above)
+
+
+@triton.jit
+def _cut_over_row(scores, n, lo, hi, count_hi, keep, BLOCK: tl.constexpr):
+    # Bisection for the cut with a count over the whole row per step (candidates that overflowed their slots).
+    offs = tl.arange(0, BLOCK)
     while hi - lo > 1:
         mid = lo + (hi - lo) // 2
-        count = _count_at_least(vals, n, mid, offs, BLOCK, FROM_CANDIDATES)
+        count = 0
+        for start in range(0, n, BLOCK):
+            value, inside = _load_ordered(scores, start, offs, n)
+            count += tl.sum(((value >= mid) & inside).to(tl.int32), axis=0)
         if count >= keep:
             lo = mid
         else:
             hi = mid
             count_hi = count
-    cut = lo
-    wanted_at_cut = keep - count_hi
+    return lo, count_hi
+
+
+@triton.jit
+def _write_row_pools(scores, n, cut, wanted_at_cut, keep, pools, BLOCK: tl.constexpr):
+    # The kept pools straight from the row, ascending: above the cut, and the lowest-numbered ones at it.
+    offs = tl.arange(0, BLOCK)
     written = 0
     seen_at_cut = 0
     for start in range(0, n, BLOCK):
-        value, inside = _load_ordered(vals, start, offs, n, FROM_CANDIDATES)
+        value, inside = _load_ordered(scores, start, offs, n)
         at_cut = (value == cut) & inside
         rank_at_cut = seen_at_cut + tl.cumsum(at_cut.to(tl.int32), axis=0)
         chosen = ((value > cut) & inside) | (at_cut & (rank_at_cut <= wanted_at_cut))
         slot = written + tl.cumsum(chosen.to(tl.int32), axis=0) - 1
-        if FROM_CANDIDATES:
-            pool = tl.load(ids + start + offs, mask=chosen, other=-1)
-        else:
-            pool = start + offs
-        tl.store(pools + slot, pool, mask=chosen & (slot < keep))
+        tl.store(pools + slot, start + offs, mask=chosen & (slot < keep))
         written += tl.sum(chosen.to(tl.int32), axis=0)
         seen_at_cut += tl.sum(at_cut.to(tl.int32), axis=0)
 
 
 @triton.jit
-def top_pools_kernel(scores_ptr, pools_ptr, cand_vals_ptr, cand_ids_ptr, first_query, n_cols, kpool, keep,
-                     stride_s, stride_p, stride_c,
-                     KEEP_BLOCK: tl.constexpr, GROUPS: tl.constexpr, GROUP_ROWS: tl.constexpr,
-                     BLOCK: tl.constexpr, CAP: tl.constexpr):
+def select_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_ids_ptr, pools_ptr, first_query, n_cols,
+                  kpool, keep, stride_s, stride_c, stride_p,
+                  KEEP_BLOCK: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
+    """Per row: the cut among the candidates (in registers) or, when they overflowed, over the row; the kept pools
+    in ascending order, -1 after them."""
     row = tl.program_id(0)
-    n = tl.minimum((first_query + row + 1) // kpool, n_cols)
-    scores = scores_ptr + row.to(tl.int64) * stride_s
+    n = _visible(first_query, row, kpool, n_cols)
     pools = pools_ptr + row.to(tl.int64) * stride_p
     slots = tl.arange(0, KEEP_BLOCK)
     if n <= keep:
         tl.store(pools + slots, tl.where(slots < n, slots, -1), mask=slots < keep)
     else:
-        # A row whose scores do not give `keep` distinct ordered values (NaNs) keeps fewer: -1 first.
+        # A row whose scores are not all comparable (NaNs) may keep fewer: -1 first.
         tl.store(pools + slots, tl.full([KEEP_BLOCK], -1, tl.int32), mask=slots < keep)
-        lowest = -2147483648
-        first = tl.full([GROUPS], lowest, tl.int32)
-        second = tl.full([GROUPS], lowest, tl.int32)
-        tile = tl.arange(0, GROUP_ROWS)[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :]
-        for start in range(0, n, GROUP_ROWS * GROUPS):
-            inside = start + tile < n
-            value = tl.where(inside, _ordered(tl.load(scores + start + tile, mask=inside, other=0.0)), lowest)
-            top = tl.max(value, axis=0)
-            is_top = value == top[None, :]
-            ties = tl.sum(is_top.to(tl.int32), axis=0)
-            runner_up = tl.where(ties > 1, top, tl.max(tl.where(is_top, lowest, value), axis=0))
-            second = tl.maximum(tl.minimum(first, top), tl.maximum(second, runner_up))
-            first = tl.maximum(first, top)
-        floor = tl.min(second, axis=0)
-        highest = tl.max(first, axis=0)
-
-        offs = tl.arange(0, BLOCK)
-        cand_vals = cand_vals_ptr + row.to(tl.int64) * stride_c
-        cand_ids = cand_ids_ptr + row.to(tl.int64) * stride_c
-        copied = 0
-        above = 0
-        for start in range(0, n, BLOCK):
-            value, inside = _load_ordered(scores, start, offs, n, False)
-            passing = (value >= floor) & inside
-            slot = copied + tl.cumsum(passing.to(tl.int32), axis=0) - 1
-            tl.store(cand_vals + slot, value, mask=passing & (slot < CAP))
-            tl.store(cand_ids + slot, start + offs, mask=passing & (slot < CAP))
-            copied += tl.sum(passing.to(tl.int32), axis=0)
-            above += tl.sum(((value > floor) & inside).to(tl.int32), axis=0)
-        # The candidates were written by other threads of this program; the -1 fill must land before the ids.
         tl.debug_barrier()
-
+        floor = tl.load(floors_ptr + 2 * row)
+        highest = tl.load(floors_ptr + 2 * row + 1)
+        copied = tl.load(counts_ptr + 2 * row)
+        above = tl.load(counts_ptr + 2 * row + 1)
         lo = floor.to(tl.int64)
         hi = highest.to(tl.int64) + 1
         count_hi = 0
@@ -119,6 +176,41 @@ def top_pools_kernel(scores_ptr, pools_ptr, cand_vals_ptr, cand_ids_ptr, first_q
             hi = lo + 1
             count_hi = above
         if copied <= CAP:
-            _select(cand_vals, cand_ids, copied, lo, hi, count_hi, keep, pools, offs, BLOCK, True)
+            offs = tl.arange(0, CAP)
+            valid = offs < copied
+            cand_vals = cand_vals_ptr + row.to(tl.int64) * stride_c
+            cand_ids = cand_ids_ptr + row.to(tl.int64) * stride_c
+            value = tl.where(valid, tl.load(cand_vals + offs, mask=valid, other=LOWEST), LOWEST)
+            pool = tl.load(cand_ids + offs, mask=valid, other=NO_POOL)
+            while hi - lo > 1:
+                mid = lo + (hi - lo) // 2
+                count = tl.sum((valid & (value >= mid)).to(tl.int32), axis=0)
+                if count >= keep:
+                    lo = mid
+                else:
+                    hi = mid
+                    count_hi = count
+            # The slots were filled in whatever order the segments' atomics ran: among the scores at the cut keep
+            # the lowest-numbered pools, found by a second bisection over the pool ids.
+            at_cut = valid & (value == lo)
+            wanted_at_cut = keep - count_hi
+            last_pool = n
+            if tl.sum(at_cut.to(tl.int32), axis=0) > wanted_at_cut:
+                id_lo = -1
+                while last_pool - id_lo > 1:
+                    id_mid = id_lo + (last_pool - id_lo) // 2
+                    if tl.sum((at_cut & (pool <= id_mid)).to(tl.int32), axis=0) >= wanted_at_cut:
+                        last_pool = id_mid
+                    else:
+                        id_lo = id_mid
+            chosen = (valid & (value > lo)) | (at_cut & (pool <= last_pool))
+            slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+            tl.store(pools + slot, pool, mask=chosen & (slot < keep))
         else:
-            _select(scores, scores, n, lo, hi, count_hi, keep, pools, offs, BLOCK, False)
+            scores = scores_ptr + row.to(tl.int64) * stride_s
+            cut, count_hi = _cut_over_row(scores, n, lo, hi, count_hi, keep, BLOCK)
+            _write_row_pools(scores, n, cut, keep - count_hi, keep, pools, BLOCK)
+        tl.debug_barrier()
+        kept = tl.load(pools + slots, mask=slots < keep, other=-1)
+        kept = tl.sort(tl.where(kept < 0, NO_POOL, kept))
+        tl.store(pools + slots, tl.where(kept == NO_POOL, -1, kept), mask=slots < keep)
