@@ -48,21 +48,25 @@ class LaunchShape:
     group_rows: int       # rows of a [group_rows, groups] tile in the first read
     segment: int          # pools per (row, segment) program
     cap: int              # candidate slots a row
+    block: int = BLOCK    # scores per step of the second read
+    warps: int = 4        # warps of the per-segment programs
 
     def segments(self, n_cols: int) -> int:
         return max(1, -(-n_cols // self.segment))
 
 
-def launch_shape(keep: int) -> LaunchShape:
-    """The kernels' block sizes for ``keep`` pools a row."""
+def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile: int = TILE,
+                 warps: int = 4) -> LaunchShape:
+    """The kernels' block sizes for ``keep`` pools a row (the keywords: powers of two, for
+    benchmarks/bench_indexer_topk.py's sweep)."""
     if keep < 1:
         raise ValueError(f"keep must be positive, got {keep}")
     keep_block = 1 << (keep - 1).bit_length()
     groups = max(16, keep_block // 2)
-    group_rows = max(1, TILE // groups)
+    group_rows = max(1, tile // groups)
     return LaunchShape(keep_block=keep_block, groups=groups, group_rows=group_rows,
-                       segment=max(SEGMENT, group_rows * groups),
-                       cap=max(CAP_PER_KEPT * keep_block, 4 * groups, BLOCK))
+                       segment=max(segment, group_rows * groups, block),
+                       cap=max(CAP_PER_KEPT * keep_block, 4 * groups, block), block=block, warps=warps)
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,9 @@ class TopPoolsBuffers:
     cand_ids: torch.Tensor
 
     @classmethod
-    def allocate(cls, rows: int, cols: int, keep: int, device: torch.device) -> "TopPoolsBuffers":
-        shape = launch_shape(keep)
+    def allocate(cls, rows: int, cols: int, keep: int, device: torch.device,
+                 shape: LaunchShape | None = None) -> "TopPoolsBuffers":
+        shape = launch_shape(keep) if shape is None else shape
 
         def buffer(*dims):
             return torch.empty(dims, dtype=torch.int32, device=device)
@@ -91,11 +96,14 @@ class TopPoolsBuffers:
 
 
 def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, out: torch.Tensor,
-              buffers: TopPoolsBuffers | None = None) -> torch.Tensor:
+              buffers: TopPoolsBuffers | None = None, shape: LaunchShape | None = None,
+              stages: list | None = None) -> torch.Tensor:
     """The ``keep`` best causal pools of each row of ``scores [Cq, P]`` (fp32, row ``t`` the query at
     ``first_query + t``, which sees pools ``0 .. (first_query + t + 1) // kpool - 1``): fills ``out [Cq, keep]``
     (int32 or int64) with their ids in ascending order, -1 after them, and returns it. ``buffers``: the work space
-    (:class:`TopPoolsBuffers` for ``keep``, at least Cq x P), allocated here when not given."""
+    (:class:`TopPoolsBuffers` for ``keep``, at least Cq x P), allocated here when not given. ``shape``: other block
+    sizes than :func:`launch_shape`'s; ``stages``: a list that gets a CUDA event after each launch (the benchmark's
+    per-kernel times)."""
     n_rows, n_cols = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError(f"scores must be float32 with a contiguous last dimension, got {scores.dtype} "
@@ -103,9 +111,9 @@ def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, 
     if out.shape != (n_rows, keep) or out.dtype not in (torch.int32, torch.int64) or out.stride(-1) != 1:
         raise ValueError(f"out must be [{n_rows}, {keep}] int32/int64 with a contiguous last dimension, got "
                          f"{tuple(out.shape)} {out.dtype}")
-    shape = launch_shape(keep)
+    shape = launch_shape(keep) if shape is None else shape
     if buffers is None:
-        buffers = TopPoolsBuffers.allocate(n_rows, n_cols, keep, scores.device)
+        buffers = TopPoolsBuffers.allocate(n_rows, n_cols, keep, scores.device, shape)
     if (buffers.rows < n_rows or buffers.cols < n_cols or buffers.cand_vals.shape[1] != shape.cap
             or buffers.tops.shape[1] < shape.segments(n_cols) * 2 * shape.groups):
         raise ValueError(f"buffers for {buffers.rows} x {buffers.cols} (cap {buffers.cand_vals.shape[1]}) do not "
@@ -119,14 +127,25 @@ def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, 
     vals, ids = buffers.cand_vals, buffers.cand_ids
     kernels.group_tops_kernel[(n_rows, segments)](
         scores, tops, first_query, n_cols, kpool, scores.stride(0), tops.stride(0),
-        GROUPS=shape.groups, GROUP_ROWS=shape.group_rows, SEGMENT=shape.segment, num_warps=4)
+        GROUPS=shape.groups, GROUP_ROWS=shape.group_rows, SEGMENT=shape.segment, num_warps=shape.warps)
+    _mark(stages)
     kernels.floors_kernel[(n_rows,)](
         tops, floors, counts, first_query, n_cols, kpool, tops.stride(0),
         GROUPS=shape.groups, SEGMENT=shape.segment, num_warps=4)
+    _mark(stages)
     kernels.candidates_kernel[(n_rows, segments)](
         scores, floors, counts, vals, ids, first_query, n_cols, kpool, keep, scores.stride(0), vals.stride(0),
-        BLOCK=BLOCK, SEGMENT=shape.segment, CAP=shape.cap, num_warps=4)
+        BLOCK=shape.block, SEGMENT=shape.segment, CAP=shape.cap, num_warps=shape.warps)
+    _mark(stages)
     kernels.select_kernel[(n_rows,)](
         scores, floors, counts, vals, ids, out, first_query, n_cols, kpool, keep, scores.stride(0), vals.stride(0),
-        out.stride(0), KEEP_BLOCK=shape.keep_block, BLOCK=BLOCK, CAP=shape.cap, num_warps=8)
+        out.stride(0), KEEP_BLOCK=shape.keep_block, BLOCK=shape.block, CAP=shape.cap, num_warps=8)
+    _mark(stages)
     return out
+
+
+def _mark(stages: list | None) -> None:
+    if stages is not None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        stages.append(event)
