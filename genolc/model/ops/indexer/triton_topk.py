@@ -14,7 +14,7 @@ row was latency-bound: slower than ``torch.topk`` at 1M, benchmarks/results/inde
    group ``i mod G``, ``2 G >= keep``); per row the groups' tops over all segments are merged, and the lowest of the
    groups' second-largest scores, the floor, has at least ``2 G >= keep`` scores at or above it.
 2. A second read copies every score at or above the floor, with its pool id, to the row's ``CAP`` candidate slots
-   (taken with an atomic counter). If a row's scores were drawn alike at random about 4 ``keep`` of them would pass
+   (each slot taken by an atomic add). If a row's scores were drawn alike at random about 4 ``keep`` of them would pass
    at ``keep`` 512, whatever the row's length; the cap is 8 ``keep``.
 3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
    (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
