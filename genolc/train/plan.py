@@ -102,9 +102,9 @@ from genolc.units import format_length
 GIB = 1024**3
 KDA_CHUNK = 64
 H200_BF16_FLOPS = PEAK_BF16_FLOPS["H200"]
-# The indexer's Triton scoring + top-k at 1M tokens on the H200: 2.2 s for 1.4e14 FLOPs
-# (benchmarks/results/indexer_2026-11-29.json).
-INDEXER_FLOPS_PER_S = 64e12
+# The indexer's Triton scoring + Triton top-k at 1M tokens on the H200: 1.94 s for 1.4e14 FLOPs (2.27 s with
+# torch.topk; benchmarks/results/indexer_topk_2026-12-02/indexer_2026-12-02.json).
+INDEXER_FLOPS_PER_S = 72e12
 # The chunk --chunk auto adds per-layer recompute to reach rather than run shorter chunks without it: `base` at 1M on
 # the H200 took > 390 s a step in 8k chunks, 153 s in 32k chunks with recompute
 # (benchmarks/results/long_context_2026-11-30.json). Where the first pass's pools cannot be kept, under context

@@ -190,7 +190,11 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
         visible_pools = (query_offset + q1) // kpool  # the chunk's last query sees the most pools
-        pools = torch.full((batch, q1 - q0, pools_per_row), -1, dtype=torch.long, device=device)
+        # The top-k kernel writes every slot of the rows it is given; torch.topk fills only the visible pools' slots.
+        if fused_topk and visible_pools:
+            pools = torch.empty((batch, q1 - q0, pools_per_row), dtype=torch.long, device=device)
+        else:
+            pools = torch.full((batch, q1 - q0, pools_per_row), -1, dtype=torch.long, device=device)
         block = scores[: (q1 - q0) * visible_pools].view(q1 - q0, visible_pools)
         # Queries that see no complete pool yet choose none (their rows hold only the tail slots, if any).
         if visible_pools:
