@@ -257,7 +257,7 @@ def main() -> int:
     top_pools_cases = [
         # rows, cols, first query, kpool, keep: rows that see fewer pools than keep beside rows that see more,
         # keep not a power of two, rows past the block's columns, candidates over their 1024 slots, two segments
-        (24, 300, 100, 4, 48),
+        (24, 300, 180, 4, 48),
         (9, 3001, 11990, 4, 64),
         (5, 2500, 2600, 1, 100),
         (2, 20000, 79990, 4, 64),

@@ -10,8 +10,8 @@ with the head sum fused (no ``[Cq, H, P]`` intermediate), and :func:`genolc.mode
 keeps each row's ``topk // kpool`` best causal pools (``fused_topk=False``: ``torch.topk`` over the block, as before
 2026-12-02, kept for the benchmark). ``P_visible`` is the last query's causal pool count, so early chunks cost
 little. The chunk size is chosen so the score block holds at most ``SCORE_BUDGET_ELEMENTS`` floats (1 GiB): working
-memory is that block, the top-k's work space (96 MiB at 2048 queries) and the ``[B, T, W]`` output, O(T * W),
-never O(T^2 / kpool).
+memory is that block, the top-k's work space (at most about 160 MiB: 4096 queries at 256k) and the ``[B, T, W]`` output,
+O(T * W), never O(T^2 / kpool).
 
 The dot products sum in a different order than the reference's fp32 einsum, so pools whose scores tie to within
 rounding may be chosen differently; everything else selects the same sets.
@@ -198,6 +198,8 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
         block = scores[: (q1 - q0) * visible_pools].view(q1 - q0, visible_pools)
         # Queries that see no complete pool yet choose none (their rows hold only the tail slots, if any).
         if visible_pools:
+            positions = torch.arange(query_offset + q0, query_offset + q1, device=device)
+            n_visible = None if fused_topk else complete_pools_visible(positions, kpool)
             for b in range(batch):
                 pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools],
                                  query_offset + q0, softmax_scale, kpool, block)
@@ -205,8 +207,6 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
                     top_pools(block, first_query=query_offset + q0, kpool=kpool, keep=pools_per_row, out=pools[b],
                               buffers=buffers)
                     continue
-                positions = torch.arange(query_offset + q0, query_offset + q1, device=device)
-                n_visible = complete_pools_visible(positions, kpool)
                 best_pools = block.topk(min(pools_per_row, visible_pools), dim=-1).indices
                 # A non-causal pool is picked only when fewer than pools_per_row are visible: drop it by position.
                 pools[b, :, : best_pools.shape[1]] = best_pools.masked_fill(best_pools >= n_visible[:, None], -1)

@@ -1,14 +1,15 @@
 """The indexer's selection on the GPU: each query's best pools out of its score row, in four Triton launches.
 
 :func:`top_pools` takes the ``[Cq, P]`` fp32 score block of :func:`genolc.model.ops.indexer.triton.pool_score_block`
-and writes, per row ``t``, the ids of the ``keep`` best of the row's first ``n_t = (first_query + t + 1) // kpool``
-scores (its complete causal pools; nothing past them is read), in ascending pool order, -1 after them. It replaces
+and writes, per row ``t``, the ids of the ``keep`` best of the row's first ``n_t = min((first_query + t + 1) // kpool,
+P)`` scores (its complete causal pools; nothing past them is read), in ascending pool order, -1 after them. It replaces
 ``torch.topk`` over the whole block, whose radix select read every row, causal or not, in four passes and a gather
 (1.8 s of a `base` step at 512k, benchmarks/results/training_speed_2026-12-01.md).
 
-Scores are compared as their ordered bit patterns (-0.0 ranks just below +0.0). Rows are cut into segments of
+Scores are compared as their ordered bit patterns (-0.0 ranks just below +0.0; NaNs above +inf or below -inf by
+their sign, where ``torch.topk`` ranks every NaN highest). Rows are cut into segments of
 ``SEGMENT`` pools, one program each, so that a block of a thousand long rows still fills the GPU (one program per
-row was latency-bound: slower than ``torch.topk`` at 1M, benchmarks/results/indexer_2026-12-02.json):
+row was latency-bound: slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
 
 1. One read (every row and segment): the two largest scores of each of ``G`` strided groups (pool ``i`` is in
    group ``i mod G``, ``2 G >= keep``); per row the groups' tops over all segments are merged, and the lowest of the
@@ -18,8 +19,9 @@ row was latency-bound: slower than ``torch.topk`` at 1M, benchmarks/results/inde
    at ``keep`` 512, whatever the row's length; the cap is 8 ``keep``.
 3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
    (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
-   When the candidates overflowed their slots, the bisection counts over the whole row instead (one read a step);
-   where fewer than ``keep`` scores lie above the floor the floor is the cut.
+   When the candidates overflowed their slots, the bisection counts over the whole row instead (one read a step,
+   up to 32; rows where one of the G groups has fewer than two scores above a mass of equal ones, such as ReLU
+   zeros, take that path); where fewer than ``keep`` scores lie above the floor the floor is the cut.
 4. The kept pools, sorted ascending.
 
 The result is a top-``keep`` of each row, the same whatever order the atomics ran in: the kept scores are the
@@ -99,21 +101,24 @@ def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, 
               buffers: TopPoolsBuffers | None = None, shape: LaunchShape | None = None,
               stages: list | None = None) -> torch.Tensor:
     """The ``keep`` best causal pools of each row of ``scores [Cq, P]`` (fp32, row ``t`` the query at
-    ``first_query + t``, which sees pools ``0 .. (first_query + t + 1) // kpool - 1``): fills ``out [Cq, keep]``
+    ``first_query + t``, which sees pools ``0 .. min((first_query + t + 1) // kpool, P) - 1``): fills ``out [Cq, keep]``
     (int32 or int64) with their ids in ascending order, -1 after them, and returns it. ``buffers``: the work space
-    (:class:`TopPoolsBuffers` for ``keep``, at least Cq x P), allocated here when not given. ``shape``: other block
-    sizes than :func:`launch_shape`'s; ``stages``: a list that gets a CUDA event after each launch (the benchmark's
-    per-kernel times)."""
+    (:class:`TopPoolsBuffers` for ``keep``, at least Cq x P, on the scores' device), allocated here when not given.
+    ``shape``: other block sizes than :func:`launch_shape`'s; ``stages``: a list that gets a CUDA event after each
+    launch (the benchmark's per-kernel times)."""
     n_rows, n_cols = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError(f"scores must be float32 with a contiguous last dimension, got {scores.dtype} "
                          f"strides {scores.stride()}")
     if out.shape != (n_rows, keep) or out.dtype not in (torch.int32, torch.int64) or out.stride(-1) != 1:
         raise ValueError(f"out must be [{n_rows}, {keep}] int32/int64 with a contiguous last dimension, got "
-                         f"{tuple(out.shape)} {out.dtype}")
+                         f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
     shape = launch_shape(keep) if shape is None else shape
     if buffers is None:
         buffers = TopPoolsBuffers.allocate(n_rows, n_cols, keep, scores.device, shape)
+    if buffers.tops.device != scores.device or out.device != scores.device:
+        raise ValueError(f"scores ({scores.device}), out ({out.device}) and buffers ({buffers.tops.device}) must be "
+                         "on one device")
     if (buffers.rows < n_rows or buffers.cols < n_cols or buffers.cand_vals.shape[1] != shape.cap
             or buffers.tops.shape[1] < shape.segments(n_cols) * 2 * shape.groups):
         raise ValueError(f"buffers for {buffers.rows} x {buffers.cols} (cap {buffers.cand_vals.shape[1]}) do not "

@@ -163,7 +163,8 @@ def select_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_ids_pt
     if n <= keep:
         tl.store(pools + slots, tl.where(slots < n, slots, -1), mask=slots < keep)
     else:
-        # A row whose scores are not all comparable (NaNs) may keep fewer: -1 first.
+        # Every path below writes exactly `keep` slots; the -1 fill first only keeps a slot that a fault left
+        # unwritten from reading as a pool.
         tl.store(pools + slots, tl.full([KEEP_BLOCK], -1, tl.int32), mask=slots < keep)
         tl.debug_barrier()
         floor = tl.load(floors_ptr + 2 * row)
