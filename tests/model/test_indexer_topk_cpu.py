@@ -37,5 +37,8 @@ def test_top_pools_refuses_what_the_kernel_cannot_take():
     with pytest.raises(ValueError, match="do not fit a 4 x 64 block"):
         triton_topk.top_pools(scores, first_query=0, kpool=4, keep=8, out=out,
                               buffers=triton_topk.TopPoolsBuffers.allocate(4, 16, 8, torch.device("cpu")))
+    with pytest.raises(ValueError, match="must be on one device"):
+        triton_topk.top_pools(scores, first_query=0, kpool=4, keep=8, out=out,
+                              buffers=triton_topk.TopPoolsBuffers.allocate(4, 64, 8, torch.device("meta")))
     with pytest.raises(ValueError, match="keep must be positive"):
         triton_topk.launch_shape(0)
