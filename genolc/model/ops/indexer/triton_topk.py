@@ -7,21 +7,21 @@ P)`` scores (its complete causal pools; nothing past them is read), in ascending
 (1.8 s of a `base` step at 512k, benchmarks/results/training_speed_2026-12-01.md).
 
 Scores are compared as their ordered bit patterns (-0.0 ranks just below +0.0; NaNs above +inf or below -inf by
-their sign, where ``torch.topk`` ranks every NaN highest). Rows are cut into segments of
-``SEGMENT`` pools, one program each, so that a block of a thousand long rows still fills the GPU (one program per
-row was latency-bound: slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
+their sign, where ``torch.topk`` ranks every NaN highest). Rows are cut into segments of ``SEGMENT`` pools, one
+program each, so that a block of a thousand long rows still fills the GPU (one program per row was latency-bound:
+slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
 
 1. One read (every row and segment): the two largest scores of each of ``G`` strided groups (pool ``i`` is in
    group ``i mod G``, ``2 G >= keep``); per row the groups' tops over all segments are merged, and the lowest of the
    groups' second-largest scores, the floor, has at least ``2 G >= keep`` scores at or above it.
 2. A second read copies every score at or above the floor, with its pool id, to the row's ``CAP`` candidate slots
-   (each slot taken by an atomic add). If a row's scores were drawn alike at random about 4 ``keep`` of them would pass
-   at ``keep`` 512, whatever the row's length; the cap is 8 ``keep``.
+   (each slot taken by an atomic add). If a row's scores were drawn alike at random about 4 ``keep`` of them would
+   pass at ``keep`` 512, whatever the row's length; the cap is 8 ``keep``.
 3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
    (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
-   When the candidates overflowed their slots, the bisection counts over the whole row instead (one read a step,
-   up to 32; rows where one of the G groups has fewer than two scores above a mass of equal ones, such as ReLU
-   zeros, take that path); where fewer than ``keep`` scores lie above the floor the floor is the cut.
+   Where fewer than ``keep`` scores lie above the floor the floor is the cut. When the candidates overflowed their
+   slots (a mass of equal scores, such as ReLU zeros, at the floor), the rows are read again instead: once for the
+   kept pools, and, where ``keep`` or more scores lie above the floor, once per bisection step (up to 32) before.
 4. The kept pools, sorted ascending.
 
 The result is a top-``keep`` of each row, the same whatever order the atomics ran in: the kept scores are the
