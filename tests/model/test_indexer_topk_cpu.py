@@ -1,13 +1,13 @@
-"""The indexer's Triton top-k (genolc.model.ops.indexer.triton_topk) on CPU: its launch shape and input checks. The
-kernel itself runs in tests/gpu/test_indexer_triton.py and, under Triton's interpreter, in
-tests/gpu/triton_interpreter_check.py."""
+"""The indexer's Triton top-k (genolc.model.ops.indexer.triton_topk) on CPU: its launch shape, input checks and
+pure-torch reference (genolc.model.ops.indexer.reference.top_pools). The kernel itself runs against that reference
+in tests/gpu/test_indexer_triton.py and, under Triton's interpreter, in tests/gpu/triton_interpreter_check.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from genolc.model.ops.indexer import triton_topk
+from genolc.model.ops.indexer import reference, triton_topk
 
 
 @pytest.mark.parametrize("keep", [1, 2, 7, 16, 48, 100, 512, 513, 2048])
@@ -42,3 +42,22 @@ def test_top_pools_refuses_what_the_kernel_cannot_take():
                               buffers=triton_topk.TopPoolsBuffers.allocate(4, 64, 8, torch.device("meta")))
     with pytest.raises(ValueError, match="keep must be positive"):
         triton_topk.launch_shape(0)
+
+
+def test_top_pools_reference_keeps_the_best_causal_pools():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 50, generator=gen)
+    kept = reference.top_pools(scores, first_query=30, kpool=4, keep=8)    # rows see 7, 8, 8, 8, 8, 9 pools
+    for t in range(6):
+        n = min((30 + t + 1) // 4, 50)
+        count = min(n, 8)
+        assert torch.equal(kept[t, count:], torch.full((8 - count,), -1))
+        assert torch.equal(kept[t, :count], scores[t, :n].topk(count).indices.sort().values)
+    wide = reference.top_pools(scores, first_query=200, kpool=1, keep=8)    # every row sees all 50 pools
+    assert torch.equal(wide, scores.topk(8, dim=-1).indices.sort(-1).values)
+
+
+def test_top_pools_reference_breaks_ties_by_pool_id_and_ranks_minus_zero_below_zero():
+    scores = torch.tensor([[0.0, 1.0, 0.0, 0.0, 2.0, 0.0], [-0.0, 0.0, -0.0, 0.0, -1.0, -0.0]])
+    kept = reference.top_pools(scores, first_query=100, kpool=1, keep=3)
+    assert kept.tolist() == [[0, 1, 4], [0, 1, 3]]

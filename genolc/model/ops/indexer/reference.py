@@ -151,3 +151,24 @@ def select_indices(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: to
         pools[..., : best_pools.shape[-1]] = best_pools.masked_fill(best_pools >= n_visible[None, :, None], -1)
         index_rows(pools, query_offset=query_offset + q0, kpool=kpool, select_tail=select_tail, out=out[:, q0:q1])
     return out
+
+
+def ordered_scores(scores: torch.Tensor) -> torch.Tensor:
+    """fp32 -> int32 bit patterns whose signed order is the floats' (-0.0 just below +0.0; NaNs above +inf or below
+    -inf by sign): how :mod:`genolc.model.ops.indexer.triton_topk` compares scores."""
+    bits = scores.float().contiguous().view(torch.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int) -> torch.Tensor:
+    """Pure-torch reference of :func:`genolc.model.ops.indexer.triton_topk.top_pools`: per row ``t`` of ``scores
+    [Cq, P]``, the ``keep`` best of its first ``min((first_query + t + 1) // kpool, P)`` scores by
+    :func:`ordered_scores`, the lowest pool ids among those tied at the cut, ascending, -1 after them
+    (``[Cq, keep]`` int64)."""
+    out = torch.full((scores.shape[0], keep), -1, dtype=torch.long, device=scores.device)
+    for t in range(scores.shape[0]):
+        n = min((first_query + t + 1) // kpool, scores.shape[1])
+        # A stable descending sort keeps tied patterns in pool order, so its first `keep` are the kept pools.
+        kept = torch.sort(ordered_scores(scores[t, :n]), descending=True, stable=True).indices[:keep]
+        out[t, : kept.numel()] = kept.sort().values
+    return out

@@ -198,8 +198,9 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
         block = scores[: (q1 - q0) * visible_pools].view(q1 - q0, visible_pools)
         # Queries that see no complete pool yet choose none (their rows hold only the tail slots, if any).
         if visible_pools:
-            positions = torch.arange(query_offset + q0, query_offset + q1, device=device)
-            n_visible = None if fused_topk else complete_pools_visible(positions, kpool)
+            if not fused_topk:
+                n_visible = complete_pools_visible(torch.arange(query_offset + q0, query_offset + q1, device=device),
+                                                   kpool)
             for b in range(batch):
                 pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools],
                                  query_offset + q0, softmax_scale, kpool, block)

@@ -26,7 +26,8 @@ slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
 
 The result is a top-``keep`` of each row, the same whatever order the atomics ran in: the kept scores are the
 ``keep`` largest, as a multiset, and among equal scores at the cut the lowest pool ids are kept (``torch.topk`` may
-choose others among them).
+choose others among them). :func:`genolc.model.ops.indexer.reference.top_pools` is this in pure torch; the GPU
+tests compare the two exactly.
 
 Imports Triton at call time only (CUDA code paths; see ``genolc.model.ops.dispatch``).
 """
