@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from genolc.model.cache import LayerCache
+from genolc.model.ops.moe.reference import count_per_expert
 from genolc.parallel.context import ContextParallel
 
 
@@ -26,7 +27,7 @@ def moe_forward(layer, context: ContextParallel, x: torch.Tensor, cache=None):
         return MoE.forward(layer, x, cache=cache)
     with torch.no_grad():
         chosen = layer.gate(x.reshape(-1, x.shape[-1])).expert_ids
-        counts = torch.bincount(chosen.reshape(-1), minlength=layer.num_experts).to(torch.float64)
+        counts = count_per_expert(chosen.reshape(-1), layer.num_experts).to(torch.float64)
         dist.all_reduce(counts, group=context.group)
         fraction = (counts / counts.sum().clamp_min(1)).float()
     window = LayerCache(start=0, window_len=context.window_len, expert_fraction=fraction, aux=True)

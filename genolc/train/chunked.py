@@ -100,7 +100,8 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
     row_grads = {key: torch.zeros(store.prefix().shape, dtype=torch.float32, device=store.buffer.device)
                  for key, store in rows.items()}
     carried_grads: dict[EntryKey, torch.Tensor] = {}
-    lm = torch.zeros((), dtype=torch.float64)
+    # Summed on the device and read back once: a read-back per chunk would drain the launch queue each time.
+    lm = torch.zeros((), dtype=torch.float64, device=ids.device)
     aux: dict[str, torch.Tensor] = {}
     for j in range(len(bounds) - 1, -1, -1):
         start, stop = bounds[j]
@@ -144,9 +145,9 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
                 row_grads[key][:, : leaf.shape[1]] += leaf.grad
             else:
                 carried_grads[key] = leaf.grad
-        lm += parts.lm.double().cpu()
+        lm += parts.lm.double()
         for name, value in parts.aux.items():
             aux[name] = aux.get(name, 0) + value
         carried[j] = {}
         del out, cache, leaves, roots, root_grads, parts, loss
-    return MicroBatchResult(lm=lm, aux=aux, tokens_per_expert=counts)
+    return MicroBatchResult(lm=lm.cpu(), aux=aux, tokens_per_expert=counts)

@@ -7,12 +7,22 @@ import pytest
 import torch
 
 from genolc.model.ops.moe.grouped_mm import combine_slots, grouped_experts
-from genolc.model.ops.moe.reference import routed_experts
+from genolc.model.ops.moe.reference import count_per_expert, routed_experts
 
 
 def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
     actual, expected = actual.detach().double(), expected.detach().double()
     return float((actual - expected).norm() / expected.norm().clamp_min(1e-30))
+
+
+def test_count_per_expert_matches_bincount():
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.multinomial(torch.tensor([5.0, 0.0, 1.0, 3.0, 0.0, 0.5]).expand(997, -1), 2, generator=gen)
+    counts = count_per_expert(ids.reshape(-1), 6)
+    assert counts.dtype == torch.int64
+    assert torch.equal(counts, torch.bincount(ids.reshape(-1), minlength=6))
+    assert counts[1] == 0 and counts[4] == 0 and int(counts.sum()) == 2 * 997
+    assert torch.equal(count_per_expert(torch.empty(0, dtype=torch.int64), 3), torch.zeros(3, dtype=torch.int64))
 
 
 @pytest.mark.parametrize("dtype, chunk_tokens, tolerance", [(torch.float32, 100, 1e-5), (torch.float32, 4096, 1e-5),

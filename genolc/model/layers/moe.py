@@ -21,6 +21,7 @@ from torch import nn
 from genolc.model.cache import LayerCache
 from genolc.model.config import ModelConfig
 from genolc.model.ops.dispatch import routed_experts
+from genolc.model.ops.moe.reference import count_per_expert
 from genolc.model.ops.moe.swiglu import clamped_swiglu
 
 
@@ -109,7 +110,7 @@ def balance_loss(routing: Routing, num_experts: int, *, fraction: torch.Tensor |
     result is then this chunk's share, and the chunks' shares add up to the window's loss.
     """
     if fraction is None:
-        counts = torch.bincount(routing.expert_ids.reshape(-1), minlength=num_experts).float()
+        counts = count_per_expert(routing.expert_ids.reshape(-1), num_experts).float()
         fraction = counts / counts.sum()
     probs = routing.scores / (routing.scores.sum(-1, keepdim=True) + 1e-20)
     mean_probs = probs.mean(0) if total_tokens is None else probs.sum(0) / total_tokens

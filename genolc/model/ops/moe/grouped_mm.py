@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from genolc.model.ops.moe.reference import check_expert_shapes, routed_experts
+from genolc.model.ops.moe.reference import check_expert_shapes, count_per_expert, routed_experts
 from genolc.model.ops.moe.swiglu import clamped_swiglu
 
 DEFAULT_CHUNK_TOKENS = 65536
@@ -63,7 +63,7 @@ def _experts_chunk(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Ten
     top_k = expert_ids.shape[1]
     flat_experts = expert_ids.reshape(-1)
     order = flat_experts.argsort(stable=True)
-    counts = torch.bincount(flat_experts, minlength=num_experts)
+    counts = count_per_expert(flat_experts, num_experts)
     group_ends = counts.cumsum(0).to(torch.int32)
     slot_token = order // top_k
     grouped_in = x[slot_token]
@@ -104,7 +104,7 @@ def grouped_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Te
     elif x.dtype != gate_up_proj.dtype or x.dtype != down_proj.dtype:
         raise ValueError(f"x ({x.dtype}) and the expert weights ({gate_up_proj.dtype}, {down_proj.dtype}) must share "
                          "a dtype for the grouped GEMM")
-    tokens_per_expert = torch.bincount(expert_ids.reshape(-1), minlength=gate_up_proj.shape[0])
+    tokens_per_expert = count_per_expert(expert_ids.reshape(-1), gate_up_proj.shape[0])
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or gate_up_proj.requires_grad
                                               or down_proj.requires_grad or weights.requires_grad)
     pieces = []

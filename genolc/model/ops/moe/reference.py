@@ -24,6 +24,15 @@ def check_expert_shapes(x: torch.Tensor, expert_ids: torch.Tensor, weights: torc
                          f"{tuple(gate_up_proj.shape)}, {tuple(down_proj.shape)}")
 
 
+def count_per_expert(flat_experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Token slots per expert ``[E]`` (long) of the expert ids ``flat_experts [S]``, without a host sync: CUDA's
+    ``bincount`` reads the ids' min and max back to the host to size its output, two syncs a call, and each one
+    drains the launch queue (benchmarks/host_syncs.py). Ids outside ``[0, E)`` fail the scatter's device-side
+    bounds check instead."""
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat_experts.device)
+    return counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts, dtype=torch.int64))
+
+
 def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,
                    down_proj: torch.Tensor, swiglu_limit: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [N, D]`` -> (``out [N, D]``, ``tokens_per_expert [E]``); see the module docstring for shapes."""
@@ -31,7 +40,7 @@ def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Ten
     num_experts, top_k = gate_up_proj.shape[0], expert_ids.shape[1]
     flat_experts = expert_ids.reshape(-1)
     order = flat_experts.argsort(stable=True)
-    tokens_per_expert = torch.bincount(flat_experts, minlength=num_experts)
+    tokens_per_expert = count_per_expert(flat_experts, num_experts)
     slot_token = order // top_k
     grouped_in = x[slot_token]
     out = torch.zeros_like(x)

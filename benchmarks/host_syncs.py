@@ -1,0 +1,149 @@
+"""Where a chunk-recurrent training step makes the host wait for the GPU, on the GPU.
+
+    python benchmarks/host_syncs.py --model small --seq 128k --chunk 32k --compile
+
+A host sync (``.item()``, a device-to-host copy, an op that sizes its output from device data such as CUDA's
+``bincount`` or ``nonzero``) drains the launch queue: the GPU then idles while the host launches the next kernels
+one by one, and at 512k the profiled steps were busy only 53 % (`small`) and 71 % (`base`) of their wall time
+(benchmarks/results/profile_chunked_*_512k_2026-12-02*.json). After a warm-up step (compiles), one step runs under
+``torch.cuda.set_sync_debug_mode("warn")``; every sync's Python stack is kept and counted by the innermost frame in
+genolc (and by the innermost frame overall). Syncs inside autograd's backward surface at the ``backward`` call.
+Steps without the debug mode (``--timed``) give the wall time. JSON (command, git SHA, device) goes to $OUT or
+benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpu_bench_common import git_sha  # noqa: E402
+
+from genolc.model import build_model, preset  # noqa: E402
+from genolc.train.apply import apply_compile, apply_recompute  # noqa: E402
+from genolc.train.chunked import chunked_forward_backward  # noqa: E402
+from genolc.train.loss import LossTerms  # noqa: E402
+from genolc.units import format_length, parse_length  # noqa: E402
+
+SYNC_WARNING = "synchronizing CUDA operation"
+
+
+def _frame_label(frame: traceback.FrameSummary) -> str:
+    path = frame.filename
+    for marker in ("/genolc/", "/site-packages/", "/site/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{path}:{frame.lineno} ({frame.name}): {(frame.line or '').strip()[:100]}"
+
+
+def sync_sites(stacks: list[list[traceback.FrameSummary]]) -> dict:
+    """Counts of the recorded syncs by their innermost genolc frame and by their innermost frame of all."""
+    by_genolc: Counter = Counter()
+    by_innermost: Counter = Counter()
+    for stack in stacks:
+        frames = [f for f in stack if "warnings.py" not in f.filename and "host_syncs.py" not in f.filename]
+        ours = [f for f in frames if "/genolc/" in f.filename and "/benchmarks/" not in f.filename]
+        by_genolc[_frame_label(ours[-1]) if ours else "(outside genolc)"] += 1
+        by_innermost[_frame_label(frames[-1]) if frames else "(no frame)"] += 1
+    return {"syncs": len(stacks),
+            "by_genolc_line": [{"site": k, "count": v} for k, v in by_genolc.most_common()],
+            "by_innermost_line": [{"site": k, "count": v} for k, v in by_innermost.most_common(40)]}
+
+
+def _step(model, length: int, chunk: int) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 4, (1, length + 1), generator=generator).cuda()
+    weights = torch.ones(1, length, device="cuda")
+    terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=0.0, indexer_kl_coef=1.0,
+                      indexer_mode=None)
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    result = chunked_forward_backward(model, ids, weights, terms, chunk,
+                                      lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    return {"seq": format_length(length), "chunk": format_length(chunk), "seconds": round(seconds, 2),
+            "lm": float(result.lm)}
+
+
+def _recorded_step(model, length: int, chunk: int) -> tuple[dict, list]:
+    stacks: list[list[traceback.FrameSummary]] = []
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if SYNC_WARNING in str(message):
+            stacks.append(traceback.extract_stack())
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            row = _step(model, length, chunk)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = shown
+    return row, stacks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--seq", default="128k")
+    parser.add_argument("--chunk", default="32k")
+    parser.add_argument("--warmup-seq", default="64k")
+    parser.add_argument("--recompute", action="store_true", help="per-layer recompute inside the chunks")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the glue, as finetune does on CUDA")
+    parser.add_argument("--timed", type=int, default=2, help="steps timed without the debug mode")
+    parser.add_argument("--name", default="", help="suffix of the result file")
+    args = parser.parse_args()
+    out_dir = Path(os.environ.get("OUT", Path(__file__).resolve().parent / "results"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"host_syncs_{args.model}_{args.seq}{'_' + args.name if args.name else ''}.json"
+    record = {"command": "python benchmarks/host_syncs.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+              "compile": args.compile, "recompute": args.recompute, "steps": []}
+    torch.manual_seed(0)
+    model = build_model(preset(args.model), device="cuda")
+    if args.recompute:
+        apply_recompute(model)
+    if args.compile:
+        apply_compile(model)
+    seq, chunk = parse_length(args.seq), parse_length(args.chunk)
+    record["steps"].append({"phase": "warm-up", **_step(model, parse_length(args.warmup_seq), chunk)})
+    row, stacks = _recorded_step(model, seq, chunk)
+    record["steps"].append({"phase": "recorded (sync debug mode)", **row})
+    for _ in range(args.timed):
+        record["steps"].append({"phase": "timed", **_step(model, seq, chunk)})
+    record.update(sync_sites(stacks))
+    record["chunks"] = -(-seq // chunk)
+    path.write_text(json.dumps(record, indent=1))
+    for step in record["steps"]:
+        print(json.dumps(step), flush=True)
+    print(f"{record['syncs']} syncs in one step of {record['chunks']} chunks, by genolc line:")
+    for site in record["by_genolc_line"][:25]:
+        print(f"  {site['count']:6d}  {site['site']}")
+    print("by innermost line:")
+    for site in record["by_innermost_line"][:25]:
+        print(f"  {site['count']:6d}  {site['site']}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
