@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--recompute", action="store_true", help="per-layer recompute inside the chunks")
     parser.add_argument("--compile", action="store_true", help="torch.compile the glue, as finetune does on CUDA")
     parser.add_argument("--timed", type=int, default=2, help="steps timed without the debug mode")
+    parser.add_argument("--no-record", action="store_true", help="time the steps only (no step in the debug mode)")
     parser.add_argument("--name", default="", help="suffix of the result file")
     args = parser.parse_args()
     out_dir = Path(os.environ.get("OUT", Path(__file__).resolve().parent / "results"))
@@ -127,15 +128,21 @@ def main() -> None:
         apply_compile(model)
     seq, chunk = parse_length(args.seq), parse_length(args.chunk)
     record["steps"].append({"phase": "warm-up", **_step(model, parse_length(args.warmup_seq), chunk)})
-    row, stacks = _recorded_step(model, seq, chunk)
-    record["steps"].append({"phase": "recorded (sync debug mode)", **row})
+    stacks: list = []
+    if not args.no_record:
+        row, stacks = _recorded_step(model, seq, chunk)
+        record["steps"].append({"phase": "recorded (sync debug mode)", **row})
     for _ in range(args.timed):
         record["steps"].append({"phase": "timed", **_step(model, seq, chunk)})
-    record.update(sync_sites(stacks))
+    if not args.no_record:
+        record.update(sync_sites(stacks))
     record["chunks"] = -(-seq // chunk)
     path.write_text(json.dumps(record, indent=1))
     for step in record["steps"]:
         print(json.dumps(step), flush=True)
+    if args.no_record:
+        print(f"wrote {path}")
+        return
     print(f"{record['syncs']} syncs in one step of {record['chunks']} chunks, by genolc line:")
     for site in record["by_genolc_line"][:25]:
         print(f"  {site['count']:6d}  {site['site']}")

@@ -41,3 +41,49 @@ def test_matches_reference_experts(n_tokens, chunk_tokens, poison, rel_err):
     assert rel_err(out, ref_out) < 1e-2
     for name, mine, theirs in zip(("x", "gate_up_proj", "down_proj"), grads, ref_grads):
         assert rel_err(mine, theirs) < 1e-2, name
+
+
+def _on_cpu(op, *args):
+    moved = [a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args]
+    return op(*moved)
+
+
+@pytest.mark.parametrize("slots, inter", [(5003, 768), (131071, 512), (17, 200)])
+def test_swiglu_kernels_match_the_torch_formulas(slots, inter, poison, rel_err):
+    from genolc.model.ops.moe.op import swiglu_backward_op, swiglu_op
+
+    torch.manual_seed(slots)
+    hidden = (4.0 * torch.randn(slots, 2 * inter, device="cuda")).bfloat16()
+    hidden[0, :3] = torch.tensor([7.0, 9.0, -7.0])
+    hidden[0, inter: inter + 3] = torch.tensor([7.0, -7.5, 8.0])
+    grad = torch.randn(slots, inter, device="cuda", dtype=torch.bfloat16)
+    poison()
+    out = swiglu_op(hidden, 7.0)
+    d_hidden = swiglu_backward_op(grad, hidden, 7.0)
+    assert rel_err(out.cpu(), _on_cpu(swiglu_op, hidden, 7.0)) < 4e-3
+    expected = _on_cpu(swiglu_backward_op, grad, hidden, 7.0)
+    assert rel_err(d_hidden.cpu(), expected) < 4e-3
+    assert torch.equal(d_hidden.cpu() == 0, expected == 0)
+
+
+@pytest.mark.parametrize("tokens, top_k, dim", [(5003, 4, 1536), (32768, 2, 1024), (7, 3, 40)])
+def test_gather_and_combine_kernels_match_the_torch_formulas(tokens, top_k, dim, poison, rel_err):
+    from genolc.model.ops.moe.op import (combine_backward_op, combine_op, gather_slots_backward_op,
+                                         slot_positions)
+
+    torch.manual_seed(tokens)
+    skew = torch.linspace(3.0, 0.1, 16, device="cuda")
+    order = torch.multinomial(skew.expand(tokens, -1), top_k).reshape(-1).argsort(stable=True)
+    position = slot_positions(order)
+    rows = torch.randn(tokens * top_k, dim, device="cuda", dtype=torch.bfloat16)
+    weights = torch.rand(tokens, top_k, device="cuda")
+    grad = torch.randn(tokens, dim, device="cuda", dtype=torch.bfloat16)
+    poison()
+    out = combine_op(rows, position, weights)
+    d_rows, d_weights = combine_backward_op(grad, rows, position, weights)
+    d_x = gather_slots_backward_op(rows, position, top_k)
+    assert rel_err(out.cpu(), _on_cpu(combine_op, rows, position, weights)) < 4e-3
+    expected_rows, expected_weights = _on_cpu(combine_backward_op, grad, rows, position, weights)
+    assert rel_err(d_rows.cpu(), expected_rows) < 4e-3
+    assert d_weights.dtype == torch.float32 and rel_err(d_weights.cpu(), expected_weights) < 1e-5
+    assert rel_err(d_x.cpu(), _on_cpu(gather_slots_backward_op, rows, position, top_k)) < 4e-3

@@ -1,6 +1,7 @@
 """TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
 
-Runs genolc's Triton kernels (mHC mixing logits; indexer scoring and top-k; DSA latent sparse attention forward, lse and
+Runs genolc's Triton kernels (the routed experts' glue, alone with the argument ``moe``; mHC mixing logits; indexer
+scoring and top-k; DSA latent sparse attention forward, lse and
 backward) on CPU tensors under Triton's interpreter and compares them with the pure-torch references at small odd
 shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a
 head count that needs two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices,
@@ -37,6 +38,8 @@ from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E40
 from genolc.model.ops.mhc import op as mhc_op  # noqa: E402
 from genolc.model.ops.mhc import reference as mhc_reference  # noqa: E402
 from genolc.model.ops.mhc import triton as mhc_triton  # noqa: E402
+from genolc.model.ops.moe import op as moe_op  # noqa: E402
+from genolc.model.ops.moe import triton as moe_triton  # noqa: E402
 from genolc.model.ops.indexer.triton_topk import top_pools  # noqa: E402
 from top_pools_check import score_blocks, top_pools_problems  # noqa: E402
 
@@ -217,8 +220,59 @@ def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) 
     return problems
 
 
+def check_moe(tokens, top_k, dim, inter, dtype, seed) -> list[str]:
+    """The routed experts' glue kernels against the ops' torch formulas: rows and columns off the tiles' grid. In
+    fp32 they agree to rounding; bf16 outputs differ by up to an ulp, as the interpreter truncates where the GPU
+    rounds to nearest (the GPU test holds them to 4e-3)."""
+    problems = []
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(tokens * top_k, generator=generator)
+    position = moe_op.slot_positions(order)
+    hidden = (4.0 * torch.randn(tokens * top_k, 2 * inter, generator=generator)).to(dtype)
+    hidden[0, :3] = torch.tensor([7.0, 9.0, -7.0])
+    hidden[0, inter: inter + 3] = torch.tensor([7.0, -7.5, 8.0])
+    d_act = torch.randn(tokens * top_k, inter, generator=generator).to(dtype)
+    rows = torch.randn(tokens * top_k, dim, generator=generator).to(dtype)
+    weights = torch.rand(tokens, top_k, generator=generator)
+    grad = torch.randn(tokens, dim, generator=generator).to(dtype)
+    pairs = {
+        "swiglu": (moe_triton.swiglu(hidden, 7.0), moe_op.swiglu_op(hidden, 7.0)),
+        "swiglu backward": (moe_triton.swiglu_backward(d_act, hidden, 7.0),
+                            moe_op.swiglu_backward_op(d_act, hidden, 7.0)),
+        "combine": (moe_triton.combine(rows, position, weights, top_k), moe_op.combine_op(rows, position, weights)),
+        "gather backward": (moe_triton.combine(rows, position, None, top_k),
+                            moe_op.gather_slots_backward_op(rows, position, top_k)),
+    }
+    d_rows, d_weights = moe_triton.combine_backward(grad, rows, position, weights)
+    expected_rows, expected_weights = moe_op.combine_backward_op(grad, rows, position, weights)
+    pairs["combine backward rows"] = (d_rows, expected_rows)
+    pairs["combine backward weights"] = (d_weights, expected_weights)
+    for name, (got, expected) in pairs.items():
+        tolerance = 1e-5 if got.dtype == torch.float32 else 1e-2
+        if got.shape != expected.shape or got.dtype != expected.dtype or rel_err(got, expected) > tolerance:
+            problems.append(f"{name}: {tuple(got.shape)} {got.dtype} rel err {rel_err(got, expected):.2e}")
+    if not torch.equal(pairs["swiglu backward"][0] == 0, pairs["swiglu backward"][1] == 0):
+        problems.append("swiglu backward: zero gradients (clamped inputs) at other places")
+    return problems
+
+
 def main() -> int:
     failures = 0
+    moe_cases = [
+        # tokens, K, D, I, dtype, seed: one token; rows off the 16-row tile; D and I off the 256-column step
+        (1, 1, 40, 24, torch.float32, 0),
+        (37, 2, 300, 200, torch.float32, 1),
+        (37, 2, 300, 200, torch.bfloat16, 1),
+        (21, 4, 512, 256, torch.bfloat16, 2),
+    ]
+    for case in moe_cases:
+        start = time.time()
+        problems = check_moe(*case)
+        failures += bool(problems)
+        print(f"moe {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
+    if sys.argv[1:] == ["moe"]:
+        print("all ok" if failures == 0 else f"{failures} case(s) failed")
+        return 1 if failures else 0
     indexer_cases = [
         # batch, length, heads, dim, topk, kpool, tail, dtype, query_chunk, out_dtype
         (2, 37, 3, 24, 16, 4, True, torch.float32, None, torch.int64),

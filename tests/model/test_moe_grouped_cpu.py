@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genolc.model.ops.moe.grouped_mm import combine_slots, grouped_experts
+from genolc.model.ops.moe.grouped_mm import grouped_experts
 from genolc.model.ops.moe.reference import count_per_expert, routed_experts
 
 
@@ -74,17 +74,3 @@ def test_autocast_with_fp32_master_weights_matches_reference():
     assert _rel(out, ref_out) < 2e-2
     grad_gate_up, = torch.autograd.grad(out.sum(), (gate_up,))
     assert grad_gate_up.dtype == torch.float32 and torch.isfinite(grad_gate_up).all()
-
-
-def test_combine_slots_sums_each_tokens_rows_as_index_add_did():
-    """The expert-ordered rows summed per token, forward and gradient, against the scatter it replaced."""
-    generator = torch.Generator().manual_seed(3)
-    tokens, top_k, dim = 37, 3, 8
-    order = torch.randperm(tokens * top_k, generator=generator)
-    rows = torch.randn(tokens * top_k, dim, generator=generator, dtype=torch.float64, requires_grad=True)
-    expected = torch.zeros(tokens, dim, dtype=torch.float64).index_add(0, order // top_k, rows)
-    got = combine_slots(rows, order, top_k)
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
-    d_out = torch.randn(tokens, dim, generator=generator, dtype=torch.float64)
-    (grad,) = torch.autograd.grad(got, rows, d_out)
-    torch.testing.assert_close(grad, d_out[order // top_k], rtol=0, atol=0)

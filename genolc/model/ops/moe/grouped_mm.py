@@ -4,7 +4,8 @@ Same contract as ``genolc.model.ops.moe.reference.routed_experts``: ``x [N, D]``
 stacked weights ``gate_up_proj [E, 2I, D]`` and ``down_proj [E, D, I]`` -> ``(out [N, D], tokens_per_expert [E])``.
 Per chunk of ``chunk_tokens`` tokens the ``chunk * K`` slots are sorted by expert (stable), gathered, and pushed
 through ``torch._grouped_mm`` (one launch for all experts, group boundaries from the cumulative counts, no host
-sync), the bounded SwiGLU, and a second grouped GEMM; the weighted results are summed per token (:func:`combine_slots`).
+sync), the bounded SwiGLU, and a second grouped GEMM; the weighted results are summed per token. The gather, the
+SwiGLU and the weighted sum are the custom ops of ``op.py`` (fused Triton kernels on CUDA, each with its backward).
 With gradients on, each chunk is checkpointed, so the ``[chunk * K, 2I]`` intermediates live one chunk at a time.
 
 ``tokens_per_expert`` (summed over chunks) is returned as the reference does: real DNA routes unevenly, and the
@@ -17,7 +18,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from genolc.model.ops.moe.reference import check_expert_shapes, count_per_expert, routed_experts
-from genolc.model.ops.moe.swiglu import clamped_swiglu
+from genolc.model.ops.moe.op import combine_op, gather_slots_op, slot_positions, swiglu_op
 
 DEFAULT_CHUNK_TOKENS = 65536
 
@@ -63,27 +64,13 @@ def _experts_chunk(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Ten
     top_k = expert_ids.shape[1]
     flat_experts = expert_ids.reshape(-1)
     order = flat_experts.argsort(stable=True)
-    counts = count_per_expert(flat_experts, num_experts)
-    group_ends = counts.cumsum(0).to(torch.int32)
-    slot_token = order // top_k
-    grouped_in = x[slot_token]
+    position = slot_positions(order)
+    group_ends = count_per_expert(flat_experts, num_experts).cumsum(0).to(torch.int32)
+    grouped_in = gather_slots_op(x, order, position, top_k)
     # [E, 2I, D] viewed as [E, D, 2I]: the grouped GEMM takes the transposed weight without a copy.
     hidden = torch._grouped_mm(grouped_in, gate_up_proj.transpose(1, 2), offs=group_ends)
-    gate, up = hidden.chunk(2, dim=-1)
-    grouped_out = torch._grouped_mm(clamped_swiglu(gate, up, swiglu_limit), down_proj.transpose(1, 2),
-                                    offs=group_ends)
-    grouped_out = grouped_out * weights.reshape(-1)[order].unsqueeze(-1).to(grouped_out.dtype)
-    return combine_slots(grouped_out.to(x.dtype), order, top_k)
-
-
-def combine_slots(slot_rows: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Each token's sum of its ``top_k`` weighted expert rows: ``slot_rows [N * K, D]`` in expert order (row ``i``
-    is flat slot ``order[i]``, flat slot = token * K + k) -> ``[N, D]``. The rows are put back in slot order by a
-    copy (each written once; its backward a gather) and summed over K with fp32 accumulation: no atomics, and one
-    rounding. (``index_add_`` into bf16 rounded at each of the K adds and ran at 240 GB/s on the H200: 1.2 s of
-    `base`'s 29 s step at 512k, benchmarks/results/profile_chunked_base_512k_2026-12-02.json.)"""
-    by_slot = torch.index_copy(torch.empty_like(slot_rows), 0, order, slot_rows)
-    return by_slot.view(-1, top_k, slot_rows.shape[-1]).sum(dim=1)
+    grouped_out = torch._grouped_mm(swiglu_op(hidden, swiglu_limit), down_proj.transpose(1, 2), offs=group_ends)
+    return combine_op(grouped_out, position, weights.contiguous())
 
 
 def grouped_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,
