@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from genolc.model.ops.moe.reference import check_expert_shapes, count_per_expert, routed_experts
 from genolc.model.ops.moe.op import combine_op, gather_slots_op, slot_positions, swiglu_op
+from genolc.model.ops.moe.reference import check_expert_shapes, count_per_expert, routed_experts
+from genolc.model.ops.weight_casts import compute_copy
 
 DEFAULT_CHUNK_TOKENS = 65536
 
@@ -36,7 +37,8 @@ def prepare_inputs(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch
     """
     if torch.is_autocast_enabled(x.device.type):
         compute = torch.get_autocast_dtype(x.device.type)
-        return x.to(compute), gate_up_proj.to(compute), down_proj.to(compute)
+        # Inside a training step's weight_casts_per_step, the step's one copy of each weight (ops/weight_casts.py).
+        return x.to(compute), compute_copy(gate_up_proj, compute), compute_copy(down_proj, compute)
     return x, gate_up_proj, down_proj
 
 
