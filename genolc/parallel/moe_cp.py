@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from genolc.model.cache import LayerCache
-from genolc.model.ops.moe.reference import count_per_expert
+from genolc.model.ops.moe.counts import count_per_expert
 from genolc.parallel.context import ContextParallel
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from genolc.model.ops.moe.grouped_mm import grouped_experts
-from genolc.model.ops.moe.reference import count_per_expert, routed_experts
+from genolc.model.ops.moe.counts import count_per_expert
+from genolc.model.ops.moe.reference import routed_experts
 
 
 def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -21,7 +21,7 @@ from torch import nn
 from genolc.model.cache import LayerCache
 from genolc.model.config import ModelConfig
 from genolc.model.ops.dispatch import routed_experts
-from genolc.model.ops.moe.reference import count_per_expert
+from genolc.model.ops.moe.counts import count_per_expert
 from genolc.model.ops.moe.swiglu import clamped_swiglu
 
 

@@ -18,7 +18,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from genolc.model.ops.moe.op import combine_op, gather_slots_op, slot_positions, swiglu_op
-from genolc.model.ops.moe.reference import check_expert_shapes, count_per_expert, routed_experts
+from genolc.model.ops.moe.counts import count_per_expert
+from genolc.model.ops.moe.reference import check_expert_shapes, routed_experts
 from genolc.model.ops.weight_casts import compute_copy
 
 DEFAULT_CHUNK_TOKENS = 65536

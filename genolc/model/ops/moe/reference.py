@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from genolc.model.ops.moe.counts import count_per_expert
 from genolc.model.ops.moe.swiglu import clamped_swiglu
 
 
@@ -22,15 +23,6 @@ def check_expert_shapes(x: torch.Tensor, expert_ids: torch.Tensor, weights: torc
     if hidden != x.shape[1] or down_proj.shape != (num_experts, hidden, double_inter // 2):
         raise ValueError(f"gate_up_proj [E, 2I, D] and down_proj [E, D, I] disagree with x [N, D={x.shape[1]}]: "
                          f"{tuple(gate_up_proj.shape)}, {tuple(down_proj.shape)}")
-
-
-def count_per_expert(flat_experts: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Token slots per expert ``[E]`` (long) of the expert ids ``flat_experts [S]``, without a host sync: CUDA's
-    ``bincount`` reads the ids' min and max back to the host to size its output, two syncs a call, and each one
-    drains the launch queue (benchmarks/host_syncs.py). Ids outside ``[0, E)`` fail the scatter's device-side
-    bounds check instead."""
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat_experts.device)
-    return counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts, dtype=torch.int64))
 
 
 def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,
