@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import traceback
 import warnings
 from collections import Counter
@@ -30,12 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_bench_common import git_sha  # noqa: E402
+from profile_chunked_step import timed_step  # noqa: E402
 
 from genolc.model import build_model, preset  # noqa: E402
 from genolc.train.apply import apply_compile, apply_recompute  # noqa: E402
-from genolc.train.chunked import chunked_forward_backward  # noqa: E402
-from genolc.train.loss import LossTerms  # noqa: E402
-from genolc.units import format_length, parse_length  # noqa: E402
+from genolc.units import parse_length  # noqa: E402
 
 SYNC_WARNING = "synchronizing CUDA operation"
 
@@ -63,23 +61,6 @@ def sync_sites(stacks: list[list[traceback.FrameSummary]]) -> dict:
             "by_innermost_line": [{"site": k, "count": v} for k, v in by_innermost.most_common(40)]}
 
 
-def _step(model, length: int, chunk: int) -> dict:
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 4, (1, length + 1), generator=generator).cuda()
-    weights = torch.ones(1, length, device="cuda")
-    terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=0.0, indexer_kl_coef=1.0,
-                      indexer_mode=None)
-    model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    result = chunked_forward_backward(model, ids, weights, terms, chunk,
-                                      lambda: torch.autocast("cuda", dtype=torch.bfloat16))
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
-    return {"seq": format_length(length), "chunk": format_length(chunk), "seconds": round(seconds, 2),
-            "lm": float(result.lm)}
-
-
 def _recorded_step(model, length: int, chunk: int) -> tuple[dict, list]:
     stacks: list[list[traceback.FrameSummary]] = []
     shown = warnings.showwarning
@@ -95,7 +76,7 @@ def _recorded_step(model, length: int, chunk: int) -> tuple[dict, list]:
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            row = _step(model, length, chunk)
+            row = timed_step(model, length, chunk)
         finally:
             torch.cuda.set_sync_debug_mode("default")
             warnings.showwarning = shown
@@ -127,13 +108,13 @@ def main() -> None:
     if args.compile:
         apply_compile(model)
     seq, chunk = parse_length(args.seq), parse_length(args.chunk)
-    record["steps"].append({"phase": "warm-up", **_step(model, parse_length(args.warmup_seq), chunk)})
+    record["steps"].append({"phase": "warm-up", **timed_step(model, parse_length(args.warmup_seq), chunk)})
     stacks: list = []
     if not args.no_record:
         row, stacks = _recorded_step(model, seq, chunk)
         record["steps"].append({"phase": "recorded (sync debug mode)", **row})
     for _ in range(args.timed):
-        record["steps"].append({"phase": "timed", **_step(model, seq, chunk)})
+        record["steps"].append({"phase": "timed", **timed_step(model, seq, chunk)})
     if not args.no_record:
         record.update(sync_sites(stacks))
     record["chunks"] = -(-seq // chunk)

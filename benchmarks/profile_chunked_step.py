@@ -58,7 +58,7 @@ def _window(length: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.ones(1, length, device=device)
 
 
-def _step(model, length: int, chunk: int, indexer: str | None = None, moe_balance: float = 0.0) -> dict:
+def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_balance: float = 0.0) -> dict:
     ids, weights = _window(length, "cuda")
     terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=moe_balance, indexer_kl_coef=1.0,
                       indexer_mode=indexer)
@@ -112,7 +112,7 @@ def peak_allocations(snapshot: dict, top: int) -> dict:
 def _memory_step(model, length: int, chunk: int, top: int, **loss) -> dict:
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=2_000_000)
     try:
-        row = _step(model, length, chunk, **loss)
+        row = timed_step(model, length, chunk, **loss)
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -147,7 +147,7 @@ def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool 
                   else [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
     try:
         with torch.profiler.profile(activities=activities) as profiler:
-            row = _step(model, length, chunk, **loss)
+            row = timed_step(model, length, chunk, **loss)
     finally:
         for handle in handles:
             handle.remove()
@@ -249,9 +249,10 @@ def main() -> None:
     seq = parse_length(args.seq)
     chunks = [parse_length(c) for c in args.chunks.split(",") if c]
     loss = dict(indexer=None if args.indexer == "off" else args.indexer, moe_balance=args.moe_balance)
-    save({"phase": "warm-up (compiles)", **_step(model, parse_length(args.warmup_seq), min(chunks or [8192]), **loss)})
+    warmup = timed_step(model, parse_length(args.warmup_seq), min(chunks or [8192]), **loss)
+    save({"phase": "warm-up (compiles)", **warmup})
     for chunk in chunks:
-        save({"phase": "timed", **_step(model, seq, chunk, **loss)})
+        save({"phase": "timed", **timed_step(model, seq, chunk, **loss)})
     if args.memory_chunk:
         save({"phase": "memory", **_memory_step(model, seq, parse_length(args.memory_chunk), args.top, **loss)})
     if args.profile_chunk:
