@@ -69,7 +69,7 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
     process holds only its share of each chunk (:class:`ChunkShard`); its ``.grad`` is then its share of the
     window's gradient, and the returned counts are its own tokens'. ``keep_selections``: keep the DSA pools the
     first pass chose for the second (off: choose them again; genolc/train/strategy.py decides which)."""
-    # The routed experts' weights are cast to the compute dtype once for the step's every forward, and their
+    # The routed experts' weights are cast to the compute dtype once for this micro-batch's every forward, and their
     # gradients added into .grad directly (genolc/model/ops/weight_casts.py).
     with weight_casts_per_step():
         return _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_loss, shard, keep_selections)

@@ -56,13 +56,19 @@ def test_swiglu_kernels_match_the_torch_formulas(slots, inter, poison, rel_err):
     hidden = (4.0 * torch.randn(slots, 2 * inter, device="cuda")).bfloat16()
     hidden[0, :3] = torch.tensor([7.0, 9.0, -7.0])
     hidden[0, inter: inter + 3] = torch.tensor([7.0, -7.5, 8.0])
+    # A NaN gate and a NaN up (a diverged expert) stay NaN, as through torch's clamp.
+    hidden[-1, 1] = float("nan")
+    hidden[-1, inter + 2] = float("nan")
     grad = torch.randn(slots, inter, device="cuda", dtype=torch.bfloat16)
     poison()
     out = swiglu_op(hidden, 7.0)
     d_hidden = swiglu_backward_op(grad, hidden, 7.0)
-    assert rel_err(out.cpu(), _on_cpu(swiglu_op, hidden, 7.0)) < 4e-3
+    expected_out = _on_cpu(swiglu_op, hidden, 7.0)
     expected = _on_cpu(swiglu_backward_op, grad, hidden, 7.0)
-    assert rel_err(d_hidden.cpu(), expected) < 4e-3
+    assert torch.equal(out.cpu().isnan(), expected_out.isnan()) and bool(out[-1, 1].isnan() & out[-1, 2].isnan())
+    assert torch.equal(d_hidden.cpu().isnan(), expected.isnan())
+    assert rel_err(out[:-1].cpu(), expected_out[:-1]) < 4e-3
+    assert rel_err(d_hidden[:-1].cpu(), expected[:-1]) < 4e-3
     assert torch.equal(d_hidden.cpu() == 0, expected == 0)
 
 

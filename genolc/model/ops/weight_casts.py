@@ -1,4 +1,4 @@
-"""Compute-dtype copies of fp32 weights made once per training step, their gradients added straight into ``.grad``.
+"""Compute-dtype copies of fp32 weights made once per micro-batch, their gradients added straight into ``.grad``.
 
 Under bf16 autocast every forward casts the fp32 master weights it multiplies by, and every backward casts their
 bf16 gradient back to fp32 and adds it to ``.grad`` (two kernels). The chunk-recurrent step runs two forwards and
@@ -6,12 +6,14 @@ one backward per chunk, so at 512k in 16k chunks `base`'s routed experts (1.7 B 
 64 times and their gradients cast and added 32 times a step: about 2 s of its 21 s of kernels went to those casts
 and adds (benchmarks/results/profile_chunked_base_512k_compiled.json, 2026-12-02).
 
-Inside :func:`weight_casts_per_step` (opened by genolc/train/chunked.py around a step), :func:`compute_copy` casts
-each weight once and hands out that copy to every later forward of the step; where gradients are on, the copy goes
+Inside :func:`weight_casts_per_step` (opened by genolc/train/chunked.py around one micro-batch's forwards and
+backwards: the whole step unless gradients accumulate over several), :func:`compute_copy` casts each weight once
+and hands out that copy to every later forward inside; where gradients are on, the copy goes
 through :class:`_CopyOfWeight`, whose backward adds the copy's gradient into the weight's fp32 ``.grad`` in one
 kernel (``add_`` of a bf16 into an fp32 tensor: the same fp32 sum as the cast and add it replaces) and hands no
-gradient on. Outside the context (evaluation, the whole-window step, the tests' ``autograd.grad``) it is
-``weight.to(dtype)``.
+gradient on. It bypasses ``AccumulateGrad``, so a gradient hook on such a weight (DDP's, FSDP's) would not see
+it; genolc sums gradients across ranks from ``.grad`` after the step (genolc/parallel/step.py). Outside the
+context (evaluation, the whole-window step, the tests' ``autograd.grad``) it is ``weight.to(dtype)``.
 
 Consequences: the weight must not change inside the context (the optimizer steps after it); ``torch.autograd.grad``
 with respect to such a weight sees no gradient inside the context (its ``.grad`` gets it instead); the copies live

@@ -5,7 +5,8 @@ stacked weights ``gate_up_proj [E, 2I, D]`` and ``down_proj [E, D, I]`` -> ``(ou
 Per chunk of ``chunk_tokens`` tokens the ``chunk * K`` slots are sorted by expert (stable), gathered, and pushed
 through ``torch._grouped_mm`` (one launch for all experts, group boundaries from the cumulative counts, no host
 sync), the bounded SwiGLU, and a second grouped GEMM; the weighted results are summed per token. The gather, the
-SwiGLU and the weighted sum are the custom ops of ``op.py`` (fused Triton kernels on CUDA, each with its backward).
+SwiGLU and the weighted sum are the custom ops of ``op.py`` (on CUDA the gather is ``index_select`` forward and a
+Triton kernel backward; the SwiGLU and the sum are Triton kernels both ways).
 With gradients on, each chunk is checkpointed, so the ``[chunk * K, 2I]`` intermediates live one chunk at a time.
 
 ``tokens_per_expert`` (summed over chunks) is returned as the reference does: real DNA routes unevenly, and the

@@ -34,15 +34,26 @@ def _sigmoid(x):
 
 
 @triton.jit
+def _clamp_above(x, limit):
+    # NaN stays NaN, as in torch's clamp: tl.minimum's default would return the bound and hide a diverged weight.
+    return tl.minimum(x, limit, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _clamp(x, limit):
+    return tl.minimum(tl.maximum(x, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
+                      propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def swiglu_kernel(hidden_ptr, out_ptr, n_rows, inter, limit, stride_h, stride_o,
                   ROWS: tl.constexpr, COLUMNS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
     mask = (rows < n_rows)[:, None] & (cols < inter)[None, :]
     at = rows.to(tl.int64)[:, None] * stride_h + cols[None, :]
-    gate = tl.minimum(tl.load(hidden_ptr + at, mask=mask, other=0.0).to(tl.float32), limit)
-    up = tl.load(hidden_ptr + at + inter, mask=mask, other=0.0).to(tl.float32)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
+    gate = _clamp_above(tl.load(hidden_ptr + at, mask=mask, other=0.0).to(tl.float32), limit)
+    up = _clamp(tl.load(hidden_ptr + at + inter, mask=mask, other=0.0).to(tl.float32), limit)
     out = gate * _sigmoid(gate) * up
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_o + cols[None, :], out.to(out_ptr.dtype.element_ty),
              mask=mask)
@@ -60,8 +71,8 @@ def swiglu_backward_kernel(grad_ptr, hidden_ptr, d_hidden_ptr, n_rows, inter, li
     gate = tl.load(hidden_ptr + at, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(hidden_ptr + at + inter, mask=mask, other=0.0).to(tl.float32)
     # As torch's clamp backward: the gradient passes where the input lies within the bounds, ends included.
-    gate_c = tl.minimum(gate, limit)
-    up_c = tl.minimum(tl.maximum(up, -limit), limit)
+    gate_c = _clamp_above(gate, limit)
+    up_c = _clamp(up, limit)
     sig = _sigmoid(gate_c)
     d_up = tl.where((up >= -limit) & (up <= limit), grad * gate_c * sig, 0.0)
     d_gate = tl.where(gate <= limit, grad * up_c * sig * (1.0 + gate_c * (1.0 - sig)), 0.0)
@@ -118,6 +129,13 @@ def _rows_contiguous(*tensors: torch.Tensor) -> None:
                              f"strides {tensor.stride()}")
 
 
+def _flat(*tensors: torch.Tensor | None) -> None:
+    # The kernels index weights and positions as flat [N * K] arrays.
+    for tensor in tensors:
+        if tensor is not None and not tensor.is_contiguous():
+            raise ValueError(f"expected a contiguous tensor, got {tuple(tensor.shape)} strides {tensor.stride()}")
+
+
 def swiglu(hidden: torch.Tensor, limit: float) -> torch.Tensor:
     """``hidden [S, 2I]`` -> ``[S, I]`` in hidden's dtype."""
     _rows_contiguous(hidden)
@@ -146,6 +164,7 @@ def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor | 
     """``rows [S, D]`` in expert order, ``position [N * K]`` (slot -> its row), ``weights [N, K]`` (None: all 1)
     -> ``[N, D]`` in rows' dtype."""
     _rows_contiguous(rows)
+    _flat(position, weights)
     n_tokens, hidden = position.shape[0] // top_k, rows.shape[1]
     out = torch.empty((n_tokens, hidden), dtype=rows.dtype, device=rows.device)
     if n_tokens:
@@ -160,6 +179,7 @@ def combine_backward(grad: torch.Tensor, rows: torch.Tensor, position: torch.Ten
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(d_rows [S, D]`` in rows' dtype, ``d_weights [N, K]`` in weights' dtype) from ``grad [N, D]``."""
     _rows_contiguous(grad, rows, weights)
+    _flat(position, weights)
     n_tokens, top_k = weights.shape
     hidden = rows.shape[1]
     d_rows = torch.empty_like(rows, memory_format=torch.contiguous_format)
