@@ -3,7 +3,8 @@
 Formula (bytes; ``P`` parameters, ``N`` tokens per micro-batch = windows * seq_len, ``a`` bytes per activation
 value: 2 under bf16 autocast, 4 in fp32)::
 
-    weights       4 P (+ 2 P)  fp32 master weights (and under bf16 autocast the bf16 copies its matmuls save)
+    weights       4 P (+ 2 P)  fp32 master weights (and under bf16 autocast their bf16 copies: those the matmuls
+                               save, and the routed experts' that the chunked step keeps for a micro-batch)
     gradients     4 P          fp32
     optimizer     8 P          AdamW exp_avg + exp_avg_sq
     activations   N * sum over layers of act(layer)                    saved for backward, reference path
