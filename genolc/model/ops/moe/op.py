@@ -30,10 +30,6 @@ def slot_positions(order: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
 
 
-def _fast(tensor: torch.Tensor) -> bool:
-    return tensor.is_cuda
-
-
 def _wide(tensor: torch.Tensor) -> torch.Tensor:
     # The torch formulas' arithmetic: fp32, or fp64 for fp64 inputs (the CPU tests' exact comparisons).
     return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
@@ -42,7 +38,7 @@ def _wide(tensor: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("genolc::moe_swiglu", mutates_args=())
 def swiglu_op(hidden: torch.Tensor, limit: float) -> torch.Tensor:
     """``hidden [S, 2I]`` (gate | up) -> ``[S, I]`` in hidden's dtype."""
-    if _fast(hidden):
+    if hidden.is_cuda:
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.swiglu(hidden, limit)
@@ -59,7 +55,7 @@ def _swiglu_shape(hidden: torch.Tensor, limit: float) -> torch.Tensor:
 @torch.library.custom_op("genolc::moe_swiglu_backward", mutates_args=())
 def swiglu_backward_op(grad: torch.Tensor, hidden: torch.Tensor, limit: float) -> torch.Tensor:
     """``d_hidden [S, 2I]`` in hidden's dtype."""
-    if _fast(hidden):
+    if hidden.is_cuda:
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.swiglu_backward(grad.contiguous(), hidden, limit)
@@ -113,7 +109,7 @@ def _gather_slots_shape(x: torch.Tensor, order: torch.Tensor, position: torch.Te
 @torch.library.custom_op("genolc::moe_gather_slots_backward", mutates_args=())
 def gather_slots_backward_op(grad: torch.Tensor, position: torch.Tensor, top_k: int) -> torch.Tensor:
     """``d_x [N, D]``: each token's sum of its slots' row gradients (no atomics: a gather through ``position``)."""
-    if _fast(grad):
+    if grad.is_cuda:
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.combine(grad.contiguous(), position, None, top_k)
@@ -143,7 +139,7 @@ gather_slots_op.register_autograd(_gather_backward, setup_context=_gather_save)
 def combine_op(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``rows [S, D]`` in expert order, ``position [S]``, ``weights [N, K]`` -> ``[N, D]`` in rows' dtype."""
     top_k = weights.shape[1]
-    if _fast(rows):
+    if rows.is_cuda:
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.combine(rows, position, weights.contiguous(), top_k)
@@ -159,7 +155,7 @@ def _combine_shape(rows: torch.Tensor, position: torch.Tensor, weights: torch.Te
 def combine_backward_op(grad: torch.Tensor, rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(d_rows [S, D]`` in rows' dtype, ``d_weights [N, K]`` in weights' dtype)."""
-    if _fast(rows):
+    if rows.is_cuda:
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.combine_backward(grad.contiguous(), rows, position, weights.contiguous())
