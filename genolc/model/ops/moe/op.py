@@ -42,6 +42,11 @@ def swiglu_op(hidden: torch.Tensor, limit: float) -> torch.Tensor:
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.swiglu(hidden, limit)
+    return swiglu_formula(hidden, limit)
+
+
+def swiglu_formula(hidden: torch.Tensor, limit: float) -> torch.Tensor:
+    """The SwiGLU kernel's result in torch, on any device."""
     gate, up = _wide(hidden).chunk(2, dim=-1)
     gate = gate.clamp(max=limit)
     return (gate * torch.sigmoid(gate) * up.clamp(-limit, limit)).to(hidden.dtype)
@@ -59,6 +64,11 @@ def swiglu_backward_op(grad: torch.Tensor, hidden: torch.Tensor, limit: float) -
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.swiglu_backward(grad.contiguous(), hidden, limit)
+    return swiglu_backward_formula(grad, hidden, limit)
+
+
+def swiglu_backward_formula(grad: torch.Tensor, hidden: torch.Tensor, limit: float) -> torch.Tensor:
+    """The SwiGLU backward kernel's result in torch, on any device."""
     grad = _wide(grad)
     gate, up = _wide(hidden).chunk(2, dim=-1)
     gate_c, up_c = gate.clamp(max=limit), up.clamp(-limit, limit)
@@ -87,8 +97,9 @@ def _swiglu_backward(ctx, grad: torch.Tensor):
 swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_save)
 
 
-def _combine_torch(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor | None, top_k: int
-                   ) -> torch.Tensor:
+def combine_formula(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor | None, top_k: int
+                    ) -> torch.Tensor:
+    """The combine kernel's result in torch, on any device (``weights`` None: the gather's backward, unweighted)."""
     gathered = _wide(rows[position]).view(-1, top_k, rows.shape[-1])
     if weights is not None:
         gathered = gathered * _wide(weights).reshape(-1, top_k, 1)
@@ -113,7 +124,7 @@ def gather_slots_backward_op(grad: torch.Tensor, position: torch.Tensor, top_k: 
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.combine(grad.contiguous(), position, None, top_k)
-    return _combine_torch(grad, position, None, top_k)
+    return combine_formula(grad, position, None, top_k)
 
 
 @gather_slots_backward_op.register_fake
@@ -143,7 +154,7 @@ def combine_op(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.combine(rows, position, weights.contiguous(), top_k)
-    return _combine_torch(rows, position, weights, top_k)
+    return combine_formula(rows, position, weights, top_k)
 
 
 @combine_op.register_fake
@@ -159,6 +170,12 @@ def combine_backward_op(grad: torch.Tensor, rows: torch.Tensor, position: torch.
         from genolc.model.ops.moe import triton as moe_triton
 
         return moe_triton.combine_backward(grad.contiguous(), rows, position, weights.contiguous())
+    return combine_backward_formula(grad, rows, position, weights)
+
+
+def combine_backward_formula(grad: torch.Tensor, rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The combine backward kernel's results in torch, on any device."""
     top_k = weights.shape[1]
     token_grad = _wide(grad).repeat_interleave(top_k, dim=0)
     d_rows = torch.empty_like(rows, memory_format=torch.contiguous_format)
