@@ -15,7 +15,9 @@ with the whole window (layers checkpointed, as the test's: `small` at 64k does n
     torch.topk selection          chunked and whole with the indexer's pools chosen by torch.topk, not the kernel
 
 Per comparison: the relative L2 error over all parameters, the parameters that hold most of the error's square,
-and the worst relative errors. Needs CUDA (the fast kernels under test).
+and the worst relative errors. ``--spread N`` instead asks how far identical steps land apart: three whole-window
+forwards without gradients compared bit for bit (logits, every DSA layer's chosen rows, every MoE layer's experts),
+then N chunked steps with the weight copies and N without, compared pairwise. Needs CUDA (the kernels under test).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from genolc.model import build_model, preset  # noqa: E402
 from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.moe import op as moe_op  # noqa: E402
 from genolc.model.ops.moe import triton as moe_triton  # noqa: E402
+from genolc.model.layers import moe as moe_layer  # noqa: E402
 from genolc.train import chunked as chunked_module  # noqa: E402
 from genolc.train.apply import apply_recompute  # noqa: E402
 from genolc.train.loss import LossTerms, micro_batch_loss  # noqa: E402
@@ -111,12 +114,64 @@ def no_weight_copies():
     return patched(chunked_module, "weight_casts_per_step", contextlib.nullcontext)
 
 
+def recorded_forward(model, ids) -> dict[str, torch.Tensor]:
+    """One whole-window forward without gradients; its logits, DSA rows and MoE experts by layer."""
+    seen: dict[str, torch.Tensor] = {}
+    originals = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "select_op"):
+            originals[module] = module.select_op
+
+            def record(*args, _name=name, _op=module.select_op, **kwargs):
+                rows = _op(*args, **kwargs)
+                seen[f"{_name} rows {len([k for k in seen if k.startswith(_name)])}"] = rows.clone()
+                return rows
+
+            module.select_op = record
+    route = moe_layer.routed_experts
+
+    def record_experts(x, expert_ids, *args):
+        seen[f"experts {len([k for k in seen if k.startswith('experts')])}"] = expert_ids.clone()
+        return route(x, expert_ids, *args)
+
+    try:
+        with patched(moe_layer, "routed_experts", record_experts), torch.no_grad(), autocast():
+            seen["logits"] = model(ids[:, :-1]).logits.float()
+    finally:
+        for module, op in originals.items():
+            module.select_op = op
+    return seen
+
+
+def spread(model, ids, weights, terms, chunk, repeats: int) -> dict:
+    forwards = [recorded_forward(model, ids) for _ in range(3)]
+    differing = {key: [int((f[key] != forwards[0][key]).sum()) for f in forwards[1:]]
+                 for key in forwards[0] if any(not torch.equal(f[key], forwards[0][key]) for f in forwards[1:])}
+    print(f"whole forwards, 3 runs: {len(forwards[0])} tensors compared, {len(differing)} differ: "
+          f"{dict(list(differing.items())[:12])}", flush=True)
+    steps = {}
+    for i in range(repeats):
+        steps[f"chunked {i}"] = chunked_step(model, ids, weights, terms, chunk)
+        with no_weight_copies():
+            steps[f"chunked, no weight copies {i}"] = chunked_step(model, ids, weights, terms, chunk)
+        print(f"steps {i} done", flush=True)
+    names = list(steps)
+    pairs = {f"{a} vs {b}": compare(steps[a], steps[b])["relative_l2_all"]
+             for k, a in enumerate(names) for b in names[k + 1:]}
+    for pair, error in pairs.items():
+        print(f"{pair}: relative L2 {error:.3e}")
+    return {"forwards_differing": differing, "tensors_compared": len(forwards[0]), "step_pairs": pairs}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="small")
     parser.add_argument("--seq", default="64k")
     parser.add_argument("--chunk", default="16k")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--spread", type=int, default=0, metavar="N",
+                        help="identical steps' spread instead of the variants: N chunked steps with and N without the "
+                             "weight copies")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs CUDA: this compares the fast kernels' chunked step with the whole window")
@@ -130,6 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     weights[0, 1000:1500] = 0.0
     terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.01, indexer_kl_coef=1.0,
                       indexer_mode="sparse")
+
+    if args.spread:
+        found = spread(model, ids, weights, terms, chunk, args.spread)
+        if args.json:
+            args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "spread": found},
+                                            indent=1))
+        return 0
 
     runs: dict[str, dict[str, torch.Tensor]] = {}
     seconds: dict[str, float] = {}
