@@ -25,8 +25,9 @@ from gpu_bench_common import measure, write_results
 from genolc.model.ops.mhc import op, reference, triton as mhc_triton
 from genolc.model.presets import base, small
 
-CANDIDATES = [mhc_triton.KernelConfig(64, 128, 4, 3), mhc_triton.KernelConfig(64, 64, 4, 3),
-              mhc_triton.KernelConfig(128, 128, 8, 3), mhc_triton.KernelConfig(64, 256, 8, 2)]
+CANDIDATES = [mhc_triton.KernelConfig(64, 128, 4), mhc_triton.KernelConfig(64, 64, 4),
+              mhc_triton.KernelConfig(128, 128, 8), mhc_triton.KernelConfig(64, 256, 8),
+              mhc_triton.KernelConfig(32, 128, 4)]
 BACKWARD_CANDIDATES = [mhc_triton.BackwardConfig(4096, 64, 64, 4, 2), mhc_triton.BackwardConfig(4096, 64, 128, 8, 2),
                        mhc_triton.BackwardConfig(2048, 64, 64, 4, 3), mhc_triton.BackwardConfig(8192, 128, 64, 8, 2),
                        mhc_triton.BackwardConfig(2048, 32, 128, 4, 3)]

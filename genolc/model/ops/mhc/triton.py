@@ -4,9 +4,10 @@ its backward (op.py has the formulas), each one pass over the streams.
 Each program takes ``BLOCK_ROWS`` tokens and walks their ``K = N * D`` stream values once, summing the squares and
 the ``W`` products (a ``[BLOCK_ROWS, BLOCK_K] x [BLOCK_K, BLOCK_W]`` dot per step) side by side; the norm is folded
 out of the product (``linear(x * r, weight) = r * linear(x, weight)``), so the normed copy of the streams is never
-written. Alone, on a 32k chunk of `base`, this kernel takes 0.27 ms, where the compiled reference (inductor's
-norm writing a bf16 copy, then cuBLAS's product) took 0.46 ms; in the 512k step the difference does not show
-beyond noise (benchmarks/results/mhc_fused_2026-12-02/README.md).
+written. Alone, on a 32k chunk of `base`, this kernel took 0.27 ms with three pipeline stages, where the compiled
+reference (inductor's norm writing a bf16 copy, then cuBLAS's product) took 0.46 ms; in the 512k step the
+difference did not show beyond noise (benchmarks/results/mhc_fused_2026-12-02/README.md). It now runs one stage
+(:class:`KernelConfig` says why).
 
 The backward kernel takes ``block_k`` columns of ``rows_per_program`` tokens per program: it writes those
 columns of ``dx`` and keeps their share of ``dweight`` in registers, so the streams are read once and ``dx``
@@ -30,14 +31,20 @@ MAX_LOGITS = 128
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes and launch settings; ``benchmarks/bench_mhc.py`` compares candidates on the H200 (2026-12-02:
-    this one and ``(128, 128, 8, 3)`` within 2 % of each other, 3.0 TB/s for `base`; ``block_k=256`` takes 37-44 %
-    longer)."""
+    """Tile sizes of the forward kernel; ``benchmarks/bench_mhc.py`` compares candidates on the H200.
+
+    The loop is not software-pipelined (one stage): with two or more, Triton 3.6 gives the streams' tile one
+    shared-memory buffer fewer than the weight's, because the tile is also read into registers for the squares,
+    and refills the buffer that the still-running asynchronous TF32 wgmma of the same step reads. The logits
+    then came out different between identical calls now and then (2026-12-02 on the H200: one in five forwards
+    of `small` at 64k differed from the first in ``layers.0.attn_hc``, benchmarks/forward_determinism.py), and
+    the chunked step's gradients landed 3e-2 apart from identical steps' (benchmarks/chunked_vs_whole.py).
+    tests/gpu/triton_lowering_check.py finds such refills in the compiled kernels without a GPU. At three
+    stages this kernel took 0.27 ms on a 32k chunk of `base`; one stage is not yet timed."""
 
     block_rows: int = 64
     block_k: int = 128
     num_warps: int = 4
-    num_stages: int = 3
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class BackwardConfig:
 
 
 DEFAULT_CONFIG = KernelConfig()
+FORWARD_STAGES = 1     # see KernelConfig: more stages race in Triton 3.6
 DEFAULT_BACKWARD_CONFIG = BackwardConfig()
 
 
@@ -178,7 +186,7 @@ def fused_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float, *, tf
     _kernel()[grid](x, weight, out, rstd, rows, x.shape[1], logits, eps, x.stride(0), weight.stride(0),
                     out.stride(0), BLOCK_ROWS=config.block_rows, BLOCK_K=config.block_k,
                     BLOCK_W=max(16, triton.next_power_of_2(logits)), PRECISION="tf32" if tf32 else "ieee",
-                    num_warps=config.num_warps, num_stages=config.num_stages)
+                    num_warps=config.num_warps, num_stages=FORWARD_STAGES)
     return out, rstd
 
 
