@@ -87,7 +87,7 @@ def main() -> None:
                          "read_and_write_tb_per_s": round(2 * read_gb / timed, 2)})
             print(json.dumps(rows[-1]))
     notes = {"timing": "median of 20 after one warm-up, CUDA events",
-             "default_config": vars(mhc_triton.DEFAULT_CONFIG),
+             "default_config": vars(mhc_triton.DEFAULT_CONFIG), "forward_stages": mhc_triton.FORWARD_STAGES,
              "default_backward_config": vars(mhc_triton.DEFAULT_BACKWARD_CONFIG)}
     print(f"wrote {write_results('mhc', rows, notes)}")
 

@@ -7,7 +7,7 @@ parameters) of one whole-window step with recompute. When it fails, this script 
 responsible: one model, one window (random 4-letter ids, as the test's), and these gradient sets, each compared
 with the whole window (layers checkpointed, as the test's: `small` at 64k does not fit without):
 
-    chunked, chunked again        the step as it runs, and its run-to-run spread (atomics)
+    chunked, chunked again        the step as it runs, and its run-to-run spread
     chunked, recompute            the step with its layers checkpointed (finetune's choice at some lengths)
     whole, whole again            the reference, and its own run-to-run spread
     chunked, no weight copies     genolc.train.chunked without ops/weight_casts.py's one copy per micro-batch
@@ -124,15 +124,15 @@ def recorded_forward(model, ids) -> dict[str, torch.Tensor]:
 
             def record(*args, _name=name, _op=module.select_op, **kwargs):
                 rows = _op(*args, **kwargs)
-                seen[f"{_name} rows {len([k for k in seen if k.startswith(_name)])}"] = rows.clone()
+                seen[f"{_name} rows {len([k for k in seen if k.startswith(f'{_name} rows ')])}"] = rows.clone()
                 return rows
 
             module.select_op = record
     route = moe_layer.routed_experts
 
-    def record_experts(x, expert_ids, *args):
-        seen[f"experts {len([k for k in seen if k.startswith('experts')])}"] = expert_ids.clone()
-        return route(x, expert_ids, *args)
+    def record_experts(x, expert_ids, *args, **kwargs):
+        seen[f"experts {len([k for k in seen if k.startswith('experts ')])}"] = expert_ids.clone()
+        return route(x, expert_ids, *args, **kwargs)
 
     try:
         with patched(moe_layer, "routed_experts", record_experts), torch.no_grad(), autocast():

@@ -8,9 +8,11 @@ gradients can land 3e-2 apart from an identical one's. This runs the same forwar
 gradients under bf16 autocast, with a forward hook on every module that records a checksum of each input and
 output tensor (its bit patterns summed as integers, weighted by position), in call order. Against the first run it
 reports, per run, the first call whose inputs all agree and whose output does not: that module is where the
-difference arises (its children, hooked too, narrow it down when they come first). The checksums stay on the GPU
-until every run is done: reading each back would drain the launch queue between modules, and eight forwards read
-that way agreed bit for bit (a race between kernels would need the queue full to show).
+difference arises (its children, hooked too, narrow it down when they come first). Inputs are summed before the
+module runs (a pre-hook), so a module that changes its inputs in place does not hide itself. The checksums stay on
+the GPU until every run is done, so that the runs are not drained between modules. On 2026-12-02 neither that nor
+reading each checksum back caught a difference in eight runs; under ``CUDA_LAUNCH_BLOCKING=1`` one run of six
+differed (benchmarks/results/determinism_2026-12-02/README.md).
 """
 
 from __future__ import annotations
@@ -31,15 +33,15 @@ _INTEGER_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def checksum(tensor: torch.Tensor) -> torch.Tensor:
-    """The bit patterns of ``tensor``, summed as int64 with weights by position, so that any changed element (or
-    two swapped) changes the sum."""
+    """The bit patterns of ``tensor``, summed as int64 with weights by position (1 to 1,000,003, never 0), so that a
+    changed element always changes the sum and two swapped ones nearly always do."""
     flat = tensor.detach().contiguous().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.int8)
     if flat.is_floating_point():
         flat = flat.view(_INTEGER_VIEW[flat.element_size()])
     flat = flat.to(torch.int64)
-    weights = torch.arange(1, flat.numel() + 1, device=flat.device, dtype=torch.int64) % 1000003
+    weights = torch.arange(flat.numel(), device=flat.device, dtype=torch.int64) % 1000003 + 1
     return (flat * weights).sum()
 
 
@@ -57,12 +59,17 @@ def tensors(value) -> list[torch.Tensor]:
 
 def recorded_forward(model, inputs) -> list[tuple[str, list[torch.Tensor], list[torch.Tensor]]]:
     calls: list[tuple[str, list[torch.Tensor], list[torch.Tensor]]] = []
+    started: dict[int, list[list[torch.Tensor]]] = {}
     handles = []
     for name, module in model.named_modules():
-        def hook(module, args, kwargs, output, _name=name or "model"):
-            calls.append((_name, [checksum(t) for t in tensors((args, kwargs))],
-                          [checksum(t) for t in tensors(output)]))
-        handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        def before(module, args, kwargs):
+            started.setdefault(id(module), []).append([checksum(t) for t in tensors((args, kwargs))])
+
+        def after(module, args, kwargs, output, _name=name or "model"):
+            calls.append((_name, started[id(module)].pop(), [checksum(t) for t in tensors(output)]))
+
+        handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+        handles.append(module.register_forward_hook(after, with_kwargs=True))
     try:
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
             model(inputs)
@@ -77,13 +84,16 @@ def read_back(calls) -> list[tuple[str, list[int], list[int]]]:
 
 
 def first_difference(reference, run) -> dict | None:
+    """None where the runs agree call for call; else where they first part."""
+    if reference == run:
+        return None
     if [c[0] for c in reference] != [c[0] for c in run]:
         return {"error": "the runs called different modules"}
     for index, ((name, ins, outs), (_, run_ins, run_outs)) in enumerate(zip(reference, run)):
         if ins == run_ins and outs != run_outs:
             return {"call": index, "module": name,
                     "outputs_differing": sum(a != b for a, b in zip(outs, run_outs)), "outputs": len(outs)}
-    return None
+    return {"error": "the runs differ, but no call's outputs differ with identical inputs"}
 
 
 def main(argv: list[str] | None = None) -> int:

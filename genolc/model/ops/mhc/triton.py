@@ -33,14 +33,16 @@ MAX_LOGITS = 128
 class KernelConfig:
     """Tile sizes of the forward kernel; ``benchmarks/bench_mhc.py`` compares candidates on the H200.
 
-    The loop is not software-pipelined (one stage): with two or more, Triton 3.6 gives the streams' tile one
-    shared-memory buffer fewer than the weight's, because the tile is also read into registers for the squares,
-    and refills the buffer that the still-running asynchronous TF32 wgmma of the same step reads. The logits
-    then came out different between identical calls now and then (2026-12-02 on the H200: one in five forwards
-    of `small` at 64k differed from the first in ``layers.0.attn_hc``, benchmarks/forward_determinism.py), and
-    the chunked step's gradients landed 3e-2 apart from identical steps' (benchmarks/chunked_vs_whole.py).
-    tests/gpu/triton_lowering_check.py finds such refills in the compiled kernels without a GPU. At three
-    stages this kernel took 0.27 ms on a 32k chunk of `base`; one stage is not yet timed."""
+    The loop is not software-pipelined (one stage). With fp32 streams (the trainer's) and two to four stages,
+    Triton 3.6 gives the streams' tile one shared-memory buffer fewer than the weight's and refills the slot that
+    the step's own asynchronous TF32 wgmma may still be reading. The tile also feeds the sum of squares, which is
+    likely why the two counts differ. Identical forwards then gave different logits now and then: on the H200
+    (2026-12-02), one run of six under ``CUDA_LAUNCH_BLOCKING=1`` differed in ``layers.0.attn_hc``
+    (benchmarks/forward_determinism.py), and identical chunked steps landed 3e-2 apart
+    (benchmarks/chunked_vs_whole.py). tests/gpu/triton_lowering_check.py finds such refills in the compiled loop
+    without a GPU. With bf16 streams the product reads the tile from registers, and that check found no race.
+    At three stages the kernel took 0.27 ms on a 32k chunk of `base`; one stage has not been timed yet.
+    """
 
     block_rows: int = 64
     block_k: int = 128
