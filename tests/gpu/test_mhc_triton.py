@@ -50,21 +50,26 @@ def test_kernel_matches_exact_logits(rows, cols, dtype, tf32):
     assert _relative(rstd, torch.rsqrt(x.double().square().mean(-1) + EPS)) < 1e-6
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_forward_gives_the_same_bits_on_every_call(dtype):
-    # With a pipelined loop the kernel refilled a shared-memory tile that its asynchronous TF32 product still read
-    # (KernelConfig's note): one forward of `small` at 64k in five differed. 300 calls on 64k tokens of `small`'s
-    # streams (K = 4096), each compared with the first bit for bit.
+@pytest.mark.parametrize("dtype, config", [
+    (torch.float32, mhc_triton.DEFAULT_CONFIG),
+    (torch.bfloat16, mhc_triton.DEFAULT_CONFIG),
+    (torch.float32, mhc_triton.KernelConfig(64, 128, 4, stages=3, tile_in_registers=True)),
+])
+def test_forward_gives_the_same_bits_on_every_call(dtype, config):
+    # Pipelined with fp32 streams in shared memory, the kernel refilled a tile that its asynchronous TF32 product
+    # still read (KernelConfig's note): one run of six of `small`'s forward at 64k differed. 300 calls on 64k tokens
+    # of `small`'s streams (K = 4096), each compared with the first bit for bit.
     x, weight = _streams(65536, 4096, dtype)
-    first, first_rstd = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=True)
+    first, first_rstd = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=True, config=config)
     differing = 0
     for _ in range(300):
-        got, rstd = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=True)
+        got, rstd = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=True, config=config)
         differing += int(not torch.equal(got, first)) + int(not torch.equal(rstd, first_rstd))
     assert differing == 0, f"{differing} of 300 calls gave other logits or rstd than the first"
 
 
-@pytest.mark.parametrize("config", [mhc_triton.KernelConfig(32, 128, 4), mhc_triton.KernelConfig(128, 32, 8)])
+@pytest.mark.parametrize("config", [mhc_triton.KernelConfig(32, 128, 4), mhc_triton.KernelConfig(128, 32, 8),
+                                    mhc_triton.KernelConfig(64, 128, 4, stages=3, tile_in_registers=True)])
 def test_other_tile_configs(config):
     x, weight = _streams(4099, 6144, torch.float32)
     got, _ = mhc_triton.fused_mixing_logits(x, weight, EPS, tf32=False, config=config)

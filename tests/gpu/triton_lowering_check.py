@@ -105,8 +105,9 @@ def mhc_builds() -> dict[str, Build]:
     for dtype in ("fp32", "bf16"):
         found[f"mHC forward ({dtype} streams)"] = Build(
             forward, {"x_ptr": f"*{dtype}", "w_ptr": "*fp32", "out_ptr": "*fp32", "rstd_ptr": "*fp32"},
-            {"BLOCK_ROWS": config.block_rows, "BLOCK_K": config.block_k, "BLOCK_W": logits, "PRECISION": "tf32"},
-            warps=config.num_warps, stages=mhc.FORWARD_STAGES,
+            {"BLOCK_ROWS": config.block_rows, "BLOCK_K": config.block_k, "BLOCK_W": logits, "PRECISION": "tf32",
+             "TILE_IN_REGISTERS": config.tile_in_registers},
+            warps=config.num_warps, stages=config.stages,
             divisible=("x_ptr", "w_ptr", "out_ptr", "rstd_ptr", "n_rows", "n_cols", "stride_xm", "stride_wn"))
         found[f"mHC backward ({dtype} streams)"] = Build(
             backward, {"scaled_ptr": "*fp32", "coef_ptr": "*fp32", "x_ptr": f"*{dtype}", "w_ptr": "*fp32",
@@ -116,8 +117,12 @@ def mhc_builds() -> dict[str, Build]:
             divisible=("scaled_ptr", "coef_ptr", "x_ptr", "w_ptr", "dx_ptr", "dw_ptr", "n_rows", "n_cols",
                        "stride_xm", "stride_wn", "stride_dxm", "stride_dwg", "stride_dwn"))
     fp32_forward = found["mHC forward (fp32 streams)"]
-    found["mHC forward, fp32, three stages (the race, expected)"] = replace(fp32_forward, stages=3,
-                                                                          race_expected=True)
+    untouched = {**fp32_forward.constexprs, "TILE_IN_REGISTERS": False}
+    found["mHC forward, fp32, three stages (the race, expected)"] = replace(
+        fp32_forward, constexprs=untouched, stages=3, race_expected=True)
+    for stages in (3, 4):
+        found[f"mHC forward, fp32, {stages} stages, tile in registers"] = replace(
+            fp32_forward, constexprs={**untouched, "TILE_IN_REGISTERS": True}, stages=stages)
     return found
 
 

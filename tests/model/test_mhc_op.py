@@ -10,7 +10,7 @@ import torch
 
 from genolc.model import build_model, preset
 from genolc.model.layers.mhc import HyperConnection
-from genolc.model.ops.mhc import op, reference
+from genolc.model.ops.mhc import op, reference, triton as mhc_triton
 
 
 def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -87,3 +87,12 @@ def test_hyper_connection_with_the_op_compiled_matches_the_reference():
     outputs, grads = run()
     for mine, theirs in zip(outputs + list(grads), expected_outputs + list(expected_grads)):
         assert _relative(mine, theirs) < 1e-5
+
+
+def test_a_pipelined_forward_config_needs_the_tile_in_registers():
+    # Pipelined with the streams' tile in shared memory, Triton 3.6 refills it while the product reads it.
+    with pytest.raises(ValueError, match="tile_in_registers"):
+        mhc_triton.KernelConfig(64, 128, 4, stages=3)
+    with pytest.raises(ValueError, match="at least 1"):
+        mhc_triton.KernelConfig(stages=0)
+    assert mhc_triton.KernelConfig(stages=3, tile_in_registers=True).stages == 3

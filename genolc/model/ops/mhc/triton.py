@@ -31,22 +31,36 @@ MAX_LOGITS = 128
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes of the forward kernel; ``benchmarks/bench_mhc.py`` compares candidates on the H200.
+    """Tiles and pipelining of the forward kernel; ``benchmarks/bench_mhc.py`` compares candidates on the H200.
 
-    The loop is not software-pipelined (one stage). With fp32 streams (the trainer's) and two to four stages,
-    Triton 3.6 gives the streams' tile one shared-memory buffer fewer than the weight's and refills the slot that
-    the step's own asynchronous TF32 wgmma may still be reading. The tile also feeds the sum of squares, which is
-    likely why the two counts differ. Identical forwards then gave different logits now and then: on the H200
-    (2026-12-02), one run of six under ``CUDA_LAUNCH_BLOCKING=1`` differed in ``layers.0.attn_hc``
-    (benchmarks/forward_determinism.py), and identical chunked steps landed 3e-2 apart
+    The default loop is not software-pipelined (one stage). With fp32 streams (the trainer's) and two to four
+    stages, Triton 3.6 gives the streams' tile one shared-memory buffer fewer than the weight's and refills the
+    slot that the step's own asynchronous TF32 wgmma may still be reading. The tile also feeds the sum of
+    squares, which is likely why the two counts differ. Identical forwards then gave different logits now and
+    then: on the H200 (2026-12-02), one run of six under ``CUDA_LAUNCH_BLOCKING=1`` differed in
+    ``layers.0.attn_hc`` (benchmarks/forward_determinism.py), and identical chunked steps landed 3e-2 apart
     (benchmarks/chunked_vs_whole.py). tests/gpu/triton_lowering_check.py finds such refills in the compiled loop
     without a GPU. With bf16 streams the product reads the tile from registers, and that check found no race.
-    At three stages the kernel took 0.27 ms on a 32k chunk of `base`; one stage has not been timed yet.
+
+    ``tile_in_registers`` makes the fp32 tile the product's operand from registers too: the compiled loop then
+    reads it from shared memory only into registers, and the check finds no race at three stages. Such a config
+    may pipeline (``stages`` > 1); any other is refused. At three stages the old kernel took 0.27 ms on a 32k
+    chunk of `base`; neither one stage nor the registers' form has been timed yet.
     """
 
     block_rows: int = 64
     block_k: int = 128
     num_warps: int = 4
+    stages: int = 1
+    tile_in_registers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.stages < 1:
+            raise ValueError(f"stages must be at least 1, got {self.stages}")
+        if self.stages > 1 and not self.tile_in_registers:
+            raise ValueError(f"a pipelined mHC forward (stages={self.stages}) needs tile_in_registers=True: without "
+                             "it Triton 3.6 refills the streams' tile while the TF32 product still reads it "
+                             "(KernelConfig's note); use stages=1 or set tile_in_registers")
 
 
 @dataclass(frozen=True)
@@ -63,7 +77,6 @@ class BackwardConfig:
 
 
 DEFAULT_CONFIG = KernelConfig()
-FORWARD_STAGES = 1     # see KernelConfig: more stages race in Triton 3.6
 DEFAULT_BACKWARD_CONFIG = BackwardConfig()
 
 
@@ -76,7 +89,7 @@ def _kernel():
     def mixing_logits_kernel(x_ptr, w_ptr, out_ptr, rstd_ptr, n_rows, n_cols, n_logits, eps,
                              stride_xm, stride_wn, stride_om,
                              BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr,
-                             PRECISION: tl.constexpr):
+                             PRECISION: tl.constexpr, TILE_IN_REGISTERS: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         logits = tl.arange(0, BLOCK_W)
         row_ok = rows < n_rows
@@ -87,8 +100,12 @@ def _kernel():
         for k0 in range(0, n_cols, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             col_ok = cols < n_cols
-            x = tl.load(x_ptr + row_offsets[:, None] + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                        other=0.0).to(tl.float32)
+            tile_ok = row_ok[:, None] & col_ok[None, :]
+            x = tl.load(x_ptr + row_offsets[:, None] + cols[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+            if TILE_IN_REGISTERS:
+                # A value computed in registers (the same numbers): the product takes it from there, not from the
+                # shared buffer that the pipeline refills (KernelConfig's note).
+                x = tl.where(tile_ok, x, 0.0)
             w = tl.load(w_ptr + logits[None, :] * stride_wn + cols[:, None], mask=logit_ok[None, :] & col_ok[:, None],
                         other=0.0).to(tl.float32)
             squares += tl.sum(x * x, axis=1)
@@ -188,7 +205,8 @@ def fused_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float, *, tf
     _kernel()[grid](x, weight, out, rstd, rows, x.shape[1], logits, eps, x.stride(0), weight.stride(0),
                     out.stride(0), BLOCK_ROWS=config.block_rows, BLOCK_K=config.block_k,
                     BLOCK_W=max(16, triton.next_power_of_2(logits)), PRECISION="tf32" if tf32 else "ieee",
-                    num_warps=config.num_warps, num_stages=FORWARD_STAGES)
+                    TILE_IN_REGISTERS=config.tile_in_registers, num_warps=config.num_warps,
+                    num_stages=config.stages)
     return out, rstd
 
 
