@@ -7,7 +7,7 @@ out of the product (``linear(x * r, weight) = r * linear(x, weight)``), so the n
 written. Alone, on a 32k chunk of `base`, this kernel took 0.27 ms with three pipeline stages, where the compiled
 reference (inductor's norm writing a bf16 copy, then cuBLAS's product) took 0.46 ms; in the 512k step the
 difference did not show beyond noise (benchmarks/results/mhc_fused_2026-12-02/README.md). It now runs one stage
-(:class:`KernelConfig` says why).
+by default, or pipelined with the streams' tile in registers (:class:`KernelConfig` says why).
 
 The backward kernel takes ``block_k`` columns of ``rows_per_program`` tokens per program: it writes those
 columns of ``dx`` and keeps their share of ``dweight`` in registers, so the streams are read once and ``dx``
