@@ -15,9 +15,9 @@ with the whole window (layers checkpointed, as the test's: `small` at 64k does n
     torch.topk selection          chunked and whole with the indexer's pools chosen by torch.topk, not the kernel
 
 Per comparison: the relative L2 error over all parameters, the parameters that hold most of the error's square,
-and the worst relative errors. ``--spread N`` instead asks how far identical steps land apart: three whole-window
-forwards without gradients compared bit for bit (logits, every DSA layer's chosen rows, every MoE layer's experts),
-then N chunked steps with the weight copies and N without, compared pairwise. Needs CUDA (the kernels under test).
+and the worst relative errors. ``--spread N`` instead asks how far identical steps land apart: N chunked steps with
+the weight copies and N without, compared pairwise (benchmarks/forward_determinism.py finds which module makes
+identical forwards differ). Needs CUDA (the kernels under test).
 """
 
 from __future__ import annotations
@@ -35,13 +35,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from genolc.model import build_model, preset  # noqa: E402
-from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.moe import op as moe_op  # noqa: E402
-from genolc.model.ops.moe import triton as moe_triton  # noqa: E402
-from genolc.model.layers import moe as moe_layer  # noqa: E402
 from genolc.train import chunked as chunked_module  # noqa: E402
 from genolc.train.apply import apply_recompute  # noqa: E402
 from genolc.train.loss import LossTerms, micro_batch_loss  # noqa: E402
+from genolc.errors import ConfigError  # noqa: E402
 from genolc.units import parse_length  # noqa: E402
 
 
@@ -97,6 +95,8 @@ def patched(module, name: str, replacement):
 
 @contextlib.contextmanager
 def eager_moe_glue():
+    from genolc.model.ops.moe import triton as moe_triton   # imports Triton: CUDA only
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(moe_triton, "swiglu", moe_op.swiglu_formula))
         stack.enter_context(patched(moe_triton, "swiglu_backward", moe_op.swiglu_backward_formula))
@@ -106,6 +106,8 @@ def eager_moe_glue():
 
 
 def torch_topk():
+    from genolc.model.ops.indexer import triton as indexer_triton
+
     return patched(indexer_triton, "streamed_select",
                    functools.partial(indexer_triton.streamed_select, fused_topk=False))
 
@@ -114,41 +116,7 @@ def no_weight_copies():
     return patched(chunked_module, "weight_casts_per_step", contextlib.nullcontext)
 
 
-def recorded_forward(model, ids) -> dict[str, torch.Tensor]:
-    """One whole-window forward without gradients; its logits, DSA rows and MoE experts by layer."""
-    seen: dict[str, torch.Tensor] = {}
-    originals = {}
-    for name, module in model.named_modules():
-        if hasattr(module, "select_op"):
-            originals[module] = module.select_op
-
-            def record(*args, _name=name, _op=module.select_op, **kwargs):
-                rows = _op(*args, **kwargs)
-                seen[f"{_name} rows {len([k for k in seen if k.startswith(f'{_name} rows ')])}"] = rows.clone()
-                return rows
-
-            module.select_op = record
-    route = moe_layer.routed_experts
-
-    def record_experts(x, expert_ids, *args, **kwargs):
-        seen[f"experts {len([k for k in seen if k.startswith('experts ')])}"] = expert_ids.clone()
-        return route(x, expert_ids, *args, **kwargs)
-
-    try:
-        with patched(moe_layer, "routed_experts", record_experts), torch.no_grad(), autocast():
-            seen["logits"] = model(ids[:, :-1]).logits.float()
-    finally:
-        for module, op in originals.items():
-            module.select_op = op
-    return seen
-
-
 def spread(model, ids, weights, terms, chunk, repeats: int) -> dict:
-    forwards = [recorded_forward(model, ids) for _ in range(3)]
-    differing = {key: [int((f[key] != forwards[0][key]).sum()) for f in forwards[1:]]
-                 for key in forwards[0] if any(not torch.equal(f[key], forwards[0][key]) for f in forwards[1:])}
-    print(f"whole forwards, 3 runs: {len(forwards[0])} tensors compared, {len(differing)} differ: "
-          f"{dict(list(differing.items())[:12])}", flush=True)
     steps = {}
     for i in range(repeats):
         steps[f"chunked {i}"] = chunked_step(model, ids, weights, terms, chunk)
@@ -160,7 +128,7 @@ def spread(model, ids, weights, terms, chunk, repeats: int) -> dict:
              for k, a in enumerate(names) for b in names[k + 1:]}
     for pair, error in pairs.items():
         print(f"{pair}: relative L2 {error:.3e}")
-    return {"forwards_differing": differing, "tensors_compared": len(forwards[0]), "step_pairs": pairs}
+    return {"step_pairs": pairs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs CUDA: this compares the fast kernels' chunked step with the whole window")
-    length, chunk = parse_length(args.seq, "--seq"), parse_length(args.chunk, "--chunk")
+    try:
+        length, chunk = parse_length(args.seq, "--seq"), parse_length(args.chunk, "--chunk")
+    except ConfigError as error:
+        parser.error(str(error))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
 
     torch.manual_seed(0)
     model = build_model(preset(args.model)).cuda()

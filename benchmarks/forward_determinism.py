@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from genolc.model import build_model, preset  # noqa: E402
+from genolc.errors import ConfigError  # noqa: E402
 from genolc.units import parse_length  # noqa: E402
 
 _INTEGER_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -105,7 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs CUDA: this looks for nondeterminism in the GPU kernels")
-    length = parse_length(args.seq, "--seq")
+    try:
+        length = parse_length(args.seq, "--seq")
+    except ConfigError as error:
+        parser.error(str(error))
+    if args.runs < 2:
+        parser.error(f"--runs must be at least 2 (one to compare the others with), got {args.runs}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = build_model(preset(args.model)).cuda()
     generator = torch.Generator().manual_seed(0)

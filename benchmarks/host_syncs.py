@@ -33,6 +33,7 @@ from profile_chunked_step import timed_step  # noqa: E402
 
 from genolc.model import build_model, preset  # noqa: E402
 from genolc.train.apply import apply_compile, apply_recompute  # noqa: E402
+from genolc.errors import ConfigError  # noqa: E402
 from genolc.units import parse_length  # noqa: E402
 
 SYNC_WARNING = "synchronizing CUDA operation"
@@ -95,6 +96,13 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true", help="time the steps only (no step in the debug mode)")
     parser.add_argument("--name", default="", help="suffix of the result file")
     args = parser.parse_args()
+    try:
+        seq, chunk, warmup_seq = (parse_length(args.seq, "--seq"), parse_length(args.chunk, "--chunk"),
+                                  parse_length(args.warmup_seq, "--warmup-seq"))
+    except ConfigError as error:
+        parser.error(str(error))
+    if not torch.cuda.is_available():
+        parser.error("needs CUDA: this counts the GPU step's host syncs")
     out_dir = Path(os.environ.get("OUT", Path(__file__).resolve().parent / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"host_syncs_{args.model}_{args.seq}{'_' + args.name if args.name else ''}.json"
@@ -107,8 +115,7 @@ def main() -> None:
         apply_recompute(model)
     if args.compile:
         apply_compile(model)
-    seq, chunk = parse_length(args.seq), parse_length(args.chunk)
-    record["steps"].append({"phase": "warm-up", **timed_step(model, parse_length(args.warmup_seq), chunk)})
+    record["steps"].append({"phase": "warm-up", **timed_step(model, warmup_seq, chunk)})
     stacks: list = []
     if not args.no_record:
         row, stacks = _recorded_step(model, seq, chunk)

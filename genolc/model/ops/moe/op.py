@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from genolc.model.ops.moe.swiglu import clamped_swiglu
+
 
 def slot_positions(order: torch.Tensor) -> torch.Tensor:
     """``position [S]``: the inverse permutation of ``order [S]`` (slot -> its row in expert order)."""
@@ -46,10 +48,9 @@ def swiglu_op(hidden: torch.Tensor, limit: float) -> torch.Tensor:
 
 
 def swiglu_formula(hidden: torch.Tensor, limit: float) -> torch.Tensor:
-    """The SwiGLU kernel's result in torch, on any device."""
+    """The SwiGLU kernel's result in torch, on any device: the layer's clamped SwiGLU in fp32, rounded once."""
     gate, up = _wide(hidden).chunk(2, dim=-1)
-    gate = gate.clamp(max=limit)
-    return (gate * torch.sigmoid(gate) * up.clamp(-limit, limit)).to(hidden.dtype)
+    return clamped_swiglu(gate, up, limit).to(hidden.dtype)
 
 
 @swiglu_op.register_fake
