@@ -44,12 +44,15 @@ class KernelConfig:
 
     ``tile_in_registers`` makes the fp32 tile the product's operand from registers too: the compiled loop then
     reads it from shared memory only into registers, and the check finds no race at three stages. Such a config
-    may pipeline (``stages`` > 1); any other is refused. At three stages the old kernel took 0.27 ms on a 32k
-    chunk of `base`; neither one stage nor the registers' form has been timed yet.
+    may pipeline (``stages`` > 1); any other is refused. On the H200 (2026-12-02, benchmarks/bench_mhc.py, a 32k
+    chunk, fp32 streams) the default, one stage in 64 x 64 tiles, took 0.183 ms for `small` and 0.287 ms for
+    `base`, the fastest of seven (the registers' form at four stages 0.195 / 0.297 ms; the racy three-stage build
+    0.27 ms for `base`). benchmarks/mhc_race_probe.py: the racy build gave other bits in 3 of 300 calls, one stage
+    and the registers' form in none.
     """
 
     block_rows: int = 64
-    block_k: int = 128
+    block_k: int = 64
     num_warps: int = 4
     stages: int = 1
     tile_in_registers: bool = False
