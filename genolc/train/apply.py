@@ -18,6 +18,9 @@ after building or loading it and before creating the optimizer. Order, and why:
    it builds): shards the sequence dimension across ranks; it goes last because it changes the shapes every
    earlier transform sees only at run time, not their placement.
 
+Beside them, independent of the order: the residual streams' dtype (:func:`apply_stream_dtype`,
+``--stream-dtype``), which casts the embedding's output, so that every stream pass after it reads and writes bf16.
+
 The chunk-recurrent step (genolc/train/chunked.py) is not a transform: it is a step strategy
 (genolc/train/strategy.py) that drives the model's chunk interface, and composes with 1 (recompute inside a chunk).
 
@@ -164,6 +167,25 @@ def _check_cache_dir() -> Path:
     return path
 
 
+def apply_stream_dtype(model: nn.Module, dtype: torch.dtype) -> torch.dtype:
+    """Carry mHC's residual streams in ``dtype``: the model's ``embed_tokens`` instance returns its output in it.
+
+    The streams start as copies of the embedding (genolc.model.layers.mhc.expand_streams) and keep its dtype: fp32
+    under fp32 master weights, so each layer's mixing, block input and merge move fp32 ``[T, hc_mult, d]``
+    tensors. In bf16 they move half the bytes, as a model held in bf16 (transformers' glm5_next) runs them; the
+    merge still adds in fp32 and rounds once (genolc.model.layers.mhc.merge_streams). Needs bf16 autocast: the
+    trainer refuses bfloat16 streams without it."""
+    embed = model.get_submodule("embed_tokens")
+    original = embed.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return original(*args, **kwargs).to(dtype)
+
+    embed.forward = forward
+    return dtype
+
+
 def apply_compile(model: nn.Module) -> int:
     """torch.compile the per-token glue: every instance of the classes in :func:`_compiled_methods` gets those
     methods replaced by ``functools.partial(compiled class function, instance)`` (results equal to rounding; the
@@ -223,6 +245,8 @@ def apply_transforms(model: nn.Module, config: TrainConfig, device_type: str) ->
     applied = []
     if config.recompute:
         applied.append(f"recompute({apply_recompute(model)} layers)")
+    if config.stream_dtype != "float32":
+        applied.append(f"streams({apply_stream_dtype(model, getattr(torch, config.stream_dtype))})")
     if compile_wanted(config, device_type):
         applied.append(f"compile({apply_compile(model)} modules, cache {compile_cache_dir()})")
     return applied

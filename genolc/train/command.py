@@ -13,7 +13,7 @@ from genolc.errors import ConfigError
 from genolc.fsutil import output_dir
 from genolc.parallel.launch import alike_on_every_rank, writes_outputs
 from genolc.train.config import (COMPILE_MODES, CP_KDA_MODES, CP_LAYOUTS, DASHBOARDS, DEVICES, DTYPES, INDEXER_MODES,
-                                 TrainConfig)
+                                 STREAM_DTYPES, TrainConfig)
 from genolc.units import format_length, parse_length
 
 RUN_KIND = "run directory"
@@ -91,6 +91,9 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in --out.")
 @_option("--device", type=click.Choice(DEVICES), help="Where to train (auto: CUDA when visible, else CPU).")
 @_option("--dtype", type=click.Choice(DTYPES), help="auto: bfloat16 autocast on CUDA, float32 on CPU.")
+@_option("--stream-dtype", type=click.Choice(STREAM_DTYPES),
+         help="mHC's residual streams under bf16 autocast: float32 (the most exact) or bfloat16 (half the bytes in "
+              "every pass over the streams, as a model held in bf16 runs them).")
 @_option("--progress/--no-progress", help="Show a progress bar on stderr.")
 @_option("--threads", type=int, metavar="N", show_default=False,
          help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else 1 with --deterministic, else the "

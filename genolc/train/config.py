@@ -20,6 +20,7 @@ from genolc.threads import check_threads
 INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
+STREAM_DTYPES = ("float32", "bfloat16")     # mHC's residual streams under bf16 (genolc.train.apply.apply_stream_dtype)
 DASHBOARDS = ("tensorboard", "wandb")
 CP_LAYOUTS = LAYOUTS                        # genolc/parallel/layout.py: which positions each CP rank holds
 CP_KDA_MODES = ("state", "heads")           # how KDA runs over CP ranks: genolc.parallel.apply.KDA_FORWARDS
@@ -68,6 +69,7 @@ class TrainConfig:
     resume: bool = False                        # continue from the newest checkpoint in out/checkpoints
     device: str = "auto"                        # auto | cpu | cuda
     dtype: str = "auto"                         # auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16
+    stream_dtype: str = "float32"               # mHC's residual streams under bf16 autocast: float32 | bfloat16
     progress: bool = True                       # tqdm progress bar on stderr
     threads: int | None = None                  # CPU threads for torch; None: genolc.threads' rule (cores free now,
                                                 # 1 with deterministic)
@@ -135,6 +137,12 @@ class TrainConfig:
                               fix=f"choose one of {', '.join(COMPILE_MODES)}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"choose one of {', '.join(DTYPES)}")
+        if self.stream_dtype not in STREAM_DTYPES:
+            raise ConfigError(f"unknown --stream-dtype {self.stream_dtype!r}", where="--stream-dtype",
+                              fix=f"choose one of {', '.join(STREAM_DTYPES)}")
+        if self.stream_dtype == "bfloat16" and self.dtype == "float32":
+            raise ConfigError("--stream-dtype bfloat16 needs bf16 autocast, but --dtype is float32",
+                              where="--stream-dtype", fix="use --dtype auto (on CUDA) or --dtype bfloat16")
         stages = list(self.seq_warmup)
         if stages:
             if self.seq_warmup_steps <= 0:

@@ -83,12 +83,13 @@ def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tenso
     matmul, autocast ran it in bf16 (rounding the fp32 streams every layer) as a cuBLAS batch of one tiny problem
     per token. On the H200, one 32k chunk of `base` compiled under autocast (benchmarks/results/
     mhc_merge_2026-12-02.json): forward 2.31 -> 0.74 ms, forward + backward 5.21 -> 2.26 ms; error against fp64
-    1.4e-3 -> 4.9e-8 on the output, 2.9e-3 -> 4.0e-8 on the streams' gradient."""
-    dtype = streams.dtype
-    merged = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
+    1.4e-3 -> 4.9e-8 on the output, 2.9e-3 -> 4.0e-8 on the streams' gradient. Streams held in bf16
+    (genolc.train.apply.apply_stream_dtype) are added in fp32 too and rounded once, at the end."""
+    compute = torch.promote_types(streams.dtype, torch.float32)
+    merged = post.to(compute).unsqueeze(-1) * block_out.to(compute).unsqueeze(-2)
     for n in range(streams.shape[-2]):
-        merged = merged + comb[..., n, :, None].to(dtype) * streams[..., n, None, :]
-    return merged
+        merged = merged + comb[..., n, :, None].to(compute) * streams[..., n, None, :].to(compute)
+    return merged.to(streams.dtype)
 
 
 def expand_streams(hidden: torch.Tensor, n_streams: int) -> torch.Tensor:

@@ -22,7 +22,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        # The last cast keeps bf16 x (bf16 streams) bf16 under fp32 weights, as autocast's matmuls would round it
+        # anyway; with x and the weight in one dtype it changes nothing.
+        return (self.weight * normed.to(x.dtype)).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

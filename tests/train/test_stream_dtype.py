@@ -1,0 +1,117 @@
+"""--stream-dtype: mHC's residual streams carried in bf16 under autocast (genolc.train.apply.apply_stream_dtype),
+the merge adding in fp32 and rounding once, the norm keeping a bf16 input bf16, and the options' errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import shared_file
+
+from genolc.cli import main
+from genolc.data.prepare import PrepareConfig, prepare
+from genolc.errors import ConfigError
+from genolc.model import build_model, preset
+from genolc.model.layers.mhc import merge_streams
+from genolc.model.layers.norm import RMSNorm
+from genolc.train.apply import apply_stream_dtype
+from genolc.train.config import TrainConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _merge_inputs(dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(3)
+    block_out = torch.randn(2, 7, 32, generator=gen).bfloat16()
+    post = torch.rand(2, 7, 4, generator=gen) * 2
+    comb = torch.softmax(torch.randn(2, 7, 4, 4, generator=gen), dim=-1)
+    streams = torch.randn(2, 7, 4, 32, generator=gen).to(dtype)
+    return block_out, post, comb, streams
+
+
+def test_merging_bf16_streams_adds_in_fp32_and_rounds_once():
+    block_out, post, comb, streams = _merge_inputs(torch.bfloat16)
+    merged = merge_streams(block_out, post, comb, streams)
+    assert merged.dtype == torch.bfloat16
+    assert torch.equal(merged, merge_streams(block_out, post, comb, streams.float()).bfloat16())
+
+
+def test_merging_fp32_streams_is_the_formula_it_was():
+    block_out, post, comb, streams = _merge_inputs(torch.float32)
+    expected = post.unsqueeze(-1) * block_out.unsqueeze(-2)
+    for n in range(4):
+        expected = expected + comb[..., n, :, None] * streams[..., n, None, :]
+    merged = merge_streams(block_out, post, comb, streams)
+    assert merged.dtype == torch.float32 and torch.equal(merged, expected)
+
+
+def test_the_norm_of_a_bf16_input_under_fp32_weights_is_bf16():
+    norm = RMSNorm(16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 16)
+    assert torch.equal(norm(x), norm.weight * (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + norm.eps)))
+    out = norm(x.bfloat16())
+    assert out.dtype == torch.bfloat16
+    normed = x.bfloat16().float() * torch.rsqrt(x.bfloat16().float().square().mean(-1, keepdim=True) + norm.eps)
+    assert torch.equal(out, (norm.weight * normed.bfloat16()).bfloat16())
+
+
+def _step(model: torch.nn.Module, ids: torch.Tensor, autocast: bool = True
+          ) -> tuple[list[torch.dtype], float, torch.Tensor]:
+    """Dtypes of the streams entering each layer, the loss, and every gradient flattened, for one step (under CPU
+    bf16 autocast unless ``autocast`` is False)."""
+    seen = []
+    hooks = [layer.register_forward_pre_hook(lambda _, args: seen.append(args[0].dtype)) for layer in model.layers]
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(ids[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    for hook in hooks:
+        hook.remove()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert all(g.dtype == torch.float32 and bool(torch.isfinite(g).all()) for g in grads)
+    return seen, float(loss.detach()), torch.cat([g.flatten() for g in grads])
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual - expected).norm() / expected.norm())
+
+
+def test_bf16_streams_under_autocast_train_like_fp32_streams():
+    torch.manual_seed(0)
+    plain = build_model(preset("tiny"))
+    halved = copy.deepcopy(plain)
+    assert apply_stream_dtype(halved, torch.bfloat16) == torch.bfloat16
+    ids = torch.randint(0, plain.config.vocab_size, (1, 257))
+    _, exact_loss, exact_grads = _step(plain, ids, autocast=False)
+    plain_dtypes, plain_loss, plain_grads = _step(plain, ids)
+    halved_dtypes, halved_loss, halved_grads = _step(halved, ids)
+    assert set(plain_dtypes) == {torch.float32} and set(halved_dtypes) == {torch.bfloat16}
+    assert len(halved_dtypes) == len(plain.layers)
+    # Against fp32 without autocast, bf16 streams add little to what autocast's bf16 matmuls already cost (tiny,
+    # 256 tokens: gradients 5.59e-2 against 5.55e-2 off, losses 2.4e-4 and 0.8e-4 off).
+    assert abs(halved_loss - exact_loss) < 1e-3 * exact_loss
+    assert _relative(halved_grads, exact_grads) < 1.1 * _relative(plain_grads, exact_grads)
+    assert abs(plain_loss - exact_loss) < 1e-3 * exact_loss
+
+
+def test_stream_dtype_settings_that_cannot_run_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="unknown --stream-dtype 'float16'"):
+        TrainConfig(data=tmp_path, out=tmp_path / "run", seq_len=64, stream_dtype="float16")
+    with pytest.raises(ConfigError, match="needs bf16 autocast, but --dtype is float32"):
+        TrainConfig(data=tmp_path, out=tmp_path / "run", seq_len=64, dtype="float32", stream_dtype="bfloat16")
+
+
+def test_bf16_streams_without_autocast_are_one_error_that_leaves_no_run(tmp_path):
+    data = prepare(PrepareConfig(genomes=(shared_file("other/lambda_phage_NC_001416.1.fa.gz"),), out=tmp_path / "ds",
+                                 train="all", heldout=(), progress=False))
+    result = CliRunner().invoke(main, ["finetune", "--no-progress", "--data", str(data), "--seq", "64", "--device",
+                                       "cpu", "--stream-dtype", "bfloat16", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("genolc: error:") == 1
+    assert "--stream-dtype bfloat16 needs bf16 autocast, but --dtype auto trains in float32 on cpu" in result.output
+    assert not (tmp_path / "run").exists()
