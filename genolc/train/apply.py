@@ -240,13 +240,15 @@ def compile_wanted(config: TrainConfig, device_type: str) -> bool:
     return config.compile == "on" or (config.compile == "auto" and device_type == "cuda")
 
 
-def apply_transforms(model: nn.Module, config: TrainConfig, device_type: str) -> list[str]:
-    """Apply the configured transforms in the documented order; returns what was applied, for the run log."""
+def apply_transforms(model: nn.Module, config: TrainConfig, device_type: str, *,
+                     stream_dtype: str = "float32") -> list[str]:
+    """Apply the configured transforms in the documented order; returns what was applied, for the run log.
+    ``stream_dtype``: the run's resolved ``--stream-dtype`` (genolc.train.config.stream_dtype_for)."""
     applied = []
     if config.recompute:
         applied.append(f"recompute({apply_recompute(model)} layers)")
-    if config.stream_dtype != "float32":
-        applied.append(f"streams({apply_stream_dtype(model, getattr(torch, config.stream_dtype))})")
+    if stream_dtype != "float32":
+        applied.append(f"streams({apply_stream_dtype(model, getattr(torch, stream_dtype))})")
     if compile_wanted(config, device_type):
         applied.append(f"compile({apply_compile(model)} modules, cache {compile_cache_dir()})")
     return applied

@@ -92,8 +92,8 @@ def _lengths(text: str | None) -> tuple[int, ...]:
 @_option("--device", type=click.Choice(DEVICES), help="Where to train (auto: CUDA when visible, else CPU).")
 @_option("--dtype", type=click.Choice(DTYPES), help="auto: bfloat16 autocast on CUDA, float32 on CPU.")
 @_option("--stream-dtype", type=click.Choice(STREAM_DTYPES),
-         help="mHC's residual streams under bf16 autocast: float32 (the most exact) or bfloat16 (half the bytes in "
-              "every pass over the streams, as a model held in bf16 runs them).")
+         help="mHC's residual streams: bfloat16 (half the bytes of every pass over them, as a model held in bf16 "
+              "runs them; needs bf16 autocast), float32 (the most exact), or auto: bfloat16 under bf16 autocast.")
 @_option("--progress/--no-progress", help="Show a progress bar on stderr.")
 @_option("--threads", type=int, metavar="N", show_default=False,
          help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else 1 with --deterministic, else the "

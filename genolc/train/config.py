@@ -20,7 +20,7 @@ from genolc.threads import check_threads
 INDEXER_MODES = ("off", "dense", "sparse", "dense-then-sparse")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
-STREAM_DTYPES = ("float32", "bfloat16")     # mHC's residual streams under bf16 (genolc.train.apply.apply_stream_dtype)
+STREAM_DTYPES = ("auto", "float32", "bfloat16")   # mHC's residual streams (genolc.train.apply.apply_stream_dtype)
 DASHBOARDS = ("tensorboard", "wandb")
 CP_LAYOUTS = LAYOUTS                        # genolc/parallel/layout.py: which positions each CP rank holds
 CP_KDA_MODES = ("state", "heads")           # how KDA runs over CP ranks: genolc.parallel.apply.KDA_FORWARDS
@@ -69,7 +69,8 @@ class TrainConfig:
     resume: bool = False                        # continue from the newest checkpoint in out/checkpoints
     device: str = "auto"                        # auto | cpu | cuda
     dtype: str = "auto"                         # auto (bf16 autocast on CUDA, fp32 on CPU) | float32 | bfloat16
-    stream_dtype: str = "float32"               # mHC's residual streams under bf16 autocast: float32 | bfloat16
+    stream_dtype: str = "auto"                  # mHC's residual streams: auto (bf16 under bf16 autocast, else
+                                                # fp32) | float32 | bfloat16 (needs bf16 autocast)
     progress: bool = True                       # tqdm progress bar on stderr
     threads: int | None = None                  # CPU threads for torch; None: genolc.threads' rule (cores free now,
                                                 # 1 with deterministic)
@@ -207,11 +208,20 @@ def option_name(field: str) -> str:
 # picks the windows).
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
                                "progress", "device", "chunk", "threads", "deterministic", "log", "routing_group",
-                               "cp", "cp_layout", "cp_kda", "compile"})
+                               "cp", "cp_layout", "cp_kda", "compile", "stream_dtype"})
 
 
 # Fields added after checkpoints were first written, with the value such older checkpoints were trained with.
 _ABSENT_IN_OLDER_CHECKPOINTS = {"moe_bias_rate": 0.0}
+
+
+def stream_dtype_for(config: TrainConfig, bf16: bool) -> str:
+    """The residual streams' dtype a run uses: ``auto`` is bfloat16 under bf16 autocast (2026-12-02 on the H200,
+    512k: steps 8 % shorter, peaks 13-14 GiB lower, the 20-step `small` curve the same as fp32 streams',
+    benchmarks/results/stream_dtype_2026-12-02/), float32 otherwise."""
+    if config.stream_dtype == "auto":
+        return "bfloat16" if bf16 else "float32"
+    return config.stream_dtype
 
 
 def changed_for_resume(saved: dict[str, Any], current: TrainConfig) -> list[str]:

@@ -73,7 +73,7 @@ from genolc.train.apply import (apply_recompute, apply_transforms, compile_cache
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
 from genolc.train.chunked import chunked_forward_backward
-from genolc.train.config import TrainConfig, changed_for_resume
+from genolc.train.config import TrainConfig, changed_for_resume, stream_dtype_for
 from genolc.train.flops import device_peak_flops, token_flops
 from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
@@ -155,7 +155,8 @@ class _Trainer:
         if config.stream_dtype == "bfloat16" and not self.bf16:
             raise ConfigError(f"--stream-dtype bfloat16 needs bf16 autocast, but --dtype auto trains in float32 on "
                               f"{self.device.type}", where="--stream-dtype",
-                              fix="add --dtype bfloat16, or leave --stream-dtype at float32")
+                              fix="add --dtype bfloat16, or use --stream-dtype auto or float32")
+        self.stream_dtype = stream_dtype_for(config, self.bf16)
         from genolc.data.dataset import PreparedDataset
 
         self.dataset = PreparedDataset(config.data)   # its own clear errors: missing, not a dataset, too new
@@ -176,7 +177,7 @@ class _Trainer:
         if self.device.type == "cpu":
             threads = compute.threads.threads
             _say(f"{threads} CPU thread{'s' if threads > 1 else ''} ({compute.threads.rule})")
-        self.applied = apply_transforms(self.model, config, self.device.type)
+        self.applied = apply_transforms(self.model, config, self.device.type, stream_dtype=self.stream_dtype)
         self.compiled = any(name.startswith("compile(") for name in self.applied)
         if self.compiled:
             _say(f"torch.compile builds the per-token glue in the first step of each new chunk shape (20-30 s on a "
@@ -721,7 +722,7 @@ class _Trainer:
             "tokens_per_s_after_first_step": self._later_tokens / self._later_seconds if self._later_seconds else None,
             "peak_memory_gib": self._memory_gib(), "peak_memory_gib_ranks": self._peak_ranks,
             "peak_host_memory_gib": _host_peak_gib(), "peak_host_memory_gib_ranks": self._host_peak_ranks,
-            "device": str(self.device), "bf16": self.bf16,
+            "device": str(self.device), "bf16": self.bf16, "stream_dtype": self.stream_dtype,
             **self.compute.to_dict(),
             "transforms": self.applied,
             "malloc_mmap_threshold": self.malloc_mmap_threshold,

@@ -47,6 +47,9 @@ def test_cli_trains_and_prints_the_checkpoint(char_data, tmp_path):
     assert code == 0, output
     assert str(tmp_path / "run" / "checkpoints" / "step-000002") in output.splitlines()
     assert (tmp_path / "run" / "summary.json").is_file()
+    # --stream-dtype auto on CPU (fp32, no autocast) keeps the streams in fp32: no transform applied.
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stream_dtype"] == "float32" and not any(t.startswith("streams") for t in summary["transforms"])
     # Running again into the same --out without --resume would mix two runs.
     assert "pass --resume" in _error("--data", char_data, "--seq", "64", "--steps", "2", "--out", tmp_path / "run")
     # Resuming with a setting that changes what steps compute is refused, naming it.

@@ -17,7 +17,7 @@ from genolc.model import build_model, preset
 from genolc.model.layers.mhc import merge_streams
 from genolc.model.layers.norm import RMSNorm
 from genolc.train.apply import apply_stream_dtype
-from genolc.train.config import TrainConfig
+from genolc.train.config import TrainConfig, stream_dtype_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -104,6 +104,14 @@ def test_stream_dtype_settings_that_cannot_run_are_refused(tmp_path):
         TrainConfig(data=tmp_path, out=tmp_path / "run", seq_len=64, stream_dtype="float16")
     with pytest.raises(ConfigError, match="needs bf16 autocast, but --dtype is float32"):
         TrainConfig(data=tmp_path, out=tmp_path / "run", seq_len=64, dtype="float32", stream_dtype="bfloat16")
+
+
+def test_auto_streams_are_bf16_exactly_under_bf16_autocast(tmp_path):
+    config = TrainConfig(data=tmp_path, out=tmp_path / "run", seq_len=64)
+    assert config.stream_dtype == "auto"
+    assert stream_dtype_for(config, bf16=True) == "bfloat16" and stream_dtype_for(config, bf16=False) == "float32"
+    pinned = TrainConfig(data=tmp_path, out=tmp_path / "run", seq_len=64, stream_dtype="float32")
+    assert stream_dtype_for(pinned, bf16=True) == "float32"
 
 
 def test_bf16_streams_without_autocast_are_one_error_that_leaves_no_run(tmp_path):
