@@ -32,7 +32,7 @@ from gpu_bench_common import git_sha  # noqa: E402
 from profile_chunked_step import timed_step  # noqa: E402
 
 from genolc.model import build_model, preset  # noqa: E402
-from genolc.train.apply import apply_compile, apply_recompute  # noqa: E402
+from genolc.train.apply import apply_compile, apply_recompute, apply_stream_dtype  # noqa: E402
 from genolc.errors import ConfigError  # noqa: E402
 from genolc.units import parse_length  # noqa: E402
 
@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--recompute", action="store_true", help="per-layer recompute inside the chunks")
     parser.add_argument("--compile", action="store_true", help="torch.compile the glue, as finetune does on CUDA")
     parser.add_argument("--timed", type=int, default=2, help="steps timed without the debug mode")
+    parser.add_argument("--stream-dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                        help="mHC's residual streams (finetune's --stream-dtype; bfloat16 as its default on CUDA)")
     parser.add_argument("--no-record", action="store_true", help="time the steps only (no step in the debug mode)")
     parser.add_argument("--name", default="", help="suffix of the result file")
     args = parser.parse_args()
@@ -108,11 +110,13 @@ def main() -> None:
     path = out_dir / f"host_syncs_{args.model}_{args.seq}{'_' + args.name if args.name else ''}.json"
     record = {"command": "python benchmarks/host_syncs.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
-              "compile": args.compile, "recompute": args.recompute, "steps": []}
+              "compile": args.compile, "recompute": args.recompute, "stream_dtype": args.stream_dtype, "steps": []}
     torch.manual_seed(0)
     model = build_model(preset(args.model), device="cuda")
     if args.recompute:
         apply_recompute(model)
+    if args.stream_dtype != "float32":
+        apply_stream_dtype(model, torch.bfloat16)
     if args.compile:
         apply_compile(model)
     record["steps"].append({"phase": "warm-up", **timed_step(model, warmup_seq, chunk)})

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpu_bench_common import git_sha  # noqa: E402
 
 from genolc.model import build_model, preset  # noqa: E402
-from genolc.train.apply import apply_compile, apply_recompute  # noqa: E402
+from genolc.train.apply import apply_compile, apply_recompute, apply_stream_dtype  # noqa: E402
 from genolc.train.chunked import chunked_forward_backward  # noqa: E402
 from genolc.train.loss import LossTerms  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
@@ -210,6 +210,8 @@ def main() -> None:
     parser.add_argument("--indexer", default="off", choices=("off", "dense", "sparse"),
                         help="the indexer KL's mode (finetune's --indexer; default off, as finetune)")
     parser.add_argument("--moe-balance", type=float, default=0.0, help="weight of the MoE balance loss")
+    parser.add_argument("--stream-dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                        help="mHC's residual streams (finetune's --stream-dtype; bfloat16 as its default on CUDA)")
     parser.add_argument("--profile-kernels-only", action="store_true",
                         help="record device kernels only (no host ops or layer ranges): for 512k and longer, whose "
                              "full traces take minutes to record and sum")
@@ -230,7 +232,7 @@ def main() -> None:
     record = {"command": "python benchmarks/profile_chunked_step.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
               "recompute": args.recompute, "compile": args.compile, "init": args.init, "indexer": args.indexer,
-              "moe_balance": args.moe_balance, "steps": []}
+              "moe_balance": args.moe_balance, "stream_dtype": args.stream_dtype, "steps": []}
     path = out_dir / (f"profile_chunked_{args.model}_{args.seq}{'_compiled' if args.compile else ''}"
                       f"{'_cpu_init' if args.init == 'cpu' else ''}.json")
 
@@ -244,6 +246,8 @@ def main() -> None:
              else build_model(preset(args.model)).cuda())
     if args.recompute:
         apply_recompute(model)
+    if args.stream_dtype != "float32":
+        apply_stream_dtype(model, torch.bfloat16)
     if args.compile:
         apply_compile(model)
     seq = parse_length(args.seq)

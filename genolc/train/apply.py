@@ -19,7 +19,8 @@ after building or loading it and before creating the optimizer. Order, and why:
    earlier transform sees only at run time, not their placement.
 
 Beside them, independent of the order: the residual streams' dtype (:func:`apply_stream_dtype`,
-``--stream-dtype``), which casts the embedding's output, so that every stream pass after it reads and writes bf16.
+``--stream-dtype``), which casts the embedding's output and sets attributes of the merges and norms (no method is
+replaced), so that every stream pass after it reads and writes bf16.
 
 The chunk-recurrent step (genolc/train/chunked.py) is not a transform: it is a step strategy
 (genolc/train/strategy.py) that drives the model's chunk interface, and composes with 1 (recompute inside a chunk).
@@ -167,22 +168,33 @@ def _check_cache_dir() -> Path:
     return path
 
 
+def _cast_output(dtype: torch.dtype, module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output.to(dtype)
+
+
 def apply_stream_dtype(model: nn.Module, dtype: torch.dtype) -> torch.dtype:
-    """Carry mHC's residual streams in ``dtype``: the model's ``embed_tokens`` instance returns its output in it.
+    """Carry mHC's residual streams in ``dtype`` (bf16 under autocast; the trainer refuses it without).
 
     The streams start as copies of the embedding (genolc.model.layers.mhc.expand_streams) and keep its dtype: fp32
     under fp32 master weights, so each layer's mixing, block input and merge move fp32 ``[T, hc_mult, d]``
-    tensors. In bf16 they move half the bytes, as a model held in bf16 (transformers' glm5_next) runs them; the
-    merge still adds in fp32 and rounds once (genolc.model.layers.mhc.merge_streams). Needs bf16 autocast: the
-    trainer refuses bfloat16 streams without it."""
-    embed = model.get_submodule("embed_tokens")
-    original = embed.forward
+    tensors. Here the embedding's output is cast to ``dtype`` (a forward hook on the ``embed_tokens`` instance);
+    every HyperConnection then merges in fp32 and rounds once (``merge_dtype``), and the norms that read the
+    streams (each decoder layer's two and the final one) return the streams' dtype (``keep_input_dtype``), so a
+    token mixer or the experts get a bf16 input instead of casting an fp32 one at every projection. Other norms
+    (DSA's latent norms) are left as they are."""
+    from genolc.model.layers.mhc import HyperConnection
+    from genolc.model.layers.norm import RMSNorm
 
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-        return original(*args, **kwargs).to(dtype)
-
-    embed.forward = forward
+    model.get_submodule("embed_tokens").register_forward_hook(functools.partial(_cast_output, dtype))
+    for module in model.modules():
+        if isinstance(module, HyperConnection):
+            module.merge_dtype = torch.float32
+    stream_norms = [model.get_submodule("norm")]
+    for layer in decoder_layers(model):
+        stream_norms += [layer.input_layernorm, layer.post_attention_layernorm]
+    for norm in stream_norms:
+        if isinstance(norm, RMSNorm):
+            norm.keep_input_dtype = True
     return dtype
 
 
@@ -241,7 +253,7 @@ def compile_wanted(config: TrainConfig, device_type: str) -> bool:
 
 
 def apply_transforms(model: nn.Module, config: TrainConfig, device_type: str, *,
-                     stream_dtype: str = "float32") -> list[str]:
+                     stream_dtype: str) -> list[str]:
     """Apply the configured transforms in the documented order; returns what was applied, for the run log.
     ``stream_dtype``: the run's resolved ``--stream-dtype`` (genolc.train.config.stream_dtype_for)."""
     applied = []

@@ -143,7 +143,8 @@ class TrainConfig:
                               fix=f"choose one of {', '.join(STREAM_DTYPES)}")
         if self.stream_dtype == "bfloat16" and self.dtype == "float32":
             raise ConfigError("--stream-dtype bfloat16 needs bf16 autocast, but --dtype is float32",
-                              where="--stream-dtype", fix="use --dtype auto (on CUDA) or --dtype bfloat16")
+                              where="--stream-dtype",
+                              fix="use --dtype auto (on CUDA) or bfloat16, or --stream-dtype auto or float32")
         stages = list(self.seq_warmup)
         if stages:
             if self.seq_warmup_steps <= 0:
@@ -203,7 +204,8 @@ def option_name(field: str) -> str:
 
 # Fields that may differ between the run that wrote a checkpoint and the one resuming it: where and how long it
 # runs, how often it saves and how it reports, and how a step is split into chunks, over how many threads and with
-# which reduction order, over how many context-parallel ranks, compiled or not (the same result to rounding).
+# which reduction order, over how many context-parallel ranks, compiled or not, and the residual streams' dtype
+# (these four: the same result to rounding; a run from before --stream-dtype resumed on CUDA takes bf16 streams).
 # Everything else changes what a step computes (so does the data-parallel size, torchrun's world size / --cp: it
 # picks the windows).
 RESUMABLE_CHANGES = frozenset({"out", "data", "steps", "checkpoint_every", "keep_checkpoints", "resume",
@@ -217,7 +219,7 @@ _ABSENT_IN_OLDER_CHECKPOINTS = {"moe_bias_rate": 0.0}
 
 def stream_dtype_for(config: TrainConfig, bf16: bool) -> str:
     """The residual streams' dtype a run uses: ``auto`` is bfloat16 under bf16 autocast (2026-12-02 on the H200,
-    512k: steps 8 % shorter, peaks 13-14 GiB lower, the 20-step `small` curve the same as fp32 streams',
+    512k: steps 7-8 % shorter, peaks 13-14 GiB lower, the 20-step `small` curve the same as fp32 streams',
     benchmarks/results/stream_dtype_2026-12-02/), float32 otherwise."""
     if config.stream_dtype == "auto":
         return "bfloat16" if bf16 else "float32"

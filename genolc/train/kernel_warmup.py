@@ -60,6 +60,7 @@ class WarmupShape:
     recompute: bool
     bf16: bool
     indexer_mode: str | None
+    stream_dtype: str = "float32"   # the run's resolved --stream-dtype: the mHC kernels compile per streams' dtype
 
     def key(self, device: torch.device) -> str:
         import importlib.metadata as metadata
@@ -297,7 +298,7 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | st
     """One chunked (or whole) step of the two-layer model at ``shape`` on ``device`` (CUDA; on CPU it runs the same
     code without kernels to compile, which the tests use); seconds per part."""
     from genolc.model import build_model
-    from genolc.train.apply import apply_recompute
+    from genolc.train.apply import apply_recompute, apply_stream_dtype
     from genolc.train.loss import LossTerms
     from genolc.train.strategy import StepStrategy, run_micro_batch
 
@@ -314,6 +315,8 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | st
     model = build_model(config, device=device)
     if shape.recompute:
         apply_recompute(model)
+    if shape.stream_dtype != "float32":
+        apply_stream_dtype(model, getattr(torch, shape.stream_dtype))
     seq_len = shape.seq_len if shape.chunk is None else min(shape.seq_len, 2 * shape.chunk)
     ids = torch.randint(0, config.vocab_size, (shape.micro_batch, seq_len + 1), device=device)
     weights = torch.ones(shape.micro_batch, seq_len, device=device)

@@ -295,3 +295,21 @@ def test_the_dsa_kernels_are_compiled_with_the_layers_arguments_where_tilelang_r
         assert len(threads) == len(kinds) and set(seconds) == {f"tilelang_dsa_{kind}" for kind in kinds}
         assert all(isinstance(value, float) for value in seconds.values()), seconds
         assert sorted(compiled, key=lambda item: item[0]) == [item for item in expected if item[0] in kinds]
+
+
+def test_the_warmup_runs_the_runs_stream_dtype_and_keys_on_it(monkeypatch):
+    from genolc.train import strategy as strategy_module
+
+    seen = []
+    real = strategy_module.run_micro_batch
+
+    def spy(strategy, model, ids, weights, terms, autocast, on_loss):
+        model.layers[0].register_forward_pre_hook(lambda _, args: seen.append(args[0].dtype))
+        return real(strategy, model, ids, weights, terms, autocast, on_loss)
+
+    monkeypatch.setattr(strategy_module, "run_micro_batch", spy)
+    run_warmup(shape(chunk=None, bf16=True, stream_dtype="bfloat16"), torch.device("cpu"))
+    assert seen and set(seen) == {torch.bfloat16}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    device = torch.device("cuda", 0)
+    assert shape(stream_dtype="bfloat16").key(device) != shape().key(device)

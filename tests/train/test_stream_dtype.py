@@ -31,32 +31,42 @@ def _merge_inputs(dtype: torch.dtype):
     return block_out, post, comb, streams
 
 
-def test_merging_bf16_streams_adds_in_fp32_and_rounds_once():
+def test_merging_bf16_streams_in_fp32_rounds_once():
     block_out, post, comb, streams = _merge_inputs(torch.bfloat16)
-    merged = merge_streams(block_out, post, comb, streams)
+    merged = merge_streams(block_out, post, comb, streams, compute_dtype=torch.float32)
     assert merged.dtype == torch.bfloat16
     assert torch.equal(merged, merge_streams(block_out, post, comb, streams.float()).bfloat16())
 
 
-def test_merging_fp32_streams_is_the_formula_it_was():
-    block_out, post, comb, streams = _merge_inputs(torch.float32)
-    expected = post.unsqueeze(-1) * block_out.unsqueeze(-2)
+def _old_merge(block_out, post, comb, streams):
+    dtype = streams.dtype
+    merged = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
     for n in range(4):
-        expected = expected + comb[..., n, :, None] * streams[..., n, None, :]
+        merged = merged + comb[..., n, :, None].to(dtype) * streams[..., n, None, :]
+    return merged
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16-held"])
+def test_merging_without_a_compute_dtype_is_the_formula_it_was(dtype):
+    # fp32 streams (trainer, --stream-dtype float32) and a model held in bf16 (eval, score, embed on CUDA).
+    block_out, post, comb, streams = _merge_inputs(dtype)
+    block_out = block_out.to(dtype) if dtype == torch.bfloat16 else block_out
     merged = merge_streams(block_out, post, comb, streams)
-    assert merged.dtype == torch.float32 and torch.equal(merged, expected)
+    assert merged.dtype == dtype and torch.equal(merged, _old_merge(block_out, post, comb, streams))
 
 
-def test_the_norm_of_a_bf16_input_under_fp32_weights_is_bf16():
+def test_only_a_flagged_norm_returns_a_bf16_input_under_fp32_weights_in_bf16():
     norm = RMSNorm(16)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
     x = torch.randn(3, 16)
     assert torch.equal(norm(x), norm.weight * (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + norm.eps)))
-    out = norm(x.bfloat16())
-    assert out.dtype == torch.bfloat16
     normed = x.bfloat16().float() * torch.rsqrt(x.bfloat16().float().square().mean(-1, keepdim=True) + norm.eps)
-    assert torch.equal(out, (norm.weight * normed.bfloat16()).bfloat16())
+    expected = norm.weight * normed.bfloat16()
+    assert norm(x.bfloat16()).dtype == torch.float32 and torch.equal(norm(x.bfloat16()), expected)
+    norm.keep_input_dtype = True
+    assert norm(x.bfloat16()).dtype == torch.bfloat16 and torch.equal(norm(x.bfloat16()), expected.bfloat16())
+    assert torch.equal(norm(x), norm.weight * (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + norm.eps)))
 
 
 def _step(model: torch.nn.Module, ids: torch.Tensor, autocast: bool = True
@@ -92,6 +102,11 @@ def test_bf16_streams_under_autocast_train_like_fp32_streams():
     halved_dtypes, halved_loss, halved_grads = _step(halved, ids)
     assert set(plain_dtypes) == {torch.float32} and set(halved_dtypes) == {torch.bfloat16}
     assert len(halved_dtypes) == len(plain.layers)
+    # Only the stream norms are flagged (DSA's latent norms keep their fp32 output); a copy keeps the cast.
+    flagged = {name for name, module in halved.named_modules() if getattr(module, "keep_input_dtype", False)}
+    assert flagged == {"norm"} | {f"layers.{i}.{norm}" for i in range(len(plain.layers))
+                                  for norm in ("input_layernorm", "post_attention_layernorm")}
+    assert set(_step(copy.deepcopy(halved), ids)[0]) == {torch.bfloat16}
     # Against fp32 without autocast, bf16 streams add little to what autocast's bf16 matmuls already cost (tiny,
     # 256 tokens: gradients 5.59e-2 against 5.55e-2 off, losses 2.4e-4 and 0.8e-4 off).
     assert abs(halved_loss - exact_loss) < 1e-3 * exact_loss

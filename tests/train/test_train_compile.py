@@ -78,9 +78,12 @@ def test_compile_auto_is_on_cuda_only_and_the_trainer_applies_it_after_recompute
     assert compile_wanted(_config(tmp_path, compile="on"), "cpu")
     assert not compile_wanted(_config(tmp_path, compile="off"), "cuda")
     model = build_model(preset("tiny"))
-    assert apply_transforms(model, _config(tmp_path, recompute=True), "cpu") == ["recompute(4 layers)"]
-    applied = apply_transforms(build_model(preset("tiny")), _config(tmp_path, recompute=True), "cuda")
-    assert applied[0] == "recompute(4 layers)" and applied[1].startswith("compile(25 modules, cache ")
+    assert apply_transforms(model, _config(tmp_path, recompute=True), "cpu",
+                            stream_dtype="float32") == ["recompute(4 layers)"]
+    applied = apply_transforms(build_model(preset("tiny")), _config(tmp_path, recompute=True), "cuda",
+                               stream_dtype="bfloat16")
+    assert applied[:2] == ["recompute(4 layers)", "streams(torch.bfloat16)"]
+    assert applied[2].startswith("compile(25 modules, cache ")
     with pytest.raises(ConfigError, match="--compile"):
         _config(tmp_path, compile="yes")
 

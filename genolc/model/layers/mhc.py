@@ -50,6 +50,9 @@ class HyperConnection(nn.Module):
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
         nn.init.normal_(self.fn, std=0.02)
         self.mixing_op = mhc_mixing_logits
+        # None: merge in the streams' dtype (as transformers does); float32 for bf16 streams under autocast
+        # (genolc.train.apply.apply_stream_dtype), which then round once.
+        self.merge_dtype: torch.dtype | None = None
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if streams.dim() != 4 or streams.shape[2] != self.n_streams:
@@ -72,23 +75,23 @@ class HyperConnection(nn.Module):
               streams: torch.Tensor) -> torch.Tensor:
         """The block's output back into the streams (:func:`merge_streams`); a method so that transforms
         (genolc/train/apply.py) can replace it on an instance, as they do ``forward``."""
-        return merge_streams(block_out, post, comb, streams)
+        return merge_streams(block_out, post, comb, streams, compute_dtype=self.merge_dtype)
 
 
 def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
-                  streams: torch.Tensor) -> torch.Tensor:
+                  streams: torch.Tensor, *, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``post ⊗ block_out + comb^T @ streams``: ``[B, T, D]``, ``[B, T, N]``, ``[B, T, N, N]``, ``[B, T, N, D]``.
 
     The ``N x N`` product is written out as N element-wise terms, which inductor fuses into one fp32 pass. As a
     matmul, autocast ran it in bf16 (rounding the fp32 streams every layer) as a cuBLAS batch of one tiny problem
     per token. On the H200, one 32k chunk of `base` compiled under autocast (benchmarks/results/
     mhc_merge_2026-12-02.json): forward 2.31 -> 0.74 ms, forward + backward 5.21 -> 2.26 ms; error against fp64
-    1.4e-3 -> 4.9e-8 on the output, 2.9e-3 -> 4.0e-8 on the streams' gradient. Streams held in bf16
-    (genolc.train.apply.apply_stream_dtype) are added in fp32 too and rounded once, at the end."""
-    compute = torch.promote_types(streams.dtype, torch.float32)
-    merged = post.to(compute).unsqueeze(-1) * block_out.to(compute).unsqueeze(-2)
+    1.4e-3 -> 4.9e-8 on the output, 2.9e-3 -> 4.0e-8 on the streams' gradient. ``compute_dtype`` (default: the
+    streams') is the dtype the terms are added in; the result is rounded to the streams' dtype once."""
+    dtype = streams.dtype if compute_dtype is None else compute_dtype
+    merged = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
     for n in range(streams.shape[-2]):
-        merged = merged + comb[..., n, :, None].to(compute) * streams[..., n, None, :].to(compute)
+        merged = merged + comb[..., n, :, None].to(dtype) * streams[..., n, None, :]
     return merged.to(streams.dtype)
 
 

@@ -33,9 +33,9 @@ MAX_LOGITS = 128
 class KernelConfig:
     """Tiles and pipelining of the forward kernel; ``benchmarks/bench_mhc.py`` compares candidates on the H200.
 
-    The default loop is not software-pipelined (one stage). With fp32 streams (the trainer's) and two to four
-    stages, Triton 3.6 gives the streams' tile one shared-memory buffer fewer than the weight's and refills the
-    slot that the step's own asynchronous TF32 wgmma may still be reading. The tile also feeds the sum of
+    The default loop is not software-pipelined (one stage). With fp32 streams (the trainer's until fa33e7c, now
+    ``--stream-dtype float32``) and two to four stages, Triton 3.6 gives the streams' tile one shared-memory
+    buffer fewer than the weight's and refills the slot that the step's own asynchronous TF32 wgmma may still be reading. The tile also feeds the sum of
     squares, which is likely why the two counts differ. Identical forwards then gave different logits now and
     then: on the H200 (2026-12-02), one run of six under ``CUDA_LAUNCH_BLOCKING=1`` differed in
     ``layers.0.attn_hc`` (benchmarks/forward_determinism.py), and identical chunked steps landed 3e-2 apart
@@ -47,8 +47,8 @@ class KernelConfig:
     may pipeline (``stages`` > 1); any other is refused. On the H200 (2026-12-02, benchmarks/bench_mhc.py, a 32k
     chunk, fp32 streams) the default, one stage in 64 x 64 tiles, took 0.183 ms for `small` and 0.287 ms for
     `base`, the fastest of seven (the registers' form at four stages 0.195 / 0.297 ms; the racy three-stage build
-    0.27 ms for `base`). benchmarks/mhc_race_probe.py: the racy build gave other bits in 3 of 300 calls, one stage
-    and the registers' form in none.
+    0.27 ms for `base`); bf16 streams, the trainer's default now, were not timed. benchmarks/mhc_race_probe.py:
+    the racy build gave other bits in 3 of 300 calls, one stage (64 x 128) and the registers' form in none.
     """
 
     block_rows: int = 64
