@@ -234,7 +234,8 @@ def main() -> None:
               "recompute": args.recompute, "compile": args.compile, "init": args.init, "indexer": args.indexer,
               "moe_balance": args.moe_balance, "stream_dtype": args.stream_dtype, "steps": []}
     path = out_dir / (f"profile_chunked_{args.model}_{args.seq}{'_compiled' if args.compile else ''}"
-                      f"{'_cpu_init' if args.init == 'cpu' else ''}.json")
+                      f"{'_cpu_init' if args.init == 'cpu' else ''}"
+                      f"{'_fp32_streams' if args.stream_dtype == 'float32' else ''}.json")
 
     def save(row: dict) -> None:
         record["steps"].append(row)

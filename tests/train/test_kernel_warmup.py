@@ -308,6 +308,7 @@ def test_the_warmup_runs_the_runs_stream_dtype_and_keys_on_it(monkeypatch):
         return real(strategy, model, ids, weights, terms, autocast, on_loss)
 
     monkeypatch.setattr(strategy_module, "run_micro_batch", spy)
+    monkeypatch.setenv("GENOLC_DSA_KERNELS", "triton")    # bf16 would start TileLang's compiles where installed
     run_warmup(shape(chunk=None, bf16=True, stream_dtype="bfloat16"), torch.device("cpu"))
     assert seen and set(seen) == {torch.bfloat16}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")

@@ -14,7 +14,7 @@ from genolc.cli import main
 from genolc.data.prepare import PrepareConfig, prepare
 from genolc.errors import ConfigError
 from genolc.model import build_model, preset
-from genolc.model.layers.mhc import merge_streams
+from genolc.model.layers.mhc import HyperConnection, merge_streams
 from genolc.model.layers.norm import RMSNorm
 from genolc.train.apply import apply_stream_dtype
 from genolc.train.config import TrainConfig, stream_dtype_for
@@ -50,7 +50,6 @@ def _old_merge(block_out, post, comb, streams):
 def test_merging_without_a_compute_dtype_is_the_formula_it_was(dtype):
     # fp32 streams (trainer, --stream-dtype float32) and a model held in bf16 (eval, score, embed on CUDA).
     block_out, post, comb, streams = _merge_inputs(dtype)
-    block_out = block_out.to(dtype) if dtype == torch.bfloat16 else block_out
     merged = merge_streams(block_out, post, comb, streams)
     assert merged.dtype == dtype and torch.equal(merged, _old_merge(block_out, post, comb, streams))
 
@@ -107,6 +106,8 @@ def test_bf16_streams_under_autocast_train_like_fp32_streams():
     assert flagged == {"norm"} | {f"layers.{i}.{norm}" for i in range(len(plain.layers))
                                   for norm in ("input_layernorm", "post_attention_layernorm")}
     assert set(_step(copy.deepcopy(halved), ids)[0]) == {torch.bfloat16}
+    merges = [m.merge_dtype for m in halved.modules() if isinstance(m, HyperConnection)]
+    assert merges == [torch.float32] * (2 * len(plain.layers))
     # Against fp32 without autocast, bf16 streams add little to what autocast's bf16 matmuls already cost (tiny,
     # 256 tokens: gradients 5.59e-2 against 5.55e-2 off, losses 2.4e-4 and 0.8e-4 off).
     assert abs(halved_loss - exact_loss) < 1e-3 * exact_loss
