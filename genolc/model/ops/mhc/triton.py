@@ -34,13 +34,13 @@ class KernelConfig:
     """Tiles and pipelining of the forward kernel; ``benchmarks/bench_mhc.py`` compares candidates on the H200.
 
     The default loop is not software-pipelined (one stage). With fp32 streams (the trainer's until fa33e7c, now
-    ``--stream-dtype float32``) and two to four stages, Triton 3.6 gives the streams' tile one shared-memory
-    buffer fewer than the weight's and refills the slot that the step's own asynchronous TF32 wgmma may still be
-    reading. The tile also feeds the sum of squares, which is likely why the two counts differ. Identical
-    forwards then gave different logits now and then: on the H200 (2026-12-02), one run of six under ``CUDA_LAUNCH_BLOCKING=1`` differed in
-    ``layers.0.attn_hc`` (benchmarks/forward_determinism.py), and identical chunked steps landed 3e-2 apart
-    (benchmarks/chunked_vs_whole.py). tests/gpu/triton_lowering_check.py finds such refills in the compiled loop
-    without a GPU. With bf16 streams the product reads the tile from registers, and that check found no race.
+    ``--stream-dtype float32``) and two to four stages, Triton 3.6 gives the streams' tile one shared-memory buffer
+    fewer than the weight's and refills the slot that the step's own asynchronous TF32 wgmma may still be reading.
+    The tile also feeds the sum of squares, which is likely why the two counts differ. Identical forwards then gave
+    different logits now and then: on the H200 (2026-12-02), one run of six under ``CUDA_LAUNCH_BLOCKING=1``
+    differed in ``layers.0.attn_hc`` (benchmarks/forward_determinism.py), and identical chunked steps landed 3e-2
+    apart (benchmarks/chunked_vs_whole.py). tests/gpu/triton_lowering_check.py finds such refills in the compiled
+    loop without a GPU. With bf16 streams the product reads the tile from registers, and that check found no race.
 
     ``tile_in_registers`` makes the fp32 tile the product's operand from registers too: the compiled loop then
     reads it from shared memory only into registers, and the check finds no race at three stages. Such a config
