@@ -220,7 +220,12 @@ _ABSENT_IN_OLDER_CHECKPOINTS = {"moe_bias_rate": 0.0}
 def stream_dtype_for(config: TrainConfig, bf16: bool) -> str:
     """The residual streams' dtype a run uses: ``auto`` is bfloat16 under bf16 autocast (2026-12-02 on the H200,
     512k: steps 7-8 % shorter, peaks 13-14 GiB lower, the 20-step `small` curve the same as fp32 streams',
-    benchmarks/results/stream_dtype_2026-12-02/), float32 otherwise."""
+    benchmarks/results/stream_dtype_2026-12-02/), float32 otherwise. ``bf16``: whether the run autocasts, which
+    ``--dtype auto`` leaves to the device; bfloat16 streams without it are refused here."""
+    if config.stream_dtype == "bfloat16" and not bf16:
+        raise ConfigError(f"--stream-dtype bfloat16 needs bf16 autocast, but --dtype {config.dtype} trains in "
+                          "float32 here", where="--stream-dtype",
+                          fix="add --dtype bfloat16, or use --stream-dtype auto or float32")
     if config.stream_dtype == "auto":
         return "bfloat16" if bf16 else "float32"
     return config.stream_dtype

@@ -152,10 +152,6 @@ class _Trainer:
 
         self.mesh = init_mesh(config.cp, self.device.type)
         self.bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and self.device.type == "cuda")
-        if config.stream_dtype == "bfloat16" and not self.bf16:
-            raise ConfigError(f"--stream-dtype bfloat16 needs bf16 autocast, but --dtype auto trains in float32 on "
-                              f"{self.device.type}", where="--stream-dtype",
-                              fix="add --dtype bfloat16, or use --stream-dtype auto or float32")
         self.stream_dtype = stream_dtype_for(config, self.bf16)
         from genolc.data.dataset import PreparedDataset
 
