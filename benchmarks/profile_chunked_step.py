@@ -257,7 +257,14 @@ def main() -> None:
     warmup = timed_step(model, parse_length(args.warmup_seq), min(chunks or [8192]), **loss)
     save({"phase": "warm-up (compiles)", **warmup})
     for chunk in chunks:
-        save({"phase": "timed", **timed_step(model, seq, chunk, **loss)})
+        try:
+            save({"phase": "timed", **timed_step(model, seq, chunk, **loss)})
+        except torch.OutOfMemoryError as error:
+            # A chunk length tried for its memory: record that it does not fit and go on to the next phases.
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            save({"phase": "timed", "seq": format_length(seq), "chunk": format_length(chunk),
+                  "out_of_memory": str(error).splitlines()[0][:300]})
     if args.memory_chunk:
         save({"phase": "memory", **_memory_step(model, seq, parse_length(args.memory_chunk), args.top, **loss)})
     if args.profile_chunk:
@@ -265,7 +272,7 @@ def main() -> None:
         row = _profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top,
                              kernels_only=args.profile_kernels_only, **loss)
         timed = [r for r in record["steps"]
-                 if r["phase"] == "timed" and (r["seq"], r["chunk"]) == (row["seq"], row["chunk"])]
+                 if r["phase"] == "timed" and "seconds" in r and (r["seq"], r["chunk"]) == (row["seq"], row["chunk"])]
         if timed:
             # The profiler slows the host side; the unprofiled step's wall time is the fair denominator.
             row["gpu_busy_fraction_of_timed_step"] = round(row["kernel_seconds"] / timed[-1]["seconds"], 3)
