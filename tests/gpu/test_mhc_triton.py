@@ -145,3 +145,63 @@ def test_op_gradients_under_autocast(compiled):
     # 355bc9d on the H200: dx 7.4e-4 (TF32).
     assert mine[0].dtype == torch.float32 and _relative(mine[0], expected[0]) < 2e-3
     assert _relative(mine[1], expected[1]) < 2e-3
+
+
+def _comb_logits(rows: int, n: int) -> torch.Tensor:
+    gen = torch.Generator(device="cuda").manual_seed(rows + n)
+    return torch.randn(rows, n, n, generator=gen, device="cuda") * 3
+
+
+@pytest.mark.parametrize("rows, n, iterations", [(1, 4, 20), (37, 4, 20), (70001, 4, 20), (1001, 3, 20),
+                                                 (513, 8, 5)])
+def test_comb_kernels_match_fp64_autograd(rows, n, iterations):
+    """Softmax and Sinkhorn fused (genolc/model/ops/mhc/comb_triton.py), into a NaN-filled output, against fp64
+    autograd of the reference: rows off the 64-token block, N off a power of two, more rows than one backward launch
+    takes (BACKWARD_ROWS)."""
+    from genolc.model.ops.mhc import comb_triton
+
+    logits = _comb_logits(rows, n)
+    grad = torch.randn_like(logits)
+    leaf = logits.double().requires_grad_()
+    expected = reference.comb_weights(leaf, iterations, EPS)
+    (expected_grad,) = torch.autograd.grad(expected, leaf, grad.double())
+    out = torch.full_like(logits, float("nan"))
+    got = comb_triton.comb_weights(logits, iterations, EPS, out=out)
+    dlogits = comb_triton.comb_weights_backward(grad, logits, iterations, EPS)
+    assert got is out and _relative(got, expected) < 1e-6
+    assert torch.isfinite(dlogits).all() and _relative(dlogits, expected_grad) < 1e-5
+    again = comb_triton.comb_weights_backward(grad, logits, iterations, EPS)
+    assert torch.equal(again, dlogits)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_hyper_connection_comb_on_cuda_matches_the_reference(compiled):
+    """A `small` hyper-connection on CUDA under bf16 autocast, its mixing matrix from the fused op (the default on
+    CUDA), eagerly and compiled, against the same module with the reference formula."""
+    from genolc.model import build_model, preset
+
+    torch.manual_seed(0)
+    connection = build_model(preset("small"), device="cuda").layers[0].attn_hc
+    streams = torch.randn(1, 3001, 4, 1024, device="cuda", requires_grad=True)
+
+    def run(module):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            post, comb, block_input = module(streams)
+        loss = (post.float().square().sum() + comb.float().square().sum() + block_input.float().square().sum())
+        return comb.detach(), torch.autograd.grad(loss, [streams, connection.fn, connection.base, connection.scale])
+
+    assert connection.comb_op is dispatch.mhc_comb_weights
+    reference_comb, reference_grads = run(lambda s: _with_reference_comb(connection, s))
+    forward = torch.compile(connection.forward, dynamic=False) if compiled else connection.forward
+    comb, grads = run(forward)
+    assert _relative(comb, reference_comb) < 1e-5
+    for mine, theirs in zip(grads, reference_grads):
+        assert _relative(mine, theirs) < 1e-4
+
+
+def _with_reference_comb(connection, streams):
+    connection.comb_op = reference.comb_weights
+    try:
+        return connection.forward(streams)
+    finally:
+        connection.comb_op = dispatch.mhc_comb_weights

@@ -1,11 +1,11 @@
 """TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
 
-Runs genolc's Triton kernels (the routed experts' glue, alone with the argument ``moe``; mHC mixing logits; indexer
-scoring and top-k; DSA latent sparse attention forward, lse and
-backward) on CPU tensors under Triton's interpreter and compares them with the pure-torch references at small odd
-shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a
-head count that needs two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices,
-strided index rows. Exit status 0 when everything matches.
+Runs genolc's Triton kernels (the routed experts' glue, alone with the argument ``moe``; mHC mixing logits and
+mixing matrix; indexer scoring and top-k; DSA latent sparse attention forward, lse and backward) on CPU tensors
+under Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37, 77, 101,
+203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a head count that needs two
+head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit
+status 0 when everything matches.
 
 Not part of the CI suite (pytest collects ``test_*.py`` only): it needs Triton, which genolc does not depend on on
 CPU. Use a throwaway venv, never the project's:
@@ -35,6 +35,7 @@ from genolc.model.ops.dsa import reference as dsa_reference  # noqa: E402
 from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer import layout as indexer_layout  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
+from genolc.model.ops.mhc import comb_triton  # noqa: E402
 from genolc.model.ops.mhc import op as mhc_op  # noqa: E402
 from genolc.model.ops.mhc import reference as mhc_reference  # noqa: E402
 from genolc.model.ops.mhc import triton as mhc_triton  # noqa: E402
@@ -220,6 +221,27 @@ def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) 
     return problems
 
 
+def check_comb(rows, n, iterations) -> list[str]:
+    """mHC's mixing-matrix kernels (softmax and Sinkhorn; the forward into a NaN-filled output) against fp64
+    autograd of the reference, and the reference's written-out backward against the same."""
+    gen = torch.Generator().manual_seed(rows * 5 + n)
+    logits = torch.randn(rows, n, n, generator=gen) * 3
+    grad = torch.randn(rows, n, n, generator=gen)
+    leaf = logits.double().requires_grad_()
+    expected = mhc_reference.comb_weights(leaf, iterations, 1e-6)
+    (expected_grad,) = torch.autograd.grad(expected, leaf, grad.double())
+    out = torch.full_like(logits, float("nan"))
+    got = comb_triton.comb_weights(logits, iterations, 1e-6, out=out)
+    dlogits = comb_triton.comb_weights_backward(grad, logits, iterations, 1e-6)
+    written = mhc_reference.comb_weights_backward(grad.double(), logits.double(), iterations, 1e-6)
+    problems = [] if got is out and rel_err(got, expected) < 1e-6 else [f"comb rel err {rel_err(got, expected):.2e}"]
+    if rel_err(dlogits, expected_grad) > 1e-5:
+        problems.append(f"dlogits rel err {rel_err(dlogits, expected_grad):.2e}")
+    if rel_err(written, expected_grad) > 1e-12:
+        problems.append(f"the reference's backward rel err {rel_err(written, expected_grad):.2e}")
+    return problems
+
+
 def check_moe(tokens, top_k, dim, inter, dtype, seed) -> list[str]:
     """The routed experts' glue kernels against the ops' torch formulas: rows and columns off the tiles' grid. In
     fp32 they agree to rounding; bf16 outputs differ by up to an ulp, as the interpreter truncates where the GPU
@@ -308,6 +330,18 @@ def main() -> int:
         problems = check_mhc(*case)
         failures += bool(problems)
         print(f"mhc {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
+    comb_cases = [
+        # rows, N, Sinkhorn iterations: rows off the 64-token block, N off a power of two, one iteration
+        (37, 4, 20),
+        (130, 4, 20),
+        (5, 3, 7),
+        (9, 2, 1),
+    ]
+    for case in comb_cases:
+        start = time.time()
+        problems = check_comb(*case)
+        failures += bool(problems)
+        print(f"comb {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
     top_pools_cases = [
         # rows, cols, first query, kpool, keep: rows that see fewer pools than keep beside rows that see more,
         # keep not a power of two, rows past the block's columns, candidates over their 1024 slots, two segments

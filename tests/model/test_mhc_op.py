@@ -1,7 +1,9 @@
-"""mHC's mixing-logits custom op (genolc/model/ops/mhc/op.py) on CPU: its forward there is the reference formula,
-so these tests check the op's hand-written backward, its registration (fake shapes, autograd) and its use inside the
-hyper-connection under torch.compile. The CUDA kernel itself: tests/gpu/test_mhc_triton.py and, on CPU under
-Triton's interpreter, tests/gpu/triton_interpreter_check.py."""
+"""mHC's custom ops (genolc/model/ops/mhc/op.py) on CPU: the mixing logits, whose forward there is the reference
+formula, so these tests check the op's hand-written backward; and the mixing matrix (softmax and Sinkhorn), whose
+CPU forward and backward are the reference and autograd of it, so these tests check what it saves. Both: their
+registration (fake shapes, autograd) and their use inside the hyper-connection under torch.compile. The CUDA kernels
+themselves: tests/gpu/test_mhc_triton.py and, on CPU under Triton's interpreter,
+tests/gpu/triton_interpreter_check.py."""
 
 from __future__ import annotations
 
@@ -69,8 +71,8 @@ def test_ops_registration_passes_torch_opcheck():
 
 
 def test_hyper_connection_with_the_op_compiled_matches_the_reference():
-    """The tiny model's first hyper-connection, once with its default op (the reference on CPU) eagerly and once with
-    the custom op under torch.compile: same outputs and gradients (what the GPU path runs, minus the kernel)."""
+    """The tiny model's first hyper-connection, once with its default ops (the references on CPU) eagerly and once
+    with the custom ops under torch.compile: same outputs and gradients (what the GPU path runs, minus the kernel)."""
     torch.manual_seed(0)
     connection = build_model(preset("tiny")).layers[0].attn_hc
     assert isinstance(connection, HyperConnection)
@@ -83,6 +85,7 @@ def test_hyper_connection_with_the_op_compiled_matches_the_reference():
 
     expected_outputs, expected_grads = run()
     connection.mixing_op = op.mixing_logits
+    connection.comb_op = op.comb_weights_op
     connection.forward = torch.compile(connection.forward, fullgraph=True, dynamic=False)
     outputs, grads = run()
     for mine, theirs in zip(outputs + list(grads), expected_outputs + list(expected_grads)):
@@ -96,3 +99,58 @@ def test_a_pipelined_forward_config_needs_the_tile_in_registers():
     with pytest.raises(ValueError, match="at least 1"):
         mhc_triton.KernelConfig(stages=0)
     assert mhc_triton.KernelConfig(stages=3, tile_in_registers=True).stages == 3
+
+
+def _comb_logits(rows: int, n: int = 4) -> torch.Tensor:
+    torch.manual_seed(rows + n)
+    return torch.randn(rows, n, n) * 3
+
+
+def test_comb_op_is_the_reference_and_its_backward_matches_autograd():
+    logits = _comb_logits(37).requires_grad_()
+    grad = torch.randn(37, 4, 4)
+    mine = op.comb_weights_op(logits, 20, 1e-6)
+    (mine_grad,) = torch.autograd.grad(mine, logits, grad)
+    expected = reference.comb_weights(logits, 20, 1e-6)
+    (expected_grad,) = torch.autograd.grad(expected, logits, grad)
+    assert torch.equal(mine, expected)
+    # The written-out backward against autograd of the reference: same formulas, sums in another order.
+    assert _relative(mine_grad, expected_grad) < 1e-6
+    # The last normalisation is over columns: they sum to 1 (rows only approach it in 20 iterations).
+    assert torch.allclose(mine.sum(-2), torch.ones(37, 4), atol=1e-5)
+
+
+def test_comb_op_saves_only_its_logits():
+    """What the op keeps for its backward, against autograd of the reference (the softmax and every Sinkhorn step's
+    input and sums): the logits alone, 4 N^2 bytes a token."""
+    def saved_bytes(function) -> int:
+        total = 0
+
+        def pack(tensor):
+            nonlocal total
+            total += tensor.numel() * tensor.element_size()
+            return tensor
+
+        logits = _comb_logits(64).requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            function(logits, 20, 1e-6)
+        return total
+
+    assert saved_bytes(op.comb_weights_op) == 64 * 16 * 4
+    assert saved_bytes(reference.comb_weights) > 30 * 64 * 16 * 4
+
+
+def test_comb_ops_pass_torch_opcheck():
+    logits = _comb_logits(13).requires_grad_()
+    torch.library.opcheck(op.comb_weights_op, (logits, 20, 1e-6))
+    torch.library.opcheck(op.comb_weights_backward_op, (torch.randn(13, 4, 4), logits.detach(), 20, 1e-6))
+    # A transposed (non-contiguous) input: the fake shape must match the real output's strides.
+    torch.library.opcheck(op.comb_weights_op, (_comb_logits(5).transpose(-1, -2), 3, 1e-6))
+
+
+def test_comb_dispatch_keeps_cpu_on_the_reference(monkeypatch):
+    from genolc.model.ops import dispatch
+
+    monkeypatch.setattr(op, "comb_weights_op", lambda *args: pytest.fail("the custom op ran on CPU"))
+    logits = _comb_logits(3)
+    assert torch.equal(dispatch.mhc_comb_weights(logits, 20, 1e-6), reference.comb_weights(logits, 20, 1e-6))

@@ -13,7 +13,8 @@ Then ``new_streams = post ⊗ block_out + comb^T @ streams`` (:func:`merge_strea
 streams are averaged (:func:`collapse_streams`). Parameter names (``fn``, ``base``, ``scale``) match transformers.
 
 The perceptron's logits, the RMS-normed streams projected by ``fn``, come from the module attribute ``mixing_op``
-(``genolc.model.ops.dispatch.mhc_mixing_logits``: the pure-torch reference on CPU, a fused kernel on CUDA).
+(``genolc.model.ops.dispatch.mhc_mixing_logits``: the pure-torch reference on CPU, a fused kernel on CUDA), and
+``comb`` from ``comb_op`` (``mhc_comb_weights``: softmax and Sinkhorn, one kernel each way on CUDA).
 """
 
 from __future__ import annotations
@@ -22,16 +23,7 @@ import torch
 from torch import nn
 
 from genolc.model.config import ModelConfig
-from genolc.model.ops.dispatch import mhc_mixing_logits
-
-
-def sinkhorn(matrix: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
-    """Normalise the positive ``[..., N, N]`` matrix's columns, then ``iterations - 1`` times rows and columns."""
-    matrix = matrix / (matrix.sum(dim=-2, keepdim=True) + eps)
-    for _ in range(iterations - 1):
-        matrix = matrix / (matrix.sum(dim=-1, keepdim=True) + eps)
-        matrix = matrix / (matrix.sum(dim=-2, keepdim=True) + eps)
-    return matrix
+from genolc.model.ops.dispatch import mhc_comb_weights, mhc_mixing_logits
 
 
 class HyperConnection(nn.Module):
@@ -50,6 +42,7 @@ class HyperConnection(nn.Module):
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
         nn.init.normal_(self.fn, std=0.02)
         self.mixing_op = mhc_mixing_logits
+        self.comb_op = mhc_comb_weights
         # None: merge in the streams' dtype (as transformers does); float32 for bf16 streams under autocast
         # (genolc.train.apply.apply_stream_dtype), which then round once.
         self.merge_dtype: torch.dtype | None = None
@@ -67,7 +60,7 @@ class HyperConnection(nn.Module):
         pre = torch.sigmoid(pre_logit * pre_scale + pre_bias) + self.eps
         post = 2 * torch.sigmoid(post_logit * post_scale + post_bias)
         comb_logit = comb_logit.view(batch, length, n, n) * comb_scale + comb_bias.view(n, n)
-        comb = sinkhorn(torch.softmax(comb_logit, dim=-1) + self.eps, self.sinkhorn_iters, self.eps)
+        comb = self.comb_op(comb_logit, self.sinkhorn_iters, self.eps)
         block_input = (pre.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype)
         return post, comb, block_input
 

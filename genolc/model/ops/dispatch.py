@@ -8,6 +8,7 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     sparse_latent_attention  genolc.model.ops.dsa.tilelang pair, else dsa.triton (fused)    | ops.dsa.reference
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
     mhc_mixing_logits        genolc.model.ops.mhc.op (custom ops, Triton fwd and bwd)        | ops.mhc.reference
+    mhc_comb_weights         genolc.model.ops.mhc.op (custom ops, comb_triton fwd and bwd)   | ops.mhc.reference
 
 DSA sparse attention on CUDA runs the TileLang kernels (tilelang/forward.py, tilelang/backward.py, which hands windows
 from 128k keys on to tilelang/backward_slabs.py) when TileLang is installed and takes the operands (bf16/fp16,
@@ -130,3 +131,15 @@ def mhc_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
             x = x if x.stride(-1) == 1 else x.contiguous()
             return mhc_op.mixing_logits(x, weight if weight.stride(-1) == 1 else weight.contiguous(), eps)
     return mhc_reference.mixing_logits(x, weight, eps)
+
+
+def mhc_comb_weights(logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
+    """mHC's mixing matrix ``sinkhorn(softmax(logits) + eps)`` of ``logits [..., N, N]``; see
+    ``genolc.model.ops.mhc.reference.comb_weights``. fp32 CUDA tensors run the fused kernels (one launch each way
+    instead of inductor's one per normalisation), anything else the reference."""
+    if logits.is_cuda:
+        from genolc.model.ops.mhc import comb_triton, op as mhc_op
+
+        if comb_triton.unsupported_reason(logits) is None and iterations >= 1:
+            return mhc_op.comb_weights_op(logits, iterations, eps)
+    return mhc_reference.comb_weights(logits, iterations, eps)

@@ -1,5 +1,7 @@
 """mHC's mixing logits as custom ops with their backward written out: ``genolc::mhc_mixing_logits`` and
-``genolc::mhc_mixing_logits_backward``.
+``genolc::mhc_mixing_logits_backward``; and its mixing matrix from its logits (softmax and Sinkhorn),
+``genolc::mhc_comb_weights`` and ``genolc::mhc_comb_weights_backward`` (comb_triton.py on CUDA; on CPU the
+reference and its written-out backward), which save only the logits for the backward.
 
 On CUDA both run the fused kernels of ``triton.py`` (one pass over the streams each way, the RMS norm folded out of
 the product); elsewhere the same formulas in torch, so that the CPU tests check the backward against autograd of
@@ -88,3 +90,50 @@ def mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     """``[M, W]`` logits of the op, with ``tf32`` as autocast implies: under autocast the reference's product runs
     in bf16, so TF32 is already more exact; without autocast the products stay IEEE fp32."""
     return mixing_logits_op(x, weight, eps, torch.is_autocast_enabled(x.device.type))[0]
+
+
+@torch.library.custom_op("genolc::mhc_comb_weights", mutates_args=())
+def comb_weights_op(logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
+    """``sinkhorn(softmax(logits) + eps)`` of fp32 ``logits [..., N, N]`` (reference.comb_weights)."""
+    if logits.is_cuda:
+        from genolc.model.ops.mhc import comb_triton
+
+        return comb_triton.comb_weights(logits, iterations, eps)
+    with torch.autocast(logits.device.type, enabled=False):
+        return reference.comb_weights(logits, iterations, eps).contiguous()
+
+
+@comb_weights_op.register_fake
+def _comb_weights_shape(logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("genolc::mhc_comb_weights_backward", mutates_args=())
+def comb_weights_backward_op(grad: torch.Tensor, logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
+    """The gradient of :func:`comb_weights_op` with respect to its logits."""
+    if logits.is_cuda:
+        from genolc.model.ops.mhc import comb_triton
+
+        return comb_triton.comb_weights_backward(grad, logits, iterations, eps)
+    with torch.autocast(logits.device.type, enabled=False):
+        return reference.comb_weights_backward(grad.to(logits.dtype), logits, iterations, eps).contiguous()
+
+
+@comb_weights_backward_op.register_fake
+def _comb_weights_backward_shape(grad: torch.Tensor, logits: torch.Tensor, iterations: int, eps: float
+                                 ) -> torch.Tensor:
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _save_comb_logits(ctx, inputs, output) -> None:
+    logits, iterations, eps = inputs
+    ctx.save_for_backward(logits)
+    ctx.iterations, ctx.eps = iterations, eps
+
+
+def _comb_backward(ctx, grad: torch.Tensor):
+    (logits,) = ctx.saved_tensors
+    return comb_weights_backward_op(grad, logits, ctx.iterations, ctx.eps), None, None
+
+
+comb_weights_op.register_autograd(_comb_backward, setup_context=_save_comb_logits)

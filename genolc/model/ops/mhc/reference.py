@@ -1,6 +1,6 @@
-"""mHC mixing logits in pure torch, as transformers' ``glm5_next`` computes them: the unweighted RMS norm of the
-streams in fp32, then a Linear onto the logits (under autocast the product runs in the autocast dtype, as a
-Linear's does)."""
+"""mHC in pure torch, as transformers' ``glm5_next`` computes it: the mixing logits (the unweighted RMS norm of the
+streams in fp32, then a Linear onto the logits; under autocast the product runs in the autocast dtype, as a
+Linear's does) and the stream-mixing matrix made from its logits (softmax, then Sinkhorn iterations)."""
 
 from __future__ import annotations
 
@@ -19,3 +19,37 @@ def mixing_logits_and_rstd(x: torch.Tensor, weight: torch.Tensor, eps: float) ->
 def mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x [M, K]``, ``weight [W, K]`` -> ``[M, W]`` logits."""
     return mixing_logits_and_rstd(x, weight, eps)[0]
+
+
+def sinkhorn(matrix: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
+    """Normalise the positive ``[..., N, N]`` matrix's columns, then ``iterations - 1`` times rows and columns."""
+    matrix = matrix / (matrix.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iterations - 1):
+        matrix = matrix / (matrix.sum(dim=-1, keepdim=True) + eps)
+        matrix = matrix / (matrix.sum(dim=-2, keepdim=True) + eps)
+    return matrix
+
+
+def comb_weights(logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
+    """The mixing matrix ``[..., N, N]`` from its logits: a softmax over each row, ``eps`` added, then
+    :func:`sinkhorn` (pushed towards doubly stochastic)."""
+    return sinkhorn(torch.softmax(logits, dim=-1) + eps, iterations, eps)
+
+
+def comb_weights_backward(grad: torch.Tensor, logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
+    """The gradient of :func:`comb_weights` with respect to ``logits``, written out as the CUDA kernel runs it
+    (genolc/model/ops/mhc/comb_triton.py): the forward again, keeping each normalisation's input, then back through
+    them (``y = x / (s + eps)`` with ``s`` the sum along the axis gives ``dx = (dy - sum(dy * y)) / (s + eps)``)
+    and the softmax (``dz = p * (dp - sum(dp * p))``). For custom ops, whose bodies run without autograd."""
+    p = torch.softmax(logits, dim=-1)
+    inputs = []
+    matrix = p + eps
+    for step in range(2 * iterations - 1):
+        inputs.append(matrix)
+        matrix = matrix / (matrix.sum(dim=-2 if step % 2 == 0 else -1, keepdim=True) + eps)
+    for step in range(2 * iterations - 2, -1, -1):
+        x = inputs[step]
+        dim = -2 if step % 2 == 0 else -1
+        total = x.sum(dim=dim, keepdim=True) + eps
+        grad = (grad - (grad * (x / total)).sum(dim=dim, keepdim=True)) / total
+    return p * (grad - (grad * p).sum(dim=-1, keepdim=True))
