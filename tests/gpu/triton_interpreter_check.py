@@ -331,10 +331,11 @@ def main() -> int:
         failures += bool(problems)
         print(f"mhc {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
     comb_cases = [
-        # rows, N, Sinkhorn iterations: rows off the 64-token block, N off a power of two, one iteration
+        # rows, N, Sinkhorn iterations: rows off the 64-token block, N off a power of two (its padding's gradient
+        # grew by 1 / eps a step until it overflowed at 20 iterations, on the H200), one iteration
         (37, 4, 20),
         (130, 4, 20),
-        (5, 3, 7),
+        (5, 3, 20),
         (9, 2, 1),
     ]
     for case in comb_cases:

@@ -72,10 +72,11 @@ def comb_backward_kernel(grad_ptr, logits_ptr, dlogits_ptr, scratch_ptr, n_rows,
         it = ITERS - 2 - back
         x = tl.load(scratch + (2 + 2 * it) * step + local)
         s = tl.sum(x, axis=1)[:, None, :] + eps
-        g = (g - tl.sum(g * (x / s), axis=1)[:, None, :]) / s
+        # Padding entries stay zero: a padded column's sum is eps alone, so they would grow by 1 / eps a step.
+        g = tl.where(valid, (g - tl.sum(g * (x / s), axis=1)[:, None, :]) / s, 0.0)
         x = tl.load(scratch + (1 + 2 * it) * step + local)
         s = tl.sum(x, axis=2)[:, :, None] + eps
-        g = (g - tl.sum(g * (x / s), axis=2)[:, :, None]) / s
+        g = tl.where(valid, (g - tl.sum(g * (x / s), axis=2)[:, :, None]) / s, 0.0)
     x = tl.load(scratch + local)
     s = tl.sum(x, axis=1)[:, None, :] + eps
     g = tl.where(valid, (g - tl.sum(g * (x / s), axis=1)[:, None, :]) / s, 0.0)
