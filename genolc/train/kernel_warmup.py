@@ -10,8 +10,10 @@ micro-batch of random tokens, so the kernels land in Triton's and TileLang's dis
 compiles its glue and runs its forward; the trainer then loads them instead of compiling. It shares nothing with the
 trainer but those caches: its random numbers, memory and failures are its own (a failed warm-up leaves the trainer
 compiling as it would have, and its log says why). A kernel the trainer reaches first is compiled by both (the
-caches' writes are atomic). After the first step the trainer stops a warm-up that still runs: what it had not
-reached, that step compiled itself.
+caches' writes are atomic), except fla's TileLang KDA backward, the longest (31-33 s): the trainer's first build of
+it waits, up to ``TRAINER_WAIT_SECONDS``, until the warm-up's progress file says it is compiled
+(:meth:`KernelWarmup.hold_first_kda_backward`). After the first step the trainer stops a warm-up that still runs:
+what it had not reached, that step compiled itself.
 
 Only on CUDA, in a single process (under ``torchrun`` each rank compiles its own), once per shape on a machine: a
 finished warm-up leaves a marker under the user's cache directory (``genolc/kernel-warmup/``) and later runs of that
@@ -31,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -40,6 +42,10 @@ from genolc.model import ModelConfig
 from genolc.model.ops.kda.fla_import import import_fla_module
 
 WARMUP_ENV = "GENOLC_KERNEL_WARMUP"
+FLA_KDA_BACKWARD = "fla_tilelang_kda_backward"
+# The longest the trainer's first KDA backward waits for the warm-up's compile of fla's kernel (31-33 s alone on the
+# H200) before it compiles the kernel itself, as it did before it waited.
+TRAINER_WAIT_SECONDS = 60.0
 WARMUP_LAYERS = ("linear_attention", "indexed_attention")
 KERNEL_SETTINGS = ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR", "FLA_CONFIG_DIR", "FLA_CACHE_MODE", "FLA_TILELANG",
                    "GENOLC_DSA_KERNELS", "CUDA_HOME")
@@ -116,9 +122,50 @@ class KernelWarmup:
     """The running warm-up process. The trainer calls :meth:`end` after the first step: it stops a warm-up that
     still runs and says once how it ended (for the trainer's log); :meth:`finished` only reports."""
 
-    def __init__(self, process: subprocess.Popen, log: Path, started: float) -> None:
-        self.process, self.log, self.started = process, log, started
+    def __init__(self, process: subprocess.Popen, log: Path, started: float, progress: Path | None = None) -> None:
+        self.process, self.log, self.started, self.progress = process, log, started, progress
         self._reported = False
+        self._restore_fla: Callable[[], None] | None = None
+        self.waited_seconds: float | None = None      # the trainer's first KDA backward's wait, once it waited
+
+    def reported(self, part: str) -> bool:
+        """Whether the warm-up process has written ``part`` (compiled, or failed) to its progress file."""
+        try:
+            return self.progress is not None and part in json.loads(self.progress.read_text())
+        except (OSError, ValueError):
+            return False
+
+    def wait_for(self, part: str, timeout: float) -> float:
+        """Block until the warm-up reports ``part`` or ends, at most ``timeout`` seconds; the seconds waited."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout and self.process.poll() is None and not self.reported(part):
+            time.sleep(0.05)
+        return time.monotonic() - t0
+
+    def hold_first_kda_backward(self) -> bool:
+        """Make this process's first build of fla's TileLang KDA backward wait for the warm-up's compile of it, then
+        load it from TileLang's cache, instead of compiling it a second time beside the warm-up: the trainer's main
+        thread spent 26 s in that compile on the H200 when its first backward came as the warm-up's was ending
+        (benchmarks/results/first_step_cold_2026-12-02/README.md, section 8). Undone by :meth:`end` and :meth:`stop`;
+        True when set up (fla routes the backward to TileLang here)."""
+        module = _fla_kda_backward_module()
+        if module is None or self.progress is None:
+            return False
+        original = module._build_kda_bwd_kernel
+
+        def build(*args, **kwargs):
+            if self.waited_seconds is None:
+                self.waited_seconds = self.wait_for(FLA_KDA_BACKWARD, TRAINER_WAIT_SECONDS)
+            return original(*args, **kwargs)
+
+        module._build_kda_bwd_kernel = build
+        self._restore_fla = lambda: setattr(module, "_build_kda_bwd_kernel", original)
+        return True
+
+    def _release(self) -> None:
+        if self._restore_fla is not None:
+            self._restore_fla()
+            self._restore_fla = None
 
     def finished(self) -> str | None:
         """None while it runs (or after it was reported); else one line saying how it ended."""
@@ -126,13 +173,16 @@ class KernelWarmup:
             return None
         self._reported = True
         if self.process.returncode == 0:
-            return f"kernel warm-up process done ({time.monotonic() - self.started:.0f} s after the start)"
+            waited = ("" if (self.waited_seconds or 0.0) < 0.5 else
+                      f"; the first KDA backward waited {self.waited_seconds:.0f} s for its kernel")
+            return f"kernel warm-up process done ({time.monotonic() - self.started:.0f} s after the start{waited})"
         return (f"the kernel warm-up process failed (exit {self.process.returncode}; see {self.log}); training "
                 "compiled its kernels itself")
 
     def end(self) -> str | None:
         """After the first step, whose kernels are compiled by then either way: how it ended, stopping it if it still
         runs (so that it holds no GPU memory through the run)."""
+        self._release()
         if self.process.poll() is None:
             self.stop()
             self._reported = True
@@ -141,6 +191,7 @@ class KernelWarmup:
 
     def stop(self) -> None:
         """End it and what it started (nvcc, ptxas): it runs in a process group of its own."""
+        self._release()
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -185,12 +236,15 @@ def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: 
         spec = folder / f"{key}.{os.getpid()}.spec.json"
         atomic_write_json(spec, dataclasses.asdict(shape))
         log = folder / f"{key}.{os.getpid()}.log"
+        progress = folder / f"{key}.{os.getpid()}.progress.json"
+        progress.unlink(missing_ok=True)
         index = device.index if device.index is not None else torch.cuda.current_device()
         with open(log, "w") as out:
             # A session of its own: the terminal's Ctrl-C, which asks the trainer to finish its step, does not
             # reach it; stop() ends its whole group.
             process = subprocess.Popen([sys.executable, "-m", "genolc.train.kernel_warmup", str(spec), str(index),
-                                        str(folder / f"{key}.json")], stdout=out, stderr=subprocess.STDOUT,
+                                        str(folder / f"{key}.json"), str(progress)], stdout=out,
+                                       stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True,
                                        env={**os.environ, PARENT_ENV: str(os.getpid())})
     except Exception as error:      # anything at all: the warm-up only saves time, so the trainer compiles as before
@@ -198,7 +252,13 @@ def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: 
         print(f"genolc finetune: the kernel warm-up process could not start ({type(error).__name__}: {error}); the "
               "first step compiles its kernels itself", file=sys.stderr)
         return None
-    return KernelWarmup(process, log, time.monotonic())
+    warmup = KernelWarmup(process, log, time.monotonic(), progress)
+    if shape.bf16:      # where the warm-up compiles fla's TileLang KDA backward (run_warmup)
+        try:
+            warmup.hold_first_kda_backward()
+        except Exception:   # only saves time: the first backward then compiles the kernel as before
+            pass
+    return warmup
 
 
 def dsa_kernel_args(config: ModelConfig) -> tuple[int, int, int, str, float]:
@@ -250,18 +310,26 @@ class _Compiled(Exception):
     """Raised past fla's kernel builder once it has compiled, so that nothing is launched on dummy inputs."""
 
 
+def _fla_kda_backward_module():
+    """fla's TileLang KDA backward module (``chunk_bwd_dqkg``), or None where fla routes no backward to TileLang here
+    or cannot be imported."""
+    try:
+        backend = import_fla_module("fla.ops.kda.backends.tilelang").KDATileLangBackend
+        module = import_fla_module("fla.ops.kda.backends.tilelang.chunk_bwd_dqkg")
+    except Exception:       # fla, TileLang or nvcc missing, or fla reorganised: the step compiles it as before
+        return None
+    return module if backend.can_use() else None
+
+
 def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: torch.device,
-                              seconds: dict[str, float | str]) -> threading.Thread | None:
+                              seconds: dict[str, float | str], report: Callable[[], None]) -> threading.Thread | None:
     """fla's TileLang KDA backward (fla routes it to TileLang on Hopper; 31 s to compile on an H200, where the first
     step's backward waited for it) compiled from the start instead of when a backward first reaches it. fla's own
     entry point is called, so its tiling and key are fla's; only in this thread its builder stops the call once the
-    kernel is compiled (the inputs here are shapes, not data). Not in fla's public API: any failure skips it."""
-    try:
-        KDATileLangBackend = import_fla_module("fla.ops.kda.backends.tilelang").KDATileLangBackend
-        chunk_bwd_dqkg = import_fla_module("fla.ops.kda.backends.tilelang.chunk_bwd_dqkg")
-    except Exception:       # fla, TileLang or nvcc missing, or fla reorganised: the step compiles it as before
-        return None
-    if not KDATileLangBackend.can_use():
+    kernel is compiled (the inputs here are shapes, not data). Not in fla's public API: any failure skips it.
+    ``report()`` runs once it is compiled or failed (the trainer's first KDA backward waits for that)."""
+    chunk_bwd_dqkg = _fla_kda_backward_module()
+    if chunk_bwd_dqkg is None:
         return None
     builder = chunk_bwd_dqkg._build_kda_bwd_kernel
     building = threading.Lock()     # the step's own backward waits for this thread's compile instead of repeating it
@@ -284,9 +352,10 @@ def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: tor
                 A=torch.empty(batch, tokens, heads, 64, dtype=torch.float32, device=device), h=state, do=qk,
                 dh=state, dv=qk)
         except _Compiled:
-            seconds["fla_tilelang_kda_backward"] = round(time.monotonic() - t0, 1)
+            seconds[FLA_KDA_BACKWARD] = round(time.monotonic() - t0, 1)
         except Exception as error:      # the step compiles it itself
-            seconds["fla_tilelang_kda_backward"] = f"failed: {error!r}"
+            seconds[FLA_KDA_BACKWARD] = f"failed: {error!r}"
+        report()
 
     chunk_bwd_dqkg._build_kda_bwd_kernel = build_then_stop
     thread = threading.Thread(target=run, daemon=True)
@@ -294,9 +363,10 @@ def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: tor
     return thread
 
 
-def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | str]:
+def run_warmup(shape: WarmupShape, device: torch.device, progress: Path | None = None) -> dict[str, float | str]:
     """One chunked (or whole) step of the two-layer model at ``shape`` on ``device`` (CUDA; on CPU it runs the same
-    code without kernels to compile, which the tests use); seconds per part."""
+    code without kernels to compile, which the tests use); seconds per part. ``progress``: a JSON file rewritten
+    with the parts done so far as fla's KDA backward is compiled (the trainer's first backward waits for it)."""
     from genolc.model import build_model
     from genolc.train.apply import apply_recompute, apply_stream_dtype
     from genolc.train.loss import LossTerms
@@ -305,11 +375,18 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | st
     t0 = time.monotonic()
     config = warmup_model_config(ModelConfig.from_hf(shape.model))
     seconds: dict[str, float | str] = {}
+
+    def report() -> None:
+        if progress is not None:
+            atomic_write_json(progress, dict(seconds))
+
     # fla's thread first: importing fla took ~20 s while the DSA threads' TileLang lowering held the GIL, so on the
     # H200 (2026-12-02 logs) fla's compile began only as the DSA backward's ended.
-    threads = []
-    if device.type == "cuda" and shape.bf16:
-        threads += [t for t in [_compile_fla_kda_backward(config, shape.micro_batch, device, seconds)] if t]
+    fla = (_compile_fla_kda_backward(config, shape.micro_batch, device, seconds, report)
+           if device.type == "cuda" and shape.bf16 else None)
+    if fla is None and progress is not None:
+        atomic_write_json(progress, {FLA_KDA_BACKWARD: "not compiled here"})    # nothing for the trainer to wait for
+    threads = [fla] if fla is not None else []
     threads += _compile_dsa_kernels(config, shape.bf16, shape.seq_len, seconds)
     torch.manual_seed(0)
     model = build_model(config, device=device)
@@ -338,20 +415,24 @@ def run_warmup(shape: WarmupShape, device: torch.device) -> dict[str, float | st
 
 
 def main(argv: list[str]) -> int:
-    """``SPEC GPU_INDEX MARKER``: the warm-up of SPEC on that GPU (``cpu``: the tests), then MARKER written."""
+    """``SPEC GPU_INDEX MARKER [PROGRESS]``: the warm-up of SPEC on that GPU (``cpu``: the tests), then MARKER
+    written; PROGRESS: run_warmup's progress file."""
     spec_path, index, marker = Path(argv[0]), argv[1], Path(argv[2])
+    progress = Path(argv[3]) if len(argv) > 3 else None
     shape = WarmupShape(**json.loads(spec_path.read_text()))
     device = torch.device("cpu") if index == "cpu" else torch.device("cuda", int(index))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     t0 = time.monotonic()
-    seconds = run_warmup(shape, device)
+    seconds = run_warmup(shape, device, progress)
     print(f"kernel warm-up: {json.dumps(seconds)}", flush=True)
     if any(isinstance(value, str) for value in seconds.values()):
         return 1        # no marker: the next run of this shape tries again
     atomic_write_json(marker, {"shape": dataclasses.asdict(shape), "seconds": seconds,
                                "total_seconds": round(time.monotonic() - t0, 1)})
     spec_path.unlink(missing_ok=True)
+    if progress is not None:
+        progress.unlink(missing_ok=True)
     return 0
 
 

@@ -81,9 +81,10 @@ def test_main_writes_the_marker_and_a_finished_shape_starts_nothing(tmp_path, mo
     assert warmup is not None and len(started) == 1
     assert warmup.finished().startswith("kernel warm-up process done")
     assert warmup.finished() is None                  # said once
-    spec, marker = started[0][-3], started[0][-1]
+    spec, marker, progress = started[0][-4], started[0][-2], started[0][-1]
     assert json.loads(open(spec).read())["chunk"] == 40
     assert marker == str(kernel_warmup.warmup_dir() / f"{shape().key(device)}.json")
+    assert progress == str(warmup.progress) and progress.endswith(".progress.json")
     open(marker, "w").write("{}")                     # what main() leaves after its step
     assert start_kernel_warmup(shape(), device, **FITS) is None
     assert start_kernel_warmup(shape(chunk=48), device, **FITS) is not None      # another shape: another warm-up
@@ -314,3 +315,86 @@ def test_the_warmup_runs_the_runs_stream_dtype_and_keys_on_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
     device = torch.device("cuda", 0)
     assert shape(stream_dtype="bfloat16").key(device) != shape().key(device)
+
+
+def _sleeper() -> subprocess.Popen:
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+
+def test_wait_for_ends_when_the_part_is_reported_the_process_ends_or_time_is_up(tmp_path):
+    import threading
+    import time
+
+    running = _sleeper()
+    try:
+        warmup = kernel_warmup.KernelWarmup(running, tmp_path / "log", 0.0, tmp_path / "progress.json")
+        assert warmup.wait_for(kernel_warmup.FLA_KDA_BACKWARD, 0.3) >= 0.3          # nothing reported: the timeout
+        threading.Timer(0.4, lambda: (tmp_path / "progress.json").write_text(
+            json.dumps({kernel_warmup.FLA_KDA_BACKWARD: 31.0}))).start()
+        waited = warmup.wait_for(kernel_warmup.FLA_KDA_BACKWARD, 30.0)
+        assert 0.35 < waited < 5.0 and warmup.reported(kernel_warmup.FLA_KDA_BACKWARD)
+    finally:
+        running.kill()
+        running.wait()
+    ended = kernel_warmup.KernelWarmup(running, tmp_path / "log", 0.0, tmp_path / "missing.json")
+    assert ended.wait_for(kernel_warmup.FLA_KDA_BACKWARD, 30.0) < 1.0           # a warm-up that is gone: no wait
+
+
+def test_the_trainers_first_kda_backward_build_waits_for_the_warmups_compile(tmp_path, monkeypatch):
+    """The trainer's first call of fla's TileLang KDA backward builder blocks until the warm-up process reports the
+    kernel (then the builder finds it in TileLang's cache); later calls do not wait; end() puts fla's builder back."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    built = []
+    module = SimpleNamespace(_build_kda_bwd_kernel=lambda *args: built.append(args) or "kernel")
+    original = module._build_kda_bwd_kernel
+    monkeypatch.setattr(kernel_warmup, "_fla_kda_backward_module", lambda: module)
+    running = _sleeper()
+    progress = tmp_path / "progress.json"
+    warmup = kernel_warmup.KernelWarmup(running, tmp_path / "log", time.monotonic(), progress)
+    try:
+        assert warmup.hold_first_kda_backward()
+        threading.Timer(0.5, lambda: progress.write_text(json.dumps({kernel_warmup.FLA_KDA_BACKWARD: 30.0}))).start()
+        t0 = time.monotonic()
+        assert module._build_kda_bwd_kernel(1, 2) == "kernel"
+        assert time.monotonic() - t0 >= 0.45 and built == [(1, 2)]
+        t0 = time.monotonic()
+        assert module._build_kda_bwd_kernel(3) == "kernel" and time.monotonic() - t0 < 0.2
+        assert 0.45 <= warmup.waited_seconds < 5.0
+    finally:
+        warmup.end()
+    assert module._build_kda_bwd_kernel is original and running.poll() is not None
+
+
+def test_no_hold_where_fla_runs_no_tilelang_backward(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_warmup, "_fla_kda_backward_module", lambda: None)
+    done = subprocess.Popen(["python3", "-c", "pass"])
+    done.wait()
+    assert not kernel_warmup.KernelWarmup(done, tmp_path / "log", 0.0, tmp_path / "p.json").hold_first_kda_backward()
+
+
+def test_the_warmup_reports_fla_s_kernel_in_its_progress_file(tmp_path, monkeypatch):
+    """The warm-up side: once its thread has built fla's kernel the progress file names it; where fla runs no
+    TileLang backward the file says so at once, so that the trainer does not wait."""
+    from types import SimpleNamespace
+
+    def entry(**kwargs):
+        module._build_kda_bwd_kernel("shapes")
+
+    module = SimpleNamespace(_build_kda_bwd_kernel=lambda *args: "kernel",
+                             chunk_kda_bwd_wy_dqkg_fused_tilelang=entry)
+    monkeypatch.setattr(kernel_warmup, "_fla_kda_backward_module", lambda: module)
+    progress = tmp_path / "progress.json"
+    seconds = {}
+    thread = kernel_warmup._compile_fla_kda_backward(
+        warmup_model_config(preset("tiny")), 1, torch.device("cpu"), seconds,
+        lambda: progress.write_text(json.dumps(seconds)))
+    thread.join(30)
+    assert isinstance(json.loads(progress.read_text())[kernel_warmup.FLA_KDA_BACKWARD], float)
+    progress.unlink()
+    run_warmup(shape(), torch.device("cpu"), progress)
+    assert json.loads(progress.read_text()) == {kernel_warmup.FLA_KDA_BACKWARD: "not compiled here"}
