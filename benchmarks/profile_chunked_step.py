@@ -42,9 +42,12 @@ PROFILED_CLASSES = ("KimiDeltaAttention", "DSAAttention", "DSAIndexer", "MoE", "
 KERNEL_KINDS = (
     ("compiled glue (inductor Triton)", r"^triton_"),
     ("gemm (cuBLAS/CUTLASS)", r"gemm|nvjet|cutlass|xmma|cublas|wgmma|sm90_|splitK"),
-    ("kda (fla Triton, depthwise conv)",
-     r"kda|delta|chunk_|solve_tril|merge_16x16|recompute_w_u|l2norm|cumsum|causal_conv|conv1d|conv_depthwise"),
-    ("dsa/indexer (TileLang/Triton)", r"tilelang|main_kernel|kernel_kernel|dsa|sparse|indexer|topk_|pool"),
+    # fla's TileLang KDA backward is named `kernel` (its launch `kernel_kernel`, one call per KDA layer and chunk).
+    ("kda (fla Triton and TileLang, depthwise conv)",
+     r"kda|delta|chunk_|solve_tril|merge_16x16|recompute_w_u|l2norm|cumsum|causal_conv|conv1d|conv_depthwise"
+     r"|^kernel_kernel$"),
+    ("dsa/indexer (TileLang/Triton)",
+     r"tilelang|main_kernel|dsa|sparse|indexer|topk_|pool|candidates_kernel|select_kernel|group_tops|floors_kernel"),
     ("sort/top-k/scan (torch)", r"sort|topk|radix|scan|bitonic|gather_topk|histogram"),
     ("copy/cast/cat", r"copy|memcpy|memset|cat_|CatArray|fill|contiguous"),
     ("reduction (torch)", r"reduce|norm_kernel|softmax|sum_"),
