@@ -42,6 +42,7 @@ PROFILED_CLASSES = ("KimiDeltaAttention", "DSAAttention", "DSAIndexer", "MoE", "
 KERNEL_KINDS = (
     ("compiled glue (inductor Triton)", r"^triton_"),
     ("gemm (cuBLAS/CUTLASS)", r"gemm|nvjet|cutlass|xmma|cublas|wgmma|sm90_|splitK"),
+    ("mhc (Triton)", r"^comb_|^mixing_logits"),
     # fla's TileLang KDA backward is named `kernel` (its launch `kernel_kernel`, one call per KDA layer and chunk).
     ("kda (fla Triton and TileLang, depthwise conv)",
      r"kda|delta|chunk_|solve_tril|merge_16x16|recompute_w_u|l2norm|cumsum|causal_conv|conv1d|conv_depthwise"
@@ -262,12 +263,14 @@ def main() -> None:
     for chunk in chunks:
         try:
             save({"phase": "timed", **timed_step(model, seq, chunk, **loss)})
+            continue
         except torch.OutOfMemoryError as error:
             # A chunk length tried for its memory: record that it does not fit and go on to the next phases.
-            model.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
-            save({"phase": "timed", "seq": format_length(seq), "chunk": format_length(chunk),
-                  "out_of_memory": str(error).splitlines()[0][:300]})
+            failure = str(error).splitlines()[0][:300]
+        # Outside the handler, whose traceback holds the failed step's tensors.
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        save({"phase": "timed", "seq": format_length(seq), "chunk": format_length(chunk), "out_of_memory": failure})
     if args.memory_chunk:
         save({"phase": "memory", **_memory_step(model, seq, parse_length(args.memory_chunk), args.top, **loss)})
     if args.profile_chunk:

@@ -8,12 +8,12 @@ model of the run's shapes (one KDA layer, one DSA layer, the run's MLP kinds), c
 and fla's TileLang KDA backward in threads of their own (nvcc runs outside the GIL) and runs one chunked step on one
 micro-batch of random tokens, so the kernels land in Triton's and TileLang's disk caches while the trainer traces,
 compiles its glue and runs its forward; the trainer then loads them instead of compiling. It shares nothing with the
-trainer but those caches: its random numbers, memory and failures are its own (a failed warm-up leaves the trainer
+trainer but those caches and a progress file: its random numbers, memory and failures are its own (a failed warm-up leaves the trainer
 compiling as it would have, and its log says why). A kernel the trainer reaches first is compiled by both (the
 caches' writes are atomic), except fla's TileLang KDA backward, the longest (31-33 s): the trainer's first build of
-it waits, up to ``TRAINER_WAIT_SECONDS``, until the warm-up's progress file says it is compiled
-(:meth:`KernelWarmup.hold_first_kda_backward`). After the first step the trainer stops a warm-up that still runs:
-what it had not reached, that step compiled itself.
+it waits while the warm-up's progress file says the warm-up is compiling it (up to ``FLA_KDA_COMPILE_SECONDS`` after
+that compile began; :meth:`KernelWarmup.hold_first_kda_backward`). After the first step the trainer stops a warm-up
+that still runs: what it had not reached, that step compiled itself.
 
 Only on CUDA, in a single process (under ``torchrun`` each rank compiles its own), once per shape on a machine: a
 finished warm-up leaves a marker under the user's cache directory (``genolc/kernel-warmup/``) and later runs of that
@@ -43,9 +43,10 @@ from genolc.model.ops.kda.fla_import import import_fla_module
 
 WARMUP_ENV = "GENOLC_KERNEL_WARMUP"
 FLA_KDA_BACKWARD = "fla_tilelang_kda_backward"
-# The longest the trainer's first KDA backward waits for the warm-up's compile of fla's kernel (31-33 s alone on the
-# H200) before it compiles the kernel itself, as it did before it waited.
-TRAINER_WAIT_SECONDS = 60.0
+FLA_KDA_STARTED = "fla_tilelang_kda_backward_started"      # the compile's start, seconds since the epoch
+# How long after the warm-up began compiling fla's kernel (28-33 s on the H200) the trainer's first KDA backward stops
+# waiting for it and compiles the kernel itself, as it did before it waited.
+FLA_KDA_COMPILE_SECONDS = 45.0
 WARMUP_LAYERS = ("linear_attention", "indexed_attention")
 KERNEL_SETTINGS = ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR", "FLA_CONFIG_DIR", "FLA_CACHE_MODE", "FLA_TILELANG",
                    "GENOLC_DSA_KERNELS", "CUDA_HOME")
@@ -128,26 +129,33 @@ class KernelWarmup:
         self._restore_fla: Callable[[], None] | None = None
         self.waited_seconds: float | None = None      # the trainer's first KDA backward's wait, once it waited
 
-    def reported(self, part: str) -> bool:
-        """Whether the warm-up process has written ``part`` (compiled, or failed) to its progress file."""
+    def progress_entries(self) -> dict[str, Any]:
+        """What the warm-up process has written to its progress file so far (empty before it writes)."""
         try:
-            return self.progress is not None and part in json.loads(self.progress.read_text())
+            return json.loads(self.progress.read_text()) if self.progress is not None else {}
         except (OSError, ValueError):
-            return False
+            return {}
 
-    def wait_for(self, part: str, timeout: float) -> float:
-        """Block until the warm-up reports ``part`` or ends, at most ``timeout`` seconds; the seconds waited."""
+    def wait_for_fla_kda_backward(self) -> float:
+        """Block while the warm-up process compiles fla's TileLang KDA backward: until it reports the kernel (or a
+        failure) or ends, at most until ``FLA_KDA_COMPILE_SECONDS`` after that compile began; no wait where it has
+        not begun. The seconds waited."""
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout and self.process.poll() is None and not self.reported(part):
+        while self.process.poll() is None:
+            entries = self.progress_entries()
+            if FLA_KDA_BACKWARD in entries or FLA_KDA_STARTED not in entries:
+                break
+            if time.time() > entries[FLA_KDA_STARTED] + FLA_KDA_COMPILE_SECONDS:
+                break
             time.sleep(0.05)
         return time.monotonic() - t0
 
     def hold_first_kda_backward(self) -> bool:
-        """Make this process's first build of fla's TileLang KDA backward wait for the warm-up's compile of it, then
-        load it from TileLang's cache, instead of compiling it a second time beside the warm-up: the trainer's main
-        thread spent 26 s in that compile on the H200 when its first backward came as the warm-up's was ending
-        (benchmarks/results/first_step_cold_2026-12-02/README.md, section 8). Undone by :meth:`end` and :meth:`stop`;
-        True when set up (fla routes the backward to TileLang here)."""
+        """Make this process's first build of fla's TileLang KDA backward wait for the warm-up's compile of it
+        (:meth:`wait_for_fla_kda_backward`), then load it from TileLang's cache, instead of compiling it a second
+        time beside the warm-up: the trainer's main thread spent 26 s in that compile on the H200 when its first
+        backward came as the warm-up's was ending (benchmarks/results/first_step_cold_2026-12-02/README.md, section
+        8). Undone by :meth:`end` and :meth:`stop`; True when set up (fla routes the backward to TileLang here)."""
         module = _fla_kda_backward_module()
         if module is None or self.progress is None:
             return False
@@ -155,7 +163,7 @@ class KernelWarmup:
 
         def build(*args, **kwargs):
             if self.waited_seconds is None:
-                self.waited_seconds = self.wait_for(FLA_KDA_BACKWARD, TRAINER_WAIT_SECONDS)
+                self.waited_seconds = self.wait_for_fla_kda_backward()
             return original(*args, **kwargs)
 
         module._build_kda_bwd_kernel = build
@@ -166,6 +174,13 @@ class KernelWarmup:
         if self._restore_fla is not None:
             self._restore_fla()
             self._restore_fla = None
+        if self.progress is not None:
+            self.progress.unlink(missing_ok=True)
+
+    def _waited(self) -> str:
+        if (self.waited_seconds or 0.0) < 0.5:
+            return ""
+        return f"; the first KDA backward waited {self.waited_seconds:.0f} s for its kernel"
 
     def finished(self) -> str | None:
         """None while it runs (or after it was reported); else one line saying how it ended."""
@@ -173,11 +188,10 @@ class KernelWarmup:
             return None
         self._reported = True
         if self.process.returncode == 0:
-            waited = ("" if (self.waited_seconds or 0.0) < 0.5 else
-                      f"; the first KDA backward waited {self.waited_seconds:.0f} s for its kernel")
-            return f"kernel warm-up process done ({time.monotonic() - self.started:.0f} s after the start{waited})"
-        return (f"the kernel warm-up process failed (exit {self.process.returncode}; see {self.log}); training "
-                "compiled its kernels itself")
+            return (f"kernel warm-up process done ({time.monotonic() - self.started:.0f} s after the "
+                    f"start{self._waited()})")
+        return (f"the kernel warm-up process failed (exit {self.process.returncode}; see {self.log}{self._waited()}); "
+                "training compiled its kernels itself")
 
     def end(self) -> str | None:
         """After the first step, whose kernels are compiled by then either way: how it ended, stopping it if it still
@@ -186,7 +200,7 @@ class KernelWarmup:
         if self.process.poll() is None:
             self.stop()
             self._reported = True
-            return "kernel warm-up process stopped: the first step compiled what it had not reached"
+            return f"kernel warm-up process stopped: the first step compiled what it had not reached{self._waited()}"
         return self.finished()
 
     def stop(self) -> None:
@@ -256,8 +270,9 @@ def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: 
     if shape.bf16:      # where the warm-up compiles fla's TileLang KDA backward (run_warmup)
         try:
             warmup.hold_first_kda_backward()
-        except Exception:   # only saves time: the first backward then compiles the kernel as before
-            pass
+        except Exception as error:  # only saves time: the first backward then compiles the kernel itself, as before
+            print(f"genolc finetune: the first KDA backward will not wait for the kernel warm-up "
+                  f"({type(error).__name__}: {error})", file=sys.stderr)
     return warmup
 
 
@@ -322,12 +337,14 @@ def _fla_kda_backward_module():
 
 
 def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: torch.device,
-                              seconds: dict[str, float | str], report: Callable[[], None]) -> threading.Thread | None:
+                              seconds: dict[str, float | str], report: Callable[[], None],
+                              started: Callable[[], None] = lambda: None) -> threading.Thread | None:
     """fla's TileLang KDA backward (fla routes it to TileLang on Hopper; 31 s to compile on an H200, where the first
     step's backward waited for it) compiled from the start instead of when a backward first reaches it. fla's own
     entry point is called, so its tiling and key are fla's; only in this thread its builder stops the call once the
     kernel is compiled (the inputs here are shapes, not data). Not in fla's public API: any failure skips it.
-    ``report()`` runs once it is compiled or failed (the trainer's first KDA backward waits for that)."""
+    ``started()`` runs as the compile begins, ``report()`` once it is compiled or failed (the trainer's first KDA
+    backward waits in between)."""
     chunk_bwd_dqkg = _fla_kda_backward_module()
     if chunk_bwd_dqkg is None:
         return None
@@ -344,9 +361,9 @@ def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: tor
     def run():
         t0 = time.monotonic()
         batch, tokens, heads, dim = micro_batch, 64, config.linear_num_heads, config.linear_head_dim
-        qk = torch.empty(batch, tokens, heads, dim, dtype=torch.bfloat16, device=device)
-        state = torch.empty(batch, 1, heads, dim, dim, dtype=torch.bfloat16, device=device)
         try:
+            qk = torch.empty(batch, tokens, heads, dim, dtype=torch.bfloat16, device=device)
+            state = torch.empty(batch, 1, heads, dim, dim, dtype=torch.bfloat16, device=device)
             chunk_bwd_dqkg.chunk_kda_bwd_wy_dqkg_fused_tilelang(
                 q=qk, k=qk, v=qk, v_new=qk, g=qk.float(), beta=qk[..., 0].float(),
                 A=torch.empty(batch, tokens, heads, 64, dtype=torch.float32, device=device), h=state, do=qk,
@@ -355,10 +372,14 @@ def _compile_fla_kda_backward(config: ModelConfig, micro_batch: int, device: tor
             seconds[FLA_KDA_BACKWARD] = round(time.monotonic() - t0, 1)
         except Exception as error:      # the step compiles it itself
             seconds[FLA_KDA_BACKWARD] = f"failed: {error!r}"
-        report()
+        else:                           # fla returned without building: nothing compiled here
+            seconds[FLA_KDA_BACKWARD] = "failed: fla's entry point returned without building the kernel"
+        finally:
+            report()
 
     chunk_bwd_dqkg._build_kda_bwd_kernel = build_then_stop
     thread = threading.Thread(target=run, daemon=True)
+    started()
     thread.start()
     return thread
 
@@ -380,9 +401,13 @@ def run_warmup(shape: WarmupShape, device: torch.device, progress: Path | None =
         if progress is not None:
             atomic_write_json(progress, dict(seconds))
 
+    def started() -> None:
+        if progress is not None:
+            atomic_write_json(progress, {FLA_KDA_STARTED: time.time()})
+
     # fla's thread first: importing fla took ~20 s while the DSA threads' TileLang lowering held the GIL, so on the
     # H200 (2026-12-02 logs) fla's compile began only as the DSA backward's ended.
-    fla = (_compile_fla_kda_backward(config, shape.micro_batch, device, seconds, report)
+    fla = (_compile_fla_kda_backward(config, shape.micro_batch, device, seconds, report, started)
            if device.type == "cuda" and shape.bf16 else None)
     if fla is None and progress is not None:
         atomic_write_json(progress, {FLA_KDA_BACKWARD: "not compiled here"})    # nothing for the trainer to wait for
@@ -431,8 +456,6 @@ def main(argv: list[str]) -> int:
     atomic_write_json(marker, {"shape": dataclasses.asdict(shape), "seconds": seconds,
                                "total_seconds": round(time.monotonic() - t0, 1)})
     spec_path.unlink(missing_ok=True)
-    if progress is not None:
-        progress.unlink(missing_ok=True)
     return 0
 
 

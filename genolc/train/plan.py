@@ -32,7 +32,11 @@ On CUDA the model runs the fast kernels (``fast_kernels=True``, bf16 autocast), 
 mixers; ``act(layer)`` is then (bytes per token, ``a`` = 2; measured the same way on CPU with the fast autograd
 Functions around stand-in kernels: tests/train/test_train_plan.py)::
 
-    2 x mHC           4 n d + a 3 n d + 4 d + 8 sinkhorn_iters n (n + 1)      (n = hc_mult; its norm input is fp32)
+    2 x mHC           4 n d + a 3 n d + 4 d + 8 sinkhorn_iters n (n + 1)      (n = hc_mult; its norm input is fp32;
+                                                                         the last term is what autograd of the Sinkhorn
+                                                                         formula keeps, measured on CPU: on CUDA the
+                                                                         fused op keeps 4 n^2, so this over-counts
+                                                                         3.1 KB a token there, not yet refitted)
     2 x RMSNorm       8 d  each                                                (fp32 input and normalised value)
     KDA token mixer   a (6 d + 11 W + 2 Dk) + 16 W        six bf16 casts of the input, conv in/out, q k v and the raw
                                                           gate, the gated norm's four fp32 [T, W] values

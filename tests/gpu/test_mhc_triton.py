@@ -30,7 +30,8 @@ def _streams(rows: int, cols: int, dtype: torch.dtype) -> tuple[torch.Tensor, to
 
 
 def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual.double() - expected.double()).norm() / expected.double().norm())
+    actual, expected = actual.detach().double(), expected.detach().double()
+    return float((actual - expected).norm() / expected.norm())
 
 
 @pytest.mark.parametrize("rows, cols, dtype, tf32", [
@@ -175,10 +176,17 @@ def test_comb_kernels_match_fp64_autograd(rows, n, iterations):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_hyper_connection_comb_on_cuda_matches_the_reference(compiled):
+def test_hyper_connection_comb_on_cuda_matches_the_reference(compiled, monkeypatch):
     """A `small` hyper-connection on CUDA under bf16 autocast, its mixing matrix from the fused op (the default on
-    CUDA), eagerly and compiled, against the same module with the reference formula."""
+    CUDA; both kernels must run), eagerly and compiled, against the same module with the reference formula."""
     from genolc.model import build_model, preset
+    from genolc.model.ops.mhc import comb_triton
+
+    calls = []
+    for name in ("comb_weights", "comb_weights_backward"):
+        kernel = getattr(comb_triton, name)
+        monkeypatch.setattr(comb_triton, name, lambda *args, kernel=kernel, name=name, **kwargs:
+                            calls.append(name) or kernel(*args, **kwargs))
 
     torch.manual_seed(0)
     connection = build_model(preset("small"), device="cuda").layers[0].attn_hc
@@ -194,6 +202,7 @@ def test_hyper_connection_comb_on_cuda_matches_the_reference(compiled):
     reference_comb, reference_grads = run(lambda s: _with_reference_comb(connection, s))
     forward = torch.compile(connection.forward, dynamic=False) if compiled else connection.forward
     comb, grads = run(forward)
+    assert set(calls) == {"comb_weights", "comb_weights_backward"}
     assert _relative(comb, reference_comb) < 1e-5
     for mine, theirs in zip(grads, reference_grads):
         assert _relative(mine, theirs) < 1e-4

@@ -1,6 +1,7 @@
 """mHC's custom ops (genolc/model/ops/mhc/op.py) on CPU: the mixing logits, whose forward there is the reference
 formula, so these tests check the op's hand-written backward; and the mixing matrix (softmax and Sinkhorn), whose
-CPU forward and backward are the reference and autograd of it, so these tests check what it saves. Both: their
+CPU forward is the reference and whose backward is the reference's written-out backward, which these tests check
+against autograd of the reference, beside what the op saves. Both: their
 registration (fake shapes, autograd) and their use inside the hyper-connection under torch.compile. The CUDA kernels
 themselves: tests/gpu/test_mhc_triton.py and, on CPU under Triton's interpreter,
 tests/gpu/triton_interpreter_check.py."""

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from genolc.model import build_model, preset, resize_vocab
 from genolc.model.layers.mhc import HyperConnection, merge_streams
-from genolc.model.ops.mhc.reference import sinkhorn
 from genolc.model.layers.moe import MoE, balance_loss, clamped_swiglu
+from genolc.model.ops.mhc.reference import sinkhorn
 
 from glm5_reference import small_config
 

@@ -323,28 +323,39 @@ def _sleeper() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
 
 
-def test_wait_for_ends_when_the_part_is_reported_the_process_ends_or_time_is_up(tmp_path):
+def _write(path: Path, entries: dict) -> None:
+    path.write_text(json.dumps(entries))
+
+
+def test_the_wait_lasts_while_the_warmups_compile_runs(tmp_path, monkeypatch):
+    """No wait before the warm-up has begun compiling fla's kernel or once it has reported it; a wait while it
+    compiles, ended by its report, by the end of the process, or ``FLA_KDA_COMPILE_SECONDS`` after it began."""
     import threading
     import time
 
+    progress = tmp_path / "progress.json"
     running = _sleeper()
     try:
-        warmup = kernel_warmup.KernelWarmup(running, tmp_path / "log", 0.0, tmp_path / "progress.json")
-        assert warmup.wait_for(kernel_warmup.FLA_KDA_BACKWARD, 0.3) >= 0.3          # nothing reported: the timeout
-        threading.Timer(0.4, lambda: (tmp_path / "progress.json").write_text(
-            json.dumps({kernel_warmup.FLA_KDA_BACKWARD: 31.0}))).start()
-        waited = warmup.wait_for(kernel_warmup.FLA_KDA_BACKWARD, 30.0)
-        assert 0.35 < waited < 5.0 and warmup.reported(kernel_warmup.FLA_KDA_BACKWARD)
+        warmup = kernel_warmup.KernelWarmup(running, tmp_path / "log", 0.0, progress)
+        assert warmup.wait_for_fla_kda_backward() < 0.2                 # no progress file yet: not compiling
+        _write(progress, {kernel_warmup.FLA_KDA_STARTED: time.time()})
+        threading.Timer(0.4, _write, (progress, {kernel_warmup.FLA_KDA_BACKWARD: 31.0})).start()
+        assert 0.35 < warmup.wait_for_fla_kda_backward() < 5.0         # until the report
+        assert warmup.wait_for_fla_kda_backward() < 0.2                 # reported: no wait
+        monkeypatch.setattr(kernel_warmup, "FLA_KDA_COMPILE_SECONDS", 0.5)
+        _write(progress, {kernel_warmup.FLA_KDA_STARTED: time.time() - 0.2})
+        assert 0.2 < warmup.wait_for_fla_kda_backward() < 2.0          # a compile that overruns: 0.5 s after start
     finally:
         running.kill()
         running.wait()
-    ended = kernel_warmup.KernelWarmup(running, tmp_path / "log", 0.0, tmp_path / "missing.json")
-    assert ended.wait_for(kernel_warmup.FLA_KDA_BACKWARD, 30.0) < 1.0           # a warm-up that is gone: no wait
+    _write(progress, {kernel_warmup.FLA_KDA_STARTED: time.time()})
+    assert warmup.wait_for_fla_kda_backward() < 0.2                     # a warm-up that is gone: no wait
 
 
 def test_the_trainers_first_kda_backward_build_waits_for_the_warmups_compile(tmp_path, monkeypatch):
     """The trainer's first call of fla's TileLang KDA backward builder blocks until the warm-up process reports the
-    kernel (then the builder finds it in TileLang's cache); later calls do not wait; end() puts fla's builder back."""
+    kernel (then the builder finds it in TileLang's cache); later calls do not wait; end() puts fla's builder back,
+    says how long the backward waited and removes the progress file."""
     import threading
     import time
     from types import SimpleNamespace
@@ -355,19 +366,21 @@ def test_the_trainers_first_kda_backward_build_waits_for_the_warmups_compile(tmp
     monkeypatch.setattr(kernel_warmup, "_fla_kda_backward_module", lambda: module)
     running = _sleeper()
     progress = tmp_path / "progress.json"
+    _write(progress, {kernel_warmup.FLA_KDA_STARTED: time.time()})
     warmup = kernel_warmup.KernelWarmup(running, tmp_path / "log", time.monotonic(), progress)
     try:
         assert warmup.hold_first_kda_backward()
-        threading.Timer(0.5, lambda: progress.write_text(json.dumps({kernel_warmup.FLA_KDA_BACKWARD: 30.0}))).start()
+        threading.Timer(0.8, _write, (progress, {kernel_warmup.FLA_KDA_BACKWARD: 30.0})).start()
         t0 = time.monotonic()
         assert module._build_kda_bwd_kernel(1, 2) == "kernel"
-        assert time.monotonic() - t0 >= 0.45 and built == [(1, 2)]
+        assert time.monotonic() - t0 >= 0.75 and built == [(1, 2)]
         t0 = time.monotonic()
         assert module._build_kda_bwd_kernel(3) == "kernel" and time.monotonic() - t0 < 0.2
-        assert 0.45 <= warmup.waited_seconds < 5.0
+        assert 0.75 <= warmup.waited_seconds < 5.0
     finally:
-        warmup.end()
+        said = warmup.end()
     assert module._build_kda_bwd_kernel is original and running.poll() is not None
+    assert said.endswith("the first KDA backward waited 1 s for its kernel") and not progress.exists()
 
 
 def test_no_hold_where_fla_runs_no_tilelang_backward(tmp_path, monkeypatch):
@@ -390,11 +403,17 @@ def test_the_warmup_reports_fla_s_kernel_in_its_progress_file(tmp_path, monkeypa
     monkeypatch.setattr(kernel_warmup, "_fla_kda_backward_module", lambda: module)
     progress = tmp_path / "progress.json"
     seconds = {}
+    began = []
     thread = kernel_warmup._compile_fla_kda_backward(
         warmup_model_config(preset("tiny")), 1, torch.device("cpu"), seconds,
-        lambda: progress.write_text(json.dumps(seconds)))
+        lambda: progress.write_text(json.dumps(seconds)), lambda: began.append(True))
     thread.join(30)
+    assert began == [True]
     assert isinstance(json.loads(progress.read_text())[kernel_warmup.FLA_KDA_BACKWARD], float)
+    module.chunk_kda_bwd_wy_dqkg_fused_tilelang = lambda **kwargs: None        # returns without building
+    kernel_warmup._compile_fla_kda_backward(warmup_model_config(preset("tiny")), 1, torch.device("cpu"), seconds,
+                                            lambda: progress.write_text(json.dumps(seconds))).join(30)
+    assert json.loads(progress.read_text())[kernel_warmup.FLA_KDA_BACKWARD].startswith("failed")
     progress.unlink()
     run_warmup(shape(), torch.device("cpu"), progress)
     assert json.loads(progress.read_text()) == {kernel_warmup.FLA_KDA_BACKWARD: "not compiled here"}

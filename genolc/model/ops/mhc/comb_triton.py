@@ -15,7 +15,7 @@ tensors (N padded to a power of two, the padding held at zero), through the soft
                y = x / (s + eps), s = sum of x along the axis  =>  dx = (dy - sum(dy * y)) / (s + eps)
                and through the softmax: dlogits = p * (dp - sum(dp * p)).
 
-Sums run over 4 values in fp32 in a fixed order, so results are the same on every call. Runs on CUDA, or on CPU
+Sums run over N values in fp32 in a fixed order, so results are the same on every call. Runs on CUDA, or on CPU
 tensors under ``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py). The kernels are in comb_kernels.py,
 imported (with Triton) at the first call.
 """
@@ -28,7 +28,8 @@ import torch
 
 BLOCK = 64
 MAX_STREAMS = 8
-# Tokens per backward launch: bounds the scratch buffer (2.5 KiB a token at N = 4, I = 20: 160 MiB).
+# Tokens per backward launch: bounds the scratch buffer, 2 I - 1 padded matrices of fp32 a token (2,496 bytes at
+# N = 4 and I = 20: 156 MiB; N = 5-8 pads to 8, four times that).
 BACKWARD_ROWS = 65536
 
 
@@ -65,10 +66,14 @@ def _padded(n: int) -> int:
 def comb_weights(logits: torch.Tensor, iterations: int, eps: float, *, out: torch.Tensor | None = None
                  ) -> torch.Tensor:
     """``sinkhorn(softmax(logits) + eps, iterations, eps)`` of fp32 ``logits [..., N, N]`` (a new contiguous
-    tensor, or ``out``)."""
+    tensor, or ``out``: contiguous, of the logits' shape and dtype)."""
     _check(logits, iterations)
     logits = logits.contiguous()
     n = logits.shape[-1]
+    if out is not None and (out.shape != logits.shape or out.dtype != logits.dtype or not out.is_contiguous()
+                            or out.device != logits.device):
+        raise ValueError(f"out must be a contiguous {logits.dtype} tensor of shape {tuple(logits.shape)} on "
+                         f"{logits.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
     out = torch.empty_like(logits) if out is None else out
     rows = logits.numel() // (n * n)
     if rows:

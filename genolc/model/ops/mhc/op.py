@@ -1,14 +1,9 @@
-"""mHC's mixing logits as custom ops with their backward written out: ``genolc::mhc_mixing_logits`` and
-``genolc::mhc_mixing_logits_backward``; and its mixing matrix from its logits (softmax and Sinkhorn),
-``genolc::mhc_comb_weights`` and ``genolc::mhc_comb_weights_backward`` (comb_triton.py on CUDA; on CPU the
-reference and its written-out backward), which save only the logits for the backward.
+"""mHC's two custom-op pairs with their backward written out.
 
-On CUDA both run the fused kernels of ``triton.py`` (one pass over the streams each way, the RMS norm folded out of
-the product); elsewhere the same formulas in torch, so that the CPU tests check the backward against autograd of
-the reference. To torch.compile the ops are opaque (their kernels are not traced) and the backward is an op of its
-own, so that the compiled backward graph can call it.
-
-With ``r = rsqrt(mean(x^2) + eps)`` per token, ``logits = r * (x @ W^T)`` and ``g = dL/dlogits``:
+The mixing logits, ``genolc::mhc_mixing_logits`` and ``genolc::mhc_mixing_logits_backward``: on CUDA the fused
+kernels of ``triton.py`` (one pass over the streams each way, the RMS norm folded out of the product); elsewhere the
+same formulas in torch, so that the CPU tests check the backward against autograd of the reference. With
+``r = rsqrt(mean(x^2) + eps)`` per token, ``logits = r * (x @ W^T)`` and ``g = dL/dlogits``:
 
     dW = (r g)^T x
     dx = r (g W) - (r^2 / K) * sum_j(g_j logits_j) * x
@@ -16,6 +11,14 @@ With ``r = rsqrt(mean(x^2) + eps)`` per token, ``logits = r * (x @ W^T)`` and ``
 The forward also returns ``r`` (``[M]`` fp32), so that the backward reads the streams once. Saved for the backward:
 ``x`` (which the hyper-connection keeps alive anyway), the weight, the ``[M, W]`` logits and ``r``; the path before
 these ops kept a normed bf16 copy of the streams as well.
+
+The mixing matrix from its logits (softmax and Sinkhorn), ``genolc::mhc_comb_weights`` and
+``genolc::mhc_comb_weights_backward``: on CUDA the kernels of ``comb_triton.py``; elsewhere the reference and its
+written-out backward (``reference.comb_weights_backward``, which the CPU tests check against autograd). Saved for the
+backward: the logits only.
+
+To torch.compile the ops are opaque (their kernels are not traced) and each backward is an op of its own, so that
+the compiled backward graph can call it.
 """
 
 from __future__ import annotations
