@@ -8,12 +8,12 @@ model of the run's shapes (one KDA layer, one DSA layer, the run's MLP kinds), c
 and fla's TileLang KDA backward in threads of their own (nvcc runs outside the GIL) and runs one chunked step on one
 micro-batch of random tokens, so the kernels land in Triton's and TileLang's disk caches while the trainer traces,
 compiles its glue and runs its forward; the trainer then loads them instead of compiling. It shares nothing with the
-trainer but those caches and a progress file: its random numbers, memory and failures are its own (a failed warm-up leaves the trainer
-compiling as it would have, and its log says why). A kernel the trainer reaches first is compiled by both (the
-caches' writes are atomic), except fla's TileLang KDA backward, the longest (31-33 s): the trainer's first build of
-it waits while the warm-up's progress file says the warm-up is compiling it (up to ``FLA_KDA_COMPILE_SECONDS`` after
-that compile began; :meth:`KernelWarmup.hold_first_kda_backward`). After the first step the trainer stops a warm-up
-that still runs: what it had not reached, that step compiled itself.
+trainer but those caches and a progress file: its random numbers, memory and failures are its own (a failed warm-up
+leaves the trainer compiling as it would have, and its log says why). A kernel the trainer reaches first is compiled
+by both (the caches' writes are atomic), except fla's TileLang KDA backward, the longest (31-33 s): the trainer's
+first build of it waits while the warm-up's progress file says the warm-up is compiling it (up to
+``FLA_KDA_COMPILE_SECONDS`` after that compile began; :meth:`KernelWarmup.hold_first_kda_backward`). After the first
+step the trainer stops a warm-up that still runs: what it had not reached, that step compiled itself.
 
 Only on CUDA, in a single process (under ``torchrun`` each rank compiles its own), once per shape on a machine: a
 finished warm-up leaves a marker under the user's cache directory (``genolc/kernel-warmup/``) and later runs of that
