@@ -4,13 +4,13 @@
 
 One chunked forward+backward (genolc.train.chunked, bf16 autocast, fast kernels; the indexer KL and the MoE balance
 loss off, as `genolc finetune` runs by default, or on with ``--indexer sparse --moe-balance 0.01``) per entry of
-``--chunks``, timed wall to wall after a warm-up step at
-``--warmup-seq`` that compiles the kernels; optionally one step at ``--memory-chunk`` with the CUDA allocator's
-history recorded (the peak and what was alive then, by the genolc source line that allocated it); then one step at
-``--profile-chunk`` under torch.profiler, whose table
-(top ops by device time, and the forward time of each layer class, fill and backward passes together) goes into
-the result. Results (JSON with command, git SHA, device) are written to $OUT (or benchmarks/results/) after every
-phase, so a run stopped at its time limit keeps what it measured.
+``--chunks``, timed wall to wall after a warm-up step at ``--warmup-seq`` that compiles the kernels (each timed row
+also gives AdamW's state, which ``finetune`` adds to the peak, and genolc/train/plan.py's estimate for the step);
+optionally one step at ``--memory-chunk`` with the CUDA allocator's history recorded (the peak and what was alive
+then, by the genolc source line that allocated it); then one step at ``--profile-chunk`` under torch.profiler, whose
+table (top ops by device time, and the forward time of each layer class, fill and backward passes together) goes
+into the result. Results (JSON with command, git SHA, device) are written to $OUT (or benchmarks/results/) after
+every phase, so a run stopped at its time limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_bench_common import git_sha  # noqa: E402
 
-from genolc.model import build_model, preset  # noqa: E402
+from genolc.model import build_model, parameter_counts, preset  # noqa: E402
 from genolc.train.apply import apply_compile, apply_recompute, apply_stream_dtype  # noqa: E402
 from genolc.train.chunked import chunked_forward_backward  # noqa: E402
 from genolc.train.loss import LossTerms  # noqa: E402
+from genolc.train.plan import estimate_chunked_memory  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
 
 PROFILED_CLASSES = ("KimiDeltaAttention", "DSAAttention", "DSAIndexer", "MoE", "HyperConnection", "DecoderLayer")
@@ -77,6 +78,15 @@ def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_b
     return {"seq": format_length(length), "chunk": format_length(chunk), "seconds": round(seconds, 2),
             "tokens_per_s": round(length / seconds, 1), "lm": float(result.lm),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)}
+
+
+def plan_columns(config, length: int, chunk: int, recompute: bool) -> dict:
+    """Beside a timed step's peak: AdamW's state, which ``finetune`` holds and this script does not (8 bytes a
+    parameter), their sum, and what genolc/train/plan.py estimates for that step (margin included), so that each run
+    measures the plan against the code it runs."""
+    adamw = 8 * parameter_counts(config).total / 2 ** 30
+    plan = estimate_chunked_memory(config, seq_len=length, chunk=chunk, recompute=recompute, fast_kernels=True)
+    return {"adamw_state_gib": round(adamw, 2), "plan_gib": round(plan.gib(), 2)}
 
 
 def peak_allocations(snapshot: dict, top: int) -> dict:
@@ -262,7 +272,8 @@ def main() -> None:
     save({"phase": "warm-up (compiles)", **warmup})
     for chunk in chunks:
         try:
-            save({"phase": "timed", **timed_step(model, seq, chunk, **loss)})
+            save({"phase": "timed", **timed_step(model, seq, chunk, **loss),
+                  **plan_columns(model.config, seq, chunk, args.recompute)})
             continue
         except torch.OutOfMemoryError as error:
             # A chunk length tried for its memory: record that it does not fit and go on to the next phases.
