@@ -18,15 +18,15 @@ after building or loading it and before creating the optimizer. Order, and why:
    it builds): shards the sequence dimension across ranks; it goes last because it changes the shapes every
    earlier transform sees only at run time, not their placement.
 
-Beside them, independent of the order: the residual streams' dtype (:func:`apply_stream_dtype`,
-``--stream-dtype``), which casts the embedding's output and sets attributes of the merges and norms (no method is
-replaced), so that every stream pass after it reads and writes bf16.
+Beside them, before compile: the residual streams' dtype (:func:`apply_stream_dtype`, ``--stream-dtype``), which
+casts the embedding's output and gives the merges and the stream norms subclasses that keep the streams' dtype, so
+that every stream pass after it reads and writes bf16.
 
 The chunk-recurrent step (genolc/train/chunked.py) is not a transform: it is a step strategy
 (genolc/train/strategy.py) that drives the model's chunk interface, and composes with 1 (recompute inside a chunk).
 
-Transforms patch module instances, never module classes or parameter names, so checkpoints saved after a transform
-load into a plain model and vice versa.
+Transforms patch module instances (a method, or the instance's class for a subclass that adds no state), never
+module classes or parameter names, so checkpoints saved after a transform load into a plain model and vice versa.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ from torch.utils.checkpoint import checkpoint
 from genolc.errors import InputError
 from genolc.fsutil import genolc_cache_dir
 from genolc.model.cache import LayerCache
+from genolc.model.layers.mhc import HyperConnection, merge_streams
+from genolc.model.layers.norm import RMSNorm
 from genolc.train.config import TrainConfig
 
 _RECOMPUTE_FLAG = "_genolc_recompute"
@@ -111,11 +113,11 @@ def _compiled_methods() -> dict[type, tuple[str, ...]]:
     # Per-token modules: many small memory-bound kernels each when eager (the H200 profile of issue 14: mHC's 4 x 4
     # products as CUTLASS GEMMs, fp32 element-wise kernels, norms), a few fused ones compiled.
     from genolc.model.layers.kda import KimiDeltaAttention
-    from genolc.model.layers.mhc import HyperConnection
-    from genolc.model.layers.norm import GatedRMSNorm, RMSNorm
+    from genolc.model.layers.norm import GatedRMSNorm
 
     return {HyperConnection: ("forward", "merge"), RMSNorm: ("forward",), GatedRMSNorm: ("forward",),
-            KimiDeltaAttention: ("short_conv",)}
+            KimiDeltaAttention: ("short_conv",), Fp32MergeHyperConnection: ("forward", "merge"),
+            StreamRMSNorm: ("forward",)}
 
 
 _COMPILE_FLAG = "_genolc_compiled"
@@ -172,29 +174,46 @@ def _cast_output(dtype: torch.dtype, module: nn.Module, inputs: Any, output: tor
     return output.to(dtype)
 
 
+class Fp32MergeHyperConnection(HyperConnection):
+    """A hyper-connection over bf16 streams whose merge adds its terms in fp32 and rounds to the streams' dtype once
+    (set by :func:`apply_stream_dtype`; no state of its own)."""
+
+    def merge(self, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+              streams: torch.Tensor) -> torch.Tensor:
+        return merge_streams(block_out, post, comb, streams, compute_dtype=torch.float32)
+
+
+class StreamRMSNorm(RMSNorm):
+    """A norm that reads the residual streams and hands its block their dtype (bf16) rather than its fp32 weight's,
+    which autocast's matmuls would round to bf16 anyway (set by :func:`apply_stream_dtype`; no state of its own)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return RMSNorm.forward(self, x).to(x.dtype)
+
+
 def apply_stream_dtype(model: nn.Module, dtype: torch.dtype) -> torch.dtype:
     """Carry mHC's residual streams in ``dtype`` (bf16 under autocast; the trainer refuses it without).
 
     The streams start as copies of the embedding (genolc.model.layers.mhc.expand_streams) and keep its dtype: fp32
     under fp32 master weights, so each layer's mixing, block input and merge move fp32 ``[T, hc_mult, d]``
     tensors. Here the embedding's output is cast to ``dtype`` (a forward hook on the ``embed_tokens`` instance);
-    every HyperConnection then merges in fp32 and rounds once (``merge_dtype``), and the norms that read the
-    streams (each decoder layer's two and the final one) return the streams' dtype (``keep_input_dtype``), so a
-    token mixer or the experts get a bf16 input instead of casting an fp32 one at every projection. Other norms
-    (DSA's latent norms) are left as they are."""
-    from genolc.model.layers.mhc import HyperConnection
-    from genolc.model.layers.norm import RMSNorm
-
+    every HyperConnection becomes a :class:`Fp32MergeHyperConnection`, and the norms that read the streams (each
+    decoder layer's two and the final one) :class:`StreamRMSNorm`, so a token mixer or the experts get a bf16
+    input instead of casting an fp32 one at every projection. Other norms (DSA's latent norms) are left as they
+    are. Instances change class, not parameters: apply it before :func:`apply_compile`, which compiles each class's
+    methods."""
+    if any(getattr(module, _COMPILE_FLAG, False) for module in model.modules()):
+        raise ValueError("apply_stream_dtype must come before apply_compile: the compiled methods are the classes'")
     model.get_submodule("embed_tokens").register_forward_hook(functools.partial(_cast_output, dtype))
     for module in model.modules():
-        if isinstance(module, HyperConnection):
-            module.merge_dtype = torch.float32
+        if type(module) is HyperConnection:
+            module.__class__ = Fp32MergeHyperConnection
     stream_norms = [model.get_submodule("norm")]
     for layer in decoder_layers(model):
         stream_norms += [layer.input_layernorm, layer.post_attention_layernorm]
     for norm in stream_norms:
-        if isinstance(norm, RMSNorm):
-            norm.keep_input_dtype = True
+        if type(norm) is RMSNorm:
+            norm.__class__ = StreamRMSNorm
     return dtype
 
 

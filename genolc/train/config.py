@@ -141,10 +141,6 @@ class TrainConfig:
         if self.stream_dtype not in STREAM_DTYPES:
             raise ConfigError(f"unknown --stream-dtype {self.stream_dtype!r}", where="--stream-dtype",
                               fix=f"choose one of {', '.join(STREAM_DTYPES)}")
-        if self.stream_dtype == "bfloat16" and self.dtype == "float32":
-            raise ConfigError("--stream-dtype bfloat16 needs bf16 autocast, but --dtype is float32",
-                              where="--stream-dtype",
-                              fix="use --dtype auto (on CUDA) or bfloat16, or --stream-dtype auto or float32")
         stages = list(self.seq_warmup)
         if stages:
             if self.seq_warmup_steps <= 0:

@@ -43,9 +43,6 @@ class HyperConnection(nn.Module):
         nn.init.normal_(self.fn, std=0.02)
         self.mixing_op = mhc_mixing_logits
         self.comb_op = mhc_comb_weights
-        # None: merge in the streams' dtype (as transformers does); float32 for bf16 streams under autocast
-        # (genolc.train.apply.apply_stream_dtype), which then round once.
-        self.merge_dtype: torch.dtype | None = None
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if streams.dim() != 4 or streams.shape[2] != self.n_streams:
@@ -68,7 +65,7 @@ class HyperConnection(nn.Module):
               streams: torch.Tensor) -> torch.Tensor:
         """The block's output back into the streams (:func:`merge_streams`); a method so that transforms
         (genolc/train/apply.py) can replace it on an instance, as they do ``forward``."""
-        return merge_streams(block_out, post, comb, streams, compute_dtype=self.merge_dtype)
+        return merge_streams(block_out, post, comb, streams)
 
 
 def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,

@@ -14,10 +14,6 @@ from torch import nn
 class RMSNorm(nn.Module):
     """RMSNorm over the last dim of ``[..., D]`` with a learned per-channel weight."""
 
-    # True: the output in x's dtype even under fp32 weights (set on the norms of bf16 residual streams by
-    # genolc.train.apply.apply_stream_dtype, so the block gets the bf16 input autocast's matmuls round to anyway).
-    keep_input_dtype = False
-
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
@@ -26,8 +22,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * normed.to(x.dtype)
-        return out.to(x.dtype) if self.keep_input_dtype else out
+        return self.weight * normed.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
