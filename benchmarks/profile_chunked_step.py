@@ -4,7 +4,8 @@
 
 One chunked forward+backward (genolc.train.chunked, bf16 autocast, fast kernels; the indexer KL and the MoE balance
 loss off, as `genolc finetune` runs by default, or on with ``--indexer sparse --moe-balance 0.01``) per entry of
-``--chunks``, timed wall to wall after a warm-up step at ``--warmup-seq`` that compiles the kernels (each timed row
+``--chunks`` (or per ``--rows`` pair of window and chunk: ``--rows 512k:16k,1M:32k --profile-chunk ''`` measures
+the peaks that genolc/train/plan.py is fitted to, in one process), timed wall to wall after a warm-up step at ``--warmup-seq`` that compiles the kernels (each timed row
 also gives AdamW's state, which ``finetune`` adds to the peak, and genolc/train/plan.py's estimate for the step);
 optionally one step at ``--memory-chunk`` with the CUDA allocator's history recorded (the peak and what was alive
 then, by the genolc source line that allocated it); then one step at ``--profile-chunk`` under torch.profiler, whose
@@ -213,6 +214,8 @@ def main() -> None:
     parser.add_argument("--model", default="base")
     parser.add_argument("--seq", default="256k")
     parser.add_argument("--chunks", default="8k,32k", help="one timed step per chunk length")
+    parser.add_argument("--rows", default="", help="timed steps as SEQ:CHUNK pairs (e.g. 512k:16k,1M:32k) instead of "
+                        "--seq with each of --chunks: the peaks a refit of genolc/train/plan.py needs, one process")
     parser.add_argument("--profile-chunk", default="8k", help="chunk length of the profiled step ('' for none)")
     parser.add_argument("--profile-seq", default="", help="window of the profiled step (default: --seq)")
     parser.add_argument("--warmup-seq", default="32k")
@@ -235,6 +238,15 @@ def main() -> None:
     parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
                         "recorded: what was alive at its peak, by allocating source line ('' for none)")
     args = parser.parse_args()
+    seq = parse_length(args.seq)
+    chunks = [parse_length(c) for c in args.chunks.split(",") if c]
+    rows = [(seq, chunk) for chunk in chunks]
+    if args.rows:
+        pairs = [pair.split(":") for pair in args.rows.split(",") if pair]
+        if not pairs or any(len(pair) != 2 for pair in pairs):
+            parser.error(f"--rows takes SEQ:CHUNK pairs separated by commas, got {args.rows!r}")
+        rows = [(parse_length(length), parse_length(chunk)) for length, chunk in pairs]
+        chunks = [chunk for _, chunk in rows]
     if args.memory_chunk and args.compile and args.recompute and _torch_at_least(2, 11):
         # Seen on the H200 2026-12-02: the recorded step died with "SystemError: <built-in method apply of
         # FunctionMeta object> returned NULL without setting an exception", a regression in torch 2.11.
@@ -247,7 +259,9 @@ def main() -> None:
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
               "recompute": args.recompute, "compile": args.compile, "init": args.init, "indexer": args.indexer,
               "moe_balance": args.moe_balance, "stream_dtype": args.stream_dtype, "steps": []}
-    path = out_dir / (f"profile_chunked_{args.model}_{args.seq}{'_compiled' if args.compile else ''}"
+    stem = (f"peaks_{args.model}{'_recompute' if args.recompute else ''}" if args.rows
+            else f"profile_chunked_{args.model}_{args.seq}")
+    path = out_dir / (f"{stem}{'_compiled' if args.compile else ''}"
                       f"{'_cpu_init' if args.init == 'cpu' else ''}"
                       f"{'_fp32_streams' if args.stream_dtype == 'float32' else ''}.json")
 
@@ -265,15 +279,13 @@ def main() -> None:
         apply_stream_dtype(model, torch.bfloat16)
     if args.compile:
         apply_compile(model)
-    seq = parse_length(args.seq)
-    chunks = [parse_length(c) for c in args.chunks.split(",") if c]
     loss = dict(indexer=None if args.indexer == "off" else args.indexer, moe_balance=args.moe_balance)
     warmup = timed_step(model, parse_length(args.warmup_seq), min(chunks or [8192]), **loss)
     save({"phase": "warm-up (compiles)", **warmup})
-    for chunk in chunks:
+    for length, chunk in rows:
         try:
-            save({"phase": "timed", **timed_step(model, seq, chunk, **loss),
-                  **plan_columns(model.config, seq, chunk, args.recompute)})
+            save({"phase": "timed", **timed_step(model, length, chunk, **loss),
+                  **plan_columns(model.config, length, chunk, args.recompute)})
             continue
         except torch.OutOfMemoryError as error:
             # A chunk length tried for its memory: record that it does not fit and go on to the next phases.
@@ -281,7 +293,8 @@ def main() -> None:
         # Outside the handler, whose traceback holds the failed step's tensors.
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
-        save({"phase": "timed", "seq": format_length(seq), "chunk": format_length(chunk), "out_of_memory": failure})
+        save({"phase": "timed", "seq": format_length(length), "chunk": format_length(chunk),
+              "out_of_memory": failure})
     if args.memory_chunk:
         save({"phase": "memory", **_memory_step(model, seq, parse_length(args.memory_chunk), args.top, **loss)})
     if args.profile_chunk:
