@@ -4,9 +4,10 @@
 
 One chunked forward+backward (genolc.train.chunked, bf16 autocast, fast kernels; the indexer KL and the MoE balance
 loss off, as `genolc finetune` runs by default, or on with ``--indexer sparse --moe-balance 0.01``) per entry of
-``--chunks`` (or per ``--rows`` pair of window and chunk: ``--rows 512k:16k,1M:32k --profile-chunk ''`` measures
-the peaks that genolc/train/plan.py is fitted to, in one process), timed wall to wall after a warm-up step at ``--warmup-seq`` that compiles the kernels (each timed row
-also gives AdamW's state, which ``finetune`` adds to the peak, and genolc/train/plan.py's estimate for the step);
+``--chunks`` (or per ``--rows`` pair of window and chunk: ``--rows 512k:16k,1M:32k --profile-chunk ''``
+measures the peaks that genolc/train/plan.py is fitted to, in one process), timed wall to wall after a warm-up
+step at ``--warmup-seq`` that compiles the kernels (each timed row also gives AdamW's state, which ``finetune`` adds
+to the peak, and genolc/train/plan.py's estimate for the step);
 optionally one step at ``--memory-chunk`` with the CUDA allocator's history recorded (the peak and what was alive
 then, by the genolc source line that allocated it); then one step at ``--profile-chunk`` under torch.profiler, whose
 table (top ops by device time, and the forward time of each layer class, fill and backward passes together) goes
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_bench_common import git_sha  # noqa: E402
 
+from genolc.errors import ConfigError  # noqa: E402
 from genolc.model import build_model, parameter_counts, preset  # noqa: E402
 from genolc.train.apply import apply_compile, apply_recompute, apply_stream_dtype  # noqa: E402
 from genolc.train.chunked import chunked_forward_backward  # noqa: E402
@@ -238,15 +240,18 @@ def main() -> None:
     parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
                         "recorded: what was alive at its peak, by allocating source line ('' for none)")
     args = parser.parse_args()
-    seq = parse_length(args.seq)
-    chunks = [parse_length(c) for c in args.chunks.split(",") if c]
-    rows = [(seq, chunk) for chunk in chunks]
-    if args.rows:
-        pairs = [pair.split(":") for pair in args.rows.split(",") if pair]
-        if not pairs or any(len(pair) != 2 for pair in pairs):
-            parser.error(f"--rows takes SEQ:CHUNK pairs separated by commas, got {args.rows!r}")
-        rows = [(parse_length(length), parse_length(chunk)) for length, chunk in pairs]
-        chunks = [chunk for _, chunk in rows]
+    try:
+        seq = parse_length(args.seq)
+        chunks = [parse_length(c) for c in args.chunks.split(",") if c]
+        rows = [(seq, chunk) for chunk in chunks]
+        if args.rows:
+            pairs = [pair.split(":") for pair in args.rows.split(",") if pair]
+            if not pairs or any(len(pair) != 2 for pair in pairs):
+                parser.error(f"--rows takes SEQ:CHUNK pairs separated by commas, got {args.rows!r}")
+            rows = [(parse_length(length), parse_length(chunk)) for length, chunk in pairs]
+            chunks = [chunk for _, chunk in rows]
+    except ConfigError as error:
+        parser.error(f"a length in --seq, --chunks or --rows: {error.message}")
     if args.memory_chunk and args.compile and args.recompute and _torch_at_least(2, 11):
         # Seen on the H200 2026-12-02: the recorded step died with "SystemError: <built-in method apply of
         # FunctionMeta object> returned NULL without setting an exception", a regression in torch 2.11.

@@ -10,6 +10,8 @@
 # folders a run_finetune_curve.sh run with GPU_EMPTY_CACHES=1 and the same GPU_CACHES_FROM left) instead of the
 # carried ones.
 set -uo pipefail
+usage="usage: bash benchmarks/run_plan_peaks.sh MODEL[+recompute][+eager]=SEQ:CHUNK,... ..."
+[ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 source benchmarks/gpu_env.sh
 gpu_env_setup || exit 1
 if [ -n "${GPU_CACHES_FROM:-}" ]; then
@@ -18,6 +20,7 @@ if [ -n "${GPU_CACHES_FROM:-}" ]; then
 fi
 status=0
 for spec in "$@"; do
+  [[ $spec == *=* ]] || { echo "$spec: not MODEL[+recompute][+eager]=SEQ:CHUNK,..." >&2; status=2; continue; }
   name=${spec%%=*} rows=${spec#*=}
   model=${name%%+*}
   flags=()
