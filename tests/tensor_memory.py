@@ -3,6 +3,7 @@ is freed (tests/train/test_chunked_memory.py, tests/parallel/test_context_parall
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -65,6 +66,59 @@ def use_fast_kernel_stand_ins(model) -> None:
             module.kda_op = kda_op
         if isinstance(module, DSAAttention):
             module.sparse_attention_op = sparse_op
+
+
+def use_cuda_mhc_ops(model) -> None:
+    """Run ``model``'s hyper-connections through the custom ops CUDA dispatches to (genolc.model.ops.mhc.op: the fused
+    mixing logits and comb weights, whose autograd saves what the CUDA kernels' does) on their CPU paths."""
+    from genolc.model.layers.mhc import HyperConnection
+    from genolc.model.ops.mhc import op as mhc_op
+
+    for module in model.modules():
+        if isinstance(module, HyperConnection):
+            module.mixing_op = mhc_op.mixing_logits
+            module.comb_op = mhc_op.comb_weights_op
+
+
+class _GroupedMatmul(torch.autograd.Function):
+    """``torch._grouped_mm`` for 2-D ``a`` and 3-D ``b`` with saved values as on CUDA, whose derivative keeps its two
+    inputs (the CPU fallback keeps per-group slices and products besides)."""
+
+    @staticmethod
+    def forward(ctx, a, b, offs):
+        ctx.save_for_backward(a, b, offs)
+        return _grouped_products(a, b, offs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b, offs = ctx.saved_tensors
+        grad_a, grad_b = torch.zeros_like(a), torch.zeros_like(b)
+        start = 0
+        for group, end in enumerate(offs.tolist()):
+            grad_a[start:end] = grad[start:end] @ b[group].transpose(0, 1)
+            grad_b[group] = a[start:end].transpose(0, 1) @ grad[start:end]
+            start = end
+        return grad_a, grad_b, None
+
+
+def _grouped_products(a, b, offs):
+    out = a.new_empty(a.shape[0], b.shape[-1])
+    start = 0
+    for group, end in enumerate(offs.tolist()):
+        out[start:end] = a[start:end] @ b[group]
+        start = end
+    return out
+
+
+@contextlib.contextmanager
+def grouped_mm_saving_as_on_cuda():
+    """``torch._grouped_mm`` replaced by :class:`_GroupedMatmul` while the block runs."""
+    original = torch._grouped_mm
+    torch._grouped_mm = lambda a, b, offs=None, **unused: _GroupedMatmul.apply(a, b, offs)
+    try:
+        yield
+    finally:
+        torch._grouped_mm = original
 
 
 def saved_bytes_per_module(model, modules, run, bf16: bool = False) -> list[int]:

@@ -109,13 +109,14 @@ def warmup_bytes(shape: WarmupShape) -> int:
     from genolc.train.plan import estimate_chunked_memory, estimate_memory
 
     config = warmup_model_config(ModelConfig.from_hf(shape.model))
+    fp32_streams = shape.bf16 and shape.stream_dtype == "float32"
     if shape.chunk is None:
         plan = estimate_memory(config, seq_len=shape.seq_len, windows=shape.micro_batch, bf16=shape.bf16,
-                               recompute=shape.recompute, fast_kernels=True)
+                               recompute=shape.recompute, fast_kernels=True, fp32_streams=fp32_streams)
     else:
         plan = estimate_chunked_memory(config, seq_len=min(shape.seq_len, 2 * shape.chunk), chunk=shape.chunk,
                                        windows=shape.micro_batch, bf16=shape.bf16, recompute=shape.recompute,
-                                       fast_kernels=True)
+                                       fast_kernels=True, fp32_streams=fp32_streams)
     return plan.total - plan.optimizer + PROCESS_OVERHEAD_BYTES      # it steps no optimizer
 
 

@@ -347,7 +347,7 @@ class _Trainer:
                     chunk=cfg.chunk, recompute=self.recompute, bf16=self.bf16,
                     fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
                     where=f"--seq {format_length(shape.seq_len)} on {self.device}",
-                    auto_recompute=self.device.type == "cuda")
+                    auto_recompute=self.device.type == "cuda", fp32_streams=self._fp32_streams())
             else:
                 strategy = self._context_parallel_strategy(shape, multiple)
             if strategy.recompute and not self.recompute:
@@ -392,7 +392,7 @@ class _Trainer:
             windows=shape.windows, chunk=cfg.chunk, recompute=self.recompute, bf16=self.bf16,
             fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
             where=f"--seq {format_length(shape.seq_len)} over --cp {cp} on {self.device}",
-            auto_recompute=self.device.type == "cuda")
+            auto_recompute=self.device.type == "cuda", fp32_streams=self._fp32_streams())
 
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.config
@@ -531,6 +531,10 @@ class _Trainer:
     def _device_bytes(self) -> int:
         return device_budget_bytes(self.device)
 
+    def _fp32_streams(self) -> bool:
+        """Whether the plan counts fp32 residual streams under bf16 autocast (``--stream-dtype float32``)."""
+        return self.bf16 and self.stream_dtype == "float32"
+
     def _oom(self, step: int) -> Exception:
         cfg = self.config
         shape = step_shape(step, cfg)
@@ -546,12 +550,13 @@ class _Trainer:
             return context_parallel_oom_error(self.model.config, seq_len=shape.seq_len, cp=self.mesh.cp_size,
                                               chunk=chunk, windows=shape.windows, recompute=self.recompute,
                                               bf16=self.bf16, fast_kernels=fast, budget_bytes=self._device_bytes(),
-                                              where=where, chunk_multiple=multiple * pieces if multiple > 1 else 1)
+                                              where=where, chunk_multiple=multiple * pieces if multiple > 1 else 1,
+                                              fp32_streams=self._fp32_streams())
         return oom_error(self.model.config, seq_len=shape.seq_len, micro_batch=cfg.micro_batch,
                          grad_accum=cfg.grad_accum, recompute=self.recompute, bf16=self.bf16,
                          budget_bytes=self._device_bytes(), where=where, fast_kernels=fast, chunk=chunk,
                          chunk_multiple=multiple, keep_selections=bool(strategy and strategy.keep_selections),
-                         whole_only=cfg.chunk == 0)
+                         whole_only=cfg.chunk == 0, fp32_streams=self._fp32_streams())
 
     def run(self) -> Path:
         cfg = self.config

@@ -28,32 +28,44 @@ Checked on an H200 (small preset, bf16 autocast, one 4k/16k window, reference op
 estimated against 43.2 GiB measured peak at 4k, and 167 GiB at 16k, which indeed ran out of the 140 GiB device; with
 recompute 10.6 against 10.4 GiB at 4k and 24.8 against 25.6 GiB at 16k.
 
-On CUDA the model runs the fast kernels (``fast_kernels=True``, bf16 autocast), which save far less in the token
-mixers; ``act(layer)`` is then (bytes per token, ``a`` = 2; measured the same way on CPU with the fast autograd
-Functions around stand-in kernels: tests/train/test_train_plan.py)::
+On CUDA the model runs the fast kernels (``fast_kernels=True``, bf16 autocast) and mHC's fused ops, which save far
+less; ``act(layer)`` is then (bytes per token, ``a`` = 2, ``s`` the residual streams' bytes: 2 for bf16 streams, the
+default under autocast, 4 with ``--stream-dtype float32``; ``x`` the copies of the block's input its projections
+save: with bf16 streams the norm hands them one bf16 input, x = 1 (MoE: n_shared + 1); with fp32 streams each
+casts the fp32 norm output on its own, x = 6 in KDA, 2 in DSA and the dense MLP, 2 (n_shared + 1) in MoE)::
 
-    2 x mHC           4 n d + a 3 n d + 4 d + 8 sinkhorn_iters n (n + 1)      (n = hc_mult; its norm input is fp32;
-                                                                         the last term is what autograd of the Sinkhorn
-                                                                         formula keeps, measured on CPU: on CUDA the
-                                                                         fused op keeps 4 n^2, so this over-counts
-                                                                         3.1 KB a token there, not yet refitted)
-    2 x RMSNorm       8 d  each                                                (fp32 input and normalised value)
-    KDA token mixer   a (6 d + 11 W + 2 Dk) + 16 W        six bf16 casts of the input, conv in/out, q k v and the raw
-                                                          gate, the gated norm's four fp32 [T, W] values
-    DSA token mixer   4 W_idx + a (2 H R + 3 d + H d_qk + r_q + r_kv) + 6 (r_q + r_kv) + 4 H
-                                                          int32 rows, q_lat and o_lat (R = kv_lora_rank), lse
-    dense MLP         a (6 I + d)
-    MoE               a (n_shared (6 I_moe + d) + 2 d + 2 E + 2 k)            routed experts checkpointed per chunk
+    2 x mHC           s n d + 8 n^2 + 20 n + 4     the streams, the fused mixing op's fp32 logits, rstd and weights
+    2 x RMSNorm       (4 + s) d + 4                input, fp32 normalised value, rstd
+    2 x stream merge  (s + 2) d + 8 n (n + 1)      both merges together: the block output, post and comb
+    KDA token mixer   a (x d + 16 W + 2 Dk + 3 H)  input, conv in/out, q k v, the raw gate and the gated norm's
+                                                   values (W = H Dk)
+    DSA token mixer   a (x d + 2 H R + H (d_qk + d_v) + r_q + r_kv) + 6 (r_q + r_kv) + 4 H + 8 + 4 W_idx
+                                                   q_lat and o_lat (R = kv_lora_rank), lse, int32 rows
+    dense MLP         a (x d + 6 I)
+    MoE               a (x d + 6 n_shared I_moe + E) + 12 k + 4    shared expert, router, routing weights
+      routed experts  k (a (2 d + 3 I_moe) + 8)    grouped GEMM inputs, the SwiGLU's gate/up, the combine's rows and
+                                                   slot positions: saved when a forward has at most 64k tokens (one
+                                                   expert chunk); longer ones checkpoint them per 64k tokens, one
+                                                   chunk of one layer recomputed at a time in backward
 
-On the GPU the activations get one more ``max act(layer)`` per token: what a fused kernel's backward holds beside
-its saved values (the gradients of all of them at once, KDA's segment state, DSA's fp32 latent gradient). That term
-and the bf16 weight copies (2 P) are fitted to the whole model's steady-state peaks on the H200 (the second step's,
-with AdamW's state allocated; a first step's peak lacks those 8 P): `small` 512k-4M in 32k chunks 80.5-119.4 GiB
-and `base` 512k-2M in 32k chunks with recompute 66.0-94.2 GiB, which the terms above without them under-estimated by
-6.4-8.5 and 11.4-12.5 GiB before the margin (benchmarks/results/long_context_2026-11-30.json, first steps, and
-context_parallel_2026-12-01_base.json, whose one-GPU run measured `base` at 1M in its second step: 75.4 GiB, the
-first step's 61.1 plus AdamW's 14.3). With them the plan is 8-11 % above each of those peaks. All were chunked
-steps: a whole window with recompute has not been measured against these terms.
+measured on CPU as the growth between two lengths of what autograd saves, with the fast ops' autograd Functions
+around stand-in kernels, the mHC ops on their CPU paths and a grouped GEMM that saves its two inputs, as CUDA's
+derivative does: exact with bf16 streams and within 2.5 % with fp32 ones for `tiny` and `tiny` with other widths,
+stream counts, heads and experts (tests/train/test_train_plan.py), and exact for three layers of `small`'s
+dimensions (79,036 / 71,360 / 104,576 bytes a token in a KDA+MoE, DSA+MoE and KDA+dense layer, routed experts
+checkpointed). The table of 2026-11-30, from before the fused mHC ops and the bf16 streams, counted 177-200 KB for
+those layers and left the routed experts out.
+
+Against the steady-state peaks of chunked steps on the H200 (the second step's, or a bare step's plus AdamW's 8 P;
+compiled, bf16 streams, the pools kept): `small` 512k in 32k and 64k chunks and 1M in 64k, 45.2-83.1 GiB; `base`
+512k in 16k and 32k chunks and 1M and 2M in 16k, 81.2-120.7 GiB (benchmarks/results/plan_peaks_2026-12-03/,
+chunk_length_bf16_streams_2026-12-02/, finetune_512k_2026-12-02_s18/), these terms with the bf16 weight copies (2 P)
+are 4-9 % above each peak before the margin, 15-19 % with it (not yet attributed: no eager run was measured, and
+the compiled norms and hyper-connections probably keep less than eager autograd). With per-layer recompute a
+recomputed layer's fused kernels hold the gradients of all it saved beside them: one more ``max act(layer)`` per
+token, as fitted on 2026-11-30 to `base` at 512k-2M in 32k chunks with recompute, whose kernels and streams have
+changed since. A recomputed step has not been measured against this table, nor a context-parallel one (the
+2026-12-01 runs on two H200s used fp32 streams and the unfused mHC ops, which kept more).
 
 The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk's activations (the table above for
 ``chunk`` tokens, with or without recompute) plus, for the whole window of ``T`` tokens and ``B`` windows::
@@ -101,6 +113,7 @@ from dataclasses import dataclass
 
 from genolc.errors import ConfigError, GenolcError
 from genolc.model import ModelConfig, parameter_counts
+from genolc.model.ops.moe.grouped_mm import DEFAULT_CHUNK_TOKENS as EXPERT_CHUNK_TOKENS
 from genolc.train.flops import PEAK_BF16_FLOPS, token_flops
 from genolc.units import format_length
 
@@ -153,27 +166,50 @@ class MemoryPlan:
         return getattr(self, field) / GIB
 
 
-def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: bool = True) -> list[int]:
-    """Bytes saved for backward per token on the fast-kernel path, one entry per decoder layer (module docstring)."""
+def routed_expert_bytes_per_token(config: ModelConfig, bf16: bool = True) -> int:
+    """Bytes per token one MoE layer's routed experts save for backward on the fast path when they run whole (module
+    docstring): the grouped GEMMs' inputs, the gate/up output the SwiGLU keeps and the rows the combine keeps."""
+    a = 2 if bf16 else 4
+    c = config
+    return c.num_experts_per_tok * (a * (2 * c.hidden_size + 3 * c.moe_intermediate_size) + 8)
+
+
+def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: bool = True,
+                                     fp32_streams: bool = False, windows: int = 1) -> list[int]:
+    """Bytes saved for backward per token on the fast-kernel path, one entry per decoder layer (module docstring);
+    ``fp32_streams``: mHC's residual streams kept in fp32 under bf16 autocast (``--stream-dtype float32``). The
+    routed experts save theirs when the forward's ``windows * seq_len`` tokens are at most one expert chunk
+    (``EXPERT_CHUNK_TOKENS``); longer forwards checkpoint them per chunk (:func:`estimate_memory` counts one chunk's
+    recompute)."""
     c = config
     d, n = c.hidden_size, c.hc_mult
     a = 2 if bf16 else 4
-    hyper = 4 * n * d + a * 3 * n * d + 4 * d + 8 * c.hc_sinkhorn_iters * n * (n + 1)
+    s = 4 if fp32_streams or not bf16 else 2
+    # fp32 streams reach the token mixer and the feed-forward as an fp32 norm output, which every projection casts
+    # to bf16 and saves on its own; bf16 streams hand them one bf16 input that all of them share.
+    own_casts = s > a
+    hyper = s * n * d + 8 * n * n + 20 * n + 4
+    norm = (4 + s) * d + 4
+    merges = (s + 2) * d + 8 * n * (n + 1)
+    routed = routed_expert_bytes_per_token(c, bf16) if windows * seq_len <= EXPERT_CHUNK_TOKENS else 0
     per_layer = []
     for attn, mlp in zip(c.layer_types, c.mlp_layer_types):
-        layer_bytes = 2 * hyper + 2 * 8 * d
+        layer_bytes = 2 * hyper + 2 * norm + merges
         if mlp == "dense":
-            layer_bytes += a * (6 * c.intermediate_size + d)
+            layer_bytes += a * ((2 if own_casts else 1) * d + 6 * c.intermediate_size)
         else:
-            layer_bytes += a * (c.n_shared_experts * (6 * c.moe_intermediate_size + d) + 2 * d
-                                + 2 * c.n_routed_experts + 2 * c.num_experts_per_tok)
+            layer_bytes += (a * ((2 if own_casts else 1) * (c.n_shared_experts + 1) * d
+                                 + 6 * c.n_shared_experts * c.moe_intermediate_size + c.n_routed_experts)
+                            + 12 * c.num_experts_per_tok + 4 + routed)
         if attn == "linear_attention":
             width = c.linear_num_heads * c.linear_head_dim
-            layer_bytes += a * (6 * d + 11 * width + 2 * c.linear_head_dim) + 16 * width
+            layer_bytes += a * ((6 if own_casts else 1) * d + 16 * width + 2 * c.linear_head_dim
+                                + 3 * c.linear_num_heads)
         else:
             heads = c.num_attention_heads
-            layer_bytes += (a * (2 * heads * c.kv_lora_rank + 3 * d + heads * c.qk_head_dim + c.q_lora_rank
-                                 + c.kv_lora_rank) + 6 * (c.q_lora_rank + c.kv_lora_rank) + 4 * heads)
+            layer_bytes += (a * ((2 if own_casts else 1) * d + 2 * heads * c.kv_lora_rank
+                                 + heads * (c.qk_head_dim + c.v_head_dim) + c.q_lora_rank + c.kv_lora_rank)
+                            + 6 * (c.q_lora_rank + c.kv_lora_rank) + 4 * heads + 8)
             if seq_len > c.index_topk:
                 layer_bytes += 4 * c.index_width
         per_layer.append(layer_bytes)
@@ -215,21 +251,27 @@ def recompute_checkpoint_bytes_per_token(config: ModelConfig, layers: int, bf16:
 
 
 def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16: bool = True,
-                    recompute: bool = False, fast_kernels: bool = False) -> MemoryPlan:
+                    recompute: bool = False, fast_kernels: bool = False, fp32_streams: bool = False) -> MemoryPlan:
     """Peak training memory for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
     ``fast_kernels``: the CUDA path's activation table instead of the reference path's."""
     a = 2 if bf16 else 4
     params = parameter_counts(config).total
     tokens = windows * seq_len
-    table = fast_activation_bytes_per_token if fast_kernels else activation_bytes_per_token
-    per_layer = table(config, seq_len, bf16)
+    per_layer = (fast_activation_bytes_per_token(config, seq_len, bf16, fp32_streams, windows) if fast_kernels
+                 else activation_bytes_per_token(config, seq_len, bf16))
     if recompute:
-        saved = recompute_checkpoint_bytes_per_token(config, config.num_hidden_layers, bf16) + max(per_layer)
+        streams_bf16 = bf16 and not fp32_streams
+        saved = recompute_checkpoint_bytes_per_token(config, config.num_hidden_layers, streams_bf16) + max(per_layer)
     else:
         saved = sum(per_layer)
-    # On the GPU a fused kernel's backward holds the gradients of all it saved, and its workspace, beside them: about
-    # one more layer's activations (fitted to the H200's steady-state peaks: module notes).
-    activations = tokens * (saved + (max(per_layer) if fast_kernels else 0))
+    activations = tokens * saved
+    if fast_kernels and recompute:
+        # A recomputed layer's fused kernels hold the gradients of all it saved, and their workspaces, beside them:
+        # about one more layer's activations (fitted to the H200's recomputed steps: module notes).
+        activations += tokens * max(per_layer)
+    if fast_kernels and tokens > EXPERT_CHUNK_TOKENS and "sparse" in config.mlp_layer_types:
+        # The routed experts run checkpointed per expert chunk: one chunk's saved values at a time in backward.
+        activations += EXPERT_CHUNK_TOKENS * routed_expert_bytes_per_token(config, bf16)
     logits = tokens * config.vocab_size * (a + 8)
     weights, grads, optim = (6 if bf16 else 4) * params, 4 * params, 8 * params
     total = int((weights + grads + optim + activations + logits) * PLAN_MARGIN)
@@ -260,13 +302,13 @@ def chunked_cache_bytes(config: ModelConfig, *, seq_len: int, chunk: int, window
 
 
 def estimate_chunked_memory(config: ModelConfig, *, seq_len: int, chunk: int, windows: int = 1, bf16: bool = True,
-                            recompute: bool = False, fast_kernels: bool = False,
+                            recompute: bool = False, fast_kernels: bool = False, fp32_streams: bool = False,
                             keep_selections: bool = True) -> MemoryPlan:
     """Peak memory of the chunk-recurrent step (genolc.train.chunked): one chunk's activations as for a window of
     ``chunk`` tokens, plus :func:`chunked_cache_bytes` for the window (counted with the activations)."""
     chunk = min(chunk, seq_len)
     one_chunk = estimate_memory(config, seq_len=chunk, windows=windows, bf16=bf16, recompute=recompute,
-                                fast_kernels=fast_kernels)
+                                fast_kernels=fast_kernels, fp32_streams=fp32_streams)
     return with_more_activations(one_chunk, chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows,
                                                                 keep_selections=keep_selections))
 
@@ -285,15 +327,16 @@ def with_more_activations(plan: MemoryPlan, extra: int) -> MemoryPlan:
 
 
 def largest_fitting_chunk(config: ModelConfig, *, seq_len: int, windows: int, bf16: bool, recompute: bool,
-                          budget_bytes: int, fast_kernels: bool, multiple: int = 1, smallest: int = 1024,
-                          keep_selections: bool = True) -> int | None:
+                          budget_bytes: int, fast_kernels: bool, fp32_streams: bool = False, multiple: int = 1,
+                          smallest: int = 1024, keep_selections: bool = True) -> int | None:
     """The longest chunk (``seq_len`` halved until it is a multiple of ``multiple``, down to ``smallest``) whose
     chunked step is estimated to fit ``budget_bytes``, or None."""
     chunk = seq_len // 2
     while chunk >= min(smallest, seq_len):
         if chunk % multiple == 0 and estimate_chunked_memory(
                 config, seq_len=seq_len, chunk=chunk, windows=windows, bf16=bf16, recompute=recompute,
-                fast_kernels=fast_kernels, keep_selections=keep_selections).total <= budget_bytes:
+                fast_kernels=fast_kernels, fp32_streams=fp32_streams,
+                keep_selections=keep_selections).total <= budget_bytes:
             return chunk
         chunk //= 2
     return None
@@ -314,18 +357,19 @@ def estimate_step_seconds(config: ModelConfig, *, seq_len: int, tokens_per_step:
     return matmul / (peak_flops * mfu) + indexer
 
 
-def _fast_unrecomputed(config: ModelConfig, seq_len: int, chunk: int, bf16: bool, budget_bytes: int) -> int:
+def _fast_unrecomputed(config: ModelConfig, seq_len: int, chunk: int, bf16: bool, budget_bytes: int,
+                       fp32_streams: bool = False) -> int:
     """The shortest chunk worth running without recompute rather than ``FAST_CHUNK`` chunks with it, as the step
     strategy (genolc/train/strategy.py) judges ``chunk``: ``FAST_UNRECOMPUTED_CHUNK`` where the first pass's pools
     can be kept at that chunk (what was measured), else ``FAST_CHUNK``."""
     kept = estimate_chunked_memory(config, seq_len=seq_len, chunk=chunk, bf16=bf16, fast_kernels=True,
-                                   keep_selections=True).total
+                                   fp32_streams=fp32_streams, keep_selections=True).total
     return FAST_UNRECOMPUTED_CHUNK if kept <= budget_bytes else FAST_CHUNK
 
 
 def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool,
-                   bf16: bool, budget_bytes: int, fast_kernels: bool = False, chunk: int | None = None,
-                   chunk_multiple: int = 1, whole_only: bool = False) -> str | None:
+                   bf16: bool, budget_bytes: int, fast_kernels: bool = False, fp32_streams: bool = False,
+                   chunk: int | None = None, chunk_multiple: int = 1, whole_only: bool = False) -> str | None:
     """The first change that brings the estimate under ``budget_bytes``, as command-line options, or None.
 
     Tried in order of how little they change the run: fewer windows per micro-batch with more accumulation (same
@@ -341,10 +385,11 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
     def fits(seq: int, windows: int, rc: bool) -> bool:
         if chunk is not None and chunk < seq:
             plan = estimate_chunked_memory(config, seq_len=seq, chunk=chunk, windows=windows, bf16=bf16,
-                                           recompute=rc, fast_kernels=fast_kernels, keep_selections=False)
+                                           recompute=rc, fast_kernels=fast_kernels, fp32_streams=fp32_streams,
+                                           keep_selections=False)
         else:
             plan = estimate_memory(config, seq_len=seq, windows=windows, bf16=bf16, recompute=rc,
-                                   fast_kernels=fast_kernels)
+                                   fast_kernels=fast_kernels, fp32_streams=fp32_streams)
         return plan.total <= budget_bytes
 
     for windows in range(micro_batch - 1, 0, -1):
@@ -356,12 +401,14 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
     for rc in ((recompute,) if recompute else (False, True)):
         chosen = largest_fitting_chunk(config, seq_len=seq_len, windows=1, bf16=bf16, recompute=rc,
                                        budget_bytes=budget_bytes, fast_kernels=fast_kernels,
-                                       multiple=chunk_multiple, smallest=chunk_multiple, keep_selections=False)
+                                       fp32_streams=fp32_streams, multiple=chunk_multiple, smallest=chunk_multiple,
+                                       keep_selections=False)
         if (fast_kernels and not rc and not recompute and chosen is not None
-                and chosen < _fast_unrecomputed(config, seq_len, chosen, bf16, budget_bytes)
+                and chosen < _fast_unrecomputed(config, seq_len, chosen, bf16, budget_bytes, fp32_streams)
                 and (chunk is None or FAST_CHUNK < chunk) and FAST_CHUNK < seq_len
                 and estimate_chunked_memory(config, seq_len=seq_len, chunk=FAST_CHUNK, bf16=bf16, recompute=True,
-                                            fast_kernels=True, keep_selections=False).total <= budget_bytes):
+                                            fast_kernels=True, fp32_streams=fp32_streams,
+                                            keep_selections=False).total <= budget_bytes):
             return f"--chunk {format_length(FAST_CHUNK)} --recompute" + batch
         if chosen is not None and (chunk is None or chosen < chunk):
             return f"--chunk {format_length(chosen)}" + (" --recompute" if rc and not recompute else "") + batch
@@ -369,8 +416,8 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
     def fits_in_chunks(seq: int) -> bool:
         return chunk is None and not whole_only and largest_fitting_chunk(
             config, seq_len=seq, windows=1, bf16=bf16, recompute=True, budget_bytes=budget_bytes,
-            fast_kernels=fast_kernels, multiple=chunk_multiple, smallest=chunk_multiple,
-            keep_selections=False) is not None
+            fast_kernels=fast_kernels, fp32_streams=fp32_streams, multiple=chunk_multiple,
+            smallest=chunk_multiple, keep_selections=False) is not None
 
     seq = seq_len // 2
     while seq >= 1:
@@ -381,8 +428,8 @@ def fitting_option(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_
 
 
 def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum: int, recompute: bool, bf16: bool,
-              budget_bytes: int, where: str, fast_kernels: bool = False, chunk: int | None = None,
-              chunk_multiple: int = 1, keep_selections: bool = False, whole_only: bool = False
+              budget_bytes: int, where: str, fast_kernels: bool = False, fp32_streams: bool = False,
+              chunk: int | None = None, chunk_multiple: int = 1, keep_selections: bool = False, whole_only: bool = False
               ) -> OutOfMemoryPlanError:
     """The error for a run that does not fit (refused up front, or a device out-of-memory): the estimate, the
     device size, and an option that would fit (:func:`fitting_option`; when that is a shorter window, also the
@@ -391,16 +438,17 @@ def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum
     up front is planned without them, the least a chunked step needs. ``whole_only``: as fitting_option's."""
     if chunk is not None and chunk < seq_len:
         plan = estimate_chunked_memory(config, seq_len=seq_len, chunk=chunk, windows=micro_batch, bf16=bf16,
-                                       recompute=recompute, fast_kernels=fast_kernels,
+                                       recompute=recompute, fast_kernels=fast_kernels, fp32_streams=fp32_streams,
                                        keep_selections=keep_selections)
         setting = f"--seq {format_length(seq_len)} --chunk {format_length(chunk)}"
     else:
         plan = estimate_memory(config, seq_len=seq_len, windows=micro_batch, bf16=bf16, recompute=recompute,
-                               fast_kernels=fast_kernels)
+                               fast_kernels=fast_kernels, fp32_streams=fp32_streams)
         setting = f"--seq {format_length(seq_len)}"
     option = fitting_option(config, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum,
                             recompute=recompute, bf16=bf16, budget_bytes=budget_bytes, fast_kernels=fast_kernels,
-                            chunk=chunk, chunk_multiple=chunk_multiple, whole_only=whole_only)
+                            fp32_streams=fp32_streams, chunk=chunk, chunk_multiple=chunk_multiple,
+                            whole_only=whole_only)
     what = (f"out of device memory at {setting}: estimated {format_gib(plan.total)} GiB "
             f"(weights+grads+AdamW {format_gib(plan.weights + plan.gradients + plan.optimizer)}, activations "
             f"{format_gib(plan.activations)}, logits {format_gib(plan.logits)}) on a {format_gib(budget_bytes)} GiB "
@@ -409,7 +457,8 @@ def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum
     if option is None or option.startswith("--seq"):
         spread = fitting_context_parallel(config, seq_len=seq_len, windows=micro_batch, bf16=bf16,
                                           budget_bytes=budget_bytes, fast_kernels=fast_kernels,
-                                          chunk_multiple=chunk_multiple, whole_only=whole_only)
+                                          fp32_streams=fp32_streams, chunk_multiple=chunk_multiple,
+                                          whole_only=whole_only)
     keep = (f"keep --seq {format_length(seq_len)} and split each window over {spread[0]} GPUs with {spread[1]} "
             f"(genolc plan {spread[1]} --seq {format_length(seq_len)} checks it)") if spread else None
     if option and keep:
@@ -431,8 +480,8 @@ SMALLEST_AUTO_CHUNK = 256
 
 
 def fitting_context_parallel(config: ModelConfig, *, seq_len: int, windows: int, bf16: bool, budget_bytes: int,
-                             fast_kernels: bool, chunk_multiple: int = 1, whole_only: bool = False
-                             ) -> tuple[int, str] | None:
+                             fast_kernels: bool, fp32_streams: bool = False, chunk_multiple: int = 1,
+                             whole_only: bool = False) -> tuple[int, str] | None:
     """The fewest context-parallel ranks (a power of two, at most ``MAX_ADVISED_CP``) whose ranks are each estimated
     to fit one window of ``seq_len`` (:func:`estimate_context_parallel_memory`, the zigzag layout), with the options
     that say so: ``--cp N`` when the ranks fit it whole, ``--cp N --recompute`` when they need recompute, whole or
@@ -441,7 +490,8 @@ def fitting_context_parallel(config: ModelConfig, *, seq_len: int, windows: int,
     their share whole (``--chunk off``)."""
     cp = 2
     while cp <= min(MAX_ADVISED_CP, seq_len):
-        args = dict(seq_len=seq_len, cp=cp, windows=windows, bf16=bf16, fast_kernels=fast_kernels)
+        args = dict(seq_len=seq_len, cp=cp, windows=windows, bf16=bf16, fast_kernels=fast_kernels,
+                    fp32_streams=fp32_streams)
         multiple = chunk_multiple * 2 * cp if chunk_multiple > 1 else 1
         if estimate_context_parallel_memory(config, recompute=False, **args).total <= budget_bytes:
             return cp, f"--cp {cp}"
@@ -553,21 +603,21 @@ def context_parallel_extra_bytes(config: ModelConfig, *, span: int, cp: int, pas
 
 def estimate_context_parallel_memory(config: ModelConfig, *, seq_len: int, cp: int, chunk: int | None = None,
                                      windows: int = 1, bf16: bool = True, recompute: bool = False,
-                                     fast_kernels: bool = False) -> MemoryPlan:
+                                     fast_kernels: bool = False, fp32_streams: bool = False) -> MemoryPlan:
     """Peak memory of one rank of ``--cp cp``: the one-process estimate for its share of the window (or, with
     ``chunk`` shorter than the window, of each chunk plus the window's caches, whole on every rank) plus
     :func:`context_parallel_extra_bytes` for the span (counted with the activations)."""
     if chunk is None or chunk >= seq_len:
         span, past = seq_len, 0
         base = estimate_memory(config, seq_len=-(-seq_len // cp), windows=windows, bf16=bf16, recompute=recompute,
-                               fast_kernels=fast_kernels)
+                               fast_kernels=fast_kernels, fp32_streams=fp32_streams)
         caches = 0
     else:
         # The last chunk is the largest: it reads the rows of all the window before it.
         span = chunk
         past = (seq_len - 1) // chunk * chunk
         base = estimate_memory(config, seq_len=-(-chunk // cp), windows=windows, bf16=bf16, recompute=recompute,
-                               fast_kernels=fast_kernels)
+                               fast_kernels=fast_kernels, fp32_streams=fp32_streams)
         # The chunk caches hold the whole window on every rank, with one KDA state per chunk (not per rank's share).
         caches = chunked_cache_bytes(config, seq_len=seq_len, chunk=chunk, windows=windows, keep_selections=False)
     extra = context_parallel_extra_bytes(config, span=span, cp=cp, past=past, windows=windows, bf16=bf16,
@@ -576,7 +626,8 @@ def estimate_context_parallel_memory(config: ModelConfig, *, seq_len: int, cp: i
 
 
 def largest_fitting_context_parallel_chunk(config: ModelConfig, *, seq_len: int, cp: int, windows: int, bf16: bool,
-                                           recompute: bool, budget_bytes: int, fast_kernels: bool, multiple: int = 1,
+                                           recompute: bool, budget_bytes: int, fast_kernels: bool,
+                                           fp32_streams: bool = False, multiple: int = 1,
                                            smallest: int = 1024) -> int | None:
     """The longest chunk (``seq_len`` halved until it is a multiple of ``multiple``, down to ``smallest``) whose
     context-parallel chunked step is estimated to fit ``budget_bytes`` on each rank, or None."""
@@ -584,7 +635,7 @@ def largest_fitting_context_parallel_chunk(config: ModelConfig, *, seq_len: int,
     while chunk >= min(smallest, seq_len):
         if chunk % multiple == 0 and estimate_context_parallel_memory(
                 config, seq_len=seq_len, cp=cp, chunk=chunk, windows=windows, bf16=bf16, recompute=recompute,
-                fast_kernels=fast_kernels).total <= budget_bytes:
+                fast_kernels=fast_kernels, fp32_streams=fp32_streams).total <= budget_bytes:
             return chunk
         chunk //= 2
     return None
@@ -592,26 +643,26 @@ def largest_fitting_context_parallel_chunk(config: ModelConfig, *, seq_len: int,
 
 def context_parallel_oom_error(config: ModelConfig, *, seq_len: int, cp: int, chunk: int | None, windows: int,
                                recompute: bool, bf16: bool, fast_kernels: bool, budget_bytes: int, where: str,
-                               chunk_multiple: int = 1) -> OutOfMemoryPlanError:
+                               chunk_multiple: int = 1, fp32_streams: bool = False) -> OutOfMemoryPlanError:
     """The error for a context-parallel run whose ranks would not fit: the per-rank estimate, the device size, and
     the first of --recompute or the longest --chunk that fits."""
     chunk = None if chunk is not None and chunk >= seq_len else chunk
     plan = estimate_context_parallel_memory(config, seq_len=seq_len, cp=cp, chunk=chunk, windows=windows, bf16=bf16,
-                                            recompute=recompute, fast_kernels=fast_kernels)
+                                            recompute=recompute, fast_kernels=fast_kernels, fp32_streams=fp32_streams)
     setting = f"--seq {format_length(seq_len)} --cp {cp}"
     if chunk is not None:
         setting += f" --chunk {format_length(chunk)}"
     option = None
     if not recompute and estimate_context_parallel_memory(
             config, seq_len=seq_len, cp=cp, chunk=chunk, windows=windows, bf16=bf16, recompute=True,
-            fast_kernels=fast_kernels).total <= budget_bytes:
+            fast_kernels=fast_kernels, fp32_streams=fp32_streams).total <= budget_bytes:
         option = "--recompute"
     for rc in ((recompute,) if recompute else (False, True)):
         if option is not None:
             break
         chosen = largest_fitting_context_parallel_chunk(
             config, seq_len=seq_len, cp=cp, windows=windows, bf16=bf16, recompute=rc, budget_bytes=budget_bytes,
-            fast_kernels=fast_kernels, multiple=chunk_multiple, smallest=chunk_multiple)
+            fast_kernels=fast_kernels, fp32_streams=fp32_streams, multiple=chunk_multiple, smallest=chunk_multiple)
         if chosen is not None and (chunk is None or chosen < chunk):
             option = f"--chunk {format_length(chosen)}" + (" --recompute" if rc and not recompute else "")
     what = (f"out of device memory at {setting}: estimated {format_gib(plan.total)} GiB per rank (weights+grads+AdamW "
@@ -626,7 +677,8 @@ def context_parallel_oom_error(config: ModelConfig, *, seq_len: int, cp: int, ch
         for rc in (False, True):
             alone = largest_fitting_chunk(config, seq_len=seq_len, windows=windows, bf16=bf16, recompute=rc,
                                           budget_bytes=budget_bytes, fast_kernels=fast_kernels,
-                                          multiple=CUDA_SEQ_MULTIPLE if fast_kernels else 1, keep_selections=False)
+                                          fp32_streams=fp32_streams, multiple=CUDA_SEQ_MULTIPLE if fast_kernels else 1,
+                                          keep_selections=False)
             if alone is not None:
                 alone = f"--cp 1 --chunk {format_length(alone)}" + (" --recompute" if rc else "")
                 break

@@ -83,7 +83,7 @@ def device_budget_bytes(device: torch.device) -> int:
 
 def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
                     recompute: bool, bf16: bool, fast_kernels: bool, budget_bytes: int, multiple: int,
-                    where: str, auto_recompute: bool = False) -> StepStrategy:
+                    where: str, auto_recompute: bool = False, fp32_streams: bool = False) -> StepStrategy:
     """The strategy for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
     ``chunk``: None (auto), 0 (whole window only) or a chunk length. ``auto_recompute``: --chunk auto may add
     per-layer recompute to run chunks of ``FAST_CHUNK`` where none of ``FAST_UNRECOMPUTED_CHUNK`` fits without it,
@@ -96,7 +96,7 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
     so."""
     options = dict(seq_len=seq_len, windows=windows, grad_accum=grad_accum, chunk=chunk, recompute=recompute,
                    bf16=bf16, fast_kernels=fast_kernels, budget_bytes=budget_bytes, multiple=multiple, where=where,
-                   auto_recompute=auto_recompute)
+                   auto_recompute=auto_recompute, fp32_streams=fp32_streams)
     try:
         kept_strategy = _choose_strategy(model_config, keep_selections=True, **options)
     except OutOfMemoryPlanError:
@@ -147,15 +147,16 @@ def _why_keeping_is_slower(config: ModelConfig, kept: StepStrategy, chosen_again
 
 def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
                      recompute: bool, bf16: bool, fast_kernels: bool, budget_bytes: int, multiple: int,
-                     where: str, auto_recompute: bool, keep_selections: bool) -> StepStrategy:
-    plan_args = dict(windows=windows, bf16=bf16, recompute=recompute, fast_kernels=fast_kernels)
+                     where: str, auto_recompute: bool, keep_selections: bool, fp32_streams: bool) -> StepStrategy:
+    plan_args = dict(windows=windows, bf16=bf16, recompute=recompute, fast_kernels=fast_kernels,
+                     fp32_streams=fp32_streams)
     chunked_args = dict(keep_selections=keep_selections)
     budget = f"{format_gib(budget_bytes)} GiB"
     whole = estimate_memory(model_config, seq_len=seq_len, **plan_args).total
     if chunk == 0 or (chunk is None and whole <= budget_bytes):
         if whole > budget_bytes:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
-                           multiple, where, whole_only=chunk == 0)
+                           multiple, where, whole_only=chunk == 0, fp32_streams=fp32_streams)
         reason = "--chunk off" if chunk == 0 else f"fits the {budget} device"
         return StepStrategy(seq_len, None, recompute, whole, reason)
     if chunk is None:
@@ -182,19 +183,19 @@ def _choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, g
                 recompute, plan_args = True, recomputed
         if chosen is None:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
-                           multiple, where)
+                           multiple, where, fp32_streams=fp32_streams)
         estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chosen, **plan_args,
                                            **chunked_args).total
         return StepStrategy(seq_len, chosen, recompute, estimate, reason)
     if chunk >= seq_len:
         if whole > budget_bytes:
             raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
-                           multiple, where)
+                           multiple, where, fp32_streams=fp32_streams)
         return StepStrategy(seq_len, None, recompute, whole, f"--chunk {format_length(chunk)} covers the window")
     estimate = estimate_chunked_memory(model_config, seq_len=seq_len, chunk=chunk, **plan_args, **chunked_args).total
     if estimate > budget_bytes and not fits_within_margin(estimate, budget_bytes):
         raise _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes,
-                       multiple, where, chunk=chunk)
+                       multiple, where, chunk=chunk, fp32_streams=fp32_streams)
     return StepStrategy(seq_len, chunk, recompute, estimate, _as_asked(estimate, budget_bytes))
 
 
@@ -229,10 +230,10 @@ def _as_asked(estimate: int, budget_bytes: int) -> str:
 
 
 def _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_kernels, budget_bytes, multiple, where,
-             chunk=None, whole_only=False):
+             chunk=None, whole_only=False, fp32_streams=False):
     return oom_error(model_config, seq_len=seq_len, micro_batch=windows, grad_accum=grad_accum, recompute=recompute,
-                     bf16=bf16, budget_bytes=budget_bytes, where=where, fast_kernels=fast_kernels, chunk=chunk,
-                     chunk_multiple=multiple, whole_only=whole_only)
+                     bf16=bf16, budget_bytes=budget_bytes, where=where, fast_kernels=fast_kernels,
+                     fp32_streams=fp32_streams, chunk=chunk, chunk_multiple=multiple, whole_only=whole_only)
 
 
 def run_micro_batch(strategy: StepStrategy, model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor,
@@ -262,7 +263,7 @@ def whole_forward_backward(model: torch.nn.Module, inputs: torch.Tensor, targets
 def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: int, pieces: int, windows: int,
                                      chunk: int | None, recompute: bool, bf16: bool, fast_kernels: bool,
                                      budget_bytes: int, multiple: int, where: str,
-                                     auto_recompute: bool = False) -> StepStrategy:
+                                     auto_recompute: bool = False, fp32_streams: bool = False) -> StepStrategy:
     """The step strategy of one rank of ``--cp cp`` (``pieces``: the layout's pieces per span), as
     :func:`choose_strategy` chooses for one process but from estimate_context_parallel_memory (genolc/train/plan.py, the
     rank's share plus what the span adds): the whole window when it fits (or ``chunk`` is 0 or covers the window), else
@@ -270,7 +271,8 @@ def choose_context_parallel_strategy(config: ModelConfig, *, seq_len: int, cp: i
     per-layer recompute where the longest chunk without it is under ``FAST_CHUNK``, the chunk counted whole, not per
     rank: the window's caches are read once per chunk on every rank). Raises OutOfMemoryPlanError when the setting is
     estimated not to fit ``budget_bytes``, ConfigError for a last chunk shorter than ``pieces``."""
-    plan_args = dict(cp=cp, windows=windows, recompute=recompute, bf16=bf16, fast_kernels=fast_kernels)
+    plan_args = dict(cp=cp, windows=windows, recompute=recompute, bf16=bf16, fast_kernels=fast_kernels,
+                     fp32_streams=fp32_streams)
     # A chunk is cut into the layout's pieces, each a multiple of the kernels' chunk.
     chunk_multiple = multiple * pieces if multiple > 1 else 1
 

@@ -138,9 +138,9 @@ def test_context_parallel_terms_match_what_each_mixer_saves_beyond_one_process(r
 
 
 def test_cp_chunk_choice_uses_the_context_parallel_estimate():
-    """`small` at 4M over 8 ranks on the H200: the one-process plan of a rank's share fits 32k tokens a rank, chunks
-    of 256k; with the span's DSA rows those need more than the device, so the longest chunk that fits is 128k (256k
-    asked for runs with a warning, inside the plan's margin; 512k is refused)."""
+    """`small` at 4M over 8 ranks on the H200: the one-process plan of a rank's share fits 64k tokens a rank, chunks
+    of 512k; with the span's DSA rows those need more than the device, so the longest chunk that fits is 256k (512k
+    asked for runs with a warning, inside the plan's margin; 1M is refused)."""
     from genolc.model import preset
     from genolc.train.plan import OutOfMemoryPlanError
     from genolc.train.strategy import choose_context_parallel_strategy
@@ -149,20 +149,20 @@ def test_cp_chunk_choice_uses_the_context_parallel_estimate():
     args = dict(windows=1, bf16=True, recompute=False, fast_kernels=True)
     per_rank = largest_fitting_chunk(config, seq_len=seq, budget_bytes=budget, multiple=128, smallest=256,
                                      keep_selections=False, **args)   # ranks keep no chosen pools
-    assert per_rank == 32 * 1024
+    assert per_rank == 64 * 1024
     assert estimate_context_parallel_memory(config, seq_len=seq, cp=cp, chunk=per_rank * cp, **args).total > budget
     strategy = choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=None,
                                                 budget_bytes=budget, multiple=64, where="test", **args)
-    assert strategy.chunk == 128 * 1024 and strategy.estimate_bytes <= budget
-    assert "chunks of 128k split over the ranks, 16k tokens each" in strategy.describe()
-    asked = choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=256 * 1024,
+    assert strategy.chunk == 256 * 1024 and strategy.estimate_bytes <= budget
+    assert "chunks of 256k split over the ranks, 32k tokens each" in strategy.describe()
+    asked = choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=512 * 1024,
                                              budget_bytes=budget, multiple=64, where="test", **args)
-    assert "estimated peak 151.3 GiB" in asked.describe() and "it may run out of memory" in asked.describe()
+    assert "estimated peak 152.8 GiB" in asked.describe() and "it may run out of memory" in asked.describe()
     with pytest.raises(OutOfMemoryPlanError) as refused:
-        choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=512 * 1024,
+        choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=1024 * 1024,
                                          budget_bytes=budget, multiple=64, where="test", **args)
-    planned = estimate_context_parallel_memory(config, seq_len=seq, cp=cp, chunk=512 * 1024, **args).gib()
-    assert f"--seq 4M --cp 8 --chunk 512k: estimated {planned:.1f} GiB per rank" in refused.value.message
+    planned = estimate_context_parallel_memory(config, seq_len=seq, cp=cp, chunk=1024 * 1024, **args).gib()
+    assert f"--seq 4M --cp 8 --chunk 1M: estimated {planned:.1f} GiB per rank" in refused.value.message
     assert "try --recompute (estimated to fit)" in refused.value.message
 
 
@@ -173,15 +173,15 @@ def test_plan_command_plans_a_context_parallel_rank():
 
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M", "--cp", "8"])
     assert result.exit_code == 0, result.output
-    assert "--seq 4M: chunked step, --chunk 128k, estimated peak 111.2 GiB (--cp 8: chunks of 128k" in result.output
-    assert "peak device memory 111.2 GiB of 139.8 on each of the 8 ranks" in result.output
+    assert "--seq 4M: chunked step, --chunk 256k, estimated peak 111.9 GiB (--cp 8: chunks of 256k" in result.output
+    assert "peak device memory 111.9 GiB of 139.8 on each of the 8 ranks" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M", "--cp", "8", "--chunk", "off"])
     assert result.exit_code == 0 and "does not fit: out of device memory at --seq 4M --cp 8:" in result.output
 
 
 def test_a_window_no_rank_split_fits_points_to_one_gpu_when_that_fits():
     """`base` at 4M over 2 H200s: every rank keeps the whole window's caches, so no chunk fits either rank, while one
-    process fits 16k chunks with recompute: the refusal says so rather than only "a larger --cp"."""
+    process fits 32k chunks with recompute: the refusal says so rather than only "a larger --cp"."""
     from click.testing import CliRunner
 
     from genolc.cli import main
@@ -189,4 +189,4 @@ def test_a_window_no_rank_split_fits_points_to_one_gpu_when_that_fits():
     result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "4M", "--cp", "2"])
     assert result.exit_code == 0 and "does not fit" in result.output, result.output
     assert "no chunk fits on this many ranks" in result.output
-    assert "one GPU per window: --cp 1 --chunk 16k --recompute is estimated to fit" in result.output
+    assert "one GPU per window: --cp 1 --chunk 32k --recompute is estimated to fit" in result.output
