@@ -83,12 +83,13 @@ def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_b
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)}
 
 
-def plan_columns(config, length: int, chunk: int, recompute: bool) -> dict:
+def plan_columns(config, length: int, chunk: int, recompute: bool, fp32_streams: bool) -> dict:
     """Beside a timed step's peak: AdamW's state, which ``finetune`` holds and this script does not (8 bytes a
     parameter), their sum, and what genolc/train/plan.py estimates for that step (margin included), so that each run
     measures the plan against the code it runs."""
     adamw = 8 * parameter_counts(config).total / 2 ** 30
-    plan = estimate_chunked_memory(config, seq_len=length, chunk=chunk, recompute=recompute, fast_kernels=True)
+    plan = estimate_chunked_memory(config, seq_len=length, chunk=chunk, recompute=recompute, fast_kernels=True,
+                                   fp32_streams=fp32_streams)
     return {"adamw_state_gib": round(adamw, 2), "plan_gib": round(plan.gib(), 2)}
 
 
@@ -290,7 +291,7 @@ def main() -> None:
     for length, chunk in rows:
         try:
             save({"phase": "timed", **timed_step(model, length, chunk, **loss),
-                  **plan_columns(model.config, length, chunk, args.recompute)})
+                  **plan_columns(model.config, length, chunk, args.recompute, args.stream_dtype == "float32")})
             continue
         except torch.OutOfMemoryError as error:
             # A chunk length tried for its memory: record that it does not fit and go on to the next phases.
