@@ -8,7 +8,8 @@ value: 2 under bf16 autocast, 4 in fp32)::
     gradients     4 P          fp32
     optimizer     8 P          AdamW exp_avg + exp_avg_sq
     activations   N * sum over layers of act(layer)                    saved for backward, reference path
-                  with recompute: N * (n_layers * hc_mult * d * a + max act(layer))
+                  with recompute: N * (n_layers * hc_mult * d * s + max act(layer))   (s: the streams' bytes;
+                  the fast path adds terms of its own, below)
     logits        N * V * (a + 8)                                      logits, fp32 copy for the loss, its gradient
     total         the sum above * 1.10                                 allocator fragmentation and workspaces
 
@@ -39,8 +40,8 @@ casts the fp32 norm output on its own, x = 6 in KDA, 2 in DSA and the dense MLP,
     2 x stream merge  (s + 2) d + 8 n (n + 1)      both merges together: the block output, post and comb
     KDA token mixer   a (x d + 16 W + 2 Dk + 3 H)  input, conv in/out, q k v, the raw gate and the gated norm's
                                                    values (W = H Dk)
-    DSA token mixer   a (x d + 2 H R + H (d_qk + d_v) + r_q + r_kv) + 6 (r_q + r_kv) + 4 H + 8 + 4 W_idx
-                                                   q_lat and o_lat (R = kv_lora_rank), lse, int32 rows
+    DSA token mixer   a (x d + 2 H R + H (d_qk + d_v) + r_q + r_kv) + 6 (r_q + r_kv) + 4 H + 8
+                      + 4 W_idx when T > index_topk   q_lat and o_lat (R = kv_lora_rank), lse, int32 rows
     dense MLP         a (x d + 6 I)
     MoE               a (x d + 6 n_shared I_moe + E) + 12 k + 4    shared expert, router, routing weights
       routed experts  k (a (2 d + 3 I_moe) + 8)    grouped GEMM inputs, the SwiGLU's gate/up, the combine's rows and
@@ -98,7 +99,7 @@ tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per laye
 each KDA one (1,687,552); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast
 1,208,316 (1,146,880) and 562,304 (573,440); the rank's peak within 3 % of the plan whole and chunked
 (tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank: `small` at
-4M over 8 ranks in 256k chunks plans 151 GiB per rank against 129 GiB for a one-process 32k chunk.
+4M over 8 ranks in 512k chunks plans 152.8 GiB per rank against 127.0 GiB for a one-process 64k chunk.
 
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
 (defaults: H200 bf16 dense 989 TFLOP/s, 30 %), the indexer's scoring at its kernel's measured rate. That assumes the
@@ -167,11 +168,20 @@ class MemoryPlan:
 
 
 def routed_expert_bytes_per_token(config: ModelConfig, bf16: bool = True) -> int:
-    """Bytes per token one MoE layer's routed experts save for backward on the fast path when they run whole (module
-    docstring): the grouped GEMMs' inputs, the gate/up output the SwiGLU keeps and the rows the combine keeps."""
-    a = 2 if bf16 else 4
+    """Bytes per token one MoE layer's routed experts save for backward on CUDA when they run whole (module
+    docstring): under bf16 autocast the grouped GEMMs' inputs, the gate/up output the SwiGLU keeps and the rows the
+    combine keeps; in fp32 (CUDA's grouped GEMM is bf16-only) the per-expert loop's values, measured on CPU."""
     c = config
-    return c.num_experts_per_tok * (a * (2 * c.hidden_size + 3 * c.moe_intermediate_size) + 8)
+    if not bf16:
+        return c.num_experts_per_tok * (10 * c.hidden_size + 24 * c.moe_intermediate_size + 64)
+    return c.num_experts_per_tok * (2 * (2 * c.hidden_size + 3 * c.moe_intermediate_size) + 8)
+
+
+def routed_experts_checkpointed(tokens: int, bf16: bool) -> bool:
+    """Whether a forward of ``tokens`` tokens runs its routed experts checkpointed per ``EXPERT_CHUNK_TOKENS``
+    (genolc.model.ops.moe.grouped_mm.grouped_experts; the fp32 per-expert loop never is). The plan drops by most of
+    the routed term just above 64k tokens, as the memory does."""
+    return bf16 and tokens > EXPERT_CHUNK_TOKENS
 
 
 def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: bool = True,
@@ -191,7 +201,7 @@ def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: boo
     hyper = s * n * d + 8 * n * n + 20 * n + 4
     norm = (4 + s) * d + 4
     merges = (s + 2) * d + 8 * n * (n + 1)
-    routed = routed_expert_bytes_per_token(c, bf16) if windows * seq_len <= EXPERT_CHUNK_TOKENS else 0
+    routed = 0 if routed_experts_checkpointed(windows * seq_len, bf16) else routed_expert_bytes_per_token(c, bf16)
     per_layer = []
     for attn, mlp in zip(c.layer_types, c.mlp_layer_types):
         layer_bytes = 2 * hyper + 2 * norm + merges
@@ -253,7 +263,8 @@ def recompute_checkpoint_bytes_per_token(config: ModelConfig, layers: int, bf16:
 def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16: bool = True,
                     recompute: bool = False, fast_kernels: bool = False, fp32_streams: bool = False) -> MemoryPlan:
     """Peak training memory for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
-    ``fast_kernels``: the CUDA path's activation table instead of the reference path's."""
+    ``fast_kernels``: the CUDA path's activation table instead of the reference path's; ``fp32_streams``: fp32
+    residual streams under bf16 autocast (``--stream-dtype float32``)."""
     a = 2 if bf16 else 4
     params = parameter_counts(config).total
     tokens = windows * seq_len
@@ -269,7 +280,7 @@ def estimate_memory(config: ModelConfig, *, seq_len: int, windows: int = 1, bf16
         # A recomputed layer's fused kernels hold the gradients of all it saved, and their workspaces, beside them:
         # about one more layer's activations (fitted to the H200's recomputed steps: module notes).
         activations += tokens * max(per_layer)
-    if fast_kernels and tokens > EXPERT_CHUNK_TOKENS and "sparse" in config.mlp_layer_types:
+    if fast_kernels and routed_experts_checkpointed(tokens, bf16) and "sparse" in config.mlp_layer_types:
         # The routed experts run checkpointed per expert chunk: one chunk's saved values at a time in backward.
         activations += EXPERT_CHUNK_TOKENS * routed_expert_bytes_per_token(config, bf16)
     logits = tokens * config.vocab_size * (a + 8)
@@ -459,8 +470,9 @@ def oom_error(config: ModelConfig, *, seq_len: int, micro_batch: int, grad_accum
                                           budget_bytes=budget_bytes, fast_kernels=fast_kernels,
                                           fp32_streams=fp32_streams, chunk_multiple=chunk_multiple,
                                           whole_only=whole_only)
+    streams = " --stream-dtype float32" if fp32_streams else ""
     keep = (f"keep --seq {format_length(seq_len)} and split each window over {spread[0]} GPUs with {spread[1]} "
-            f"(genolc plan {spread[1]} --seq {format_length(seq_len)} checks it)") if spread else None
+            f"(genolc plan {spread[1]} --seq {format_length(seq_len)}{streams} checks it)") if spread else None
     if option and keep:
         fix = f"try {option} (estimated to fit), or {keep}"
     elif option:

@@ -3,14 +3,15 @@
 Prints the step strategy (genolc/train/strategy.py) that ``--chunk`` would give on the device, the predicted peak
 device memory with its parts, the predicted peak host memory and the step time at a given model-FLOP utilisation.
 With ``--cp N`` the memory is one context-parallel rank's (genolc/train/plan.py, estimate_context_parallel_memory).
-The figures are the memory plan's (genolc/train/plan.py; within 5 % of the H200 runs of `small` at 512k-4M,
-benchmarks/results/long_context_2026-11-30.json), not measurements.
+The figures are the memory plan's (genolc/train/plan.py; 15-19 % above the steady-state peaks of `small` at 512k-1M
+and `base` at 512k-2M on the H200, margin included: benchmarks/results/plan_peaks_2026-12-03/), not measurements.
 """
 
 from __future__ import annotations
 
 import click
 
+from genolc.train.config import STREAM_DTYPES
 from genolc.train.measured import MEASURED_MFU
 from genolc.units import format_length, parse_length
 
@@ -31,13 +32,15 @@ HOST_RUNTIME_BYTES = int(2.1 * 1024**3)
               help="Per-layer activation checkpointing (inside each chunk when chunked).")
 @click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]),
               help="cuda: the fast kernels' activations and bf16; cpu: the reference path in fp32.")
+@click.option("--stream-dtype", default="auto", show_default=True, type=click.Choice(STREAM_DTYPES),
+              help="As finetune's --stream-dtype: mHC's residual streams (auto: bfloat16 on cuda, float32 on cpu).")
 @click.option("--gpu-memory", default=139.8, show_default=True, type=float,
               help="GiB the device offers (an H200: 139.8; on cpu: the host's free memory).")
 @click.option("--vocab", default=16, show_default=True, type=int, help="Vocabulary size (char tokenizer: 16).")
 @click.option("--mfu", default=MEASURED_MFU, show_default=True, type=float,
               help="Model-FLOP utilisation for the step-time estimate (default: measured on the H200).")
 def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, recompute: bool, device: str,
-                 gpu_memory: float, vocab: int, mfu: float) -> None:
+                 stream_dtype: str, gpu_memory: float, vocab: int, mfu: float) -> None:
     """Predict memory and time of `genolc finetune --model M --seq L` without running it.
 
     Example: genolc plan --model base --seq 1M --chunk 8k
@@ -54,8 +57,12 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     seq_len = parse_length(seq, what="--seq")
     config = preset(model, vocab_size=vocab)
     cuda = device == "cuda"
+    if stream_dtype == "bfloat16" and not cuda:
+        raise click.BadParameter("bfloat16 streams need bf16 autocast, which the cpu plan (fp32) does not assume; "
+                                 "use --stream-dtype auto or float32 with --device cpu", param_hint="--stream-dtype")
     common = dict(windows=micro_batch, chunk=parse_chunk(chunk), recompute=recompute, bf16=cuda, fast_kernels=cuda,
-                  budget_bytes=int(gpu_memory * GIB), multiple=CUDA_SEQ_MULTIPLE if cuda else 1)
+                  budget_bytes=int(gpu_memory * GIB), multiple=CUDA_SEQ_MULTIPLE if cuda else 1,
+                  fp32_streams=cuda and stream_dtype == "float32")
     try:
         check_window_lengths([seq_len], device, cp)
         if cp == 1:
@@ -79,7 +86,8 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards,
                                     indexer_passes=passes) / cp
     host = HOST_RUNTIME_BYTES + 4 * params.total    # the model is built in fp32 on the host before it moves
-    device_text = (f"a {gpu_memory:.1f} GiB CUDA device (bf16, fast kernels)" if cuda else
+    streams = "fp32 streams" if common["fp32_streams"] else "bf16 streams"
+    device_text = (f"a {gpu_memory:.1f} GiB CUDA device (bf16, {streams}, fast kernels)" if cuda else
                    f"the CPU with {gpu_memory:.1f} GiB (fp32, reference ops)")
     click.echo(f"planned for {device_text}; --device and --gpu-memory change that")
     click.echo(strategy.describe())

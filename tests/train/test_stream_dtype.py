@@ -166,3 +166,22 @@ def test_bf16_streams_without_autocast_are_one_error_that_leaves_no_run(tmp_path
     assert result.output.count("genolc: error:") == 1
     assert "--stream-dtype bfloat16 needs bf16 autocast, but --dtype auto trains in float32 here" in result.output
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("stream_dtype, fp32_streams", [("auto", False), ("float32", True)])
+def test_the_memory_plan_counts_the_streams_the_run_carries(tmp_path, monkeypatch, stream_dtype, fp32_streams):
+    """Under bf16 autocast `finetune` plans fp32 streams only with --stream-dtype float32 (genolc/train/plan.py)."""
+    import genolc.train.loop as loop
+
+    asked = []
+    original = loop.choose_strategy
+    monkeypatch.setattr(loop, "choose_strategy", lambda *args, **kwargs: asked.append(kwargs["fp32_streams"])
+                        or original(*args, **kwargs))
+    data = prepare(PrepareConfig(genomes=(shared_file("other/lambda_phage_NC_001416.1.fa.gz"),), out=tmp_path / "ds",
+                                 train="all", heldout=(), progress=False))
+    result = CliRunner().invoke(main, ["finetune", "--no-progress", "--data", str(data), "--seq", "64", "--model",
+                                       "tiny", "--steps", "1", "--device", "cpu", "--dtype", "bfloat16",
+                                       "--stream-dtype", stream_dtype, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert asked and set(asked) == {fp32_streams}
+

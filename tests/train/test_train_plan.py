@@ -9,10 +9,11 @@ import pytest
 
 from genolc.model.presets import parameter_counts, preset
 from genolc.units import parse_length
-from genolc.train.plan import (GIB, activation_bytes_per_token, estimate_chunked_memory,
+from genolc.train.plan import (EXPERT_CHUNK_TOKENS, GIB, activation_bytes_per_token, estimate_chunked_memory,
                                estimate_context_parallel_memory, estimate_memory, estimate_step_seconds,
                                fast_activation_bytes_per_token, fitting_context_parallel, fitting_option,
-                               largest_fitting_context_parallel_chunk, oom_error, required_seq_multiple)
+                               largest_fitting_context_parallel_chunk, oom_error, required_seq_multiple,
+                               routed_expert_bytes_per_token)
 
 
 def test_memory_components_add_up_and_scale():
@@ -128,7 +129,7 @@ def test_activation_estimate_matches_what_autograd_saves_on_the_tiny_model():
 
 def _fast_path_saved_bytes_per_token(cfg, seq: int, fp32_streams: bool) -> list[float]:
     """Bytes autograd saves per token in each decoder layer under bf16 autocast as on CUDA: the fast ops' autograd
-    Functions (SegmentedKDA, SparseLatentAttention, the checkpointed grouped experts) around CPU stand-in kernels,
+    Functions (SegmentedKDA, SparseLatentAttention, the grouped experts, whole below 64k tokens) around CPU stand-ins,
     mHC's fused-kernel ops, and bf16 residual streams unless ``fp32_streams``: what is saved depends on the Functions
     and ops, not on the kernels inside them."""
     import torch
@@ -173,9 +174,56 @@ def test_fast_path_activation_estimate_matches_what_autograd_saves(fp32_streams,
                 for a, b in zip(_fast_path_saved_bytes_per_token(cfg, short, fp32_streams),
                                 _fast_path_saved_bytes_per_token(cfg, long, fp32_streams))]
     estimated = fast_activation_bytes_per_token(cfg, long, fp32_streams=fp32_streams)
+    # Exact with bf16 streams; with fp32 ones the last layer's merge keeps less than the table's (never more).
+    low, high = (1.0, 1.03) if fp32_streams else (0.999, 1.001)
     for layer, (mine, actual) in enumerate(zip(estimated, measured)):
-        assert 0.97 < mine / actual < 1.03, (layer, mine, actual)
+        assert low <= mine / actual < high, (layer, mine, actual)
     assert sum(estimated) < sum(activation_bytes_per_token(cfg, long))
+
+
+def test_routed_experts_are_counted_whole_up_to_one_expert_chunk():
+    """grouped_experts keeps its routed experts' values for a forward of at most 64k tokens (windows x window) and
+    checkpoints them per 64k above that: the plan counts them in every MoE layer, then one chunk's recompute."""
+    cfg = preset("small")
+    routed = routed_expert_bytes_per_token(cfg)
+    two = fast_activation_bytes_per_token(cfg, 32 * 1024, windows=2)        # 64k tokens: saved
+    three = fast_activation_bytes_per_token(cfg, 32 * 1024, windows=3)      # 96k: checkpointed
+    for mlp, whole, checkpointed in zip(cfg.mlp_layer_types, two, three):
+        assert whole - checkpointed == (routed if mlp == "sparse" else 0)
+    one_chunk = EXPERT_CHUNK_TOKENS * routed
+    tokens = 96 * 1024
+    plan = estimate_memory(cfg, seq_len=32 * 1024, windows=3, fast_kernels=True)
+    assert plan.activations == tokens * sum(three) + one_chunk
+    # The fp32 per-expert loop (CUDA without autocast) never checkpoints.
+    assert fast_activation_bytes_per_token(cfg, 32 * 1024, bf16=False, windows=3) == \
+        fast_activation_bytes_per_token(cfg, 32 * 1024, bf16=False, windows=2)
+
+
+def test_recompute_keeps_each_layers_streams_at_their_width():
+    """Per-layer recompute keeps every layer's input streams: 2 bytes a value with bf16 streams, 4 with fp32 ones;
+    the fast path adds the largest layer twice (its saved values and its backward's)."""
+    cfg = preset("base")
+    seq = 16 * 1024
+    plans = {fp32: estimate_memory(cfg, seq_len=seq, recompute=True, fast_kernels=True, fp32_streams=fp32)
+             for fp32 in (False, True)}
+    widest = {fp32: max(fast_activation_bytes_per_token(cfg, seq, fp32_streams=fp32)) for fp32 in (False, True)}
+    streams = cfg.num_hidden_layers * cfg.hc_mult * cfg.hidden_size
+    wider = 2 * streams + 2 * (widest[True] - widest[False])
+    assert plans[True].activations - plans[False].activations == seq * wider
+
+
+def test_plan_command_plans_the_stream_dtype_asked_for():
+    from click.testing import CliRunner
+
+    from genolc.cli import main
+
+    fp32 = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--stream-dtype", "float32"])
+    planned = estimate_chunked_memory(preset("base"), seq_len=1 << 20, chunk=16 * 1024, fast_kernels=True,
+                                      fp32_streams=True).gib()
+    assert fp32.exit_code == 0 and "(bf16, fp32 streams, fast kernels)" in fp32.output, fp32.output
+    assert f"--seq 1M: chunked step, --chunk 16k, estimated peak {planned:.1f} GiB" in fp32.output, fp32.output
+    refused = CliRunner().invoke(main, ["plan", "--seq", "64k", "--device", "cpu", "--stream-dtype", "bfloat16"])
+    assert refused.exit_code == 2 and "bfloat16 streams need bf16 autocast" in refused.output, refused.output
 
 
 def test_oom_advice_on_cuda_uses_the_fast_path_table():
@@ -253,15 +301,16 @@ def _current_h200_peaks() -> list[dict]:
 def test_chunked_plan_above_the_h200_peaks_of_the_current_kernels():
     """The chunked step's estimate (the pools kept, as the step keeps them where they fit) against the steady-state
     peaks measured on the H200. Never below: a plan under a real peak sends a run into the out-of-memory error it
-    exists to prevent. At most 25 % above: 4-9 % before the 10 % margin, where the compiled step keeps less than the
-    eager autograd the table was measured with."""
+    exists to prevent. At most 22 % above (1.15-1.19 measured): 4-9 % before the 10 % margin, where the compiled step
+    keeps less than the eager autograd the table was measured with."""
     rows = _current_h200_peaks()
     assert {(row["model"], row["chunk"]) for row in rows} >= {("small", 32 * 1024), ("small", 64 * 1024),
                                                               ("base", 16 * 1024), ("base", 32 * 1024)}
     for row in rows:
         planned = estimate_chunked_memory(preset(row["model"]), seq_len=row["seq_len"], chunk=row["chunk"],
                                           recompute=row["recompute"], fast_kernels=True).gib()
-        assert 1.0 <= planned / row["steady_gib"] <= 1.25, (row, planned)
+        assert 1.0 <= planned / row["steady_gib"] <= 1.22, (row, planned)
+
 
 def test_step_time_estimate_within_15_percent_of_the_h200_runs():
     """estimate_step_seconds at `genolc plan`'s default utilisation against the chunked H200 steps (small 512k-4M,
@@ -352,6 +401,7 @@ def test_auto_chunk_adds_recompute_on_a_gpu_rather_than_run_short_chunks():
                             **common)
     assert (small.chunk, small.recompute) == (64 * 1024, False)
 
+
 def test_pools_are_kept_unless_that_costs_short_chunks_or_more_time():
     """`base` at 3M on the H200: keeping the pools leaves room only for 24k chunks with recompute (12k without),
     choosing them again for 32k chunks with it, which win (recomputed chunks under 32k run slower). `small` at 4M on
@@ -374,6 +424,7 @@ def test_pools_are_kept_unless_that_costs_short_chunks_or_more_time():
     small_4m = choose_strategy(preset("small"), seq_len=4 << 20, **{**common, "budget_bytes": int(112 * GIB)})
     assert (small_4m.chunk, small_4m.recompute, small_4m.keep_selections) == (16 * 1024, False, True)
 
+
 def test_auto_chunk_takes_the_longest_recomputed_chunk_when_nothing_else_fits():
     """`base` at 4M on a device with 136 GiB: no chunk fits without recompute and 32k chunks with it need more than
     the device, so --chunk auto takes 16k chunks with recompute (it used to refuse and suggest them)."""
@@ -387,6 +438,7 @@ def test_auto_chunk_takes_the_longest_recomputed_chunk_when_nothing_else_fits():
     assert "recompute added because no chunk fits without it" in chosen.describe()
     assert "keeping the first pass's does not fit" in chosen.describe()
 
+
 def test_context_parallel_auto_chunk_takes_the_longest_recomputed_chunk_when_nothing_else_fits():
     """`small` at 8M over 4 GPUs of 120 GiB: no chunk fits a rank without recompute and 32k chunks with it do not
     either."""
@@ -398,6 +450,7 @@ def test_context_parallel_auto_chunk_takes_the_longest_recomputed_chunk_when_not
         fast_kernels=True, budget_bytes=int(120 * GIB), multiple=64, where="test", auto_recompute=True)
     assert (chosen.chunk, chosen.recompute) == (16 * 1024, True)
     assert "recompute added because no chunk fits without it" in chosen.describe()
+
 
 def test_an_asked_chunk_runs_inside_the_plans_margin_with_a_warning():
     """`base` at 2M over 2 H200s in 32k chunks: 141.3 GiB planned, inside the plan's 10 % margin. Asked for, it runs
@@ -421,6 +474,7 @@ def test_an_asked_chunk_runs_inside_the_plans_margin_with_a_warning():
     asked_alone = choose_strategy(preset("base"), chunk=32 * 1024, **one)
     assert "as asked, though over the 139.8 GiB device" in asked_alone.reason and not asked_alone.keep_selections
 
+
 def test_context_parallel_auto_chunk_adds_recompute_on_a_gpu_rather_than_run_short_chunks():
     """`base` at 1M over 2 GPUs of 80 GB: without recompute only 8k chunks (4k tokens a rank) fit the plan, so --chunk
     auto takes 32k chunks with recompute; `small` keeps its 64k chunks."""
@@ -436,6 +490,7 @@ def test_context_parallel_auto_chunk_adds_recompute_on_a_gpu_rather_than_run_sho
     assert "recompute added because without it the longest chunk that fits is 8k" in chosen.describe()
     small = choose_context_parallel_strategy(preset("small"), auto_recompute=True, **common)
     assert (small.chunk, small.recompute) == (64 * 1024, False)
+
 
 def test_plan_refuses_a_window_the_cuda_kernels_cannot_run_as_finetune_does():
     from click.testing import CliRunner
