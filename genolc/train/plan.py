@@ -64,9 +64,11 @@ chunk_length_bf16_streams_2026-12-02/, finetune_512k_2026-12-02_s18/), these ter
 are 4-9 % above each peak before the margin, 15-19 % with it (not yet attributed: no eager run was measured, and
 the compiled norms and hyper-connections probably keep less than eager autograd). With per-layer recompute a
 recomputed layer's fused kernels hold the gradients of all it saved beside them: one more ``max act(layer)`` per
-token, as fitted on 2026-11-30 to `base` at 512k-2M in 32k chunks with recompute, whose kernels and streams have
-changed since. A recomputed step has not been measured against this table, nor a context-parallel one (the
-2026-12-01 runs on two H200s used fp32 streams and the unfused mHC ops, which kept more).
+token, as fitted on 2026-11-30 to `base` at 512k-2M in 32k chunks with recompute; today's `base` at 1M in 32k
+chunks with recompute peaks at 77.1 GiB, the plan 1.08x that. `finetune --compile off` (eager) keeps more than
+the compiled step: `base` at 512k in 32k chunks peaked at 132.05 GiB, 2.7 % under the plan, inside its margin. No
+context-parallel step has been measured against this table (the 2026-12-01 runs on two H200s used fp32 streams and
+the unfused mHC ops, which kept more).
 
 The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk's activations (the table above for
 ``chunk`` tokens, with or without recompute) plus, for the whole window of ``T`` tokens and ``B`` windows::
