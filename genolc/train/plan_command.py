@@ -58,8 +58,11 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     config = preset(model, vocab_size=vocab)
     cuda = device == "cuda"
     if stream_dtype == "bfloat16" and not cuda:
-        raise click.BadParameter("bfloat16 streams need bf16 autocast, which the cpu plan (fp32) does not assume; "
-                                 "use --stream-dtype auto or float32 with --device cpu", param_hint="--stream-dtype")
+        from genolc.errors import ConfigError
+
+        raise ConfigError("--stream-dtype bfloat16 needs bf16 autocast, which the cpu plan (fp32, reference ops) does "
+                          "not run", where="--stream-dtype",
+                          fix="use --stream-dtype auto or float32 with --device cpu, or plan for --device cuda")
     common = dict(windows=micro_batch, chunk=parse_chunk(chunk), recompute=recompute, bf16=cuda, fast_kernels=cuda,
                   budget_bytes=int(gpu_memory * GIB), multiple=CUDA_SEQ_MULTIPLE if cuda else 1,
                   fp32_streams=cuda and stream_dtype == "float32")

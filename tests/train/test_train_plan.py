@@ -223,7 +223,8 @@ def test_plan_command_plans_the_stream_dtype_asked_for():
     assert fp32.exit_code == 0 and "(bf16, fp32 streams, fast kernels)" in fp32.output, fp32.output
     assert f"--seq 1M: chunked step, --chunk 16k, estimated peak {planned:.1f} GiB" in fp32.output, fp32.output
     refused = CliRunner().invoke(main, ["plan", "--seq", "64k", "--device", "cpu", "--stream-dtype", "bfloat16"])
-    assert refused.exit_code == 2 and "bfloat16 streams need bf16 autocast" in refused.output, refused.output
+    assert refused.exit_code == 2 and refused.output.count("genolc: error:") == 1, refused.output
+    assert "--stream-dtype bfloat16 needs bf16 autocast" in refused.output and "--device cuda" in refused.output
 
 
 def test_oom_advice_on_cuda_uses_the_fast_path_table():
@@ -306,9 +307,10 @@ def _current_h200_peaks() -> list[dict]:
 def test_chunked_plan_above_the_h200_peaks_of_the_current_kernels():
     """The chunked step's estimate (the pools kept, as the step keeps them where they fit) against the steady-state
     peaks measured on the H200. Never below: a plan under a real peak sends a run into the out-of-memory error it
-    exists to prevent. At most 22 % above (1.15-1.19 measured compiled): 4-9 % before the 10 % margin, where the
-    compiled step keeps less than the eager autograd the table was measured with. The eager `base` run at 512k in 32k
-    chunks peaks 2.7 % under the plan (inside the margin), the recomputed `base` at 1M 7.9 %."""
+    exists to prevent. At most 22 % above (1.15-1.19 measured compiled, 4-9 % before the 10 % margin, where the
+    compiled step keeps less than the eager autograd the table was measured with). The margin is not spare room: the
+    eager `base` run at 512k in 32k chunks peaks 2.6 % under the plan and 7 % over it before the margin, the
+    recomputed `base` at 1M 7.3 % under and 2 % over."""
     rows = _current_h200_peaks()
     assert {(row["model"], row["chunk"]) for row in rows} >= {("small", 32 * 1024), ("small", 64 * 1024),
                                                               ("base", 16 * 1024), ("base", 32 * 1024)}
