@@ -218,13 +218,19 @@ def stream_dtype_for(config: TrainConfig, bf16: bool) -> str:
     512k: steps 7-8 % shorter, peaks 13-14 GiB lower, the 20-step `small` curve the same as fp32 streams',
     benchmarks/results/stream_dtype_2026-12-02/), float32 otherwise. ``bf16``: whether the run autocasts, which
     ``--dtype auto`` leaves to the device; bfloat16 streams without it are refused here."""
-    if config.stream_dtype == "bfloat16" and not bf16:
-        raise ConfigError(f"--stream-dtype bfloat16 needs bf16 autocast, but --dtype {config.dtype} trains in "
-                          "float32 here", where="--stream-dtype",
-                          fix="add --dtype bfloat16, or use --stream-dtype auto or float32")
-    if config.stream_dtype == "auto":
+    return resolve_stream_dtype(config.stream_dtype, bf16, why_fp32=f"--dtype {config.dtype} trains in float32 here",
+                                fix="add --dtype bfloat16, or use --stream-dtype auto or float32")
+
+
+def resolve_stream_dtype(stream_dtype: str, bf16: bool, *, why_fp32: str, fix: str) -> str:
+    """``--stream-dtype`` resolved for a run (or plan) that autocasts to bf16 or not: ConfigError for bfloat16
+    streams without autocast, saying ``why_fp32`` the run is fp32 and ``fix``."""
+    if stream_dtype == "bfloat16" and not bf16:
+        raise ConfigError(f"--stream-dtype bfloat16 needs bf16 autocast, but {why_fp32}", where="--stream-dtype",
+                          fix=fix)
+    if stream_dtype == "auto":
         return "bfloat16" if bf16 else "float32"
-    return config.stream_dtype
+    return stream_dtype
 
 
 def changed_for_resume(saved: dict[str, Any], current: TrainConfig) -> list[str]:

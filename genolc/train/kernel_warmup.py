@@ -106,10 +106,10 @@ PROCESS_OVERHEAD_BYTES = 2 << 30
 
 def warmup_bytes(shape: WarmupShape) -> int:
     """The warm-up process's planned GPU peak (genolc/train/plan.py for the two-layer model), plus its overhead."""
-    from genolc.train.plan import estimate_chunked_memory, estimate_memory
+    from genolc.train.plan import estimate_chunked_memory, estimate_memory, plans_fp32_streams
 
     config = warmup_model_config(ModelConfig.from_hf(shape.model))
-    fp32_streams = shape.bf16 and shape.stream_dtype == "float32"
+    fp32_streams = plans_fp32_streams(shape.bf16, shape.stream_dtype)
     if shape.chunk is None:
         plan = estimate_memory(config, seq_len=shape.seq_len, windows=shape.micro_batch, bf16=shape.bf16,
                                recompute=shape.recompute, fast_kernels=True, fp32_streams=fp32_streams)

@@ -77,7 +77,8 @@ from genolc.train.config import TrainConfig, changed_for_resume, stream_dtype_fo
 from genolc.train.flops import device_peak_flops, token_flops
 from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
-from genolc.train.plan import GIB, check_window_lengths, context_parallel_oom_error, oom_error, required_seq_multiple
+from genolc.train.plan import (GIB, check_window_lengths, context_parallel_oom_error, oom_error, plans_fp32_streams,
+                               required_seq_multiple)
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
 from genolc.train.strategy import StepStrategy, choose_strategy, device_budget_bytes, run_micro_batch
 from genolc.units import format_length
@@ -533,7 +534,7 @@ class _Trainer:
 
     def _fp32_streams(self) -> bool:
         """Whether the plan counts fp32 residual streams under bf16 autocast (``--stream-dtype float32``)."""
-        return self.bf16 and self.stream_dtype == "float32"
+        return plans_fp32_streams(self.bf16, self.stream_dtype)
 
     def _oom(self, step: int) -> Exception:
         cfg = self.config

@@ -171,6 +171,12 @@ class MemoryPlan:
         return getattr(self, field) / GIB
 
 
+def plans_fp32_streams(bf16: bool, stream_dtype: str) -> bool:
+    """Whether a run under bf16 autocast (``bf16``) with the resolved ``stream_dtype`` is planned with fp32 residual
+    streams (``--stream-dtype float32``); without autocast everything is fp32 anyway."""
+    return bf16 and stream_dtype == "float32"
+
+
 def routed_expert_bytes_per_token(config: ModelConfig, bf16: bool = True) -> int:
     """Bytes per token one MoE layer's routed experts save for backward on CUDA when they run whole (module
     docstring): under bf16 autocast the grouped GEMMs' inputs, the gate/up output the SwiGLU keeps and the rows the

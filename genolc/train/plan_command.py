@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from genolc.train.config import STREAM_DTYPES
+from genolc.train.config import STREAM_DTYPES, resolve_stream_dtype
 from genolc.train.measured import MEASURED_MFU
 from genolc.units import format_length, parse_length
 
@@ -51,21 +51,17 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     from genolc.parallel.layout import Layout
     from genolc.train.command import parse_chunk
     from genolc.train.plan import (GIB, CUDA_SEQ_MULTIPLE, OutOfMemoryPlanError, check_window_lengths,
-                                   estimate_memory, estimate_step_seconds, format_gib)
+                                   estimate_memory, estimate_step_seconds, format_gib, plans_fp32_streams)
     from genolc.train.strategy import choose_context_parallel_strategy, choose_strategy
 
     seq_len = parse_length(seq, what="--seq")
     config = preset(model, vocab_size=vocab)
     cuda = device == "cuda"
-    if stream_dtype == "bfloat16" and not cuda:
-        from genolc.errors import ConfigError
-
-        raise ConfigError("--stream-dtype bfloat16 needs bf16 autocast, which the cpu plan (fp32, reference ops) does "
-                          "not run", where="--stream-dtype",
-                          fix="use --stream-dtype auto or float32 with --device cpu, or plan for --device cuda")
+    streams = resolve_stream_dtype(stream_dtype, cuda, why_fp32="--device cpu plans the fp32 reference path",
+                                   fix="use --stream-dtype auto or float32 with --device cpu, or --device cuda")
     common = dict(windows=micro_batch, chunk=parse_chunk(chunk), recompute=recompute, bf16=cuda, fast_kernels=cuda,
                   budget_bytes=int(gpu_memory * GIB), multiple=CUDA_SEQ_MULTIPLE if cuda else 1,
-                  fp32_streams=cuda and stream_dtype == "float32")
+                  fp32_streams=plans_fp32_streams(cuda, streams))
     try:
         check_window_lengths([seq_len], device, cp)
         if cp == 1:
@@ -89,8 +85,8 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards,
                                     indexer_passes=passes) / cp
     host = HOST_RUNTIME_BYTES + 4 * params.total    # the model is built in fp32 on the host before it moves
-    streams = "fp32 streams" if common["fp32_streams"] else "bf16 streams"
-    device_text = (f"a {gpu_memory:.1f} GiB CUDA device (bf16, {streams}, fast kernels)" if cuda else
+    stream_text = "fp32 streams" if common["fp32_streams"] else "bf16 streams"
+    device_text = (f"a {gpu_memory:.1f} GiB CUDA device (bf16, {stream_text}, fast kernels)" if cuda else
                    f"the CPU with {gpu_memory:.1f} GiB (fp32, reference ops)")
     click.echo(f"planned for {device_text}; --device and --gpu-memory change that")
     click.echo(strategy.describe())

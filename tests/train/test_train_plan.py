@@ -224,7 +224,8 @@ def test_plan_command_plans_the_stream_dtype_asked_for():
     assert f"--seq 1M: chunked step, --chunk 16k, estimated peak {planned:.1f} GiB" in fp32.output, fp32.output
     refused = CliRunner().invoke(main, ["plan", "--seq", "64k", "--device", "cpu", "--stream-dtype", "bfloat16"])
     assert refused.exit_code == 2 and refused.output.count("genolc: error:") == 1, refused.output
-    assert "--stream-dtype bfloat16 needs bf16 autocast" in refused.output and "--device cuda" in refused.output
+    assert "--stream-dtype bfloat16 needs bf16 autocast, but --device cpu plans the fp32 reference path" \
+        in refused.output and "--device cuda" in refused.output
 
 
 def test_oom_advice_on_cuda_uses_the_fast_path_table():
@@ -281,9 +282,9 @@ def _current_h200_peaks() -> list[dict]:
     rows = []
     for summary_path in sorted((RESULTS / "finetune_512k_2026-12-02_s18").glob("*/summary.json")):
         summary = json.loads(summary_path.read_text())
-        chunk = summary["step_strategies"][0].split("--chunk ")[1].split(",")[0]
+        last_step = json.loads((summary_path.parent / "metrics.jsonl").read_text().splitlines()[-1])
         rows.append(dict(model=summary["config"]["model"], seq_len=summary["config"]["seq_len"],
-                         chunk=parse_length(chunk), recompute=summary["config"]["recompute"],
+                         chunk=last_step["chunk"], recompute=summary["config"]["recompute"],
                          steady_gib=summary["peak_memory_gib"], source=str(summary_path.relative_to(RESULTS))))
     # `finetune --compile off` (eager): the second step's peak, the run's largest (the third was cut by its time limit).
     eager = RESULTS / "plan_peaks_2026-12-03" / "finetune_curve_base_512k_eager"
