@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_bench_common import git_sha  # noqa: E402
+from profile_attribution import attribute_device_time  # noqa: E402
 
 from genolc.errors import ConfigError  # noqa: E402
 from genolc.model import build_model, parameter_counts, preset  # noqa: E402
@@ -157,18 +158,24 @@ def _label_forwards(model) -> list:
     return handles
 
 
-def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool = False, **loss) -> dict:
+def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool = False, attribute: bool = False,
+                   **loss) -> dict:
     # Kernels only: no host-side op events (each aten call is one), so a 512k step's trace stays small enough to
     # record and sum within a device call; the per-layer ranges are then empty and the op tables list kernels.
+    # attribute: Python calls recorded too (with_stack), so each kernel is charged to the genolc function that
+    # launched it (profile_attribution.py); the trace grows by every Python call, so use it on short windows.
     handles = [] if kernels_only else _label_forwards(model)
     activities = ([torch.profiler.ProfilerActivity.CUDA] if kernels_only
                   else [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
     try:
-        with torch.profiler.profile(activities=activities) as profiler:
+        with torch.profiler.profile(activities=activities, with_stack=attribute and not kernels_only) as profiler:
             row = timed_step(model, length, chunk, **loss)
     finally:
         for handle in handles:
             handle.remove()
+    if attribute and not kernels_only:
+        by_source, charged_us = attribute_device_time(profiler.events())
+        row.update(by_source=by_source[:3 * top], by_source_charged_ms=round(charged_us / 1e3, 1))
     events = profiler.key_averages()
 
     def device_us(event) -> float:
@@ -235,6 +242,9 @@ def main() -> None:
     parser.add_argument("--profile-kernels-only", action="store_true",
                         help="record device kernels only (no host ops or layer ranges): for 512k and longer, whose "
                              "full traces take minutes to record and sum")
+    parser.add_argument("--attribute", action="store_true",
+                        help="also charge each kernel of the profiled step to the genolc function that launched it, "
+                             "forward and backward apart (Python calls recorded: short windows only)")
     parser.add_argument("--init", default="device", choices=("device", "cpu"),
                         help="where the model is initialised: on the GPU from the meta device, as finetune does "
                              "(default), or on the CPU and then moved")
@@ -253,6 +263,8 @@ def main() -> None:
             chunks = [chunk for _, chunk in rows]
     except ConfigError as error:
         parser.error(f"a length in --seq, --chunks or --rows: {error.message}")
+    if args.attribute and args.profile_kernels_only:
+        parser.error("--attribute needs the host-side events that --profile-kernels-only leaves out: pass one of them")
     if args.memory_chunk and args.compile and args.recompute and _torch_at_least(2, 11):
         # Seen on the H200 2026-12-02: the recorded step died with "SystemError: <built-in method apply of
         # FunctionMeta object> returned NULL without setting an exception", a regression in torch 2.11.
@@ -268,7 +280,7 @@ def main() -> None:
     stem = (f"peaks_{args.model}{'_recompute' if args.recompute else ''}" if args.rows
             else f"profile_chunked_{args.model}_{args.seq}")
     path = out_dir / (f"{stem}{'_compiled' if args.compile else ''}"
-                      f"{'_cpu_init' if args.init == 'cpu' else ''}"
+                      f"{'_cpu_init' if args.init == 'cpu' else ''}{'_attributed' if args.attribute else ''}"
                       f"{'_fp32_streams' if args.stream_dtype == 'float32' else ''}.json")
 
     def save(row: dict) -> None:
@@ -306,7 +318,7 @@ def main() -> None:
     if args.profile_chunk:
         profile_seq = parse_length(args.profile_seq or args.seq)
         row = _profiled_step(model, profile_seq, parse_length(args.profile_chunk), args.top,
-                             kernels_only=args.profile_kernels_only, **loss)
+                             kernels_only=args.profile_kernels_only, attribute=args.attribute, **loss)
         timed = [r for r in record["steps"]
                  if r["phase"] == "timed" and "seconds" in r and (r["seq"], r["chunk"]) == (row["seq"], row["chunk"])]
         if timed:
@@ -317,6 +329,8 @@ def main() -> None:
             print(f"  {kind['kind']:32s} {kind['device_ms']:10.1f} ms  {kind['share']:.1%}", flush=True)
         for r in row["forward_ranges"]:
             print(f"  {r['name']:32s} {r['device_ms']:10.1f} ms device (forwards)", flush=True)
+        for r in row.get("by_source", [])[:args.top]:
+            print(f"  {r['device_ms']:10.1f} ms {r['pass']:8s} {r['module']:20s} {r['where']}", flush=True)
     print(f"wrote {path}")
 
 

@@ -1,0 +1,114 @@
+"""Device time of a profiled step by the genolc function that launched it, forward and backward apart.
+
+torch.profiler's kernel tables name kernels, not the code that asked for them: a ``bfloat16_copy`` or an inductor
+``triton_poi_fused_...`` kernel could come from any layer. With ``with_stack=True`` the profiler also records Python
+calls as events in the op tree, so each kernel's launching op has genolc frames above it in the forward. A backward
+op runs under ``autograd::engine::evaluate_function: XBackward0``, whose ``sequence_nr`` (with ``fwd_thread``) is
+that of the forward op which recorded the node; such kernels are charged to that forward op's genolc function,
+unless genolc code runs inside the backward itself (a custom autograd Function's Python ``backward``), which then
+names itself (its module still the forward's).
+
+:func:`attribute_device_time` takes ``profiler.events()`` and returns rows of ``{pass, module, where, device_ms,
+kernels, top_kernels}``; ``where`` is the innermost genolc function (``model/ops/mhc/triton.py(86): fused_...``),
+``module`` the innermost ``nn.Module`` class around it. Pure Python over the events, so it runs on CPU profiles
+too (tests weigh events by their CPU time there).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+_GENOLC_FRAME = re.compile(r"(?:^|/)genolc/(.+\.py\(\d+\): .+)$")
+_MODULE_FRAME = re.compile(r"^nn\.Module: (.+?)(?:_\d+)?$")
+UNKNOWN = "(no genolc frame)"
+
+
+def kernel_us(event) -> float:
+    """Device microseconds of the kernels this event launched itself (its ``kernels`` list)."""
+    return float(sum(kernel.duration for kernel in getattr(event, "kernels", ()) or ()))
+
+
+def _ancestors(event):
+    while event is not None:
+        yield event
+        event = event.cpu_parent
+
+
+def _scan(event) -> tuple[str | None, str | None, object | None]:
+    """(innermost genolc frame, innermost module class, backward node) walking up from ``event``; the walk stops at
+    the first backward node, so frames above it (the training loop calling ``backward()``) name nothing."""
+    where = module = None
+    for ancestor in _ancestors(event):
+        name = ancestor.name
+        if name.startswith(BACKWARD_NODE):
+            return where, module, ancestor
+        if where is None:
+            found = _GENOLC_FRAME.search(name)
+            if found:
+                where = found.group(1)
+        if module is None:
+            found = _MODULE_FRAME.match(name)
+            if found:
+                module = found.group(1)
+    return where, module, None
+
+
+def forward_sites(events: Iterable) -> dict[tuple[int, int], tuple[str | None, str | None]]:
+    """``(thread, sequence_nr) -> (where, module)`` of the first forward op that recorded each autograd node."""
+    sites: dict[tuple[int, int], tuple[str | None, str | None]] = {}
+    for event in events:
+        if event.sequence_nr is None or event.sequence_nr < 0 or event.name.startswith(BACKWARD_NODE):
+            continue
+        key = (event.thread, event.sequence_nr)
+        if key in sites:
+            continue
+        where, module, node = _scan(event)
+        if node is None:
+            sites[key] = (where, module)
+    return sites
+
+
+def attribute_device_time(events, weight: Callable[[object], float] = kernel_us, top_kernels: int = 3
+                          ) -> tuple[list[dict], float]:
+    """Rows ``{pass, module, where, device_ms, kernels, top_kernels}`` sorted by time, and the total weight seen.
+
+    ``weight(event)`` is the time to charge to an event (default: the device time of the kernels it launched);
+    events weighing 0 are skipped. ``kernels`` counts the weighted events' kernels (the events themselves where
+    they launched none, as on CPU)."""
+    events = list(events)
+    sites = forward_sites(events)
+    rows: dict[tuple[str, str, str], dict] = {}
+    total = 0.0
+    for event in events:
+        time_us = weight(event)
+        if time_us <= 0:
+            continue
+        total += time_us
+        where, module, node = _scan(event)
+        if node is None:
+            phase = "forward"
+        else:
+            phase = "backward"
+            thread = node.fwd_thread if node.fwd_thread is not None else node.thread
+            site_where, site_module = sites.get((thread, node.sequence_nr), (None, None))
+            where = where or site_where or f"{UNKNOWN}: {node.name[len(BACKWARD_NODE):]}"
+            module = module or site_module
+        key = (phase, module or "-", where or UNKNOWN)
+        row = rows.setdefault(key, {"pass": phase, "module": key[1], "where": key[2], "device_ms": 0.0,
+                                    "kernels": 0, "by_kernel": {}})
+        row["device_ms"] += time_us / 1e3
+        launched = getattr(event, "kernels", ()) or ()
+        row["kernels"] += len(launched) or 1
+        for kernel in launched or [event]:
+            name = kernel.name[:90]
+            spent = kernel.duration if launched else time_us
+            row["by_kernel"][name] = row["by_kernel"].get(name, 0.0) + spent / 1e3
+    ranked = sorted(rows.values(), key=lambda row: -row["device_ms"])
+    for row in ranked:
+        by_kernel = row.pop("by_kernel")
+        row["device_ms"] = round(row["device_ms"], 2)
+        row["top_kernels"] = [{"name": name, "device_ms": round(ms, 2)}
+                              for name, ms in sorted(by_kernel.items(), key=lambda item: -item[1])[:top_kernels]]
+    return ranked, total

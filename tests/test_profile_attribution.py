@@ -1,0 +1,79 @@
+"""benchmarks/profile_attribution.py: kernels charged to the genolc function that launched them, the backward's to
+the forward op that recorded its autograd node, on hand-built profiler event trees (torch's own FunctionEvent)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from torch.autograd.profiler_util import FunctionEvent
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from profile_attribution import UNKNOWN, attribute_device_time  # noqa: E402
+
+_ids = iter(range(1, 10_000))
+
+
+def _event(name: str, parent: FunctionEvent | None = None, *, thread: int = 1, sequence_nr: int = -1,
+           fwd_thread: int | None = None, kernels: tuple[tuple[str, float], ...] = ()) -> FunctionEvent:
+    event = FunctionEvent(id=next(_ids), name=name, thread=thread, start_us=0, end_us=1, sequence_nr=sequence_nr,
+                          fwd_thread=fwd_thread)
+    for kernel, duration in kernels:
+        event.append_kernel(kernel, 0, duration)
+    if parent is not None:
+        event.set_cpu_parent(parent)
+        parent.append_cpu_child(event)
+    return event
+
+
+def _step() -> list[FunctionEvent]:
+    loop = _event("/repo/genolc/train/chunked.py(78): _chunked_forward_backward")
+    layer = _event("nn.Module: DecoderLayer_0", loop)
+    layer_forward = _event("/repo/genolc/model/model.py(72): forward", layer)
+    hyper = _event("nn.Module: HyperConnection_3", layer_forward)
+    hyper_forward = _event("/repo/genolc/model/layers/mhc.py(47): forward", hyper)
+    linear = _event("aten::linear", hyper_forward, sequence_nr=5)
+    matmul = _event("aten::mm", linear, sequence_nr=5, kernels=(("nvjet_fwd", 10_000.0),))
+    attention = _event("/repo/genolc/model/ops/dsa/triton.py(150): forward", layer_forward)
+    apply = _event("SparseLatentAttention", attention, sequence_nr=9)
+    loss = _event("aten::nll_loss", loop, sequence_nr=11, kernels=(("nll_fwd", 1_000.0),))
+
+    engine = _event("<built-in method run_backward>", loop, thread=2)
+    mm_node = _event("autograd::engine::evaluate_function: MmBackward0", engine, thread=2, sequence_nr=5,
+                     fwd_thread=1)
+    mm_backward = _event("aten::mm", mm_node, thread=2, kernels=(("nvjet_bwd", 20_000.0), ("nvjet_bwd", 5_000.0)))
+    dsa_node = _event("autograd::engine::evaluate_function: SparseLatentAttentionBackward", engine, thread=2,
+                      sequence_nr=9, fwd_thread=1)
+    dsa_backward = _event("/repo/genolc/model/ops/dsa/triton.py(200): backward", dsa_node, thread=2)
+    kernel_call = _event("aten::empty", dsa_backward, thread=2, kernels=(("sparse_latent_bwd_kernel", 30_000.0),))
+    orphan_node = _event("autograd::engine::evaluate_function: FooBackward0", engine, thread=2, sequence_nr=99,
+                         fwd_thread=1)
+    orphan = _event("aten::add", orphan_node, thread=2, kernels=(("add_kernel", 2_000.0),))
+    return [loop, layer, layer_forward, hyper, hyper_forward, linear, matmul, attention, apply, loss, engine,
+            mm_node, mm_backward, dsa_node, dsa_backward, kernel_call, orphan_node, orphan]
+
+
+def test_backward_kernels_are_charged_to_the_forward_site_not_the_training_loop():
+    rows, total = attribute_device_time(_step())
+    assert total == 68_000.0
+    by_key = {(row["pass"], row["module"], row["where"]): row for row in rows}
+    forward = by_key[("forward", "HyperConnection", "model/layers/mhc.py(47): forward")]
+    assert forward["device_ms"] == 10.0 and forward["kernels"] == 1
+    backward = by_key[("backward", "HyperConnection", "model/layers/mhc.py(47): forward")]
+    assert backward["device_ms"] == 25.0 and backward["kernels"] == 2
+    assert backward["top_kernels"] == [{"name": "nvjet_bwd", "device_ms": 25.0}]
+    # genolc code inside the backward (a custom Function's Python backward) names itself.
+    assert ("backward", "DecoderLayer", "model/ops/dsa/triton.py(200): backward") in by_key
+    assert ("backward", "-", f"{UNKNOWN}: FooBackward0") in by_key
+    assert ("forward", "-", "train/chunked.py(78): _chunked_forward_backward") in by_key
+    assert [row["device_ms"] for row in rows] == sorted((row["device_ms"] for row in rows), reverse=True)
+    assert not any("chunked" in row["where"] for row in rows if row["pass"] == "backward")
+
+
+def test_a_weight_function_charges_cpu_time_where_no_kernels_ran():
+    events = _step()
+    rows, total = attribute_device_time(events, weight=lambda event: 4_000.0 if event.name == "aten::linear" else 0.0)
+    assert total == 4_000.0
+    assert rows == [{"pass": "forward", "module": "HyperConnection", "where": "model/layers/mhc.py(47): forward",
+                     "device_ms": 4.0, "kernels": 1, "top_kernels": [{"name": "aten::linear", "device_ms": 4.0}]}]
