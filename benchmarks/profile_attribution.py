@@ -1,17 +1,18 @@
-"""Device time of a profiled step by the genolc function that launched it, forward and backward apart.
+"""Device time of a profiled step by the module and genolc function that launched it, forward and backward apart.
 
 torch.profiler's kernel tables name kernels, not the code that asked for them: a ``bfloat16_copy`` or an inductor
-``triton_poi_fused_...`` kernel could come from any layer. With ``with_stack=True`` the profiler also records Python
-calls as events in the op tree, so each kernel's launching op has genolc frames above it in the forward. A backward
-op runs under ``autograd::engine::evaluate_function: XBackward0``, whose ``sequence_nr`` (with ``fwd_thread``) is
-that of the forward op which recorded the node; such kernels are charged to that forward op's genolc function,
-unless genolc code runs inside the backward itself (a custom autograd Function's Python ``backward``), which then
-names itself (its module still the forward's).
+``triton_poi_fused_...`` kernel could come from any layer. :func:`label_modules` wraps every submodule's forward in
+a ``record_function`` range named by its path with layer numbers folded (``module: layers.*.mlp.gate
+(TopKRouter)``), so each kernel's launching op has the module it ran in above it. Where the profiler also records
+Python calls (``with_stack=True``; torch 2.13 on CPU does, torch 2.11 with CUDA gave none on the H200), the innermost
+genolc function is named too. A backward op runs under ``autograd::engine::evaluate_function: XBackward0``, whose
+``sequence_nr`` (with ``fwd_thread``) is that of the forward op which recorded the node; such kernels are charged to
+that forward op's module and function, unless a range or genolc code is open inside the backward itself (a custom
+autograd Function's Python ``backward``, a checkpoint's replay), which then names itself.
 
 :func:`attribute_device_time` takes ``profiler.events()`` and returns rows of ``{pass, module, where, device_ms,
-kernels, top_kernels}``; ``where`` is the innermost genolc function (``model/ops/mhc/triton.py(86): fused_...``),
-``module`` the innermost ``nn.Module`` class around it. Pure Python over the events, so it runs on CPU profiles
-too (tests weigh events by their CPU time there).
+kernels, top_kernels}``. Pure Python over the events, so it runs on CPU profiles too (tests weigh events by their
+CPU time there).
 """
 
 from __future__ import annotations
@@ -20,9 +21,38 @@ import re
 from collections.abc import Callable, Iterable
 
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
+MODULE_RANGE = "module: "
 _GENOLC_FRAME = re.compile(r"(?:^|/)genolc/(.+\.py\(\d+\): .+)$")
 _MODULE_FRAME = re.compile(r"^nn\.Module: (.+?)(?:_\d+)?$")
-UNKNOWN = "(no genolc frame)"
+_LAYER_NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
+UNKNOWN = "-"
+
+
+def module_label(path: str, module) -> str:
+    """``layers.3.mlp.gate`` -> ``layers.*.mlp.gate (TopKRouter)``: one label for a submodule of every layer."""
+    return f"{_LAYER_NUMBER.sub('*', path) or '(model)'} ({type(module).__name__})"
+
+
+def label_modules(model) -> list:
+    """Open a ``record_function`` range named :func:`module_label` around every submodule's forward (the model's
+    own included); returns the hook handles to remove."""
+    import torch
+
+    handles, open_ranges = [], {}
+
+    def before(label, module, args):
+        context = torch.profiler.record_function(MODULE_RANGE + label)
+        context.__enter__()
+        open_ranges.setdefault(id(module), []).append(context)
+
+    def after(module, args, output):
+        open_ranges[id(module)].pop().__exit__(None, None, None)
+
+    for path, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(lambda m, a, label=module_label(path, module):
+                                                        before(label, m, a)))
+        handles.append(module.register_forward_hook(after))
+    return handles
 
 
 def kernel_us(event) -> float:
@@ -37,8 +67,9 @@ def _ancestors(event):
 
 
 def _scan(event) -> tuple[str | None, str | None, object | None]:
-    """(innermost genolc frame, innermost module class, backward node) walking up from ``event``; the walk stops at
-    the first backward node, so frames above it (the training loop calling ``backward()``) name nothing."""
+    """(innermost genolc frame, innermost module, backward node) walking up from ``event``; the walk stops at the
+    first backward node, so frames above it (the training loop calling ``backward()``) name nothing. A module is a
+    :func:`label_modules` range or, failing one, the profiler's own ``nn.Module:`` frame (class only)."""
     where = module = None
     for ancestor in _ancestors(event):
         name = ancestor.name
@@ -49,9 +80,12 @@ def _scan(event) -> tuple[str | None, str | None, object | None]:
             if found:
                 where = found.group(1)
         if module is None:
-            found = _MODULE_FRAME.match(name)
-            if found:
-                module = found.group(1)
+            if name.startswith(MODULE_RANGE):
+                module = name[len(MODULE_RANGE):]
+            else:
+                found = _MODULE_FRAME.match(name)
+                if found:
+                    module = found.group(1)
     return where, module, None
 
 
@@ -93,9 +127,11 @@ def attribute_device_time(events, weight: Callable[[object], float] = kernel_us,
             phase = "backward"
             thread = node.fwd_thread if node.fwd_thread is not None else node.thread
             site_where, site_module = sites.get((thread, node.sequence_nr), (None, None))
-            where = where or site_where or f"{UNKNOWN}: {node.name[len(BACKWARD_NODE):]}"
-            module = module or site_module
-        key = (phase, module or "-", where or UNKNOWN)
+            if module is None:
+                where, module = where or site_where, site_module
+            if where is None and module is None:
+                where = f"(no forward site) {node.name[len(BACKWARD_NODE):]}"
+        key = (phase, module or UNKNOWN, where or UNKNOWN)
         row = rows.setdefault(key, {"pass": phase, "module": key[1], "where": key[2], "device_ms": 0.0,
                                     "kernels": 0, "by_kernel": {}})
         row["device_ms"] += time_us / 1e3

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_bench_common import git_sha  # noqa: E402
-from profile_attribution import attribute_device_time  # noqa: E402
+from profile_attribution import MODULE_RANGE, attribute_device_time, label_modules  # noqa: E402
 
 from genolc.errors import ConfigError  # noqa: E402
 from genolc.model import build_model, parameter_counts, preset  # noqa: E402
@@ -162,9 +162,12 @@ def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool 
                    **loss) -> dict:
     # Kernels only: no host-side op events (each aten call is one), so a 512k step's trace stays small enough to
     # record and sum within a device call; the per-layer ranges are then empty and the op tables list kernels.
-    # attribute: Python calls recorded too (with_stack), so each kernel is charged to the genolc function that
-    # launched it (profile_attribution.py); the trace grows by every Python call, so use it on short windows.
+    # attribute: every submodule's forward in a range of its own and Python calls recorded (with_stack), so each
+    # kernel is charged to the module and genolc function that launched it (profile_attribution.py); the trace
+    # grows by every call, so use it on short windows.
     handles = [] if kernels_only else _label_forwards(model)
+    if attribute and not kernels_only:
+        handles += label_modules(model)
     activities = ([torch.profiler.ProfilerActivity.CUDA] if kernels_only
                   else [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
     try:
@@ -187,8 +190,10 @@ def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool 
                 "self_cpu_ms": round(event.self_cpu_time_total / 1e3, 1)}
 
     # The record_function ranges also appear as device-side spans (CUDA annotations): not kernels.
-    kernels = [e for e in events
-               if str(getattr(e, "device_type", "")).endswith("CUDA") and not e.key.startswith("forward:")]
+    def labelled(event) -> bool:
+        return event.key.startswith(("forward:", MODULE_RANGE))
+
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA") and not labelled(e)]
     kernel_us = sum(float(e.self_device_time_total) for e in kernels)
     kinds: dict[str, list[float]] = {}
     for event in kernels:
@@ -206,8 +211,8 @@ def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool 
                              "device_ms": round(float(e.self_device_time_total) / 1e3, 1)}
                             for e in sorted(kernels, key=lambda e: -float(e.self_device_time_total))[:top]])
     ranges = [entry(e) for e in events if e.key.startswith("forward:")]
-    ops = sorted((e for e in events if not e.key.startswith("forward:")), key=device_us, reverse=True)
-    by_cpu = sorted((e for e in events if not e.key.startswith("forward:")),
+    ops = sorted((e for e in events if not labelled(e)), key=device_us, reverse=True)
+    by_cpu = sorted((e for e in events if not labelled(e)),
                     key=lambda e: e.self_cpu_time_total, reverse=True)
     row.update(forward_ranges=sorted(ranges, key=lambda r: -r["device_ms"]),
                top_device_ops=[entry(e) for e in ops[:top]], top_self_cpu_ops=[entry(e) for e in by_cpu[:top]])

@@ -10,7 +10,7 @@ from torch.autograd.profiler_util import FunctionEvent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from profile_attribution import UNKNOWN, attribute_device_time  # noqa: E402
+from profile_attribution import attribute_device_time, label_modules, module_label  # noqa: E402
 
 _ids = iter(range(1, 10_000))
 
@@ -65,7 +65,7 @@ def test_backward_kernels_are_charged_to_the_forward_site_not_the_training_loop(
     assert backward["top_kernels"] == [{"name": "nvjet_bwd", "device_ms": 25.0}]
     # genolc code inside the backward (a custom Function's Python backward) names itself.
     assert ("backward", "DecoderLayer", "model/ops/dsa/triton.py(200): backward") in by_key
-    assert ("backward", "-", f"{UNKNOWN}: FooBackward0") in by_key
+    assert ("backward", "-", "(no forward site) FooBackward0") in by_key
     assert ("forward", "-", "train/chunked.py(78): _chunked_forward_backward") in by_key
     assert [row["device_ms"] for row in rows] == sorted((row["device_ms"] for row in rows), reverse=True)
     assert not any("chunked" in row["where"] for row in rows if row["pass"] == "backward")
@@ -77,3 +77,30 @@ def test_a_weight_function_charges_cpu_time_where_no_kernels_ran():
     assert total == 4_000.0
     assert rows == [{"pass": "forward", "module": "HyperConnection", "where": "model/layers/mhc.py(47): forward",
                      "device_ms": 4.0, "kernels": 1, "top_kernels": [{"name": "aten::linear", "device_ms": 4.0}]}]
+
+
+def test_module_ranges_name_the_submodule_of_every_layer_and_reach_the_backward():
+    import torch
+
+    from genolc.model import build_model, preset
+
+    assert module_label("layers.11.mlp.gate", torch.nn.Linear(1, 1)) == "layers.*.mlp.gate (Linear)"
+    assert module_label("", torch.nn.Linear(1, 1)) == "(model) (Linear)"
+    torch.manual_seed(0)
+    model = build_model(preset("tiny"))
+    ids = torch.randint(0, 4, (1, 64))
+    handles = label_modules(model)
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+            model(ids).logits.float().square().mean().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert all(not hook for m in model.modules() for hook in (m._forward_hooks, m._forward_pre_hooks))
+    rows, _ = attribute_device_time(
+        profiler.events(), weight=lambda e: e.self_cpu_time_total if e.name.startswith("aten::") else 0.0)
+    modules = {(row["pass"], row["module"]) for row in rows}
+    # A projection's matmul in both passes: the backward's charged through its node to the forward's range.
+    assert ("forward", "layers.*.self_attn.q_proj (Linear)") in modules
+    assert ("backward", "layers.*.self_attn.q_proj (Linear)") in modules
+    assert ("backward", "layers.*.mlp.gate (TopKRouter)") in modules
