@@ -132,15 +132,27 @@ def test_fast_model_matches_reference_model(length, poison, rel_err, monkeypatch
     with _no_tf32():
         ref_logits, ref_loss, ref_grads = _loss_and_grads(model, ids, autocast=False)
 
-    assert rel_err(fast_logits, ref_logits) < LOGITS_TOLERANCE
-    assert abs(float(fast_loss) - float(ref_loss)) < LOSS_TOLERANCE * abs(float(ref_loss))
+    # Every comparison is made before any fails, so that a failure reports all of them with their values.
+    problems = []
+    logits_err = rel_err(fast_logits, ref_logits)
+    if not logits_err < LOGITS_TOLERANCE:
+        problems.append(f"logits: relative error {logits_err:.3g} (tolerance {LOGITS_TOLERANCE})")
+    loss_err = abs(float(fast_loss.detach()) - float(ref_loss.detach())) / abs(float(ref_loss.detach()))
+    if not loss_err < LOSS_TOLERANCE:
+        problems.append(f"loss: fast {float(fast_loss.detach()):.6f}, reference {float(ref_loss.detach()):.6f}, "
+                        f"relative {loss_err:.3g} (tolerance {LOSS_TOLERANCE})")
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     compared = 0
     for name, mine, theirs in zip(names, fast_grads, ref_grads):
         if any(part in name for part in NOT_COMPARED):
             continue
-        assert mine is not None and theirs is not None, name
+        if mine is None or theirs is None:
+            problems.append(f"{name}: no gradient (fast {mine is not None}, reference {theirs is not None})")
+            continue
         tolerance = HC_BASE_GRAD_TOLERANCE if name.endswith("_hc.base") else GRAD_TOLERANCE
-        assert rel_err(mine, theirs) < tolerance, name
+        grad_err = rel_err(mine, theirs)
+        if not grad_err < tolerance:
+            problems.append(f"{name}: gradient relative error {grad_err:.3g} (tolerance {tolerance})")
         compared += 1
     assert compared > 50
+    assert not problems, f"fast model against the fp32 reference at T={length}:\n" + "\n".join(problems)
