@@ -135,3 +135,26 @@ def test_resize_vocab_keeps_the_body_and_shared_rows():
     assert model(torch.randint(0, 16, (1, 9))).logits.shape == (1, 9, 16)
     resize_vocab(model, 40, pad_token_id=39)
     assert model.embed_tokens.padding_idx == 39 and model.embed_tokens.weight[39].abs().sum() == 0
+
+
+def test_router_under_autocast_matches_the_fp32_copy_it_no_longer_makes():
+    """Under autocast the router hands x to the product as it is; before, it made an fp32 copy that autocast cast
+    back: scores, choices and gradients are bit-equal. Without autocast a bf16 x is still routed in fp32."""
+    torch.manual_seed(0)
+    config = preset("tiny")
+    moe = MoE(config)
+    x = torch.randn(37, config.hidden_size).to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        routing = moe.gate(x)
+        expected_scores = torch.nn.functional.linear(x.float(), moe.gate.weight.float()).sigmoid()
+    torch.testing.assert_close(routing.scores, expected_scores, rtol=0, atol=0)
+    (grad_x,) = torch.autograd.grad(routing.weights.sum() + routing.scores.float().sum(), x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        copied = torch.nn.functional.linear(x.float(), moe.gate.weight.float()).sigmoid()
+    weights = copied.float().gather(1, routing.expert_ids)
+    weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) if moe.gate.norm_topk_prob else weights
+    (expected_grad,) = torch.autograd.grad((weights * moe.gate.routed_scaling_factor).sum() + copied.float().sum(), x)
+    torch.testing.assert_close(grad_x, expected_grad, rtol=0, atol=0)
+    plain = moe.gate(x.detach())
+    assert plain.scores.dtype == torch.float32
+    torch.testing.assert_close(plain.scores, (x.detach().float() @ moe.gate.weight.T).sigmoid())
