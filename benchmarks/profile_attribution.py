@@ -138,7 +138,7 @@ def attribute_device_time(events, weight: Callable[[object], float] = kernel_us,
         launched = getattr(event, "kernels", ()) or ()
         row["kernels"] += len(launched) or 1
         for kernel in launched or [event]:
-            name = kernel.name[:90]
+            name = kernel.name[:120]
             spent = kernel.duration if launched else time_us
             row["by_kernel"][name] = row["by_kernel"].get(name, 0.0) + spent / 1e3
     ranked = sorted(rows.values(), key=lambda row: -row["device_ms"])
