@@ -32,8 +32,9 @@ recompute 10.6 against 10.4 GiB at 4k and 24.8 against 25.6 GiB at 16k.
 On CUDA the model runs the fast kernels (``fast_kernels=True``, bf16 autocast) and mHC's fused ops, which save far
 less; ``act(layer)`` is then (bytes per token, ``a`` = 2, ``s`` the residual streams' bytes: 2 for bf16 streams, the
 default under autocast, 4 with ``--stream-dtype float32``; ``x`` the copies of the block's input its projections
-save: with bf16 streams the norm hands them one bf16 input, x = 1 (MoE: n_shared + 1); with fp32 streams each
-casts the fp32 norm output on its own, x = 6 in KDA, 2 in DSA and the dense MLP, 2 (n_shared + 1) in MoE)::
+save: with bf16 streams the norm hands them one bf16 input, x = 1 (the router reads it as it is under autocast, as
+the shared expert does); with fp32 streams each casts the fp32 norm output on its own, x = 6 in KDA, 2 in DSA and the
+dense MLP, 2 (n_shared + 1) in MoE)::
 
     2 x mHC           s n d + 8 n^2 + 20 n + 4     the streams, the fused mixing op's fp32 logits, rstd and weights
     2 x RMSNorm       (4 + s) d + 4                input, fp32 normalised value, rstd
@@ -53,7 +54,7 @@ measured on CPU as the growth between two lengths of what autograd saves, with t
 around stand-in kernels, the mHC ops on their CPU paths and a grouped GEMM that saves its two inputs, as CUDA's
 derivative does: exact with bf16 streams and within 2.5 % with fp32 ones for `tiny` and `tiny` with other widths,
 stream counts, heads and experts (tests/train/test_train_plan.py), and exact for three layers of `small`'s
-dimensions (79,036 / 71,360 / 104,576 bytes a token in a KDA+MoE, DSA+MoE and KDA+dense layer, routed experts
+dimensions (76,988 / 69,312 / 104,576 bytes a token in a KDA+MoE, DSA+MoE and KDA+dense layer, routed experts
 checkpointed). The table of 2026-11-30, from before the fused mHC ops and the bf16 streams, counted 177-200 KB for
 those layers and left the routed experts out.
 
@@ -61,13 +62,14 @@ Against the steady-state peaks of chunked steps on the H200 (the second step's, 
 compiled, bf16 streams, the pools kept): `small` 512k in 32k and 64k chunks and 1M in 64k, 45.2-83.1 GiB; `base`
 512k in 16k and 32k chunks and 1M and 2M in 16k, 81.2-120.7 GiB (benchmarks/results/plan_peaks_2026-12-03/,
 chunk_length_bf16_streams_2026-12-02/, finetune_512k_2026-12-02_s18/), these terms with the bf16 weight copies (2 P)
-are 4-9 % above each peak before the margin, 15-19 % with it (not yet attributed: the compiled norms and
-hyper-connections probably keep less than eager autograd). With per-layer recompute a
+are 3-7 % above each peak before the margin, 14-18 % with it (not yet attributed: the compiled norms and
+hyper-connections probably keep less than eager autograd; since the router reads its bf16 input as it is, each MoE
+layer saves 2 d bytes a token fewer than when these peaks were measured, about 1.4 GiB of `base`'s 32k chunk). With per-layer recompute a
 recomputed layer's fused kernels hold the gradients of all it saved beside them: one more ``max act(layer)`` per
 token, as fitted on 2026-11-30 to `base` at 512k-2M in 32k chunks with recompute; today's `base` at 1M in 32k
-chunks with recompute peaks at 77.1 GiB, 7.3 % under the plan and 2 % over it before the margin.
+chunks with recompute peaks at 77.1 GiB, 7.1 % under the plan and 2 % over it before the margin.
 `finetune --compile off` (eager) keeps more than the compiled step: `base` at 512k in 32k chunks peaked at
-132.05 GiB, 2.6 % under the plan and 7 % over it before the margin: for these two the margin is needed. No
+132.05 GiB, 1.5 % under the plan and 8 % over it before the margin: for these two the margin is needed. No
 context-parallel step has been measured against this table (the 2026-12-01 runs on two H200s used fp32 streams and
 the unfused mHC ops, which kept more).
 
@@ -102,7 +104,7 @@ tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per laye
 each KDA one (1,687,552); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast
 1,208,316 (1,146,880) and 562,304 (573,440); the rank's peak within 3 % of the plan whole and chunked
 (tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank: `small` at
-4M over 8 ranks in 512k chunks plans 152.8 GiB per rank against 127.0 GiB for a one-process 64k chunk (both with
+4M over 8 ranks in 512k chunks plans 151.3 GiB per rank against 127.0 GiB for a one-process 64k chunk (both with
 the pools chosen again, as a rank's are).
 
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
@@ -218,7 +220,7 @@ def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: boo
         if mlp == "dense":
             layer_bytes += a * ((2 if own_casts else 1) * d + 6 * c.intermediate_size)
         else:
-            layer_bytes += (a * ((2 if own_casts else 1) * (c.n_shared_experts + 1) * d
+            layer_bytes += (a * ((2 * (c.n_shared_experts + 1) if own_casts else 1) * d
                                  + 6 * c.n_shared_experts * c.moe_intermediate_size + c.n_routed_experts)
                             + 12 * c.num_experts_per_tok + 4 + routed)
         if attn == "linear_attention":
