@@ -51,7 +51,7 @@ def label_modules(model) -> list:
     for path, module in model.named_modules():
         handles.append(module.register_forward_pre_hook(lambda m, a, label=module_label(path, module):
                                                         before(label, m, a)))
-        handles.append(module.register_forward_hook(after))
+        handles.append(module.register_forward_hook(after, always_call=True))
     return handles
 
 
@@ -90,18 +90,29 @@ def _scan(event) -> tuple[str | None, str | None, object | None]:
 
 
 def forward_sites(events: Iterable) -> dict[tuple[int, int], tuple[str | None, str | None]]:
-    """``(thread, sequence_nr) -> (where, module)`` of the first forward op that recorded each autograd node."""
+    """``(thread, sequence_nr) -> (where, module)`` of the forward op that recorded each autograd node. Every op run
+    in grad mode records the number the next node will get, so the ops since the previous node share it with the
+    one that creates the node: the last of them (in start order) is that op."""
     sites: dict[tuple[int, int], tuple[str | None, str | None]] = {}
-    for event in events:
+    for event in sorted(events, key=lambda event: event.time_range.start):
         if event.sequence_nr is None or event.sequence_nr < 0 or event.name.startswith(BACKWARD_NODE):
-            continue
-        key = (event.thread, event.sequence_nr)
-        if key in sites:
             continue
         where, module, node = _scan(event)
         if node is None:
-            sites[key] = (where, module)
+            sites[(event.thread, event.sequence_nr)] = (where, module)
     return sites
+
+
+def _site(node, sites) -> tuple[str | None, str | None]:
+    """The forward site of a backward node, or of the nearest enclosing node that has one (a backward that replays
+    a forward and runs its own backward inside, as the segmented KDA op does, nests nodes without a forward op)."""
+    while node is not None:
+        thread = node.fwd_thread if node.fwd_thread is not None else node.thread
+        found = sites.get((thread, node.sequence_nr))
+        if found is not None:
+            return found
+        node = next((a for a in _ancestors(node.cpu_parent) if a.name.startswith(BACKWARD_NODE)), None)
+    return None, None
 
 
 def attribute_device_time(events, weight: Callable[[object], float] = kernel_us, top_kernels: int = 3
@@ -125,8 +136,7 @@ def attribute_device_time(events, weight: Callable[[object], float] = kernel_us,
             phase = "forward"
         else:
             phase = "backward"
-            thread = node.fwd_thread if node.fwd_thread is not None else node.thread
-            site_where, site_module = sites.get((thread, node.sequence_nr), (None, None))
+            site_where, site_module = _site(node, sites)
             if module is None:
                 where, module = where or site_where, site_module
             if where is None and module is None:

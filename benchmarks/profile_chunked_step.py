@@ -248,8 +248,9 @@ def main() -> None:
                         help="record device kernels only (no host ops or layer ranges): for 512k and longer, whose "
                              "full traces take minutes to record and sum")
     parser.add_argument("--attribute", action="store_true",
-                        help="also charge each kernel of the profiled step to the genolc function that launched it, "
-                             "forward and backward apart (Python calls recorded: short windows only)")
+                        help="also charge each kernel of the profiled step to the module whose forward launched it "
+                             "(and the genolc function, where the profiler records Python calls), forward and "
+                             "backward apart: short windows only")
     parser.add_argument("--init", default="device", choices=("device", "cpu"),
                         help="where the model is initialised: on the GPU from the meta device, as finetune does "
                              "(default), or on the CPU and then moved")
@@ -268,6 +269,8 @@ def main() -> None:
             chunks = [chunk for _, chunk in rows]
     except ConfigError as error:
         parser.error(f"a length in --seq, --chunks or --rows: {error.message}")
+    if args.attribute and not args.profile_chunk:
+        parser.error("--attribute charges the profiled step's kernels: give it one with --profile-chunk")
     if args.attribute and args.profile_kernels_only:
         parser.error("--attribute needs the host-side events that --profile-kernels-only leaves out: pass one of them")
     if args.memory_chunk and args.compile and args.recompute and _torch_at_least(2, 11):

@@ -104,3 +104,24 @@ def test_module_ranges_name_the_submodule_of_every_layer_and_reach_the_backward(
     assert ("forward", "layers.*.self_attn.q_proj (Linear)") in modules
     assert ("backward", "layers.*.self_attn.q_proj (Linear)") in modules
     assert ("backward", "layers.*.mlp.gate (TopKRouter)") in modules
+
+
+def test_a_node_belongs_to_the_last_op_with_its_number_and_nested_nodes_to_their_encloser():
+    """Ops run in grad mode record the number the next node gets, so an op of another module that created no node
+    can share the number with the op that did, before it; a node replayed inside another's backward (the segmented
+    KDA op) has no forward op and is charged to the node around it."""
+    loop = _event("/repo/genolc/train/chunked.py(78): _chunked_forward_backward")
+    router = _event("module: layers.*.mlp.gate (TopKRouter)", loop)
+    _event("aten::topk", router, sequence_nr=7)
+    kda = _event("module: layers.*.self_attn (KimiDeltaAttention)", loop)
+    _event("SegmentedKDA", kda, sequence_nr=7)
+    engine = _event("<built-in method run_backward>", loop, thread=2)
+    outer = _event("autograd::engine::evaluate_function: SegmentedKDABackward", engine, thread=2, sequence_nr=7,
+                   fwd_thread=1)
+    replay = _event("autograd::engine::evaluate_function: ChunkKDAFunctionBackward", outer, thread=2,
+                    sequence_nr=40, fwd_thread=2)
+    kernel_call = _event("aten::empty", replay, thread=2, kernels=(("chunk_kda_bwd_kernel_intra", 3_000.0),))
+    events = [loop, router, *router.cpu_children, kda, *kda.cpu_children, engine, outer, replay, kernel_call]
+    rows, total = attribute_device_time(events)
+    assert total == 3_000.0
+    assert [(row["pass"], row["module"]) for row in rows] == [("backward", "layers.*.self_attn (KimiDeltaAttention)")]

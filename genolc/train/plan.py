@@ -62,14 +62,16 @@ Against the steady-state peaks of chunked steps on the H200 (the second step's, 
 compiled, bf16 streams, the pools kept): `small` 512k in 32k and 64k chunks and 1M in 64k, 45.2-83.1 GiB; `base`
 512k in 16k and 32k chunks and 1M and 2M in 16k, 81.2-120.7 GiB (benchmarks/results/plan_peaks_2026-12-03/,
 chunk_length_bf16_streams_2026-12-02/, finetune_512k_2026-12-02_s18/), these terms with the bf16 weight copies (2 P)
-are 3-7 % above each peak before the margin, 14-18 % with it (not yet attributed: the compiled norms and
-hyper-connections probably keep less than eager autograd; since the router reads its bf16 input as it is, each MoE
-layer saves 2 d bytes a token fewer than when these peaks were measured, about 1.4 GiB of `base`'s 32k chunk). With per-layer recompute a
+are 4-9 % above each peak before the margin, 15-19 % with it (not yet attributed: the compiled norms and
+hyper-connections probably keep less than eager autograd). These peaks and percentages date from before the router
+read its bf16 input as it is (2026-12-03): each MoE layer saves 2 d bytes a token fewer since, which lowered the plan
+and the measured peaks alike (`base` at 512k in 32k chunks: planned 135.6 -> 134.1 GiB, bare step 102.98 -> 101.58
+GiB; benchmarks/results/profile_2026-12-03/). With per-layer recompute a
 recomputed layer's fused kernels hold the gradients of all it saved beside them: one more ``max act(layer)`` per
 token, as fitted on 2026-11-30 to `base` at 512k-2M in 32k chunks with recompute; today's `base` at 1M in 32k
-chunks with recompute peaks at 77.1 GiB, 7.1 % under the plan and 2 % over it before the margin.
+chunks with recompute peaks at 77.1 GiB, 7.3 % under the plan and 2 % over it before the margin.
 `finetune --compile off` (eager) keeps more than the compiled step: `base` at 512k in 32k chunks peaked at
-132.05 GiB, 1.5 % under the plan and 8 % over it before the margin: for these two the margin is needed. No
+132.05 GiB, 2.6 % under the plan and 7 % over it before the margin: for these two the margin is needed. No
 context-parallel step has been measured against this table (the 2026-12-01 runs on two H200s used fp32 streams and
 the unfused mHC ops, which kept more).
 
@@ -104,7 +106,7 @@ tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per laye
 each KDA one (1,687,552); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast
 1,208,316 (1,146,880) and 562,304 (573,440); the rank's peak within 3 % of the plan whole and chunked
 (tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank: `small` at
-4M over 8 ranks in 512k chunks plans 151.3 GiB per rank against 127.0 GiB for a one-process 64k chunk (both with
+4M over 8 ranks in 512k chunks plans 151.3 GiB per rank against 125.5 GiB for a one-process 64k chunk (both with
 the pools chosen again, as a rank's are).
 
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``

@@ -3,7 +3,7 @@
 Prints the step strategy (genolc/train/strategy.py) that ``--chunk`` would give on the device, the predicted peak
 device memory with its parts, the predicted peak host memory and the step time at a given model-FLOP utilisation.
 With ``--cp N`` the memory is one context-parallel rank's (genolc/train/plan.py, estimate_context_parallel_memory).
-The figures are the memory plan's (genolc/train/plan.py; 14-18 % above the steady-state peaks of `small` at 512k-1M
+The figures are the memory plan's (genolc/train/plan.py; 15-19 % above the steady-state peaks of `small` at 512k-1M
 and `base` at 512k-2M on the H200, margin included: benchmarks/results/plan_peaks_2026-12-03/), not measurements.
 """
 

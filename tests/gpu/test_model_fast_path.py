@@ -22,7 +22,7 @@ and 4096, bf16 as CUDA autocast casts):
   fast path shares. The tolerances are twice the bf16 reference's worst over both lengths, except the loss's: its
   first run on the H200 (2026-12-03, benchmarks/results/fast_path_gpu_2026-12-03/) put the fast path's loss
   2.11e-4 off at T = 2111 (logits and every gradient within their tolerances; T = 4096 within all of them), so the
-  loss's tolerance is twice that.
+  loss's tolerance is twice that one measurement (one seed and length: a bound to revisit with more of them).
 - Not compared: the indexer's parameters (no gradient without ``indexer_loss``) and each HyperConnection's
   ``scale`` (3 numbers), whose gradient is a sum of signed per-token terms over the whole sequence: cancellation
   puts the bf16 reference up to 38% off while the per-token terms (the same connection's ``fn`` gradient) are
@@ -157,5 +157,6 @@ def test_fast_model_matches_reference_model(length, poison, rel_err, monkeypatch
         if not grad_err < tolerance:
             problems.append(f"{name}: gradient relative error {grad_err:.3g} (tolerance {tolerance})")
         compared += 1
-    assert compared > 50
+    if compared <= 50:
+        problems.append(f"only {compared} gradients compared (more than 50 expected)")
     assert not problems, f"fast model against the fp32 reference at T={length}:\n" + "\n".join(problems)

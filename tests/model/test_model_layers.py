@@ -137,24 +137,47 @@ def test_resize_vocab_keeps_the_body_and_shared_rows():
     assert model.embed_tokens.padding_idx == 39 and model.embed_tokens.weight[39].abs().sum() == 0
 
 
-def test_router_under_autocast_matches_the_fp32_copy_it_no_longer_makes():
-    """Under autocast the router hands x to the product as it is; before, it made an fp32 copy that autocast cast
-    back: scores, choices and gradients are bit-equal. Without autocast a bf16 x is still routed in fp32."""
-    torch.manual_seed(0)
-    config = preset("tiny")
-    moe = MoE(config)
-    x = torch.randn(37, config.hidden_size).to(torch.bfloat16).requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        routing = moe.gate(x)
-        expected_scores = torch.nn.functional.linear(x.float(), moe.gate.weight.float()).sigmoid()
-    torch.testing.assert_close(routing.scores, expected_scores, rtol=0, atol=0)
-    (grad_x,) = torch.autograd.grad(routing.weights.sum() + routing.scores.float().sum(), x)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        copied = torch.nn.functional.linear(x.float(), moe.gate.weight.float()).sigmoid()
-    weights = copied.float().gather(1, routing.expert_ids)
-    weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) if moe.gate.norm_topk_prob else weights
-    (expected_grad,) = torch.autograd.grad((weights * moe.gate.routed_scaling_factor).sum() + copied.float().sum(), x)
-    torch.testing.assert_close(grad_x, expected_grad, rtol=0, atol=0)
+def _router_with_the_fp32_copy(router, x):
+    """The router's forward before it stopped copying x to fp32 under autocast (commit d644251's parent)."""
+    scores = F.linear(x.float(), router.weight.float()).sigmoid()
+    choice = scores + router.e_score_correction_bias.float()
+    if router.n_group > 1:
+        grouped = choice.view(-1, router.n_group, router.num_experts // router.n_group)
+        group_rank = grouped.topk(2, dim=-1).values.sum(-1)
+        kept_groups = group_rank.topk(router.topk_group, dim=-1).indices
+        keep = torch.zeros_like(group_rank, dtype=torch.bool).scatter_(1, kept_groups, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(router.num_experts // router.n_group, dim=1),
+                                    float("-inf"))
+    expert_ids = choice.topk(router.top_k, dim=-1).indices
+    weights = scores.gather(1, expert_ids)
+    if router.norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return expert_ids, weights * router.routed_scaling_factor, scores
+
+
+def _fields(routing):
+    return routing.expert_ids, routing.weights, routing.scores
+
+
+@pytest.mark.parametrize("overrides", [{}, {"n_routed_experts": 8, "n_group": 4, "topk_group": 2,
+                                            "norm_topk_prob": False}])
+def test_router_under_autocast_is_bit_equal_to_the_fp32_copy_it_no_longer_makes(overrides):
+    """Under autocast the router hands a bf16 x to the product as it is, where it made an fp32 copy that autocast
+    cast back: choices, weights, scores and x's gradient bit-equal (random weights, so choices and gradients vary).
+    Without autocast a bf16 x is still routed in fp32."""
+    moe = _random_moe(small_config(**overrides))
+    x = torch.randn(257, moe.gate.weight.shape[1]).to(torch.bfloat16).requires_grad_()
+    probe = torch.randn(257, moe.gate.top_k)
+    results = []
+    for route in (lambda: _fields(moe.gate(x)), lambda: _router_with_the_fp32_copy(moe.gate, x)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expert_ids, weights, scores = route()
+        (grad,) = torch.autograd.grad((weights.float() * probe).sum() + scores.float().square().sum(), x)
+        results.append((expert_ids, weights, scores, grad))
+    assert results[0][2].dtype == torch.bfloat16 and results[0][3].abs().sum() > 0
+    assert len(set(results[0][0].flatten().tolist())) > 1
+    for mine, theirs in zip(*results):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
     plain = moe.gate(x.detach())
     assert plain.scores.dtype == torch.float32
-    torch.testing.assert_close(plain.scores, (x.detach().float() @ moe.gate.weight.T).sigmoid())
+    torch.testing.assert_close(plain.scores, torch.sigmoid(x.detach().float() @ moe.gate.weight.T))

@@ -44,8 +44,8 @@ class Routing:
     """One MoE layer's routing of N tokens."""
 
     expert_ids: torch.Tensor       # [N, K] long: chosen experts per token
-    weights: torch.Tensor          # [N, K] fp32: their combine weights (already scaled)
-    scores: torch.Tensor           # [N, E] fp32: sigmoid scores (for the balance loss)
+    weights: torch.Tensor          # [N, K]: their combine weights (already scaled), in the scores' dtype
+    scores: torch.Tensor           # [N, E]: sigmoid scores (for the balance loss); fp32, or autocast's dtype under it
 
 
 class TopKRouter(nn.Module):
@@ -63,12 +63,14 @@ class TopKRouter(nn.Module):
         self.register_buffer("e_score_correction_bias", torch.zeros(self.num_experts, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> Routing:
-        """``x [N, D]`` -> :class:`Routing`; the product in fp32 without autocast (in its dtype under it), the rest
-        of the routing math in fp32."""
+        """``x [N, D]`` -> :class:`Routing`. Without autocast the product and its sigmoid run in fp32; under it in
+        autocast's dtype, as before (the expert choice adds the fp32 correction bias either way)."""
         # Under autocast the product runs in the autocast dtype whatever it is handed, so x goes in as it is: an fp32
-        # copy of a bf16 x (the H200 profile of issue 14: 0.3 ms a 32k chunk of `base`, its backward's cast too)
-        # would be cast straight back, bit for bit.
-        inputs = x if torch.is_autocast_enabled(x.device.type) else x.float()
+        # copy of a bf16 x would be cast straight back, bit for bit (the H200 profile of issue 14: about 0.3 ms per
+        # MoE layer and 32k chunk of `base`, with the cast in its backward).
+        device = x.device.type
+        autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        inputs = x if autocast else x.float()
         scores = F.linear(inputs, self.weight.float()).sigmoid()
         choice = scores + self.e_score_correction_bias.float()
         if self.n_group > 1:
