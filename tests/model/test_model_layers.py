@@ -137,24 +137,6 @@ def test_resize_vocab_keeps_the_body_and_shared_rows():
     assert model.embed_tokens.padding_idx == 39 and model.embed_tokens.weight[39].abs().sum() == 0
 
 
-def _router_with_the_fp32_copy(router, x):
-    """The router's forward before it stopped copying x to fp32 under autocast (commit d644251's parent)."""
-    scores = F.linear(x.float(), router.weight.float()).sigmoid()
-    choice = scores + router.e_score_correction_bias.float()
-    if router.n_group > 1:
-        grouped = choice.view(-1, router.n_group, router.num_experts // router.n_group)
-        group_rank = grouped.topk(2, dim=-1).values.sum(-1)
-        kept_groups = group_rank.topk(router.topk_group, dim=-1).indices
-        keep = torch.zeros_like(group_rank, dtype=torch.bool).scatter_(1, kept_groups, True)
-        choice = choice.masked_fill(~keep.repeat_interleave(router.num_experts // router.n_group, dim=1),
-                                    float("-inf"))
-    expert_ids = choice.topk(router.top_k, dim=-1).indices
-    weights = scores.gather(1, expert_ids)
-    if router.norm_topk_prob:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return expert_ids, weights * router.routed_scaling_factor, scores
-
-
 def _fields(routing):
     return routing.expert_ids, routing.weights, routing.scores
 
@@ -163,13 +145,13 @@ def _fields(routing):
                                             "norm_topk_prob": False}])
 def test_router_under_autocast_is_bit_equal_to_the_fp32_copy_it_no_longer_makes(overrides):
     """Under autocast the router hands a bf16 x to the product as it is, where it made an fp32 copy that autocast
-    cast back: choices, weights, scores and x's gradient bit-equal (random weights, so choices and gradients vary).
-    Without autocast a bf16 x is still routed in fp32."""
+    cast back (what handing it ``x.float()`` still does): choices, weights, scores and x's gradient bit-equal (random
+    weights, so choices and gradients vary). Without autocast a bf16 x is still routed in fp32."""
     moe = _random_moe(small_config(**overrides))
     x = torch.randn(257, moe.gate.weight.shape[1]).to(torch.bfloat16).requires_grad_()
     probe = torch.randn(257, moe.gate.top_k)
     results = []
-    for route in (lambda: _fields(moe.gate(x)), lambda: _router_with_the_fp32_copy(moe.gate, x)):
+    for route in (lambda: _fields(moe.gate(x)), lambda: _fields(moe.gate(x.float()))):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             expert_ids, weights, scores = route()
         (grad,) = torch.autograd.grad((weights.float() * probe).sum() + scores.float().square().sum(), x)
