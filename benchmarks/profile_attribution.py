@@ -33,15 +33,17 @@ def module_label(path: str, module) -> str:
     return f"{_LAYER_NUMBER.sub('*', path) or '(model)'} ({type(module).__name__})"
 
 
-def label_modules(model) -> list:
-    """Open a ``record_function`` range named :func:`module_label` around every submodule's forward (the model's
-    own included); returns the hook handles to remove."""
+def label_modules(model, name=None) -> list:
+    """Open a ``record_function`` range around the forward of every submodule (the model's own included) that
+    ``name(path, module)`` names (default: ``MODULE_RANGE`` + :func:`module_label`; None leaves a module out);
+    returns the hook handles to remove."""
     import torch
 
+    name = name or (lambda path, module: MODULE_RANGE + module_label(path, module))
     handles, open_ranges = [], {}
 
     def before(label, module, args):
-        context = torch.profiler.record_function(MODULE_RANGE + label)
+        context = torch.profiler.record_function(label)
         context.__enter__()
         open_ranges.setdefault(id(module), []).append(context)
 
@@ -49,8 +51,10 @@ def label_modules(model) -> list:
         open_ranges[id(module)].pop().__exit__(None, None, None)
 
     for path, module in model.named_modules():
-        handles.append(module.register_forward_pre_hook(lambda m, a, label=module_label(path, module):
-                                                        before(label, m, a)))
+        label = name(path, module)
+        if label is None:
+            continue
+        handles.append(module.register_forward_pre_hook(lambda m, a, label=label: before(label, m, a)))
         handles.append(module.register_forward_hook(after, always_call=True))
     return handles
 

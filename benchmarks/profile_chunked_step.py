@@ -141,21 +141,8 @@ def _memory_step(model, length: int, chunk: int, top: int, **loss) -> dict:
 
 def _label_forwards(model) -> list:
     """record_function ranges around every forward of the PROFILED_CLASSES modules (fill and backward passes)."""
-    handles, open_ranges = [], {}
-
-    def before(module, args):
-        context = torch.profiler.record_function(f"forward:{type(module).__name__}")
-        context.__enter__()
-        open_ranges.setdefault(id(module), []).append(context)
-
-    def after(module, args, output):
-        open_ranges[id(module)].pop().__exit__(None, None, None)
-
-    for module in model.modules():
-        if type(module).__name__ in PROFILED_CLASSES:
-            handles.append(module.register_forward_pre_hook(before))
-            handles.append(module.register_forward_hook(after))
-    return handles
+    return label_modules(model, lambda path, module: f"forward:{type(module).__name__}"
+                         if type(module).__name__ in PROFILED_CLASSES else None)
 
 
 def _profiled_step(model, length: int, chunk: int, top: int, kernels_only: bool = False, attribute: bool = False,

@@ -125,3 +125,22 @@ def test_a_node_belongs_to_the_last_op_with_its_number_and_nested_nodes_to_their
     rows, total = attribute_device_time(events)
     assert total == 3_000.0
     assert [(row["pass"], row["module"]) for row in rows] == [("backward", "layers.*.self_attn (KimiDeltaAttention)")]
+
+
+def test_label_modules_opens_ranges_only_for_the_modules_named():
+    import torch
+
+    from genolc.model import build_model, preset
+
+    model = build_model(preset("tiny"))
+    handles = label_modules(model, lambda path, module: f"forward:{type(module).__name__}"
+                            if type(module).__name__ == "TopKRouter" else None)
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+            model(torch.randint(0, 4, (1, 32)))
+    finally:
+        for handle in handles:
+            handle.remove()
+    ranges = {event.name for event in profiler.events() if event.name.startswith(("forward:", "module: "))}
+    assert ranges == {"forward:TopKRouter"}
+    assert len(handles) == 2 * sum(1 for m in model.modules() if type(m).__name__ == "TopKRouter")
