@@ -90,7 +90,7 @@ class PieceInputs:
 
 def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
     """``KimiDeltaAttention.forward`` for this rank's concatenated pieces ``x [B, T_local, D]``, from the layer's own
-    steps (``mixer_inputs``, ``short_conv``, ``split_heads``, ``recurrence``, ``output``); with ``cache`` the span
+    steps (``mixer_inputs``, ``convolved_heads``, ``recurrence``, ``output``); with ``cache`` the span
     is one chunk of the window (the state and convolution inputs before it in ``cache.past``, the chunk's in
     ``cache.present``)."""
     batch = x.shape[0]
@@ -104,7 +104,7 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
     betas = context.split(given.beta)
     locals_, throughs, finals = [], [], []
     for piece, relative, conv_in, piece_gate, piece_beta in zip(pieces, first, inputs, gate_inputs, betas):
-        q, k, v = layer.split_heads(given.convolved(relative.index, conv_in))
+        q, k, v = layer.convolved_heads(conv_in, given.tail_before(relative.index))
         value_dim = v.shape[-1]
         values = torch.cat([v, v.new_zeros(batch, len(piece), heads, dim)], dim=-1)
         start_state = torch.cat([torch.zeros(batch, heads, dim, value_dim, device=x.device),

@@ -116,7 +116,7 @@ def _compiled_methods() -> dict[type, tuple[str, ...]]:
     from genolc.model.layers.norm import GatedRMSNorm
 
     return {HyperConnection: ("forward", "merge"), RMSNorm: ("forward",), GatedRMSNorm: ("forward",),
-            KimiDeltaAttention: ("short_conv",), Fp32MergeHyperConnection: ("forward", "merge"),
+            KimiDeltaAttention: ("short_conv", "convolved_heads"), Fp32MergeHyperConnection: ("forward", "merge"),
             StreamRMSNorm: ("forward",)}
 
 

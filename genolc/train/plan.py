@@ -96,17 +96,18 @@ tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per laye
                                                              second piece reads them again)
       with indexer    + 4 Di (2 S + (3 S + P) / kpool)       the span's keys and gate logits pooled by every rank
                       (+ 2 a d s under bf16)                 and two more casts for their projections
-    KDA layer         reference: 24 W s + 4 H Dk^2 s / 64    five value-sized tensors Dk columns wider, the
-                      fast:      (2 a + 4) W s               correction's fp32 input; fast: padded values, correction
+    KDA layer         reference: 20 W s + 4 H Dk^2 s / 64    value-sized fp32 tensors Dk columns wider, the
+                      fast:      (a + 4) W s                 correction's fp32 input; fast: the values' zero
+                                                             columns, the correction's input
                       + 24 N H Dk^2                          the gathered end states and the identity start states
     one DSA backward  4 R (3 S + P) + 16 Di S               the rows' fp32 gradients and the padded gather buffer
 
 (summed over layers; with recompute the largest layer's). Measured on CPU (`tiny`, 2 gloo ranks, 2048 tokens):
-823,292 bytes more than one process of 1024 tokens in the DSA token mixer (819,200 planned) and up to 1,661,200 in
-each KDA one (1,687,552); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast
-1,208,316 (1,146,880) and 562,304 (573,440); the rank's peak within 3 % of the plan whole and chunked
+823,292 bytes more than one process of 1024 tokens in the DSA token mixer (819,200 planned) and up to 1,399,056 in
+each KDA one (1,425,408); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast
+1,208,316 (1,146,880) and 443,520 (442,368); the rank's peak within 1.5 % of the plan whole and chunked
 (tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank: `small` at
-4M over 8 ranks in 512k chunks plans 151.3 GiB per rank against 125.5 GiB for a one-process 64k chunk (both with
+4M over 8 ranks in 512k chunks plans 150.1 GiB per rank against 125.5 GiB for a one-process 64k chunk (both with
 the pools chosen again, as a rank's are).
 
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
@@ -572,16 +573,19 @@ def context_parallel_saved_bytes(config: ModelConfig, *, span: int, cp: int, pas
     # [0 | I] start state its op call keeps.
     kda_states = (pieces + cp) * c.linear_num_heads * c.linear_head_dim * 2 * c.linear_head_dim * 4
     if fast_kernels:
-        # SegmentedKDA saves its inputs: the values padded with Dk zero columns are a new [T, H, Dv + Dk] tensor;
-        # the correction's einsum saves an fp32 copy of the extra output columns [T, H, Dk] (`tiny`, 2 ranks of
-        # 1024 tokens, stand-in kernels: 562,304 bytes more than one process; this 573,440).
-        kda = share * (2 * a + 4) * width + kda_states
+        # SegmentedKDA saves its inputs: the values padded with Dk zero columns are a new [T, H, Dv + Dk] tensor
+        # (one process saves the values alone); the correction's einsum saves an fp32 copy of the extra output
+        # columns [T, H, Dk] (`tiny`, 2 ranks of 1024 tokens, stand-in kernels: 443,520 bytes more than one process;
+        # this 442,368). Until the layer handed its op contiguous q, k, v (convolved_heads), the q and k views kept
+        # the convolution's whole output alive, v's columns too: a W s more.
+        kda = share * (a + 4) * width + kda_states
     else:
-        # The chunked reference saves five value-sized fp32 tensors per token, each Dk columns wider, the
-        # correction's einsum the extra output columns, and one [H, Dk, Dv + Dk] state per 64-token chunk instead of
-        # [H, Dk, Dv]: `tiny` at 2048 tokens over 2 ranks saved 1.66 MB more per KDA layer than one process of
-        # 1024 tokens (saved_tensors_hooks), this 1.69 MB.
-        kda = (share * 6 * 4 * width + -(-share // KDA_CHUNK) * c.linear_num_heads * c.linear_head_dim ** 2 * 4
+        # The chunked reference saves value-sized fp32 tensors per token, each Dk columns wider, the correction's
+        # einsum the extra output columns, and one [H, Dk, Dv + Dk] state per 64-token chunk instead of [H, Dk, Dv]:
+        # `tiny` at 2048 tokens over 2 ranks saved 1.40 MB more per KDA layer than one process of 1024 tokens
+        # (saved_tensors_hooks), this 1.43 MB. (4 W s more, 1.66 MB, before the layer handed its op contiguous q,
+        # k, v: their views had kept the convolution's whole output alive.)
+        kda = (share * 5 * 4 * width + -(-share // KDA_CHUNK) * c.linear_num_heads * c.linear_head_dim ** 2 * 4
                + kda_states)
     # Each piece's attention (and its indexer KL's key head) saves the latent rows from position 0 to the piece's
     # end: under zigzag a rank's two pieces end at (r + 1) / 2cp and (2cp - r) / 2cp of the span, span (1 + 1 / 2cp)

@@ -85,6 +85,7 @@ def test_norms_and_short_conv(length):
     tail = torch.randn(1, 3, 3 * 1024, device="cuda", dtype=torch.bfloat16)
     _compare(kda, [qkv, tail], lambda m, x, t: [m.short_conv(x, t)], BF16_TOLERANCE)
     _compare(kda, [qkv], lambda m, x: [m.short_conv(x)], BF16_TOLERANCE)
+    _compare(kda, [qkv, tail], lambda m, x, t: list(m.convolved_heads(x, t)), BF16_TOLERANCE)
 
 
 def test_chunked_step_loss_matches_eager():

@@ -113,3 +113,27 @@ def test_a_second_derivative_is_refused():
     (grad,) = torch.autograd.grad(out.square().sum(), padded, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         grad.sum().backward()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_convolved_heads_are_the_split_convolution_each_contiguous(compiled, tmp_path, monkeypatch):
+    """What the layer hands its KDA op: q, k, v of the convolution's output as three contiguous tensors (fla would
+    copy strided slices), equal to the split views, gradients included; compiled as finetune compiles it (inductor's
+    C++ backend here)."""
+    layer = _layer()
+    if compiled:
+        from genolc.train.apply import apply_compile
+
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+        apply_compile(layer)
+    channels = layer.conv1d.weight.shape[0]
+    qkv = torch.randn(2, 13, channels, requires_grad=True)
+    tail = torch.randn(2, 3, channels)
+    heads = layer.convolved_heads(qkv, tail)
+    views = KimiDeltaAttention.split_heads(layer, KimiDeltaAttention.short_conv(layer, qkv, tail))
+    assert all(t.is_contiguous() for t in heads) and not any(t.is_contiguous() for t in views)
+    weights = [torch.randn_like(t) for t in views]
+    got = torch.autograd.grad(sum((t * w).sum() for t, w in zip(heads, weights)), [qkv, layer.conv1d.weight])
+    want = torch.autograd.grad(sum((t * w).sum() for t, w in zip(views, weights)), [qkv, layer.conv1d.weight])
+    for mine, theirs in zip((*heads, *got), (*views, *want)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)

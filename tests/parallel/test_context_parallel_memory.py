@@ -4,16 +4,16 @@
 2048-token window of real human DNA (GRCh37 chr22, char tokenizer, ending in its N run), MoE balance loss and sparse
 indexer KL on. Each rank's peak live tensor bytes during one forward and backward are counted by
 tests/tensor_memory.py's PeakTensorBytes, whole-window and chunked (512-token chunks), and compared with the plan's
-activations and logits: within 20 %. Measured on 2026-11-30: whole window 264.0 MB on the larger rank (parameter
-gradients left out), planned 259.2 MB now and 252.0 MB by the old one-process plan of the rank's 1024 tokens;
-chunked 68.4 MB, planned 66.7 MB now and 64.5 MB before. At CP 2 on `tiny` the span's terms are small (about 3 %),
+activations and logits: within 20 %. Measured on 2026-12-03 (after the KDA layer handed its op contiguous q, k, v):
+whole window 260.9 MB on the larger rank (parameter gradients left out), planned 258.4 MB (264.0 and 259.2 on
+2026-11-30, 252.0 by the old one-process plan of the rank's 1024 tokens); chunked 67.4 MB, planned 66.5 MB (68.4 and
+66.7 before, 64.5 by the old plan). At CP 2 on `tiny` the span's terms are small (about 3 %),
 so both plans are inside that band; the terms themselves are checked mixer by mixer against what autograd saves:
 a CP rank's DSA layer saves 823,292 bytes more than one process of its 1024 tokens (the old plan: none; the terms:
-819,200), each KDA layer up to 1,661,200 (the terms: 1,687,552); with the fast ops' autograd Functions around
-stand-in kernels under bf16 autocast 1,208,316 (1,146,880) and 562,304 (573,440). They grow
-with the span over the share: `small` at 4M over 8 ranks in 256k chunks (32k tokens a rank, the chunk the old
-one-process plan of the share picked) plans 151.3 GiB per rank, more than the 139.8 GiB of an H200, where the
-one-process plan says 129 GiB; --chunk auto picks 128k (111.2 GiB). These figures are quoted in the README.
+819,200), each KDA layer up to 1,399,056 (the terms: 1,425,408); with the fast ops' autograd Functions around
+stand-in kernels under bf16 autocast 1,208,316 (1,146,880) and 443,520 (442,368). They grow
+with the span over the share: `small` at 4M over 8 ranks in 512k chunks (64k tokens a rank) plans 150.1 GiB per
+rank, more than the 139.8 GiB of an H200; --chunk auto picks 256k (110.5 GiB). These figures are quoted in the README.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def test_cp_chunk_choice_uses_the_context_parallel_estimate():
     assert "chunks of 256k split over the ranks, 32k tokens each" in strategy.describe()
     asked = choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=512 * 1024,
                                              budget_bytes=budget, multiple=64, where="test", **args)
-    assert "estimated peak 151.3 GiB" in asked.describe() and "it may run out of memory" in asked.describe()
+    assert "estimated peak 150.1 GiB" in asked.describe() and "it may run out of memory" in asked.describe()
     with pytest.raises(OutOfMemoryPlanError) as refused:
         choose_context_parallel_strategy(config, seq_len=seq, cp=cp, pieces=2 * cp, chunk=1024 * 1024,
                                          budget_bytes=budget, multiple=64, where="test", **args)
@@ -173,8 +173,8 @@ def test_plan_command_plans_a_context_parallel_rank():
 
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M", "--cp", "8"])
     assert result.exit_code == 0, result.output
-    assert "--seq 4M: chunked step, --chunk 256k, estimated peak 111.1 GiB (--cp 8: chunks of 256k" in result.output
-    assert "peak device memory 111.1 GiB of 139.8 on each of the 8 ranks" in result.output
+    assert "--seq 4M: chunked step, --chunk 256k, estimated peak 110.5 GiB (--cp 8: chunks of 256k" in result.output
+    assert "peak device memory 110.5 GiB of 139.8 on each of the 8 ranks" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "4M", "--cp", "8", "--chunk", "off"])
     assert result.exit_code == 0 and "does not fit: out of device memory at --seq 4M --cp 8:" in result.output
 

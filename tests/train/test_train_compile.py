@@ -45,7 +45,8 @@ def test_compile_wraps_the_per_token_modules_once_and_keeps_names(monkeypatch, t
     assert list(model.state_dict()) == names
     layer = model.layers[0]
     for module, name in ((layer.attn_hc, "forward"), (layer.attn_hc, "merge"), (layer.input_layernorm, "forward"),
-                         (layer.self_attn, "short_conv"), (layer.self_attn.o_norm, "forward")):
+                         (layer.self_attn, "short_conv"), (layer.self_attn, "convolved_heads"),
+                         (layer.self_attn.o_norm, "forward")):
         method = vars(module)[name]
         assert isinstance(method, functools.partial) and method.args == (module,), (module, name)
         assert getattr(method.func, "_torchdynamo_orig_callable", None) is getattr(type(module), name)

@@ -102,6 +102,14 @@ class KimiDeltaAttention(nn.Module):
         conv_input = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         return conv_input, self.forget_gate.pre_activation(x), torch.sigmoid(self.b_proj(x))
 
+    def convolved_heads(self, qkv: torch.Tensor, tail: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`short_conv`, then :meth:`split_heads` with each of q, k, v contiguous. fla makes its inputs
+        contiguous anyway, copying the column slices of the convolution's output with strided reads; compiled
+        (genolc/train/apply.py), the convolution writes the three tensors itself."""
+        q, k, v = self.split_heads(self.short_conv(qkv, tail))
+        return q.contiguous(), k.contiguous(), v.contiguous()
+
     def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The short convolution's output ``[B, T, 3 W]`` as q, k, v ``[B, T, H, Dk]``."""
         heads_shape = (*qkv.shape[:2], self.num_heads, self.head_dim)
@@ -131,7 +139,7 @@ class KimiDeltaAttention(nn.Module):
             raise ValueError(f"KDA input must be [B, T, D]; got {tuple(x.shape)}")
         conv_input, gate_input, beta = self.mixer_inputs(x)
         conv_tail = None if cache is None else cache.past.get("conv_tail")
-        q, k, v = self.split_heads(self.short_conv(conv_input, conv_tail))
+        q, k, v = self.convolved_heads(conv_input, conv_tail)
         initial_state = None if cache is None else cache.past.get("state")
         core, final_state = self.recurrence(q, k, v, gate_input, beta, initial_state, cache is not None)
         if cache is not None:
