@@ -59,13 +59,15 @@ def gather_conv_tails(context: ContextParallel, inputs: list[torch.Tensor],
 @dataclass
 class PieceInputs:
     """A KDA layer's inputs for this rank's pieces (both context-parallel forms): the convolution inputs split by
-    piece, the gate input and beta of all of them, and every piece's convolution tail from the other ranks."""
+    piece, the gate input, beta and the output gate's low-rank projection of all of them, and every piece's
+    convolution tail from the other ranks."""
 
     layer: nn.Module
     past: dict[str, torch.Tensor]
     inputs: list[torch.Tensor]
     gate_input: torch.Tensor
     beta: torch.Tensor
+    gate_low: torch.Tensor
     tails: list[torch.Tensor]
     gathered_tails: torch.Tensor
     lengths: list[int]
@@ -74,11 +76,11 @@ class PieceInputs:
     @classmethod
     def of(cls, layer, context: ContextParallel, x: torch.Tensor, cache: LayerCache | None) -> "PieceInputs":
         keep = layer.conv1d.weight.shape[-1] - 1
-        conv_input, gate_input, beta = layer.mixer_inputs(x)
+        conv_input, gate_input, beta, gate_low = layer.mixer_inputs(x)
         inputs = context.split(conv_input)
         tails, gathered_tails = gather_conv_tails(context, inputs, keep)
-        return cls(layer, {} if cache is None else cache.past, inputs, gate_input, beta, tails, gathered_tails,
-                   context.span_lengths, keep)
+        return cls(layer, {} if cache is None else cache.past, inputs, gate_input, beta, gate_low, tails,
+                   gathered_tails, context.span_lengths, keep)
 
     def convolved(self, piece_index: int, piece_input: torch.Tensor) -> torch.Tensor:
         """Piece ``piece_index`` (of the span) through the layer's short convolution, after the inputs before it."""
@@ -135,4 +137,4 @@ def kda_forward(layer, context: ContextParallel, x: torch.Tensor, cache: LayerCa
     if cache is not None:
         cache.present["state"] = state
         cache.present["conv_tail"] = given.tail_before(len(lengths))
-    return anchor(layer.output(x, torch.cat(cores, dim=1)), given.gathered_tails, gathered_finals)
+    return anchor(layer.output(torch.cat(cores, dim=1), given.gate_low), given.gathered_tails, gathered_finals)

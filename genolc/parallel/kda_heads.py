@@ -75,4 +75,4 @@ def kda_forward_heads(layer, context: ContextParallel, x: torch.Tensor, cache: L
         gathered_state = all_gather(final, context.group)                  # [cp, B, H / cp, Dk, Dv]
         cache.present["state"] = gathered_state.transpose(0, 1).flatten(1, 2)
         cache.present["conv_tail"] = given.tail_before(len(given.lengths))
-    return anchor(layer.output(x, context.span_to_heads(core)), given.gathered_tails, gathered_state)
+    return anchor(layer.output(context.span_to_heads(core), given.gate_low), given.gathered_tails, gathered_state)

@@ -228,8 +228,8 @@ def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: boo
                             + 12 * c.num_experts_per_tok + 4 + routed)
         if attn == "linear_attention":
             width = c.linear_num_heads * c.linear_head_dim
-            layer_bytes += a * ((6 if own_casts else 1) * d + 16 * width + 2 * c.linear_head_dim
-                                + 3 * c.linear_num_heads)
+            # One product for all six input projections (KimiDeltaAttention.mixer_inputs): one cast of x either way.
+            layer_bytes += a * (d + 16 * width + 2 * c.linear_head_dim + 3 * c.linear_num_heads)
         else:
             heads = c.num_attention_heads
             layer_bytes += (a * ((2 if own_casts else 1) * d + 2 * heads * c.kv_lora_rank

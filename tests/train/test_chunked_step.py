@@ -65,8 +65,11 @@ def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, r
 
     assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
     assert set(result.aux) == ({"moe_balance", "indexer_kl"} if mode else {"moe_balance"})
+    # The KL (about 3e-5 here) carries 1-3e-5 relative fp32 rounding, measured against this model in float64, where
+    # chunked and whole differ by 1e-5 themselves (dense, 333-token chunks, 2026-12-03); a lost chunk's share would
+    # be a sixth of it or more.
     for name, value in whole.aux.items():
-        assert float(result.aux[name]) == pytest.approx(float(value), rel=1e-5, abs=1e-9)
+        assert float(result.aux[name]) == pytest.approx(float(value), rel=1e-4, abs=1e-9)
     assert {k: v.tolist() for k, v in result.tokens_per_expert.items()} == \
            {k: v.tolist() for k, v in expected_counts.items()}
     assert set(got) == set(expected)
