@@ -101,8 +101,8 @@ def test_module_ranges_name_the_submodule_of_every_layer_and_reach_the_backward(
         profiler.events(), weight=lambda e: e.self_cpu_time_total if e.name.startswith("aten::") else 0.0)
     modules = {(row["pass"], row["module"]) for row in rows}
     # A projection's matmul in both passes: the backward's charged through its node to the forward's range.
-    assert ("forward", "layers.*.self_attn.q_proj (Linear)") in modules
-    assert ("backward", "layers.*.self_attn.q_proj (Linear)") in modules
+    assert ("forward", "layers.*.self_attn.o_proj (Linear)") in modules
+    assert ("backward", "layers.*.self_attn.o_proj (Linear)") in modules
     assert ("backward", "layers.*.mlp.gate (TopKRouter)") in modules
 
 
