@@ -33,8 +33,8 @@ On CUDA the model runs the fast kernels (``fast_kernels=True``, bf16 autocast) a
 less; ``act(layer)`` is then (bytes per token, ``a`` = 2, ``s`` the residual streams' bytes: 2 for bf16 streams, the
 default under autocast, 4 with ``--stream-dtype float32``; ``x`` the copies of the block's input its projections
 save: with bf16 streams the norm hands them one bf16 input, x = 1 (the router reads it as it is under autocast, as
-the shared expert does); with fp32 streams each casts the fp32 norm output on its own, x = 6 in KDA, 2 in DSA and the
-dense MLP, 2 (n_shared + 1) in MoE)::
+the shared expert does); with fp32 streams each casts the fp32 norm output on its own, x = 2 in DSA and the dense
+MLP, 2 (n_shared + 1) in MoE, and 1 in KDA, whose six projections are one product)::
 
     2 x mHC           s n d + 8 n^2 + 20 n + 4     the streams, the fused mixing op's fp32 logits, rstd and weights
     2 x RMSNorm       (4 + s) d + 4                input, fp32 normalised value, rstd
@@ -576,15 +576,14 @@ def context_parallel_saved_bytes(config: ModelConfig, *, span: int, cp: int, pas
         # SegmentedKDA saves its inputs: the values padded with Dk zero columns are a new [T, H, Dv + Dk] tensor
         # (one process saves the values alone); the correction's einsum saves an fp32 copy of the extra output
         # columns [T, H, Dk] (`tiny`, 2 ranks of 1024 tokens, stand-in kernels: 443,520 bytes more than one process;
-        # this 442,368). Until the layer handed its op contiguous q, k, v (convolved_heads), the q and k views kept
-        # the convolution's whole output alive, v's columns too: a W s more.
+        # this 442,368). The layer hands its op contiguous q, k, v (convolved_heads), so no view of them keeps the
+        # convolution's whole output alive.
         kda = share * (a + 4) * width + kda_states
     else:
         # The chunked reference saves value-sized fp32 tensors per token, each Dk columns wider, the correction's
         # einsum the extra output columns, and one [H, Dk, Dv + Dk] state per 64-token chunk instead of [H, Dk, Dv]:
         # `tiny` at 2048 tokens over 2 ranks saved 1.40 MB more per KDA layer than one process of 1024 tokens
-        # (saved_tensors_hooks), this 1.43 MB. (4 W s more, 1.66 MB, before the layer handed its op contiguous q,
-        # k, v: their views had kept the convolution's whole output alive.)
+        # (saved_tensors_hooks), this 1.43 MB.
         kda = (share * 5 * 4 * width + -(-share // KDA_CHUNK) * c.linear_num_heads * c.linear_head_dim ** 2 * 4
                + kda_states)
     # Each piece's attention (and its indexer KL's key head) saves the latent rows from position 0 to the piece's

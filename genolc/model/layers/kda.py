@@ -108,10 +108,15 @@ class KimiDeltaAttention(nn.Module):
 
         All six projections of ``x`` are one product with their weights stacked: x's gradient is one GEMM instead
         of six and five additions, and q, k, v need no concatenation (the H200 profile of issue 14)."""
-        stacked = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.b_proj.weight,
-                             self.forget_gate.f_a_proj.weight, self.g_a_proj.weight])
-        conv_input, b, forget_low, gate_low = F.linear(x, stacked).split(
-            [3 * self.width, self.num_heads, self.head_dim, self.head_dim], dim=-1)
+        weights = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.b_proj.weight,
+                   self.forget_gate.f_a_proj.weight, self.g_a_proj.weight]
+        widths = [3 * self.width, self.num_heads, self.head_dim, self.head_dim]
+        # Zero rows up to a multiple of 16: cuBLAS's fast bf16 kernels want the product's rows 16-byte aligned
+        # (`base`'s 4876 columns would not be).
+        padding = -sum(widths) % 16
+        if padding:
+            weights.append(self.q_proj.weight.new_zeros(padding, x.shape[-1]))
+        conv_input, b, forget_low, gate_low, _ = F.linear(x, torch.cat(weights)).split(widths + [padding], dim=-1)
         # The narrow outputs are copied out: saved as views (by the projections that take them) they would keep
         # the whole product alive for backward.
         gate_input = self.forget_gate.expand(forget_low.contiguous())
@@ -160,7 +165,9 @@ class KimiDeltaAttention(nn.Module):
         core, final_state = self.recurrence(q, k, v, gate_input, beta, initial_state, cache is not None)
         if cache is not None:
             keep = self.conv1d.weight.shape[-1] - 1
-            seen = conv_input if conv_tail is None else torch.cat([conv_tail.to(conv_input.dtype), conv_input], 1)
-            cache.present["conv_tail"] = seen[:, max(0, seen.shape[1] - keep):]
+            seen = conv_input if conv_tail is None or conv_input.shape[1] >= keep else \
+                torch.cat([conv_tail.to(conv_input.dtype), conv_input], 1)
+            # A copy: a view would keep the chunk's whole input product alive until the chunk's backward.
+            cache.present["conv_tail"] = seen[:, max(0, seen.shape[1] - keep):].clone()
             cache.present["state"] = final_state
         return self.output(core, gate_low)
