@@ -21,7 +21,6 @@ Results (JSON with command, git SHA, device) go to $OUT (or benchmarks/results/)
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -36,6 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpu_bench_common import git_sha  # noqa: E402
 
 from genolc.model import build_model, preset  # noqa: E402
+from genolc.data.genome import open_genome  # noqa: E402
+from genolc.errors import GenolcError  # noqa: E402
+from genolc.eval.scorer import forward_chunks  # noqa: E402
 from genolc.model.cache import WindowCache  # noqa: E402
 from genolc.model.layers.dsa import DSAAttention  # noqa: E402
 from genolc.model.ops.indexer.layout import complete_pools_visible, selected_pools  # noqa: E402
@@ -46,24 +48,22 @@ GROUPS = (2, 4, 8, 16)
 
 
 def dna_window(path: Path, offset: int, length: int) -> torch.Tensor:
-    """``[1, length]`` char-tokenizer ids of the bases ``offset .. offset + length - 1`` of the first record."""
-    wanted, pieces, seen = offset + length, [], 0
-    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as handle:
-        for line in handle:
-            if line.startswith(">"):
-                if seen:
-                    break
-                continue
-            pieces.append(line.strip())
-            seen += len(pieces[-1])
-            if seen >= wanted:
-                break
-    bases = "".join(pieces)[offset:wanted].upper()
+    """``[1, length]`` char-tokenizer ids of the bases ``offset .. offset + length - 1`` of the genome's first
+    record (genolc.data.genome reads it; its InputError for a bad file)."""
+    records = open_genome(path).records()
+    record = next(records, None)           # read while the generator is alive: closing it ends the stream
+    pieces, seen = [], 0
+    for chunk in ([] if record is None else record.chunks(1 << 20)):
+        pieces.append(chunk[max(0, offset - seen): max(0, offset + length - seen)])
+        seen += len(chunk)
+        if seen >= offset + length:
+            break
+    records.close()
+    bases = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
     if len(bases) < length:
-        raise SystemExit(f"{path}: {len(bases)} bases from {offset}, fewer than the {length} asked for; lower "
-                         f"--offset or --seq")
-    ids = CharTokenizer().encode(np.frombuffer(bases.encode(), dtype=np.uint8))
-    return torch.from_numpy(np.asarray(ids, dtype=np.int64))[None]
+        raise SystemExit(f"{path}: {len(bases)} bases from {offset} in its first record, fewer than the {length} "
+                         f"asked for; lower --offset or --seq")
+    return torch.from_numpy(CharTokenizer().encode(bases).astype(np.int64))[None]
 
 
 def distinct_per_group(pools: torch.Tensor, group: int) -> torch.Tensor:
@@ -81,7 +81,7 @@ class OverlapCounter:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.rows: list[dict] = []
-        self.chunk_start = 0
+        self.positions_seen: dict[str, int] = {}      # per layer: the chunks run so far, in order
         self.handles = [module.register_forward_hook(self._hook(name)) for name, module in model.named_modules()
                         if isinstance(module, DSAAttention) and module.indexer is not None]
 
@@ -89,11 +89,13 @@ class OverlapCounter:
         def record(module: DSAAttention, args, output) -> None:
             keep = module.topk // module.kpool
             pools = selected_pools(output.indices, module.topk, module.kpool)[0]        # [T, keep]
-            positions = torch.arange(self.chunk_start, self.chunk_start + pools.shape[0], device=pools.device)
+            start = self.positions_seen.get(name, 0)
+            self.positions_seen[name] = start + pools.shape[0]
+            positions = torch.arange(start, start + pools.shape[0], device=pools.device)
             # Aligned groups from the first query that chooses among more than `keep` pools (positions ascend).
             choosing = complete_pools_visible(positions, module.kpool) > keep
             first = int(choosing.int().argmax()) if bool(choosing.any()) else pools.shape[0]
-            row = {"layer": name, "chunk_start": self.chunk_start, "keep": keep}
+            row = {"layer": name, "chunk_start": start, "keep": keep}
             for group in GROUPS:
                 start = -(-first // group) * group
                 if pools.shape[0] - start < group:
@@ -130,28 +132,29 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=10_000_000, help="first base taken from --fasta")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a check of the script on a short window")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device here: run it on the GPU, or with --device cpu on a short window")
     seq, chunk = parse_length(args.seq), parse_length(args.chunk)
     torch.manual_seed(0)
     if args.fasta:
-        ids = dna_window(Path(args.fasta), args.offset, seq).to(args.device)
+        try:
+            ids = dna_window(Path(args.fasta), args.offset, seq).to(args.device)
+        except GenolcError as error:
+            parser.error(f"--fasta: {error.message}")
     else:
         ids = torch.randint(0, 4, (1, seq), generator=torch.Generator().manual_seed(0)).to(args.device)
     model = build_model(preset(args.model), device=args.device)
     counter = OverlapCounter(model)
     window = WindowCache(model.config.num_hidden_layers, seq)
     with torch.no_grad(), torch.autocast(args.device, dtype=torch.bfloat16):
-        for a in range(0, seq, chunk):
-            b = min(a + chunk, seq)
-            counter.chunk_start = a
-            cache = window.chunk(a)
-            model(ids[:, a:b], cache=cache)
-            window.commit(cache, b)
+        forward_chunks(model, window, ids, 0, seq, chunk, None, lambda a, b, logits: None)
     counter.close()
     out_dir = Path(os.environ.get("OUT", Path(__file__).resolve().parent / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)
     source = Path(args.fasta).name if args.fasta else "random"
     record = {"command": "python benchmarks/selection_overlap.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
-              "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device, "torch": torch.__version__, "model": args.model,
+              "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+              "torch": torch.__version__, "model": args.model,
               "seq": format_length(seq), "chunk": format_length(chunk), "input": source,
               "weights": "random initialisation (torch.manual_seed(0))",
               "mean_union_over_g_keep": summarise(counter.rows), "rows": counter.rows}
