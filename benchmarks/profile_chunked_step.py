@@ -37,6 +37,7 @@ from genolc.errors import ConfigError  # noqa: E402
 from genolc.model import build_model, parameter_counts, preset  # noqa: E402
 from genolc.train.apply import apply_compile, apply_recompute, apply_stream_dtype  # noqa: E402
 from genolc.train.chunked import chunked_forward_backward  # noqa: E402
+from genolc.train.kept_attention import KeptAttention  # noqa: E402
 from genolc.train.loss import LossTerms  # noqa: E402
 from genolc.train.plan import estimate_chunked_memory  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
@@ -67,7 +68,8 @@ def _window(length: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.ones(1, length, device=device)
 
 
-def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_balance: float = 0.0) -> dict:
+def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_balance: float = 0.0,
+               kept_attention: KeptAttention | None = None) -> dict:
     ids, weights = _window(length, "cuda")
     terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=moe_balance, indexer_kl_coef=1.0,
                       indexer_mode=indexer)
@@ -76,7 +78,8 @@ def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_b
     torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     result = chunked_forward_backward(model, ids, weights, terms, chunk,
-                                      lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+                                      lambda: torch.autocast("cuda", dtype=torch.bfloat16),
+                                      kept_attention=kept_attention)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     return {"seq": format_length(length), "chunk": format_length(chunk), "seconds": round(seconds, 2),
@@ -243,7 +246,14 @@ def main() -> None:
                              "(default), or on the CPU and then moved")
     parser.add_argument("--memory-chunk", default="", help="chunk length of a step whose CUDA allocations are "
                         "recorded: what was alive at its peak, by allocating source line ('' for none)")
+    parser.add_argument("--kept-attention", default="host",
+                        help="the DSA forwards of the first pass kept in host memory for the second ('host', what "
+                             "finetune does where its plan allows) or computed again ('off'); 'off,host' times each "
+                             "--rows step both ways and profiles the last")
     args = parser.parse_args()
+    kept_modes = args.kept_attention.split(",")
+    if not kept_modes or any(mode not in ("off", "host") for mode in kept_modes):
+        parser.error(f"--kept-attention takes off, host or both separated by a comma, got {args.kept_attention!r}")
     try:
         seq = parse_length(args.seq)
         chunks = [parse_length(c) for c in args.chunks.split(",") if c]
@@ -271,7 +281,8 @@ def main() -> None:
     record = {"command": "python benchmarks/profile_chunked_step.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
               "recompute": args.recompute, "compile": args.compile, "init": args.init, "indexer": args.indexer,
-              "moe_balance": args.moe_balance, "stream_dtype": args.stream_dtype, "steps": []}
+              "moe_balance": args.moe_balance, "stream_dtype": args.stream_dtype,
+              "kept_attention": args.kept_attention, "steps": []}
     stem = (f"peaks_{args.model}{'_recompute' if args.recompute else ''}" if args.rows
             else f"profile_chunked_{args.model}_{args.seq}")
     path = out_dir / (f"{stem}{'_compiled' if args.compile else ''}"
@@ -292,12 +303,16 @@ def main() -> None:
         apply_stream_dtype(model, torch.bfloat16)
     if args.compile:
         apply_compile(model)
-    loss = dict(indexer=None if args.indexer == "off" else args.indexer, moe_balance=args.moe_balance)
+    store = KeptAttention()
+    kept = {"off": None, "host": store}
+    loss = dict(indexer=None if args.indexer == "off" else args.indexer, moe_balance=args.moe_balance,
+                kept_attention=kept[kept_modes[-1]])
     warmup = timed_step(model, parse_length(args.warmup_seq), min(chunks or [8192]), **loss)
     save({"phase": "warm-up (compiles)", **warmup})
-    for length, chunk in rows:
+    for (length, chunk), mode in ((row, mode) for row in rows for mode in kept_modes):
         try:
-            save({"phase": "timed", **timed_step(model, length, chunk, **loss),
+            save({"phase": "timed", "kept_attention": mode,
+                  **timed_step(model, length, chunk, **{**loss, "kept_attention": kept[mode]}),
                   **plan_columns(model.config, length, chunk, args.recompute, args.stream_dtype == "float32")})
             continue
         except torch.OutOfMemoryError as error:

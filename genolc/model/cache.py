@@ -25,7 +25,10 @@ writes the pools it chose for its own positions, ``"selection" [B, T, topk // kp
 later pass over the same chunk that is handed them (``LayerCache.selection``) attends to those pools rather than
 choosing again. The chunked training step keeps them from its first pass for its second and for per-layer
 recompute: the choice (scoring every earlier pool, a top-k over them) costs time that grows with the window, and the
-same pools in every pass make the backward that of the forward whose caches later chunks read.
+same pools in every pass make the backward that of the forward whose caches later chunks read. A DSA layer's sparse
+attention forward can cross passes too: asked to (``keep_attention``) in a pass without grad, the layer writes its
+``(o_lat, lse)`` as ``"attention_out"`` / ``"attention_lse"``, and a later pass handed them (``LayerCache.attention``)
+runs only the attention's backward (genolc/train/kept_attention.py). ``WindowCache`` leaves these to its caller.
 
 Window-wide quantities that a chunk cannot see but the whole-window loss uses come with the cache, so the chunks'
 losses add up to the whole window's: the window length (the indexer KL is a mean over the window's rows) and, for
@@ -44,6 +47,9 @@ import torch
 # chunk.
 ROW_ENTRIES = frozenset({"latent", "pooled"})
 SELECTION = "selection"
+# A DSA layer's sparse-attention forward, kept from one pass for the next (``LayerCache.keep_attention``).
+ATTENTION_OUT = "attention_out"
+ATTENTION_LSE = "attention_lse"
 
 
 @dataclass
@@ -58,6 +64,8 @@ class LayerCache:
     aux: bool = True                                       # compute this chunk's share of the auxiliary losses
     keep_selection: bool = False                           # DSA: write the chosen pools to present["selection"]
     selection: torch.Tensor | None = None                  # DSA: pools an earlier pass chose for these positions
+    keep_attention: bool = False                           # DSA: write (o_lat, lse) of a no-grad pass to present
+    attention: tuple[torch.Tensor, torch.Tensor] | None = None  # DSA: (o_lat, lse) an earlier pass kept
 
     def replay(self) -> "LayerCache":
         """The same view with a present of its own, for a forward that runs again only to recompute activations
@@ -162,6 +170,8 @@ class WindowCache:
         carried = {}
         for layer, layer_cache in enumerate(cache.layers):
             for name, value in layer_cache.present.items():
+                if name in (ATTENTION_OUT, ATTENTION_LSE):
+                    continue
                 if name == SELECTION:
                     if self.keep_selections:
                         self.selections.setdefault(layer, RowStore()).append(value, stop / self.window_len)

@@ -14,7 +14,8 @@ tokens trains in chunks of ``C`` with exactly the whole window's gradients (to r
    second time, and a third under recompute); backward starts from chunk j's loss and from the gradients that
    later chunks already sent to what chunk j left (its carried entries' gradient from chunk j + 1, its rows'
    gradient summed over every later chunk, in fp32). The gradients reaching chunk j's past leaves go to the chunks
-   before it.
+   before it. Given a :class:`genolc.train.kept_attention.KeptAttention`, the DSA layers' sparse-attention forwards
+   of pass 1 are kept there (in host memory on CUDA) and pass 2 runs only their backward.
 
 Parameters accumulate their gradients over the chunks as over micro-batches. Cost: two forwards and one backward, as
 per-layer recompute; memory: one chunk's activations plus the window's caches (O(T) rows of the DSA latent and the
@@ -29,9 +30,10 @@ from typing import Callable, Protocol
 
 import torch
 
-from genolc.model.cache import ROW_ENTRIES, ChunkCache, WindowCache, chunk_bounds
+from genolc.model.cache import ATTENTION_LSE, ATTENTION_OUT, ROW_ENTRIES, ChunkCache, WindowCache, chunk_bounds
 from genolc.model.ops.weight_casts import weight_casts_per_step
 from genolc.train.balance import add_expert_counts
+from genolc.train.kept_attention import KeptAttention
 from genolc.train.loss import LossParts, LossTerms, micro_batch_loss
 
 EntryKey = tuple[int, str]          # (layer index, entry name)
@@ -61,22 +63,28 @@ class ChunkShard(Protocol):
 def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor, terms: LossTerms,
                              chunk: int, autocast: Callable[[], AbstractContextManager],
                              on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                             shard: ChunkShard | None = None, keep_selections: bool = True) -> MicroBatchResult:
+                             shard: ChunkShard | None = None, keep_selections: bool = True,
+                             kept_attention: KeptAttention | None = None) -> MicroBatchResult:
     """Forward and backward of one micro-batch ``ids [B, T + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``,
     target weights ``[B, T]``) in chunks of ``chunk`` tokens; parameters' ``.grad`` accumulate as for
     ``micro_batch_loss(model(ids[:, :-1])).loss.backward()``. ``autocast()`` opens the compute-precision context;
     ``on_loss`` sees (and may replace, or refuse by raising) each chunk's loss before its backward. ``shard``: this
     process holds only its share of each chunk (:class:`ChunkShard`); its ``.grad`` is then its share of the
     window's gradient, and the returned counts are its own tokens'. ``keep_selections``: keep the DSA pools the
-    first pass chose for the second (off: choose them again; genolc/train/strategy.py decides which)."""
+    first pass chose for the second (off: choose them again; genolc/train/strategy.py decides which).
+    ``kept_attention``: keep the DSA layers' sparse-attention forwards of the first pass there, for the second to
+    run only their backward (genolc/train/kept_attention.py; only with the pools kept, and not under ``shard``)."""
+    if kept_attention is not None and (shard is not None or not keep_selections):
+        raise ValueError("the DSA forwards can be kept only with the pools they attended to, and not on a shard")
     # The routed experts' weights are cast to the compute dtype once for this micro-batch's every forward, and their
     # gradients added into .grad directly (genolc/model/ops/weight_casts.py).
     with weight_casts_per_step():
-        return _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_loss, shard, keep_selections)
+        return _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_loss, shard, keep_selections,
+                                         kept_attention)
 
 
-def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_loss, shard, keep_selections
-                              ) -> MicroBatchResult:
+def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_loss, shard, keep_selections,
+                              kept_attention) -> MicroBatchResult:
     inputs, targets = ids[:, :-1], ids[:, 1:]
     window_len = inputs.shape[1]
 
@@ -92,14 +100,23 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
     carried: list[dict[EntryKey, torch.Tensor]] = []      # the carried entries at each chunk's start
     row_starts: list[dict[EntryKey, int]] = []            # each row entry's length at each chunk's start
     counts: dict[int, torch.Tensor] = {}
+    if kept_attention is not None:
+        kept_attention.clear()
     with torch.no_grad():
         for start, stop in bounds:
             carried.append(window.carried)
             row_starts.append(window.row_lengths())
             cache = window.chunk(start)
+            for layer_cache in cache.layers:
+                layer_cache.keep_attention = kept_attention is not None
             with autocast():
                 out = model(part(inputs, start, stop), indexer_loss=mode, cache=cache)
             add_expert_counts(counts, out.tokens_per_expert)
+            if kept_attention is not None:
+                for layer, layer_cache in enumerate(cache.layers):
+                    if ATTENTION_OUT in layer_cache.present:
+                        kept_attention.put(start, layer, layer_cache.present.pop(ATTENTION_OUT),
+                                           layer_cache.present.pop(ATTENTION_LSE))
             window.commit(cache, stop)
             del out, cache
     rows = window.rows
@@ -126,6 +143,11 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
             cache.layers[layer].expert_fraction = fraction
         for layer, layer_cache in enumerate(cache.layers):
             layer_cache.selection = window.selection(layer, start, stop)
+            if kept_attention is not None:
+                layer_cache.attention = kept_attention.take(start, layer, ids.device)
+        if kept_attention is not None and j > 0:
+            # The previous chunk's forwards come back while this chunk computes.
+            kept_attention.prefetch(bounds[j - 1][0], ids.device)
         with autocast():
             out = model(part(inputs, start, stop), indexer_loss=mode, cache=cache)
         parts: LossParts = micro_batch_loss(out, part(targets, start, stop), part(weights, start, stop), terms)

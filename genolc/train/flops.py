@@ -13,7 +13,8 @@ Per token of a window of ``T`` tokens (forward; a training step is forward + bac
 Model FLOPs (MFU's numerator) count one forward and one backward of the dense part and the DSA core, and the
 indexer's forward. Hardware FLOPs (HFU) add what the step strategy runs again: one more forward with per-layer
 recompute, one more with the chunked step (its no-grad fill pass), two with both; the indexer's scoring among
-them only where it runs again (a chunked step that keeps its first pass's pools chooses once). MFU divides by the
+them only where it runs again (a chunked step that keeps its first pass's pools chooses once), and the DSA core's
+only where its forward is not kept (genolc/train/kept_attention.py). MFU divides by the
 device's dense bf16 peak from the vendor's table (:func:`device_peak_flops`); on devices not in it MFU is not
 reported.
 """
@@ -38,6 +39,7 @@ class TokenFlops:
     indexer_forward: float
     extra_forwards: int                 # forwards the step strategy runs again (recompute, chunk fill)
     extra_indexer_forwards: int         # of those, the ones that score the indexer's pools again
+    extra_attention_forwards: int       # of those, the ones that run the DSA core's forward again
 
     @property
     def model(self) -> float:
@@ -45,7 +47,8 @@ class TokenFlops:
 
     @property
     def hardware(self) -> float:
-        return (self.model + self.extra_forwards * (self.dense_forward + self.attention_forward)
+        return (self.model + self.extra_forwards * self.dense_forward
+                + self.extra_attention_forwards * self.attention_forward
                 + self.extra_indexer_forwards * self.indexer_forward)
 
 
@@ -58,9 +61,10 @@ def average_keys_per_query(seq_len: int, index_width: int) -> float:
 
 
 def token_flops(config: ModelConfig, seq_len: int, *, recompute: bool = False, chunked: bool = False,
-                selections_kept: bool = False) -> TokenFlops:
+                selections_kept: bool = False, attention_kept: bool = False) -> TokenFlops:
     """FLOPs per token of a step over windows of ``seq_len`` tokens (module docstring); ``selections_kept``: a
-    chunked step that keeps its first pass's pools (the indexer scores once)."""
+    chunked step that keeps its first pass's pools (the indexer scores once); ``attention_kept``: one that keeps
+    its first pass's DSA forwards (the DSA core's forward runs once)."""
     c = config
     dense = 2.0 * parameter_counts(c).active
     keys = average_keys_per_query(seq_len, c.index_width)
@@ -68,7 +72,8 @@ def token_flops(config: ModelConfig, seq_len: int, *, recompute: bool = False, c
     indexer_layers = sum(1 for i in c.dsa_layers if c.indexer_types[i] == "full")
     indexer = indexer_layers * 2.0 * c.index_n_heads * c.index_head_dim * seq_len / (2 * c.index_kpool)
     extra = int(recompute) + int(chunked)
-    return TokenFlops(dense, attention, indexer, extra, 0 if chunked and selections_kept else extra)
+    return TokenFlops(dense, attention, indexer, extra, 0 if chunked and selections_kept else extra,
+                      0 if chunked and attention_kept else extra)
 
 
 def device_peak_flops(device_name: str) -> float | None:

@@ -80,7 +80,9 @@ from genolc.train.loss import LossTerms
 from genolc.train.plan import (GIB, check_window_lengths, context_parallel_oom_error, oom_error, plans_fp32_streams,
                                required_seq_multiple)
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
-from genolc.train.strategy import StepStrategy, choose_strategy, device_budget_bytes, run_micro_batch
+from genolc.train.kept_attention import KeptAttention
+from genolc.train.strategy import (StepStrategy, choose_strategy, device_budget_bytes, host_available_bytes,
+                                   run_micro_batch)
 from genolc.units import format_length
 
 METRICS = "metrics.jsonl"
@@ -200,6 +202,9 @@ class _Trainer:
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
         self.strategies: dict[tuple[int, int], StepStrategy] = {}
+        # Where a chunked step keeps its first pass's DSA forwards: one for the run, whose page-locked host buffers
+        # every step reuses.
+        self.kept_attention = KeptAttention()
         # Per-layer recompute wraps the layers for every length once a strategy adds it (--chunk auto on a GPU).
         self.recompute = config.recompute
         self.malloc_mmap_threshold: int | None = None
@@ -348,7 +353,8 @@ class _Trainer:
                     chunk=cfg.chunk, recompute=self.recompute, bf16=self.bf16,
                     fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
                     where=f"--seq {format_length(shape.seq_len)} on {self.device}",
-                    auto_recompute=self.device.type == "cuda", fp32_streams=self._fp32_streams())
+                    auto_recompute=self.device.type == "cuda", fp32_streams=self._fp32_streams(),
+                    host_free_bytes=host_available_bytes())
             else:
                 strategy = self._context_parallel_strategy(shape, multiple)
             if strategy.recompute and not self.recompute:
@@ -428,7 +434,8 @@ class _Trainer:
                 result = context_parallel_forward_backward(self.model, self.context, ids, weights, terms,
                                                            self._autocast, on_loss)
             else:
-                result = run_micro_batch(strategy, self.model, ids, weights, terms, self._autocast, on_loss)
+                result = run_micro_batch(strategy, self.model, ids, weights, terms, self._autocast, on_loss,
+                                         kept_attention=self.kept_attention)
             add_expert_counts(expert_counts, result.tokens_per_expert)
             for name, value in result.aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + float(value)
@@ -672,7 +679,8 @@ class _Trainer:
         step_tokens = shape.tokens * self.mesh.dp_size
         strategy = self._strategy(shape)
         flops = token_flops(self.model.config, shape.seq_len, recompute=strategy.recompute,
-                            chunked=strategy.chunk is not None, selections_kept=strategy.keep_selections)
+                            chunked=strategy.chunk is not None, selections_kept=strategy.keep_selections,
+                            attention_kept=strategy.keep_attention)
         self._step_tokens += step_tokens
         self._step_seconds += seconds
         self._model_flops += flops.model * step_tokens

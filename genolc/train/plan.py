@@ -327,6 +327,14 @@ def chunked_cache_bytes(config: ModelConfig, *, seq_len: int, chunk: int, window
     return latent + pools + chosen + states
 
 
+def kept_attention_bytes(config: ModelConfig, tokens: int, bf16: bool = True) -> int:
+    """Bytes of the DSA layers' sparse-attention forwards of ``tokens`` tokens as the chunked step keeps them
+    (genolc/train/kept_attention.py): ``o_lat [H, R]`` in the compute dtype and the fp32 lse ``[H]`` per token and
+    DSA layer. The window's go to host memory; the device holds one chunk's more (the next, copied back early)."""
+    itemsize = 2 if bf16 else 4
+    return tokens * len(config.dsa_layers) * config.num_attention_heads * (config.kv_lora_rank * itemsize + 4)
+
+
 def estimate_chunked_memory(config: ModelConfig, *, seq_len: int, chunk: int, windows: int = 1, bf16: bool = True,
                             recompute: bool = False, fast_kernels: bool = False, fp32_streams: bool = False,
                             keep_selections: bool = True) -> MemoryPlan:

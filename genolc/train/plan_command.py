@@ -84,7 +84,8 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     passes = 1 if strategy.chunk is not None and strategy.keep_selections else forwards
     seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards,
                                     indexer_passes=passes) / cp
-    host = HOST_RUNTIME_BYTES + 4 * params.total    # the model is built in fp32 on the host before it moves
+    # The model is built in fp32 on the host before it moves; a chunked step may keep its DSA forwards there.
+    host = HOST_RUNTIME_BYTES + 4 * params.total + strategy.kept_attention_bytes
     stream_text = "fp32 streams" if common["fp32_streams"] else "bf16 streams"
     device_text = (f"a {gpu_memory:.1f} GiB CUDA device (bf16, {stream_text}, fast kernels)" if cuda else
                    f"the CPU with {gpu_memory:.1f} GiB (fp32, reference ops)")

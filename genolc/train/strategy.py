@@ -16,6 +16,10 @@ setting estimated not to fit is refused up front with the estimate and an option
 kernel's OOM killer; a chunk the user chose runs, with a warning in its reason, when it fits once the plan's margin
 (``PLAN_MARGIN``) is taken off.
 
+A chunked step on the GPU that keeps its first pass's DSA pools keeps that pass's sparse-attention forwards too, in host
+memory, so that its second pass runs only their backward (genolc/train/kept_attention.py), where they take at most half
+the host memory free and the device has room for one chunk's more.
+
 Under ``--cp N`` (:func:`choose_context_parallel_strategy`) the same choice is made per rank from
 estimate_context_parallel_memory: the rank's share of the window (or of each chunk) plus what the whole span adds.
 """
@@ -31,13 +35,14 @@ import torch
 
 from genolc.model import ModelConfig
 from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
+from genolc.train.kept_attention import KeptAttention
 from genolc.train.loss import LossTerms, micro_batch_loss
 from genolc.train.measured import MEASURED_MFU
 from genolc.errors import ConfigError
 from genolc.train.plan import (FAST_CHUNK, FAST_UNRECOMPUTED_CHUNK, PLAN_MARGIN, SMALLEST_AUTO_CHUNK,
                                OutOfMemoryPlanError, context_parallel_oom_error, estimate_chunked_memory,
                                estimate_context_parallel_memory, estimate_memory, estimate_step_seconds,
-                               fits_within_margin, format_gib,
+                               fits_within_margin, format_gib, kept_attention_bytes,
                                largest_fitting_chunk, largest_fitting_context_parallel_chunk, oom_error)
 from genolc.units import format_length
 
@@ -47,7 +52,9 @@ class StepStrategy:
     """``chunk`` None: the whole window at once; else chunks of ``chunk`` tokens. ``estimate_bytes``: the plan's
     peak; ``reason``: why it was chosen (said once when training starts). ``keep_selections``: the chunked step
     keeps the DSA pools its first pass chose for its second (off where they do not fit, or where keeping them would
-    cost chunks under ``FAST_UNRECOMPUTED_CHUNK`` or a step estimated to take longer: :func:`choose_strategy`)."""
+    cost chunks under ``FAST_UNRECOMPUTED_CHUNK`` or a step estimated to take longer: :func:`choose_strategy`).
+    ``kept_attention_bytes``: host memory for the DSA forwards the chunked step keeps from its first pass (0: none
+    kept)."""
 
     seq_len: int
     chunk: int | None
@@ -55,6 +62,13 @@ class StepStrategy:
     estimate_bytes: int
     reason: str
     keep_selections: bool = True
+    kept_attention_bytes: int = 0
+
+    @property
+    def keep_attention(self) -> bool:
+        """The chunked step keeps its first pass's DSA forwards, ``kept_attention_bytes`` of them in host memory
+        (genolc/train/kept_attention.py; chosen by :func:`choose_strategy`)."""
+        return self.kept_attention_bytes > 0
 
     @property
     def name(self) -> str:
@@ -71,6 +85,11 @@ def device_budget_bytes(device: torch.device) -> int:
     """Memory a run may plan for: the GPU's, or on CPU the memory available now (other processes keep theirs)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
+    return host_available_bytes()
+
+
+def host_available_bytes() -> int:
+    """The host memory available now (Linux's MemAvailable; elsewhere all of it)."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -82,6 +101,46 @@ def device_budget_bytes(device: torch.device) -> int:
 
 
 def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
+                    recompute: bool, bf16: bool, fast_kernels: bool, budget_bytes: int, multiple: int,
+                    where: str, auto_recompute: bool = False, fp32_streams: bool = False,
+                    host_free_bytes: int | None = None) -> StepStrategy:
+    """The strategy for micro-batches of ``windows`` windows of ``seq_len`` tokens (see :func:`choose_chunking`); a
+    chunked step on the fast kernels that keeps its first pass's pools also keeps its DSA forwards in host memory,
+    where they take at most ``HOST_SHARE`` of ``host_free_bytes`` (None: not known, as for `genolc plan`) and the
+    device has room for one chunk's more (:func:`_with_kept_attention`)."""
+    strategy = choose_chunking(model_config, seq_len=seq_len, windows=windows, grad_accum=grad_accum, chunk=chunk,
+                               recompute=recompute, bf16=bf16, fast_kernels=fast_kernels, budget_bytes=budget_bytes,
+                               multiple=multiple, where=where, auto_recompute=auto_recompute,
+                               fp32_streams=fp32_streams)
+    if not (fast_kernels and strategy.chunk is not None and strategy.keep_selections and model_config.dsa_layers):
+        return strategy
+    return _with_kept_attention(model_config, strategy, windows=windows, bf16=bf16, budget_bytes=budget_bytes,
+                                host_free_bytes=host_free_bytes)
+
+
+# At most this share of the host memory free when training starts goes to the kept DSA forwards: the data, the
+# checkpoint writer and the rest of the machine keep the other half.
+HOST_SHARE = 0.5
+
+
+def _with_kept_attention(config: ModelConfig, strategy: StepStrategy, *, windows: int, bf16: bool,
+                         budget_bytes: int, host_free_bytes: int | None) -> StepStrategy:
+    host = kept_attention_bytes(config, strategy.seq_len * windows, bf16)
+    if host_free_bytes is not None and host > HOST_SHARE * host_free_bytes:
+        return replace(strategy, reason=(
+            f"{strategy.reason}; the DSA forwards are computed again in the second pass: keeping them would take "
+            f"{format_gib(host)} GiB of host memory, more than {HOST_SHARE:.0%} of the {format_gib(host_free_bytes)} "
+            "GiB free"))
+    # The device holds one chunk's forwards more: the next chunk's, copied back while one computes.
+    estimate = strategy.estimate_bytes + int(kept_attention_bytes(config, strategy.chunk * windows, bf16) * PLAN_MARGIN)
+    if estimate > budget_bytes:
+        return strategy
+    return replace(strategy, kept_attention_bytes=host, estimate_bytes=estimate, reason=(
+        f"{strategy.reason}; the first pass's DSA forwards wait in host memory for the second "
+        f"({format_gib(host)} GiB)"))
+
+
+def choose_chunking(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
                     recompute: bool, bf16: bool, fast_kernels: bool, budget_bytes: int, multiple: int,
                     where: str, auto_recompute: bool = False, fp32_streams: bool = False) -> StepStrategy:
     """The strategy for micro-batches of ``windows`` windows of ``seq_len`` tokens (module docstring);
@@ -238,12 +297,18 @@ def _refusal(model_config, seq_len, windows, grad_accum, recompute, bf16, fast_k
 
 def run_micro_batch(strategy: StepStrategy, model: torch.nn.Module, ids: torch.Tensor, weights: torch.Tensor,
                     terms: LossTerms, autocast: Callable[[], AbstractContextManager],
-                    on_loss: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatchResult:
+                    on_loss: Callable[[torch.Tensor], torch.Tensor],
+                    kept_attention: KeptAttention | None = None) -> MicroBatchResult:
     """Forward and backward of ``ids [B, T + 1]`` (target weights ``[B, T]``) by ``strategy``; parameters'
-    ``.grad`` accumulate. ``on_loss`` sees (and may replace, or refuse by raising) each loss before backward."""
+    ``.grad`` accumulate. ``on_loss`` sees (and may replace, or refuse by raising) each loss before backward.
+    ``kept_attention``: where a strategy that keeps its DSA forwards keeps them (the caller's, reused step after
+    step for its page-locked buffers; one is made for this micro-batch when not given)."""
     if strategy.chunk is not None:
+        if strategy.keep_attention and kept_attention is None:
+            kept_attention = KeptAttention()
         return chunked_forward_backward(model, ids, weights, terms, strategy.chunk, autocast, on_loss,
-                                        keep_selections=strategy.keep_selections)
+                                        keep_selections=strategy.keep_selections,
+                                        kept_attention=kept_attention if strategy.keep_attention else None)
     return whole_forward_backward(model, ids[:, :-1], ids[:, 1:], weights, terms, autocast, on_loss)
 
 

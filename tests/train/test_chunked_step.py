@@ -18,6 +18,7 @@ from genolc.model.cache import ChunkCache, chunk_bounds
 from genolc.model.layers.dsa import DSAAttention
 from genolc.train.apply import apply_recompute
 from genolc.train.chunked import chunked_forward_backward
+from genolc.train.kept_attention import KeptAttention
 from genolc.train.loss import LossTerms, micro_batch_loss
 from conftest import chr22_window, shared_file, tiny_model_with_skewed_routing
 
@@ -43,12 +44,14 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("chunk, mode, recompute, keep", [(512, "sparse", False, True), (333, "dense", False, True),
-                                                           (1000, "sparse", True, True), (512, "sparse", False, False),
-                                                           (1000, None, True, False)])
-def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, recompute, keep):
+@pytest.mark.parametrize("chunk, mode, recompute, keep, forwards", [
+    (512, "sparse", False, True, False), (333, "dense", False, True, False), (1000, "sparse", True, True, False),
+    (512, "sparse", False, False, False), (1000, None, True, False, False), (512, "sparse", False, True, True),
+    (333, None, True, True, True)])
+def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, recompute, keep, forwards):
     """``keep`` False: the step that chooses the pools again in its second pass (and replay), which the strategy
-    takes where keeping them does not fit or costs more."""
+    takes where keeping them does not fit or costs more. ``forwards``: the DSA layers' sparse-attention forwards of
+    the first pass kept for the second (and its replay), which then runs only their backward."""
     ids, weights = dna_window
     terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
                       indexer_mode=mode)
@@ -60,7 +63,7 @@ def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, r
     model.zero_grad(set_to_none=True)
 
     result = chunked_forward_backward(model, ids, weights, terms, chunk, contextlib.nullcontext,
-                                      keep_selections=keep)
+                                      keep_selections=keep, kept_attention=KeptAttention() if forwards else None)
     got = _grads(model)
 
     assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
@@ -127,6 +130,37 @@ def test_the_second_pass_attends_to_the_pools_the_first_chose(dna_window, one_th
     assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
     for name, grad in _grads(model).items():
         assert float((grad - expected[name]).norm()) <= 1e-4 * float(expected[name].norm()) + 1e-12, name
+
+
+def test_the_second_pass_runs_only_the_kept_forwards_backward(dna_window, one_thread):
+    """With a KeptAttention the first pass runs each DSA layer's forward once per chunk and keeps it; the second pass
+    and its replay hand it back (``kept=``) and never run the forward again."""
+    ids, weights = dna_window
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.0, indexer_kl_coef=1.0,
+                      indexer_mode="sparse")
+    model = _model(True)
+    layers = [m for m in model.modules() if isinstance(m, DSAAttention)]
+    calls = {"forward": 0, "kept": 0, "recomputed": 0}
+    for layer in layers:
+        forward_op, sparse_op = layer.sparse_attention_forward_op, layer.sparse_attention_op
+
+        def counted_forward(*args, _op=forward_op, **kwargs):
+            calls["forward"] += 1
+            return _op(*args, **kwargs)
+
+        def counted_sparse(*args, _op=sparse_op, **kwargs):
+            calls["kept" if kwargs.get("kept") is not None else "recomputed"] += 1
+            return _op(*args, **kwargs)
+
+        layer.sparse_attention_forward_op, layer.sparse_attention_op = counted_forward, counted_sparse
+    store = KeptAttention()
+    chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, kept_attention=store)
+    chunks = len(chunk_bounds(WINDOW, 1000))
+    assert calls == {"forward": chunks * len(layers), "kept": 2 * chunks * len(layers), "recomputed": 0}
+    assert not store._kept and not store._fetched, "every kept forward is handed back once"
+    with pytest.raises(ValueError, match="only with the pools"):
+        chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, keep_selections=False,
+                                 kept_attention=store)
 
 
 def test_chunks_shorter_than_a_pool_and_the_conv_window(dna_window, one_thread):

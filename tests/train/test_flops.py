@@ -44,6 +44,10 @@ def test_hardware_flops_add_the_strategys_extra_forwards():
     assert kept.hardware == pytest.approx(plain.model + 2 * (forward - plain.indexer_forward))
     assert token_flops(config, 4096, recompute=True, selections_kept=True).hardware == pytest.approx(
         both.hardware - forward)
+    # Keeping its DSA forwards too, its forwards again run neither the indexer nor the DSA core.
+    forwards_kept = token_flops(config, 4096, recompute=True, chunked=True, selections_kept=True, attention_kept=True)
+    assert plain.attention_forward > 0 and forwards_kept.model == plain.model
+    assert forwards_kept.hardware == pytest.approx(plain.model + 2 * plain.dense_forward)
 
 
 def test_device_peaks():

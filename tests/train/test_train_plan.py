@@ -9,11 +9,11 @@ import pytest
 
 from genolc.model.presets import parameter_counts, preset
 from genolc.units import parse_length
-from genolc.train.plan import (EXPERT_CHUNK_TOKENS, GIB, activation_bytes_per_token, estimate_chunked_memory,
-                               estimate_context_parallel_memory, estimate_memory, estimate_step_seconds,
-                               fast_activation_bytes_per_token, fitting_context_parallel, fitting_option,
-                               largest_fitting_context_parallel_chunk, oom_error, required_seq_multiple,
-                               routed_expert_bytes_per_token)
+from genolc.train.plan import (EXPERT_CHUNK_TOKENS, GIB, PLAN_MARGIN, activation_bytes_per_token,
+                               estimate_chunked_memory, estimate_context_parallel_memory, estimate_memory,
+                               estimate_step_seconds, fast_activation_bytes_per_token, fitting_context_parallel,
+                               fitting_option, kept_attention_bytes, largest_fitting_context_parallel_chunk, oom_error,
+                               required_seq_multiple, routed_expert_bytes_per_token)
 
 
 def test_memory_components_add_up_and_scale():
@@ -212,14 +212,19 @@ def test_recompute_keeps_each_layers_streams_at_their_width():
     assert plans[True].activations - plans[False].activations == seq * wider
 
 
+def _kept_on_device(model: str, chunk: int) -> int:
+    """What a chunked step that keeps its DSA forwards plans on the device beside its chunk: one chunk's forwards."""
+    return int(kept_attention_bytes(preset(model), chunk) * PLAN_MARGIN)
+
+
 def test_plan_command_plans_the_stream_dtype_asked_for():
     from click.testing import CliRunner
 
     from genolc.cli import main
 
     fp32 = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--stream-dtype", "float32"])
-    planned = estimate_chunked_memory(preset("base"), seq_len=1 << 20, chunk=16 * 1024, fast_kernels=True,
-                                      fp32_streams=True).gib()
+    planned = (estimate_chunked_memory(preset("base"), seq_len=1 << 20, chunk=16 * 1024, fast_kernels=True,
+                                       fp32_streams=True).total + _kept_on_device("base", 16 * 1024)) / GIB
     assert fp32.exit_code == 0 and "(bf16, fp32 streams, fast kernels)" in fp32.output, fp32.output
     assert f"--seq 1M: chunked step, --chunk 16k, estimated peak {planned:.1f} GiB" in fp32.output, fp32.output
     refused = CliRunner().invoke(main, ["plan", "--seq", "64k", "--device", "cpu", "--stream-dtype", "bfloat16"])
@@ -347,8 +352,11 @@ def test_plan_command_says_what_finetune_would_choose():
 
     result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "8k"])
     assert result.exit_code == 0, result.output
-    planned = estimate_chunked_memory(preset("base"), seq_len=1 << 20, chunk=8192, fast_kernels=True).gib()
+    planned = (estimate_chunked_memory(preset("base"), seq_len=1 << 20, chunk=8192, fast_kernels=True).total
+               + _kept_on_device("base", 8192)) / GIB
     assert f"--seq 1M: chunked step, --chunk 8k, estimated peak {planned:.1f} GiB" in result.output
+    kept = kept_attention_bytes(preset("base"), 1 << 20)
+    assert f"the first pass's DSA forwards wait in host memory for the second ({kept / GIB:.1f} GiB)" in result.output
     assert "peak host memory" in result.output and "step time" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "off"])
     assert result.exit_code == 0 and "does not fit" in result.output, result.output
@@ -514,3 +522,31 @@ def test_plan_refuses_a_window_the_cuda_kernels_cannot_run_as_finetune_does():
     assert "window length 100 is not a multiple of 64" in result.output and "use 128 or 64" in result.output
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "1000", "--cp", "2"])
     assert result.exit_code == 2 and "window length 1000 is not a multiple of 256" in result.output, result.output
+
+
+def test_the_dsa_forwards_are_kept_in_host_memory_where_it_has_room():
+    """A chunked step on the GPU that keeps its pools keeps its DSA forwards in host memory, where they take at most
+    half of what is free (`base` at 512k: 4 layers x 12 heads x (384 bf16 + 1 fp32) bytes a token, 18.1 GiB), and
+    plans one chunk's more on the device. Not kept: on the CPU path, for the whole window, with too little host
+    memory."""
+    from genolc.train.strategy import HOST_SHARE, choose_strategy
+
+    common = dict(windows=1, grad_accum=1, chunk=None, recompute=False, bf16=True, budget_bytes=int(139.8 * GIB),
+                  multiple=64, where="test", auto_recompute=True)
+    host = kept_attention_bytes(preset("base"), 1 << 19)
+    assert host == (1 << 19) * 4 * 12 * (384 * 2 + 4)
+    unknown = choose_strategy(preset("base"), seq_len=1 << 19, fast_kernels=True, **common)
+    roomy = choose_strategy(preset("base"), seq_len=1 << 19, fast_kernels=True, host_free_bytes=4 * host, **common)
+    assert unknown == roomy and roomy.keep_attention and roomy.kept_attention_bytes == host
+    chunked = estimate_chunked_memory(preset("base"), seq_len=1 << 19, chunk=roomy.chunk, fast_kernels=True).total
+    assert roomy.estimate_bytes == chunked + _kept_on_device("base", roomy.chunk)
+    assert f"wait in host memory for the second ({host / GIB:.1f} GiB)" in roomy.describe()
+    tight = choose_strategy(preset("base"), seq_len=1 << 19, fast_kernels=True,
+                            host_free_bytes=int(host / HOST_SHARE) - 1, **common)
+    assert not tight.keep_attention and tight.chunk == roomy.chunk and tight.estimate_bytes == chunked
+    assert "the DSA forwards are computed again in the second pass" in tight.describe()
+    on_cpu = choose_strategy(preset("tiny"), seq_len=1 << 14, fast_kernels=False, **{**common, "multiple": 1,
+                                                                                     "budget_bytes": int(2 * GIB)})
+    assert on_cpu.chunk is not None and not on_cpu.keep_attention
+    whole = choose_strategy(preset("small"), seq_len=1 << 14, fast_kernels=True, **common)
+    assert whole.chunk is None and not whole.keep_attention

@@ -24,7 +24,8 @@ or a sequence short enough that every query selects all causal keys), which runs
 The ops are module attributes (``select_op``, ``sparse_attention_op``, ``dense_attention_op``). Selection and sparse
 attention default to ``genolc.model.ops.dispatch`` (``select_indices``, ``sparse_latent_attention``): the
 pure-torch references for CPU tensors, the Triton kernels for CUDA tensors; no flag here chooses an implementation.
-``sparse_attention_op`` has ``sparse_latent_attention``'s signature ``(q_lat, latent, indices, softmax_scale)``.
+``sparse_attention_op`` has ``sparse_latent_attention``'s signature ``(q_lat, latent, indices, softmax_scale,
+kept=None)``; ``sparse_attention_forward_op`` is ``sparse_latent_attention_forward`` (a pass that keeps its forward).
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from genolc.model.cache import SELECTION, LayerCache, append_rows
+from genolc.model.cache import ATTENTION_LSE, ATTENTION_OUT, SELECTION, LayerCache, append_rows
 from genolc.model.config import ModelConfig, ModelConfigError
 from genolc.model.indexer_loss import INDEXER_LOSS_MODES, indexer_kl_loss, window_kl_rows
 from genolc.model.layers.norm import RMSNorm
-from genolc.model.ops.dispatch import select_indices, sparse_latent_attention
+from genolc.model.ops.dispatch import select_indices, sparse_latent_attention, sparse_latent_attention_forward
 from genolc.model.ops.dsa.dense import dense_causal_attention
 from genolc.model.ops.indexer.layout import index_rows, index_width, selected_pools, selects_all_causal
 from genolc.model.ops.indexer.pooling import pool_keys
@@ -179,6 +180,7 @@ class DSAAttention(nn.Module):
 
         self.select_op = select_indices
         self.sparse_attention_op = sparse_latent_attention
+        self.sparse_attention_forward_op = sparse_latent_attention_forward
         self.dense_attention_op = dense_causal_attention
 
     def _select(self, features: IndexerFeatures, cache: LayerCache | None = None) -> torch.Tensor:
@@ -200,6 +202,19 @@ class DSAAttention(nn.Module):
                              f"[B, T, topk // kpool] = {list(expected)}")
         return index_rows(kept.to(hidden.device), query_offset=cache.start, kpool=self.kpool,
                           select_tail=self.select_tail, dtype=index_dtype(hidden.device))
+
+    def _sparse_attention(self, q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                          cache: LayerCache | None) -> torch.Tensor:
+        """``o_lat``; with ``cache.attention`` (the forward an earlier pass over this chunk kept) only its gradient
+        is left to compute, and with ``cache.keep_attention`` outside autograd the forward's ``(o_lat, lse)`` go to
+        ``cache.present`` for a later pass."""
+        if cache is not None and cache.attention is not None:
+            return self.sparse_attention_op(q_lat, latent, indices, self.softmax_scale, kept=cache.attention)
+        if cache is not None and cache.keep_attention and not torch.is_grad_enabled():
+            o_lat, lse = self.sparse_attention_forward_op(q_lat, latent, indices, self.softmax_scale)
+            cache.present[ATTENTION_OUT], cache.present[ATTENTION_LSE] = o_lat, lse
+            return o_lat
+        return self.sparse_attention_op(q_lat, latent, indices, self.softmax_scale)
 
     def latent_rows(self, hidden: torch.Tensor) -> torch.Tensor:
         """The normalised latent ``c [B, T, R]`` of ``hidden [B, T, D]``: every key and value of these positions
@@ -226,7 +241,8 @@ class DSAAttention(nn.Module):
                 ``indexer_kl`` is this chunk's share of the window's loss (None when ``cache.aux`` is off). Given
                 ``cache.selection`` (the pools an earlier pass over this chunk chose), queries attend to those and
                 the indexer runs only for its loss (not at all without an ``indexer_loss`` mode); with
-                ``cache.keep_selection`` the layer writes the pools it attended to into ``cache.present``.
+                ``cache.keep_selection`` the layer writes the pools it attended to into ``cache.present``. Sparse
+                attention's forward is kept and reused the same way (``keep_attention``, ``attention``).
         """
         if hidden.dim() != 3:
             raise ValueError(f"hidden must be [B, T, D], got {tuple(hidden.shape)}")
@@ -274,7 +290,7 @@ class DSAAttention(nn.Module):
         else:
             key_weight, value_weight = self._key_value_weights()
             q_lat = torch.einsum("bthd,hdr->bthr", queries, key_weight)
-            o_lat = self.sparse_attention_op(q_lat, latent, indices, self.softmax_scale)
+            o_lat = self._sparse_attention(q_lat, latent, indices, cache)
             attended = torch.einsum("bthr,hvr->bthv", o_lat, value_weight)
             # The KL's scores from the latent as one key head shared by all heads: equal to q . k.
             main_q, main_k = q_lat, latent[:, :, None, :]

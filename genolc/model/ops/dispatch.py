@@ -6,6 +6,7 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     chunk_kda                genolc.model.ops.kda.fla (fla chunk_kda, segment-wise)         | ops.kda.reference
     select_indices           genolc.model.ops.indexer.triton (Triton scores + top-k)        | ops.indexer.reference
     sparse_latent_attention  genolc.model.ops.dsa.tilelang pair, else dsa.triton (fused)    | ops.dsa.reference
+    sparse_latent_attention_forward   the same pair's forward kernel (o_lat and lse)          | ops.dsa.reference
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
     mhc_mixing_logits        genolc.model.ops.mhc.op (custom ops, Triton fwd and bwd)        | ops.mhc.reference
     mhc_comb_weights         genolc.model.ops.mhc.op (custom ops, comb_triton fwd and bwd)   | ops.mhc.reference
@@ -93,8 +94,10 @@ def dsa_kernel_family(q_lat: torch.Tensor, latent: torch.Tensor) -> str:
 
 def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
                             softmax_scale: float, *, query_chunk: int | None = None,
-                            recompute: bool | None = None) -> torch.Tensor:
-    """DSA sparse attention in MLA's absorbed form; see ``genolc.model.ops.dsa.reference.sparse_latent_attention``."""
+                            recompute: bool | None = None,
+                            kept: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """DSA sparse attention in MLA's absorbed form; see ``genolc.model.ops.dsa.reference.sparse_latent_attention``.
+    ``kept``: :func:`sparse_latent_attention_forward`'s outputs for these inputs from an earlier pass."""
     if q_lat.is_cuda:
         from genolc.model.ops.dsa import triton as dsa_triton
 
@@ -102,11 +105,28 @@ def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
         if dsa_kernel_family(q_lat, latent) == "tilelang":
             from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
 
-            return tilelang_backward.sparse_latent_attention(q_lat, latent, indices, softmax_scale)
+            return tilelang_backward.sparse_latent_attention(q_lat, latent, indices, softmax_scale, kept=kept)
         return dsa_triton.sparse_latent_attention(q_lat, latent, indices, softmax_scale, query_chunk=query_chunk,
-                                                  recompute=recompute)
+                                                  recompute=recompute, kept=kept)
     return dsa_reference.sparse_latent_attention(q_lat, latent, indices, softmax_scale, query_chunk=query_chunk,
-                                                 recompute=recompute)
+                                                 recompute=recompute, kept=kept)
+
+
+def sparse_latent_attention_forward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                                    softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o_lat, lse)`` of the forward :func:`sparse_latent_attention` would run, without autograd: what a later
+    pass over the same inputs hands back as ``kept``. See ``reference.sparse_latent_attention_forward``."""
+    if q_lat.is_cuda:
+        from genolc.model.ops.dsa import triton as dsa_triton
+
+        q_lat, latent, indices = dsa_triton.prepare_inputs(q_lat, latent, indices)
+        if dsa_kernel_family(q_lat, latent) == "tilelang":
+            from genolc.model.ops.dsa.tilelang import backward as tilelang_backward
+
+            return tilelang_backward.sparse_latent_attention_forward(q_lat, latent, indices, softmax_scale)
+        dsa_triton.check_kernel_inputs(q_lat, latent, indices)
+        return dsa_triton.sparse_latent_attention_forward(q_lat, latent, indices, softmax_scale)
+    return dsa_reference.sparse_latent_attention_forward(q_lat, latent, indices, softmax_scale)
 
 
 def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,

@@ -143,7 +143,8 @@ def _attend_latent_chunk(q_lat: torch.Tensor, latent: torch.Tensor, indices: tor
 
 
 def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
-                            *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
+                            *, query_chunk: int | None = None, recompute: bool | None = None,
+                            kept: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Absorbed-MLA sparse attention: every head of query ``t`` attends over the latent rows ``indices[b, t]``.
 
     With ``W = kv_b_proj.weight.view(H, Dk + Dv, R)``, ``q_lat[b, t, h] = q[b, t, h] @ W[h, :Dk]`` makes
@@ -159,11 +160,17 @@ def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
         query_chunk: queries per chunk (default: see :func:`default_latent_query_chunk`).
         recompute: rebuild each chunk's gathered rows in backward rather than storing them (default: when
             gradients are being recorded).
+        kept: ``(o_lat, lse)`` that :func:`sparse_latent_attention_forward` gave for these inputs in an earlier
+            pass: returned as they are, nothing recomputed, with the gradient of that forward
+            (:class:`KeptLatentAttention`).
 
     Returns:
         ``o_lat [B, T, H, R]`` in ``latent``'s dtype (softmax in fp32); a row with no valid slot gives zeros.
     """
     check_latent_inputs(q_lat, latent, indices)
+    if kept is not None:
+        check_kept(q_lat, *kept)
+        return KeptLatentAttention.apply(q_lat, latent, indices, softmax_scale, *kept)
     batch, seq_len, heads, rank = q_lat.shape
     if query_chunk is None:
         query_chunk = default_latent_query_chunk(batch, indices.shape[-1], heads, rank)
@@ -188,3 +195,97 @@ def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
     if not outputs:
         return q_lat.new_zeros(q_lat.shape, dtype=latent.dtype)
     return torch.cat(outputs, dim=1).to(latent.dtype)
+
+
+def sparse_latent_attention_forward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                                    softmax_scale: float, *, query_chunk: int | None = None
+                                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward the kernels store (no gradient): ``(o_lat [B, T, H, R]`` in latent's dtype, ``lse [B, T, H]``
+    fp32), lse the natural-log log-sum-exp of ``softmax_scale * q_lat . c`` over each row's valid slots and +inf for
+    a row with none. ``o_lat`` equals :func:`sparse_latent_attention`'s."""
+    check_latent_inputs(q_lat, latent, indices)
+    batch, seq_len, heads, rank = q_lat.shape
+    if query_chunk is None:
+        query_chunk = default_latent_query_chunk(batch, indices.shape[-1], heads, rank)
+    accum = torch.promote_types(torch.promote_types(q_lat.dtype, latent.dtype), torch.float32)
+    out = torch.zeros(q_lat.shape, dtype=latent.dtype, device=q_lat.device)
+    lse = torch.full((batch, seq_len, heads), float("inf"), dtype=torch.float32, device=q_lat.device)
+    with torch.no_grad():
+        for q0 in range(0, seq_len, query_chunk):
+            q1 = min(seq_len, q0 + query_chunk)
+            rows, valid, scores = _latent_scores(q_lat[:, q0:q1].to(accum), latent.to(accum), indices[:, q0:q1],
+                                                 softmax_scale)
+            row_lse = scores.logsumexp(dim=-1)
+            has_any = valid.any(dim=-1)[:, :, None]
+            probs = torch.where(has_any[..., None], (scores - row_lse[..., None]).exp(), 0)
+            out[:, q0:q1] = torch.einsum("bchw,bcwr->bchr", probs, rows).to(out.dtype)
+            lse[:, q0:q1] = torch.where(has_any, row_lse, float("inf")).float()
+    return out, lse
+
+
+def _latent_scores(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One query chunk's gathered rows ``[B, C, W, R]``, slot mask ``[B, C, W]`` and scaled scores ``[B, C, H, W]``
+    (-inf at empty slots)."""
+    valid = indices >= 0
+    batch_ids = torch.arange(q_lat.shape[0], device=q_lat.device)[:, None, None]
+    rows = latent[batch_ids, indices.long().clamp_min(0)]
+    scores = torch.einsum("bchr,bcwr->bchw", q_lat, rows) * softmax_scale
+    return rows, valid, scores.masked_fill(~valid[:, :, None, :], float("-inf"))
+
+
+def check_kept(q_lat: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """ValueError unless ``(out, lse)`` are a forward's outputs for queries shaped like ``q_lat``."""
+    if out.shape != q_lat.shape or lse.shape != q_lat.shape[:3] or lse.dtype != torch.float32:
+        raise ValueError(f"the kept forward must be o_lat {list(q_lat.shape)} and fp32 lse {list(q_lat.shape[:3])}, "
+                         f"got {tuple(out.shape)} and {tuple(lse.shape)} {lse.dtype}")
+    if out.device != q_lat.device or lse.device != q_lat.device:
+        raise ValueError(f"the kept forward is on {out.device} / {lse.device}, the queries on {q_lat.device}")
+
+
+def sparse_latent_attention_backward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                                     out: torch.Tensor, lse: torch.Tensor, d_out: torch.Tensor,
+                                     softmax_scale: float, *, query_chunk: int | None = None
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' backward from a stored forward, in torch: ``(d_q_lat, d_latent)`` in q_lat's and latent's
+    dtypes. ``P = exp(scale * Q C^T - lse)``, ``delta = rowsum(O * dO)``, ``dS = P * (dO C^T - delta) * scale``,
+    ``dQ = dS C``, ``dC[s] += dS[:, s]^T Q + P[:, s]^T dO`` (fp32 or wider throughout)."""
+    batch, seq_len, heads, rank = q_lat.shape
+    if query_chunk is None:
+        query_chunk = default_latent_query_chunk(batch, indices.shape[-1], heads, rank)
+    accum = torch.promote_types(torch.promote_types(q_lat.dtype, latent.dtype), torch.float32)
+    d_q = torch.zeros(q_lat.shape, dtype=accum, device=q_lat.device)
+    d_latent = torch.zeros(latent.shape, dtype=accum, device=latent.device)
+    rows_all = latent.to(accum)
+    for q0 in range(0, seq_len, query_chunk):
+        q1 = min(seq_len, q0 + query_chunk)
+        q = q_lat[:, q0:q1].to(accum)
+        grad = d_out[:, q0:q1].to(accum)
+        rows, valid, scores = _latent_scores(q, rows_all, indices[:, q0:q1], softmax_scale)
+        probs = (scores - lse[:, q0:q1, :, None].to(accum)).exp()      # 0 at empty slots and for lse = +inf
+        delta = (out[:, q0:q1].to(accum) * grad).sum(-1)
+        d_scores = probs * (torch.einsum("bchr,bcwr->bchw", grad, rows) - delta[..., None]) * softmax_scale
+        d_q[:, q0:q1] = torch.einsum("bchw,bcwr->bchr", d_scores, rows)
+        d_rows = torch.einsum("bchw,bchr->bcwr", d_scores, q) + torch.einsum("bchw,bchr->bcwr", probs, grad)
+        d_rows = d_rows * valid[..., None]
+        safe = indices[:, q0:q1].long().clamp_min(0)
+        d_latent.scatter_add_(1, safe.reshape(batch, -1, 1).expand(-1, -1, rank), d_rows.reshape(batch, -1, rank))
+    return d_q.to(q_lat.dtype), d_latent.to(latent.dtype)
+
+
+class KeptLatentAttention(torch.autograd.Function):
+    """``apply(q_lat, latent, indices, softmax_scale, out, lse)``: a forward an earlier pass computed (``out``,
+    ``lse``) returned as it is, with the gradient :func:`sparse_latent_attention_backward` computes from it."""
+
+    @staticmethod
+    def forward(ctx, q_lat, latent, indices, softmax_scale, out, lse):
+        ctx.save_for_backward(q_lat, latent, indices, out, lse)
+        ctx.softmax_scale = softmax_scale
+        # A new tensor object over the kept storage: autograd attaches this op to it, not to the caller's tensor.
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q_lat, latent, indices, out, lse = ctx.saved_tensors
+        d_q, d_latent = sparse_latent_attention_backward(q_lat, latent, indices, out, lse, d_out, ctx.softmax_scale)
+        return d_q, d_latent, None, None, None, None

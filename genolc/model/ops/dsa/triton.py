@@ -39,7 +39,7 @@ import functools
 
 import torch
 
-from genolc.model.ops.dsa.reference import check_latent_inputs
+from genolc.model.ops.dsa.reference import check_kept, check_latent_inputs
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_BLOCK_H = 32
@@ -226,19 +226,41 @@ class SparseLatentAttention(torch.autograd.Function):
 TRITON_KERNELS = (sparse_latent_attention_forward, sparse_latent_attention_backward)
 
 
+def with_kept_forward(kernels: tuple, q_lat: torch.Tensor, kept: tuple[torch.Tensor, torch.Tensor] | None) -> tuple:
+    """``kernels`` with its forward replaced, when ``kept`` is given, by the ``(o_lat, lse)`` an earlier pass's
+    forward kernel left for these inputs (checked against ``q_lat`` as the kernels take it): the op then runs only
+    its backward."""
+    if kept is None:
+        return kernels
+    out, lse = kept
+    check_kept(q_lat, out, lse)
+    if out.dtype != q_lat.dtype or not out.is_contiguous() or not lse.is_contiguous():
+        raise ValueError(f"the kept o_lat must be contiguous {q_lat.dtype} like the kernels' queries, and lse "
+                         f"contiguous; got {out.dtype}")
+
+    def kept_forward(*_inputs):
+        # A new tensor object over the kept storage: autograd attaches the op to it, not to the caller's tensor.
+        return out.detach(), lse
+
+    return kept_forward, kernels[1]
+
+
 def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
-                            *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
+                            *, query_chunk: int | None = None, recompute: bool | None = None,
+                            kept: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Drop-in for ``reference.sparse_latent_attention`` on CUDA tensors (fused Triton forward and backward).
 
     Args as the reference; ``query_chunk`` and ``recompute`` are accepted for signature compatibility and ignored
     (the kernels gather nothing into memory, and backward recomputes probabilities from the stored log-sum-exp).
-    Returns ``o_lat [B, T, H, R]`` in the kernels' common dtype (see :func:`prepare_inputs`).
+    ``kept``: :func:`sparse_latent_attention_forward`'s outputs for these inputs from an earlier pass (returned, only
+    the backward runs). Returns ``o_lat [B, T, H, R]`` in the kernels' common dtype (see :func:`prepare_inputs`).
     """
     if not (q_lat.is_cuda and latent.is_cuda and indices.is_cuda):
         raise ValueError("genolc.model.ops.dsa.triton needs CUDA tensors; use reference.sparse_latent_attention on CPU")
     q_lat, latent, indices = prepare_inputs(q_lat, latent, indices)
     check_kernel_inputs(q_lat, latent, indices)
-    return SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale)
+    return SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale,
+                                       with_kept_forward(TRITON_KERNELS, q_lat, kept))
 
 
 def prepare_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor

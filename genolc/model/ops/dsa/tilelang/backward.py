@@ -211,11 +211,13 @@ def prepare_tilelang_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
 
 
 def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
-                            *, query_chunk: int | None = None, recompute: bool | None = None) -> torch.Tensor:
+                            *, query_chunk: int | None = None, recompute: bool | None = None,
+                            kept: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Drop-in for ``dsa_triton.sparse_latent_attention`` on CUDA bf16/fp16 tensors (TileLang forward and backward).
 
     Args as the reference; ``query_chunk`` and ``recompute`` are accepted for signature compatibility and ignored
-    (nothing is gathered into memory; backward recomputes probabilities from the stored log-sum-exp). fp32 inputs
+    (nothing is gathered into memory; backward recomputes probabilities from the stored log-sum-exp). ``kept``: the
+    forward kernel's ``(o_lat, lse)`` for these inputs from an earlier pass (only the backward runs). fp32 inputs
     raise ValueError (the Triton op takes them). Returns ``o_lat [B, T, H, R]`` in the kernels' common dtype.
     """
     if not (q_lat.is_cuda and latent.is_cuda and indices.is_cuda):
@@ -223,4 +225,14 @@ def sparse_latent_attention(q_lat: torch.Tensor, latent: torch.Tensor, indices: 
                          "on CPU")
     q_lat, latent, indices = prepare_tilelang_inputs(q_lat, latent, indices)
     check_inputs(q_lat, latent, indices, softmax_scale)
-    return dsa_triton.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale, TILELANG_KERNELS)
+    return dsa_triton.SparseLatentAttention.apply(q_lat, latent, indices, softmax_scale,
+                                                  dsa_triton.with_kept_forward(TILELANG_KERNELS, q_lat, kept))
+
+
+def sparse_latent_attention_forward(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
+                                    softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The TileLang forward kernel on the layer's operands as :func:`sparse_latent_attention` prepares them:
+    ``(o_lat, lse)``, no autograd (an earlier pass's forward for ``kept``)."""
+    q_lat, latent, indices = prepare_tilelang_inputs(q_lat, latent, indices)
+    check_inputs(q_lat, latent, indices, softmax_scale)
+    return tilelang_forward.sparse_latent_attention_forward(q_lat, latent, indices, softmax_scale)
