@@ -11,9 +11,10 @@ What is kept is large: ``o_lat`` is ``H * R`` values a token and layer, 18 GiB f
 tokens (bf16), more than the device has left at that length. On CUDA it therefore goes to host memory: each
 forward is copied out on a side stream as the first pass makes it, and in the second pass, which runs the chunks
 last to first, the chunk before the one computing is copied back while it computes. The device holds at most two
-chunks' forwards at once. The host buffers are page-locked once (``cudaHostRegister``, exact sizes; torch's pinned
-allocator rounds each block up to a power of two) and reused by every later step. Off CUDA (the CPU tests) the
-forwards stay where they are.
+chunks' forwards at once. The host memory is page-locked blocks of ``BLOCK_BYTES`` (:class:`PinnedArena`), each
+forward packed into them byte by byte and the blocks reused by every later window: torch's pinned allocator rounds
+each allocation up to a power of two, which for a 302 MB forward of `base` would take 512 MB. Off CUDA (the CPU tests)
+the forwards stay where they are.
 
 If the second pass's queries differ from the first's by rounding (a compiled graph with and without grad may fuse
 differently), its backward uses the first pass's probabilities with the second pass's queries: the gradient of the
@@ -29,25 +30,78 @@ import torch
 _logger = logging.getLogger(__name__)
 
 Key = tuple[int, int]          # (chunk start, layer index)
+# A power of two, so that torch's pinned allocator gives each block exactly this much.
+BLOCK_BYTES = 256 << 20
+# Each kept tensor starts on a page.
+ALIGN_BYTES = 4096
+
+
+class PinnedArena:
+    """Page-locked host memory for one window's kept forwards: blocks of ``BLOCK_BYTES`` filled in order, emptied
+    (not freed) for the next window. Where the host refuses to page-lock a block it is ordinary memory instead, whose
+    copies then run synchronously (said once)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[torch.Tensor] = []
+        self.used = 0
+        self._unpinned_said = False
+
+    def reset(self) -> None:
+        self.used = 0
+
+    def take(self, nbytes: int) -> list[torch.Tensor]:
+        """``nbytes`` of the arena as uint8 pieces of its blocks, in order."""
+        self.used = -(-self.used // ALIGN_BYTES) * ALIGN_BYTES
+        pieces = []
+        while nbytes:
+            index, offset = divmod(self.used, BLOCK_BYTES)
+            if index == len(self.blocks):
+                self.blocks.append(self._block())
+            size = min(nbytes, BLOCK_BYTES - offset)
+            pieces.append(self.blocks[index][offset: offset + size])
+            self.used += size
+            nbytes -= size
+        return pieces
+
+    def _block(self) -> torch.Tensor:
+        try:
+            return torch.empty(BLOCK_BYTES, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError as error:
+            if not self._unpinned_said:
+                self._unpinned_said = True
+                _logger.warning("could not page-lock host memory for the kept DSA forwards (%s): their copies run "
+                                "synchronously", str(error).splitlines()[0])
+            return torch.empty(BLOCK_BYTES, dtype=torch.uint8)
+
+
+def _byte_pieces(tensor: torch.Tensor, pieces: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensor``'s bytes (contiguous) cut like ``pieces``."""
+    flat = tensor.reshape(-1).view(torch.uint8)
+    cuts, offset = [], 0
+    for piece in pieces:
+        cuts.append(flat[offset: offset + piece.numel()])
+        offset += piece.numel()
+    return cuts
 
 
 class KeptAttention:
     """The kept forwards of one window (``put`` in the first pass, ``take`` in the second); reused across steps,
-    where it keeps its page-locked host buffers. ``offload``: copy them to host memory (CUDA only; else they stay
+    where it keeps its page-locked host memory. ``offload``: copy them to host memory (CUDA only; else they stay
     on their device)."""
 
     def __init__(self, offload: bool = True) -> None:
         self.offload = offload
         self._stream: torch.cuda.Stream | None = None
-        self._host: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}       # registered buffers, kept across steps
-        self._kept: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}       # this window's forwards
+        self._arena = PinnedArena()
+        # This window's forwards: on the host as (shape, dtype, arena pieces) per tensor, or the tensors themselves.
+        self._kept: dict[Key, tuple] = {}
         self._fetched: dict[int, tuple[torch.cuda.Event, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = {}
-        self._unpinned_said = False
 
     def clear(self) -> None:
-        """Forget this window's forwards (the host buffers stay for the next window)."""
+        """Forget this window's forwards (the host memory stays for the next window)."""
         self._kept.clear()
         self._fetched.clear()
+        self._arena.reset()
 
     def put(self, start: int, layer: int, out: torch.Tensor, lse: torch.Tensor) -> None:
         """Keep layer ``layer``'s forward ``(o_lat, lse)`` of the chunk starting at ``start``."""
@@ -56,35 +110,38 @@ class KeptAttention:
             return
         stream = self._copy_stream(out.device)
         stream.wait_stream(torch.cuda.current_stream(out.device))
-        host = self._host_buffers((start, layer), out, lse)
-        with torch.cuda.stream(stream):
-            for target, source in zip(host, (out, lse)):
-                target.copy_(source, non_blocking=True)
-                # The first pass drops its reference at once: the allocator must not hand the memory out again
-                # before the copy has read it.
-                source.record_stream(stream)
-        self._kept[(start, layer)] = host
+        kept = []
+        for tensor in (out.contiguous(), lse.contiguous()):
+            pieces = self._arena.take(tensor.numel() * tensor.element_size())
+            with torch.cuda.stream(stream):
+                for target, source in zip(pieces, _byte_pieces(tensor, pieces)):
+                    target.copy_(source, non_blocking=True)
+            # The first pass drops its reference at once: the allocator must not hand the memory out again before
+            # the copy has read it.
+            tensor.record_stream(stream)
+            kept.append((tensor.shape, tensor.dtype, pieces))
+        self._kept[(start, layer)] = tuple(kept)
 
     def prefetch(self, start: int, device: torch.device) -> None:
         """Start copying the chunk at ``start``'s forwards back to ``device`` (a no-op when they are already on the
-        way, or not offloaded)."""
-        if start in self._fetched or not any(key[0] == start for key in self._kept):
-            return
+        way, or were not offloaded)."""
         layers = sorted(layer for (chunk, layer) in self._kept if chunk == start)
-        if not self.offload or device.type != "cuda":
+        if start in self._fetched or not layers or not self.offload or device.type != "cuda":
             return
         stream = self._copy_stream(device)
         # Allocated on the compute stream, written on the copy stream: the copy must wait for the work already
-        # queued there, which may still use the memory these buffers are carved from.
+        # queued there, which may still use the memory these tensors are carved from.
         stream.wait_stream(torch.cuda.current_stream(device))
         fetched = {}
         for layer in layers:
-            host = self._kept.pop((start, layer))
-            on_device = tuple(torch.empty(t.shape, dtype=t.dtype, device=device) for t in host)
-            with torch.cuda.stream(stream):
-                for target, source in zip(on_device, host):
-                    target.copy_(source, non_blocking=True)
-            fetched[layer] = on_device
+            tensors = []
+            for shape, dtype, pieces in self._kept.pop((start, layer)):
+                tensor = torch.empty(shape, dtype=dtype, device=device)
+                with torch.cuda.stream(stream):
+                    for target, source in zip(_byte_pieces(tensor, pieces), pieces):
+                        target.copy_(source, non_blocking=True)
+                tensors.append(tensor)
+            fetched[layer] = tuple(tensors)
         event = torch.cuda.Event()
         event.record(stream)
         self._fetched[start] = (event, fetched)
@@ -108,38 +165,3 @@ class KeptAttention:
         if self._stream is None or self._stream.device != device:
             self._stream = torch.cuda.Stream(device)
         return self._stream
-
-    def _host_buffers(self, key: Key, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        buffers = self._host.get(key)
-        if buffers is not None and all(b.shape == t.shape and b.dtype == t.dtype for b, t in zip(buffers, (out, lse))):
-            return buffers
-        if buffers is not None:
-            # A window of another shape: the old buffers' last copies must be done before they are let go.
-            self._copy_stream(out.device).synchronize()
-            for buffer in buffers:
-                _unregister(buffer)
-        buffers = tuple(self._pinned_like(t) for t in (out, lse))
-        self._host[key] = buffers
-        return buffers
-
-    def _pinned_like(self, tensor: torch.Tensor) -> torch.Tensor:
-        host = torch.empty(tensor.shape, dtype=tensor.dtype)
-        cudart = torch.cuda.cudart()
-        nbytes = host.numel() * host.element_size()
-        if nbytes and cudart.cudaHostRegister(host.data_ptr(), nbytes, 0) != cudart.cudaError.success:
-            if not self._unpinned_said:
-                self._unpinned_said = True
-                _logger.warning("could not page-lock %.0f MB of host memory for the kept DSA forwards: their copies "
-                                "run synchronously", host.numel() * host.element_size() / 1e6)
-        return host
-
-    def __del__(self) -> None:
-        for buffers in self._host.values():
-            for buffer in buffers:
-                _unregister(buffer)
-
-
-def _unregister(buffer: torch.Tensor) -> None:
-    # A buffer that never got registered (the warning above) answers with an error, which changes nothing.
-    if buffer.numel() and torch.cuda.is_available():
-        torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())

@@ -1,6 +1,7 @@
 """DSA forwards kept from the chunked step's first pass for its second, on the GPU (genolc/train/kept_attention.py).
 
-- The store's round trip through page-locked host memory gives the forwards back bit for bit, on the current stream.
+- The store's round trip through page-locked host memory gives the forwards back bit for bit, on the current stream,
+  forwards larger than one block of its arena included.
 - The TileLang op handed its own forward (``kept=``) returns it and has its gradients (the same backward kernel;
   only the order of its fp32 atomics differs).
 - `small`'s chunked step at 64k in 16k chunks, bf16, eager: with the forwards kept, the loss and the gradients against
@@ -24,12 +25,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_the_host_round_trip_gives_the_forwards_back():
     store = KeptAttention()
     device = torch.device("cuda")
-    forwards = {(start, layer): (torch.randn(1, 1000, 8, 256, device=device, dtype=torch.bfloat16),
-                                 torch.randn(1, 1000, 8, device=device))
+    forwards = {(start, layer): (torch.randn(1, 70000, 8, 256, device=device, dtype=torch.bfloat16),
+                                 torch.randn(1, 70000, 8, device=device))
                 for start in (0, 1000) for layer in (3, 7)}
     for (start, layer), (out, lse) in forwards.items():
         store.put(start, layer, out, lse)
-    assert all(buffer.is_pinned() for buffers in store._host.values() for buffer in buffers)
+    assert store._arena.blocks and all(block.is_pinned() for block in store._arena.blocks)
     store.prefetch(0, device)
     for (start, layer), (out, lse) in sorted(forwards.items(), reverse=True):
         got = store.take(start, layer, device)

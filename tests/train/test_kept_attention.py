@@ -1,0 +1,49 @@
+"""The kept DSA forwards' store on the CPU: the host arena's packing, and what the store hands back.
+
+The copies through page-locked memory and the side stream run on the GPU only (tests/gpu/test_kept_attention_fast.py);
+here the arena's blocks are ordinary memory (no CUDA device to page-lock for) and the store keeps CPU tensors as they
+are."""
+
+from __future__ import annotations
+
+import torch
+
+from genolc.train import kept_attention
+from genolc.train.kept_attention import ALIGN_BYTES, KeptAttention, PinnedArena, _byte_pieces
+
+
+def test_the_arena_packs_tensors_across_its_blocks_and_gives_them_back(monkeypatch):
+    monkeypatch.setattr(kept_attention, "BLOCK_BYTES", 3 * ALIGN_BYTES)
+    arena = PinnedArena()
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(3000, generator=generator).bfloat16(), torch.randn(7, 5, generator=generator),
+               torch.randn(2 * ALIGN_BYTES, generator=generator)]
+    stored = []
+    for tensor in tensors:
+        pieces = arena.take(tensor.numel() * tensor.element_size())
+        assert sum(piece.numel() for piece in pieces) == tensor.numel() * tensor.element_size()
+        for target, source in zip(pieces, _byte_pieces(tensor, pieces)):
+            target.copy_(source)
+        stored.append(pieces)
+    assert len(arena.blocks) == 4, "6000 + 140 + 32768 bytes, each from a page, in blocks of 12 KiB"
+    for tensor, pieces in zip(tensors, stored):
+        back = torch.empty_like(tensor)
+        for target, source in zip(_byte_pieces(back, pieces), pieces):
+            target.copy_(source)
+        assert torch.equal(back, tensor)
+    arena.reset()
+    arena.take(100)
+    assert len(arena.blocks) == 4 and arena.used == 100, "a new window reuses the blocks from the start"
+
+
+def test_the_store_hands_each_forward_back_once():
+    store = KeptAttention()
+    out, lse = torch.randn(1, 4, 2, 3), torch.randn(1, 4, 2)
+    store.put(0, 3, out, lse)
+    assert store.take(0, 2, torch.device("cpu")) is None
+    got = store.take(0, 3, torch.device("cpu"))
+    assert got[0] is out and got[1] is lse
+    assert store.take(0, 3, torch.device("cpu")) is None
+    store.put(4, 3, out, lse)
+    store.clear()
+    assert store.take(4, 3, torch.device("cpu")) is None
