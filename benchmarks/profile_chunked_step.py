@@ -39,7 +39,7 @@ from genolc.train.apply import apply_compile, apply_recompute, apply_stream_dtyp
 from genolc.train.chunked import chunked_forward_backward  # noqa: E402
 from genolc.train.kept_attention import KeptAttention  # noqa: E402
 from genolc.train.loss import LossTerms  # noqa: E402
-from genolc.train.plan import estimate_chunked_memory  # noqa: E402
+from genolc.train.plan import PLAN_MARGIN, estimate_chunked_memory, kept_attention_device_bytes  # noqa: E402
 from genolc.units import format_length, parse_length  # noqa: E402
 
 PROFILED_CLASSES = ("KimiDeltaAttention", "DSAAttention", "DSAIndexer", "MoE", "HyperConnection", "DecoderLayer")
@@ -87,14 +87,16 @@ def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_b
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)}
 
 
-def plan_columns(config, length: int, chunk: int, recompute: bool, fp32_streams: bool) -> dict:
+def plan_columns(config, length: int, chunk: int, recompute: bool, fp32_streams: bool, kept: bool = False) -> dict:
     """Beside a timed step's peak: AdamW's state, which ``finetune`` holds and this script does not (8 bytes a
     parameter), their sum, and what genolc/train/plan.py estimates for that step (margin included), so that each run
     measures the plan against the code it runs."""
     adamw = 8 * parameter_counts(config).total / 2 ** 30
     plan = estimate_chunked_memory(config, seq_len=length, chunk=chunk, recompute=recompute, fast_kernels=True,
                                    fp32_streams=fp32_streams)
-    return {"adamw_state_gib": round(adamw, 2), "plan_gib": round(plan.gib(), 2)}
+    # Keeping the DSA forwards adds what the step strategy plans for them (genolc/train/strategy.py).
+    extra = kept_attention_device_bytes(config, chunk=chunk, recompute=recompute) * PLAN_MARGIN if kept else 0
+    return {"adamw_state_gib": round(adamw, 2), "plan_gib": round((plan.total + extra) / 2 ** 30, 2)}
 
 
 def peak_allocations(snapshot: dict, top: int) -> dict:
@@ -313,7 +315,8 @@ def main() -> None:
         try:
             save({"phase": "timed", "kept_attention": mode,
                   **timed_step(model, length, chunk, **{**loss, "kept_attention": kept[mode]}),
-                  **plan_columns(model.config, length, chunk, args.recompute, args.stream_dtype == "float32")})
+                  **plan_columns(model.config, length, chunk, args.recompute, args.stream_dtype == "float32",
+                                 kept=mode == "host")})
             continue
         except torch.OutOfMemoryError as error:
             # A chunk length tried for its memory: record that it does not fit and go on to the next phases.

@@ -140,6 +140,8 @@ class KeptAttention:
                 with torch.cuda.stream(stream):
                     for target, source in zip(_byte_pieces(tensor, pieces), pieces):
                         target.copy_(source, non_blocking=True)
+                # Dropped without take() (a step that failed in between), its memory must wait for the copy too.
+                tensor.record_stream(stream)
                 tensors.append(tensor)
             fetched[layer] = tuple(tensors)
         event = torch.cuda.Event()

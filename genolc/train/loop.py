@@ -81,7 +81,7 @@ from genolc.train.plan import (GIB, check_window_lengths, context_parallel_oom_e
                                required_seq_multiple)
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
 from genolc.train.kept_attention import KeptAttention
-from genolc.train.strategy import (StepStrategy, choose_strategy, device_budget_bytes, host_available_bytes,
+from genolc.train.strategy import (StepStrategy, choose_strategy, device_budget_bytes, host_free_bytes_per_process,
                                    run_micro_batch)
 from genolc.units import format_length
 
@@ -354,7 +354,7 @@ class _Trainer:
                     fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
                     where=f"--seq {format_length(shape.seq_len)} on {self.device}",
                     auto_recompute=self.device.type == "cuda", fp32_streams=self._fp32_streams(),
-                    host_free_bytes=host_available_bytes())
+                    host_free_bytes=host_free_bytes_per_process())
             else:
                 strategy = self._context_parallel_strategy(shape, multiple)
             if strategy.recompute and not self.recompute:

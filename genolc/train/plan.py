@@ -335,6 +335,15 @@ def kept_attention_bytes(config: ModelConfig, tokens: int, bf16: bool = True) ->
     return tokens * len(config.dsa_layers) * config.num_attention_heads * (config.kv_lora_rank * itemsize + 4)
 
 
+def kept_attention_device_bytes(config: ModelConfig, *, chunk: int, windows: int = 1, bf16: bool = True,
+                                recompute: bool = False) -> int:
+    """What keeping the DSA forwards adds to a chunked step's device peak: the next chunk's, copied back while a chunk
+    computes (the current chunk's are what its autograd graph saves anyway, already planned); under per-layer
+    recompute the current chunk's too, which the chunk's cache holds for the layers' replays while the plan counts
+    one layer's saved activations."""
+    return (2 if recompute else 1) * kept_attention_bytes(config, chunk * windows, bf16)
+
+
 def estimate_chunked_memory(config: ModelConfig, *, seq_len: int, chunk: int, windows: int = 1, bf16: bool = True,
                             recompute: bool = False, fast_kernels: bool = False, fp32_streams: bool = False,
                             keep_selections: bool = True) -> MemoryPlan:

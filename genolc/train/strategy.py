@@ -18,7 +18,7 @@ kernel's OOM killer; a chunk the user chose runs, with a warning in its reason, 
 
 A chunked step on the GPU that keeps its first pass's DSA pools keeps that pass's sparse-attention forwards too, in host
 memory, so that its second pass runs only their backward (genolc/train/kept_attention.py), where they take at most half
-the host memory free and the device has room for one chunk's more.
+the host memory this process may use and the device has room for one chunk's more (two under per-layer recompute).
 
 Under ``--cp N`` (:func:`choose_context_parallel_strategy`) the same choice is made per rank from
 estimate_context_parallel_memory: the rank's share of the window (or of each chunk) plus what the whole span adds.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager
+from pathlib import Path
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -42,7 +43,7 @@ from genolc.errors import ConfigError
 from genolc.train.plan import (FAST_CHUNK, FAST_UNRECOMPUTED_CHUNK, PLAN_MARGIN, SMALLEST_AUTO_CHUNK,
                                OutOfMemoryPlanError, context_parallel_oom_error, estimate_chunked_memory,
                                estimate_context_parallel_memory, estimate_memory, estimate_step_seconds,
-                               fits_within_margin, format_gib, kept_attention_bytes,
+                               fits_within_margin, format_gib, kept_attention_bytes, kept_attention_device_bytes,
                                largest_fitting_chunk, largest_fitting_context_parallel_chunk, oom_error)
 from genolc.units import format_length
 
@@ -88,6 +89,30 @@ def device_budget_bytes(device: torch.device) -> int:
     return host_available_bytes()
 
 
+# Where a cgroup (a container's memory limit) says how much this process may use: v2, then v1 ((limit, usage) files).
+CGROUP_MEMORY_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                       ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def host_free_bytes_per_process() -> int:
+    """Host memory this process may page-lock: what is available now, no more than a cgroup memory limit leaves
+    (page-locked memory counts against it, and MemAvailable does not see it), shared by the training processes of
+    this host (``LOCAL_WORLD_SIZE``, which torchrun sets)."""
+    free = host_available_bytes()
+    for limit_file, usage_file in CGROUP_MEMORY_FILES:
+        try:
+            limit, usage = (int(Path(name).read_text().strip()) for name in (limit_file, usage_file))
+        except (OSError, ValueError):            # absent, or "max": no limit at this level
+            continue
+        free = min(free, max(0, limit - usage))
+        break
+    try:
+        processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        processes = 1
+    return free // processes
+
+
 def host_available_bytes() -> int:
     """The host memory available now (Linux's MemAvailable; elsewhere all of it)."""
     try:
@@ -106,8 +131,9 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
                     host_free_bytes: int | None = None) -> StepStrategy:
     """The strategy for micro-batches of ``windows`` windows of ``seq_len`` tokens (see :func:`choose_chunking`); a
     chunked step on the fast kernels that keeps its first pass's pools also keeps its DSA forwards in host memory,
-    where they take at most ``HOST_SHARE`` of ``host_free_bytes`` (None: not known, as for `genolc plan`) and the
-    device has room for one chunk's more (:func:`_with_kept_attention`)."""
+    where they take at most ``HOST_SHARE`` of ``host_free_bytes`` (None: not known, as for `genolc plan`; the trainer
+    passes :func:`host_free_bytes_per_process`) and the device has room for what they add
+    (genolc/train/plan.py's ``kept_attention_device_bytes``)."""
     strategy = choose_chunking(model_config, seq_len=seq_len, windows=windows, grad_accum=grad_accum, chunk=chunk,
                                recompute=recompute, bf16=bf16, fast_kernels=fast_kernels, budget_bytes=budget_bytes,
                                multiple=multiple, where=where, auto_recompute=auto_recompute,
@@ -131,10 +157,13 @@ def _with_kept_attention(config: ModelConfig, strategy: StepStrategy, *, windows
             f"{strategy.reason}; the DSA forwards are computed again in the second pass: keeping them would take "
             f"{format_gib(host)} GiB of host memory, more than {HOST_SHARE:.0%} of the {format_gib(host_free_bytes)} "
             "GiB free"))
-    # The device holds one chunk's forwards more: the next chunk's, copied back while one computes.
-    estimate = strategy.estimate_bytes + int(kept_attention_bytes(config, strategy.chunk * windows, bf16) * PLAN_MARGIN)
+    extra = int(kept_attention_device_bytes(config, chunk=strategy.chunk, windows=windows, bf16=bf16,
+                                            recompute=strategy.recompute) * PLAN_MARGIN)
+    estimate = strategy.estimate_bytes + extra
     if estimate > budget_bytes:
-        return strategy
+        return replace(strategy, reason=(
+            f"{strategy.reason}; the DSA forwards are computed again in the second pass: keeping them would need "
+            f"{format_gib(extra)} GiB more of the device"))
     return replace(strategy, kept_attention_bytes=host, estimate_bytes=estimate, reason=(
         f"{strategy.reason}; the first pass's DSA forwards wait in host memory for the second "
         f"({format_gib(host)} GiB)"))

@@ -28,13 +28,19 @@ def test_the_host_round_trip_gives_the_forwards_back():
     forwards = {(start, layer): (torch.randn(1, 70000, 8, 256, device=device, dtype=torch.bfloat16),
                                  torch.randn(1, 70000, 8, device=device))
                 for start in (0, 1000) for layer in (3, 7)}
+    expected = {key: (out.clone(), lse.clone()) for key, (out, lse) in forwards.items()}
     for (start, layer), (out, lse) in forwards.items():
         store.put(start, layer, out, lse)
     assert store._arena.blocks and all(block.is_pinned() for block in store._arena.blocks)
+    # As in the first pass, the sources are let go at once and their memory handed out again: the copies must have
+    # read them first.
+    del forwards, out, lse
+    scribbles = [torch.full((1, 70000, 8, 256), 7.0, device=device, dtype=torch.bfloat16) for _ in range(4)]
     store.prefetch(0, device)
-    for (start, layer), (out, lse) in sorted(forwards.items(), reverse=True):
+    for (start, layer), (out, lse) in sorted(expected.items(), reverse=True):
         got = store.take(start, layer, device)
         assert got[0].is_cuda and torch.equal(got[0], out) and torch.equal(got[1], lse)
+    del scribbles
     assert store.take(0, 3, device) is None and not store._kept and not store._fetched
 
 
@@ -83,6 +89,7 @@ def test_the_chunked_step_with_kept_forwards_small_64k():
     lm_again, again = _step(model, ids, weights, terms, None)
     store = KeptAttention()
     lm_kept, kept = _step(model, ids, weights, terms, store)
+    assert store._arena.used > 0, "the forwards went through host memory"
     lm_kept_again, kept_again = _step(model, ids, weights, terms, store)
     spread, error, error_again = _spread(again, expected), _spread(kept, expected), _spread(kept_again, expected)
     print(f"loss {lm:.6f} / kept {lm_kept:.6f}; gradients: computed twice {spread:.2e}, kept {error:.2e}, "

@@ -212,9 +212,10 @@ def test_recompute_keeps_each_layers_streams_at_their_width():
     assert plans[True].activations - plans[False].activations == seq * wider
 
 
-def _kept_on_device(model: str, chunk: int) -> int:
-    """What a chunked step that keeps its DSA forwards plans on the device beside its chunk: one chunk's forwards."""
-    return int(kept_attention_bytes(preset(model), chunk) * PLAN_MARGIN)
+def _kept_on_device(model: str, chunk: int, chunks: int = 1) -> int:
+    """What a chunked step that keeps its DSA forwards plans on the device beside its chunk: one chunk's forwards (two
+    under per-layer recompute)."""
+    return int(chunks * kept_attention_bytes(preset(model), chunk) * PLAN_MARGIN)
 
 
 def test_plan_command_plans_the_stream_dtype_asked_for():
@@ -550,3 +551,33 @@ def test_the_dsa_forwards_are_kept_in_host_memory_where_it_has_room():
     assert on_cpu.chunk is not None and not on_cpu.keep_attention
     whole = choose_strategy(preset("small"), seq_len=1 << 14, fast_kernels=True, **common)
     assert whole.chunk is None and not whole.keep_attention
+    # With per-layer recompute the chunk's cache holds the current chunk's forwards too: two chunks' more.
+    on_80gb = choose_strategy(preset("base"), seq_len=1 << 19, fast_kernels=True,
+                              **{**common, "budget_bytes": int(79.2 * GIB)})
+    assert (on_80gb.chunk, on_80gb.recompute, on_80gb.keep_attention) == (32 * 1024, True, True)
+    recomputed = estimate_chunked_memory(preset("base"), seq_len=1 << 19, chunk=32 * 1024, fast_kernels=True,
+                                         recompute=True).total
+    assert on_80gb.estimate_bytes == recomputed + _kept_on_device("base", 32 * 1024, chunks=2)
+    # A chunk that fits, but not with one chunk's forwards more: they are computed again, and the step says why.
+    tight_device = choose_strategy(preset("base"), seq_len=1 << 19, fast_kernels=True,
+                                   **{**common, "chunk": 32 * 1024, "budget_bytes": chunked + 1})
+    assert tight_device.chunk == 32 * 1024 and not tight_device.keep_attention
+    assert "keeping them would need 1.2 GiB more of the device" in tight_device.describe()
+
+
+def test_the_host_memory_a_process_may_page_lock(tmp_path, monkeypatch):
+    """MemAvailable, no more than a cgroup's limit leaves, shared by the host's training processes."""
+    from genolc.train import strategy
+
+    monkeypatch.setattr(strategy, "host_available_bytes", lambda: 100 * GIB)
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    monkeypatch.setattr(strategy, "CGROUP_MEMORY_FILES", ((str(limit), str(usage)),))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert strategy.host_free_bytes_per_process() == 100 * GIB, "no cgroup files: MemAvailable"
+    limit.write_text("max\n")
+    usage.write_text(f"{3 * GIB}\n")
+    assert strategy.host_free_bytes_per_process() == 100 * GIB, "no limit"
+    limit.write_text(f"{64 * GIB}\n")
+    assert strategy.host_free_bytes_per_process() == 61 * GIB
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert strategy.host_free_bytes_per_process() == 61 * GIB // 4
