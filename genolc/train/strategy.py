@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager
-from pathlib import Path
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import torch
