@@ -163,6 +163,43 @@ def test_the_second_pass_runs_only_the_kept_forwards_backward(dna_window, one_th
                                  kept_attention=store)
 
 
+def test_kept_forwards_of_a_shared_dsa_layer(dna_window, one_thread):
+    """Two DSA layers, the second "shared" (no indexer: it attends to the first's rows), as in GLM-5.3-Flash: with
+    both layers' forwards kept the chunked step still equals the whole window."""
+    from genolc.model import build_model, preset
+    from genolc.tokenize import CharTokenizer
+
+    tiny = preset("tiny", vocab_size=CharTokenizer().vocab_size)
+    config = tiny.replace(num_hidden_layers=8, layer_types=tiny.layer_types * 2,
+                          mlp_layer_types=tiny.mlp_layer_types + ("sparse",) * 4,
+                          indexer_types=("full",) * 7 + ("shared",))
+    torch.manual_seed(0)
+    model = build_model(config)
+    ids, weights = dna_window
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
+                      indexer_mode="sparse")
+    whole = micro_batch_loss(model(ids[:, :-1], indexer_loss="sparse"), ids[:, 1:], weights, terms)
+    whole.loss.backward()
+    expected = _grads(model)
+    model.zero_grad(set_to_none=True)
+    store, kept_layers = KeptAttention(), []
+    put = store.put
+
+    def counted_put(start, layer, out, lse):
+        kept_layers.append(layer)
+        put(start, layer, out, lse)
+
+    store.put = counted_put
+    result = chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, kept_attention=store)
+    chunks = len(chunk_bounds(WINDOW, 1000))
+    assert sorted(kept_layers) == [3] * chunks + [7] * chunks and not store._kept, "kept once, handed back once"
+    assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
+    got = _grads(model)
+    assert set(got) == set(expected)
+    for name, grad in got.items():
+        assert float((grad - expected[name]).norm()) <= 1e-4 * float(expected[name].norm()) + 1e-12, name
+
+
 def test_chunks_shorter_than_a_pool_and_the_conv_window(dna_window, one_thread):
     """Chunks of 3 tokens: every pool (4 tokens) and every convolution window (4 taps) spans two or more chunks."""
     ids, weights = dna_window
