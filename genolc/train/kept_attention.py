@@ -86,11 +86,9 @@ def _byte_pieces(tensor: torch.Tensor, pieces: list[torch.Tensor]) -> list[torch
 
 class KeptAttention:
     """The kept forwards of one window (``put`` in the first pass, ``take`` in the second); reused across steps,
-    where it keeps its page-locked host memory. ``offload``: copy them to host memory (CUDA only; else they stay
-    on their device)."""
+    where it keeps its page-locked host memory. CUDA tensors go to host memory; others stay where they are."""
 
-    def __init__(self, offload: bool = True) -> None:
-        self.offload = offload
+    def __init__(self) -> None:
         self._stream: torch.cuda.Stream | None = None
         self._arena = PinnedArena()
         # This window's forwards: on the host as (shape, dtype, arena pieces) per tensor, or the tensors themselves.
@@ -105,7 +103,7 @@ class KeptAttention:
 
     def put(self, start: int, layer: int, out: torch.Tensor, lse: torch.Tensor) -> None:
         """Keep layer ``layer``'s forward ``(o_lat, lse)`` of the chunk starting at ``start``."""
-        if not (self.offload and out.is_cuda):
+        if not out.is_cuda:
             self._kept[(start, layer)] = (out, lse)
             return
         stream = self._copy_stream(out.device)
@@ -124,9 +122,9 @@ class KeptAttention:
 
     def prefetch(self, start: int, device: torch.device) -> None:
         """Start copying the chunk at ``start``'s forwards back to ``device`` (a no-op when they are already on the
-        way, or were not offloaded)."""
+        way, or were never copied out: off CUDA)."""
         layers = sorted(layer for (chunk, layer) in self._kept if chunk == start)
-        if start in self._fetched or not layers or not self.offload or device.type != "cuda":
+        if start in self._fetched or not layers or device.type != "cuda":
             return
         stream = self._copy_stream(device)
         # Allocated on the compute stream, written on the copy stream: the copy must wait for the work already
@@ -151,8 +149,8 @@ class KeptAttention:
     def take(self, start: int, layer: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Layer ``layer``'s kept forward of the chunk at ``start``, on ``device`` and ready for the current stream
         (None when none was kept); the store lets go of it."""
-        if (start, layer) in self._kept and not (self.offload and device.type == "cuda"):
-            return self._kept.pop((start, layer))
+        if device.type != "cuda":
+            return self._kept.pop((start, layer), None)
         self.prefetch(start, device)
         if start not in self._fetched:
             return None

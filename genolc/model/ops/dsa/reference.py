@@ -130,11 +130,7 @@ def default_latent_query_chunk(batch: int, width: int, heads: int, rank: int) ->
 def _attend_latent_chunk(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
                          softmax_scale: float) -> torch.Tensor:
     """One query chunk: q_lat ``[B, C, H, R]``, latent ``[B, S, R]``, indices ``[B, C, W]`` -> ``[B, C, H, R]``."""
-    valid = indices >= 0
-    safe = indices.long().clamp_min(0)
-    batch_ids = torch.arange(q_lat.shape[0], device=q_lat.device)[:, None, None]
-    rows = latent[batch_ids, safe]  # [B, C, W, R]: one gathered row serves every head
-    scores = torch.einsum("bchr,bcwr->bchw", q_lat, rows) * softmax_scale
+    rows, valid, scores = _latent_scores(q_lat, latent, indices, softmax_scale)   # one gathered row for every head
     # finfo.min (not -inf) keeps rows with no valid slot finite; they are zeroed below.
     scores = scores.masked_fill(~valid[:, :, None, :], torch.finfo(scores.dtype).min)
     probs = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(rows.dtype)
