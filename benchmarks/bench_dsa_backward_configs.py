@@ -31,7 +31,6 @@ Writes $OUT or benchmarks/results/dsa_backward_configs[_keysN]_<date>.json (comm
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -101,21 +100,18 @@ def compile_one(shape: dict, config) -> tuple[object, float]:
     return config, time.monotonic() - start
 
 
-def slabbed_config(shape: dict, scatter: str):
-    return dataclasses.replace(backward_slabs.default_slabbed_config(shape["rank"]), scatter=scatter)
-
-
-def compile_slabbed(shape: dict, scatter: str) -> tuple[str, float]:
+def compile_slabbed(shape: dict) -> tuple[str, float]:
     start = time.monotonic()
     backward_slabs.compiled_slabbed_backward_kernel(shape["heads"], shape["rank"], shape["width"], "bfloat16",
-                                                    float(shape["scale"]), slabbed_config(shape, scatter))
-    return f"slabs {scatter}", time.monotonic() - start
+                                                    float(shape["scale"]),
+                                                    backward_slabs.default_slabbed_config(shape["rank"]))
+    return "slabs", time.monotonic() - start
 
 
-def slabbed(tensors: dict, shape: dict, slab_rows: int, config=None):
+def slabbed(tensors: dict, shape: dict, slab_rows: int):
     return backward_slabs.sparse_latent_attention_backward_slabs(
         tensors["q"], tensors["latent"], tensors["indices"], tensors["out"], tensors["lse"], tensors["d_out"],
-        shape["scale"], slab_rows=slab_rows, config=config)
+        shape["scale"], slab_rows=slab_rows)
 
 
 def backward(tensors: dict, shape: dict, config):
@@ -149,14 +145,11 @@ def sweep(name: str, args, rows: list[dict]) -> None:
     start = time.monotonic()
     shape = shape_of(name)
     configs = configs_for(shape) if args.configs == "all" else configs_for(shape)[:1]
-    configs += [dataclasses.replace(configs[0], scatter=scatter) for scatter in args.scatter
-                if scatter != configs[0].scatter]
     compile_seconds, errors = {}, {}
     pool = ThreadPoolExecutor(max_workers=8)
     futures = {config: pool.submit(compile_one, shape, config) for config in configs}
     if args.slab_rows:
-        for scatter in args.scatter:
-            futures[f"slabs {scatter}"] = pool.submit(compile_slabbed, shape, scatter)
+        futures["slabs"] = pool.submit(compile_slabbed, shape)
     for config, future in futures.items():
         left = max(1.0, COMPILE_BUDGET_S - (time.monotonic() - start))
         try:
@@ -177,13 +170,13 @@ def sweep(name: str, args, rows: list[dict]) -> None:
         compiled = config in compile_seconds
         rows.append(timed_row(row, lambda c=config: backward(tensors, shape, c), reference, args.repeats,
                               None if compiled else errors.get(config, "not compiled within the budget")))
-    for slab_rows, scatter in ((rows, scatter) for rows in args.slab_rows for scatter in args.scatter):
-        key = f"slabs {scatter}"
+    for slab_rows in args.slab_rows:
         row = {"preset": name, "queries": args.queries, "keys": args.keys, "variant": "slabs", "slab_rows": slab_rows,
-               "config": list(vars(slabbed_config(shape, scatter)).values()), "compile_s": compile_seconds.get(key)}
-        compiled = key in compile_seconds
-        row = timed_row(row, lambda r=slab_rows, s=scatter: slabbed(tensors, shape, r, slabbed_config(shape, s)),
-                        reference, args.repeats, None if compiled else errors.get(key, "not compiled within the budget"))
+               "config": list(vars(backward_slabs.default_slabbed_config(shape["rank"])).values()),
+               "compile_s": compile_seconds.get("slabs")}
+        compiled = "slabs" in compile_seconds
+        row = timed_row(row, lambda r=slab_rows: slabbed(tensors, shape, r), reference, args.repeats,
+                        None if compiled else errors.get("slabs", "not compiled within the budget"))
         if "error" not in row:
             row["matches_default"] = max(row["d_q_rel_err_vs_default"], row["d_latent_rel_err_vs_default"]) < 1e-2
         rows.append(row)
@@ -206,12 +199,8 @@ def main() -> None:
                         help="time every candidate launch config, or only the default")
     parser.add_argument("--slab-rows", default="",
                         help="comma-separated slab sizes (rows) for the slab-ordered backward; empty: not run")
-    parser.add_argument("--scatter", default="atomic",
-                        help="comma-separated BackwardConfig.scatter modes: the default config and the slab-ordered "
-                             "kernel are timed with each")
     args = parser.parse_args()
     args.slab_rows = [int(rows) for rows in args.slab_rows.split(",") if rows]
-    args.scatter = [mode for mode in args.scatter.split(",") if mode]
     rows: list[dict] = []
     start = time.monotonic()
     for name in args.presets.split(","):

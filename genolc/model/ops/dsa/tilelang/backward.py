@@ -27,7 +27,9 @@ past W in the last block) get P = 0 and issue no atomics.
 
 What limits it: the scatter. Every (query, slot) adds one fp32 row of R into d_latent: T * W * R * 4 bytes of
 read-modify-write traffic at the L2 (3.2 TB at 1M tokens, W = 2051, R = 384), against T * W * R * 2 gathered bytes
-and 10 * T * W * H * R FLOPs. Registers: the dQ accumulator alone is 16 * R fp32 over 128 threads (48 a thread at
+and 10 * T * W * H * R FLOPs. Its bound is the L2's fp32 adds, not the number of requests: one bulk reduction
+(``cp.reduce.async.bulk ... add.f32``) per row slice instead of 32 vector atomics ran no faster on the H200
+(benchmarks/results/dsa_backward_bulk_scatter_2026-12-03/; the code is in the commit that added that folder). Registers: the dQ accumulator alone is 16 * R fp32 over 128 threads (48 a thread at
 R = 384), so dC is sliced; ptxas (sm_90a) for the default configs: H=8/R=256 182 registers, H=12/R=384 254, no
 spills. Shared memory at R = 384: Q and dO 24 KiB, two gathered 32-slot stages 48 KiB, the fp32 dC slice 16 KiB
 (~89 KiB; 254 registers x 128 threads also leaves room for two blocks per SM).
@@ -47,10 +49,9 @@ import torch
 from genolc.model.ops.dsa import triton as dsa_triton
 from genolc.model.ops.dsa.tilelang import backward_slabs
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
-from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, BULK_SCATTER_PRELUDE,
-                                                           DEFAULT_BACKWARD_CONFIG, EMPTY_ROW_LSE, BackwardConfig,
-                                                           check_backward_inputs, default_backward_config,
-                                                           slot_step_macros)
+from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, DEFAULT_BACKWARD_CONFIG, EMPTY_ROW_LSE,
+                                                           BackwardConfig, check_backward_inputs,
+                                                           default_backward_config, slot_step_macros)
 from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, check_inputs, padded_heads
 
 def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
@@ -61,7 +62,6 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
 
     config.check(rank)
     block_slots, num_stages, threads = config.block_slots, config.num_stages, config.threads
-    bulk = config.scatter == "bulk"
     heads_pad = padded_heads(heads)
     num_blocks = -(-width // block_slots)
     part = rank // config.rank_parts
@@ -83,8 +83,7 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
         DQ: T.Tensor([batch, seq_len, heads, rank], dtype),
         DLatent: T.Tensor([batch, kv_len, rank], accum),
     ):
-        with T.Kernel(seq_len, batch, threads=threads, prelude=BULK_SCATTER_PRELUDE if bulk else None) as (t, b):
-            tx = T.get_thread_binding()
+        with T.Kernel(seq_len, batch, threads=threads) as (t, b):
             q_shared = T.alloc_shared([heads_pad, rank], dtype)
             do_shared = T.alloc_shared([heads_pad, rank], dtype)
             kv_shared = T.alloc_shared([block_slots, rank], dtype)
@@ -127,33 +126,17 @@ def build_backward_prim_func(heads: int, rank: int, width: int, dtype: str, soft
                 # registers is [slots, R / rank_parts], not [slots, R].
                 for lo in part_offsets:
                     dc_slice(q_shared, do_shared, p_shared, ds_shared, acc_dkv, dkv_shared, lo)
-                    if bulk:
-                        # Thread j adds slot j's row slice (backward_config.BULK_SCATTER_PRELUDE).
-                        T.call_extern("handle", "genolc_fence_proxy_async_shared")
-                        T.sync_threads()
-                        if tx < block_slots:
-                            if blk * block_slots + tx < width:
-                                if Indices[b, t, T.min(blk * block_slots + tx, width - 1)] >= 0:
-                                    T.call_extern("handle", "genolc_bulk_add_f32", T.address_of(
-                                        DLatent[b, Indices[b, t, T.min(blk * block_slots + tx, width - 1)], lo]),
-                                        T.address_of(dkv_shared[tx, 0]), part * 4)
-                            T.call_extern("handle", "genolc_bulk_commit_wait_read")
-                        T.sync_threads()
-                    else:
-                        for j, v in T.Parallel(block_slots, part // ATOMIC_VECTOR):
-                            if blk * block_slots + j < width:
-                                if Indices[b, t, T.min(blk * block_slots + j, width - 1)] >= 0:
-                                    T.atomic_addx4(
-                                        DLatent[b, Indices[b, t, T.min(blk * block_slots + j, width - 1)],
-                                                lo + v * ATOMIC_VECTOR],
-                                        dkv_shared[j, v * ATOMIC_VECTOR])
+                    for j, v in T.Parallel(block_slots, part // ATOMIC_VECTOR):
+                        if blk * block_slots + j < width:
+                            if Indices[b, t, T.min(blk * block_slots + j, width - 1)] >= 0:
+                                T.atomic_addx4(
+                                    DLatent[b, Indices[b, t, T.min(blk * block_slots + j, width - 1)],
+                                            lo + v * ATOMIC_VECTOR],
+                                    dkv_shared[j, v * ATOMIC_VECTOR])
 
             for h, r in T.Parallel(heads_pad, rank):
                 if h < heads:
                     DQ[b, t, h, r] = acc_dq[h, r]
-            if bulk:
-                if tx < block_slots:
-                    T.call_extern("handle", "genolc_bulk_wait_all")
 
     return sparse_latent_bwd
 

@@ -13,44 +13,17 @@ from genolc.model.ops.dsa.tilelang.forward import LOG2_E, check_inputs, padded_h
 EMPTY_ROW_LSE = 2.0 ** 30
 # Components per vector atomic (red.global.add.v4.f32): R must be a multiple of it (it is: R % 16 == 0).
 ATOMIC_VECTOR = 4
-SCATTERS = ("atomic", "bulk")
-
-# Device functions of the "bulk" scatter, put before the kernel (T.Kernel's prelude). One bulk reduction
-# (cp.reduce.async.bulk ... add.f32, sm_90) adds a whole row slice from shared memory into global memory in the L2:
-# one request per 512-byte slice where the "atomic" scatter issues 32 16-byte vector atomics. The shared row must be
-# fenced for the async proxy after the threads' writes (and the block synchronised) before it is read, and may be
-# overwritten only after the issuing thread waited for the reads of its group.
-BULK_SCATTER_PRELUDE = r"""
-__device__ __forceinline__ void genolc_bulk_add_f32(float* global_row, float* shared_row, int bytes) {
-  unsigned int shared_address = static_cast<unsigned int>(__cvta_generic_to_shared(shared_row));
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
-               :: "l"(global_row), "r"(shared_address), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void genolc_bulk_commit_wait_read() {
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
-__device__ __forceinline__ void genolc_bulk_wait_all() {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
-__device__ __forceinline__ void genolc_fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-"""
 
 
 @dataclass(frozen=True)
 class BackwardConfig:
-    """Launch shape of the backward: slots per step, pipeline depth of the gather, threads per block, the number
-    of rank slices the dC tile is computed and scattered in (fewer live fp32 registers per slice), and how each
-    slice's rows reach ``d_latent``: ``atomic`` (16-byte vector atomics from every thread) or ``bulk`` (one bulk
-    reduction per row, :data:`BULK_SCATTER_PRELUDE`)."""
+    """Launch shape of the backward: slots per step, pipeline depth of the gather, threads per block, and the number
+    of rank slices the dC tile is computed and scattered in (fewer live fp32 registers per slice)."""
 
     block_slots: int = 32
     num_stages: int = 2
     threads: int = 128
     rank_parts: int = 2
-    scatter: str = "atomic"
 
     def check(self, rank: int) -> None:
         """ValueError unless every GEMM tiles: the ``[16, slots]``, ``[16, R]`` and ``[slots, R / rank_parts]``
@@ -59,8 +32,6 @@ class BackwardConfig:
         warps = self.threads // 32
         if self.threads not in (128, 256) or self.block_slots not in (32, 64):
             raise ValueError(f"threads must be 128/256 and block_slots 32/64, got {self}")
-        if self.scatter not in SCATTERS:
-            raise ValueError(f"scatter must be one of {SCATTERS}, got {self.scatter!r}")
         if not 1 <= self.num_stages <= 3:
             raise ValueError(f"num_stages must be in [1, 3], got {self.num_stages}")
         if not 1 <= self.rank_parts <= 8 or rank % self.rank_parts != 0:

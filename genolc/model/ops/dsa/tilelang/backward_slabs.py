@@ -42,9 +42,9 @@ import dataclasses
 import torch
 
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
-from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, BULK_SCATTER_PRELUDE, EMPTY_ROW_LSE,
-                                                           BackwardConfig, check_backward_inputs,
-                                                           default_backward_config, slot_step_macros)
+from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, EMPTY_ROW_LSE, BackwardConfig,
+                                                           check_backward_inputs, default_backward_config,
+                                                           slot_step_macros)
 from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, padded_heads
 
 # 32k rows: d_latent's fp32 slab is 48 MiB at R = 384 and 32 MiB at R = 256, the sizes measured above.
@@ -110,7 +110,6 @@ def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: s
     import tilelang.language as T
 
     block_slots, threads = config.block_slots, config.threads
-    bulk = config.scatter == "bulk"
     heads_pad = padded_heads(heads)
     part = rank // config.rank_parts
     part_offsets = [part * index for index in range(config.rank_parts)]
@@ -133,9 +132,7 @@ def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: s
         DQ: T.Tensor([batch, seq_len, heads, rank], accum),
         DLatent: T.Tensor([batch, kv_len, rank], accum),
     ):
-        with T.Kernel(seq_len, n_bounds - 1, batch, threads=threads,
-                      prelude=BULK_SCATTER_PRELUDE if bulk else None) as (t, s, b):
-            tx = T.get_thread_binding()
+        with T.Kernel(seq_len, n_bounds - 1, batch, threads=threads) as (t, s, b):
             q_shared = T.alloc_shared([heads_pad, rank], dtype)
             do_shared = T.alloc_shared([heads_pad, rank], dtype)
             kv_shared = T.alloc_shared([block_slots, rank], dtype)
@@ -176,42 +173,18 @@ def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: s
                                      p_shared, ds_shared, acc_dq)
                 for column in part_offsets:
                     dc_slice(q_shared, do_shared, p_shared, ds_shared, acc_dkv, dkv_shared, column)
-                    if bulk:
-                        # Thread j adds slot j's row slice; the block waits until every read of dkv_shared is done.
-                        T.call_extern("handle", "genolc_fence_proxy_async_shared")
-                        T.sync_threads()
-                        if tx < block_slots:
-                            if blk * block_slots + tx < count:
-                                T.call_extern("handle", "genolc_bulk_add_f32", T.address_of(
-                                    DLatent[b, Rows[b, t, T.min(first + blk * block_slots + tx, width - 1)], column]),
-                                    T.address_of(dkv_shared[tx, 0]), part * 4)
-                            T.call_extern("handle", "genolc_bulk_commit_wait_read")
-                        T.sync_threads()
-                    else:
-                        for j, v in T.Parallel(block_slots, part // ATOMIC_VECTOR):
-                            if blk * block_slots + j < count:
-                                T.atomic_addx4(
-                                    DLatent[b, Rows[b, t, T.min(first + blk * block_slots + j, width - 1)],
-                                            column + v * ATOMIC_VECTOR],
-                                    dkv_shared[j, v * ATOMIC_VECTOR])
+                    for j, v in T.Parallel(block_slots, part // ATOMIC_VECTOR):
+                        if blk * block_slots + j < count:
+                            T.atomic_addx4(
+                                DLatent[b, Rows[b, t, T.min(first + blk * block_slots + j, width - 1)],
+                                        column + v * ATOMIC_VECTOR],
+                                dkv_shared[j, v * ATOMIC_VECTOR])
 
             T.copy(acc_dq, dq_shared)
-            if bulk:
-                # dQ's H rows of R are contiguous in dq_shared and in DQ: one bulk reduction.
-                T.call_extern("handle", "genolc_fence_proxy_async_shared")
-                T.sync_threads()
-                if tx == 0:
+            for h, v in T.Parallel(heads_pad, rank // ATOMIC_VECTOR):
+                if h < heads:
                     if count > 0:
-                        T.call_extern("handle", "genolc_bulk_add_f32", T.address_of(DQ[b, t, 0, 0]),
-                                      T.address_of(dq_shared[0, 0]), heads * rank * 4)
-                if tx < block_slots:
-                    T.call_extern("handle", "genolc_bulk_commit_wait_read")
-                    T.call_extern("handle", "genolc_bulk_wait_all")
-            else:
-                for h, v in T.Parallel(heads_pad, rank // ATOMIC_VECTOR):
-                    if h < heads:
-                        if count > 0:
-                            T.atomic_addx4(DQ[b, t, h, v * ATOMIC_VECTOR], dq_shared[h, v * ATOMIC_VECTOR])
+                        T.atomic_addx4(DQ[b, t, h, v * ATOMIC_VECTOR], dq_shared[h, v * ATOMIC_VECTOR])
 
     return sparse_latent_bwd_slabs
 
