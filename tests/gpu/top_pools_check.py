@@ -14,7 +14,9 @@ from genolc.model.ops.indexer.triton_topk import launch_shape
 def score_blocks(rows: int, cols: int, keep: int, *, seed: int, device: str) -> dict[str, torch.Tensor]:
     """fp32 ``[rows, cols]`` blocks by what they exercise: spread scores (the candidate slots), ReLU-like zeros and
     -0.0 (ties at the cut, and rows with fewer than ``keep`` scores above zero), every ``G``-th pool far below the
-    rest (the candidates overflow their slots; the cut comes from counts over the whole row) and all-equal rows."""
+    rest (the candidates overflow their slots; the cut comes from counts over the whole row), all-equal rows, and
+    scores of a few distinct values of both signs (an untrained model's: ties at the cut in every row, whose kept
+    pools are chosen among thousands of equal ones by id)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     spread = torch.randn(rows, cols, generator=gen)
     zeros = torch.relu(torch.randn(rows, cols, generator=gen) - 2.0)
@@ -23,8 +25,9 @@ def score_blocks(rows: int, cols: int, keep: int, *, seed: int, device: str) -> 
     overflow = torch.rand(rows, cols, generator=gen)
     overflow[:, :: launch_shape(keep).groups] = -100.0
     equal = torch.full((rows, cols), 0.5)
+    levels = torch.tensor([-3.5, -0.25, 0.0, 0.125, 1.5, 2.0, 7.0])[torch.randint(0, 7, (rows, cols), generator=gen)]
     return {name: block.to(device) for name, block in
-            {"spread": spread, "zeros": zeros, "overflow": overflow, "equal": equal}.items()}
+            {"spread": spread, "zeros": zeros, "overflow": overflow, "equal": equal, "levels": levels}.items()}
 
 
 def top_pools_problems(scores: torch.Tensor, out: torch.Tensor, *, first_query: int, kpool: int,

@@ -12,6 +12,11 @@ import triton.language as tl
 
 LOWEST = tl.constexpr(-2147483648)
 NO_POOL = tl.constexpr(2147483647)
+RADIX_BINS = tl.constexpr(256)
+# Pool ids are below 2^24 (16M pools: 64M tokens at kpool 4): XOR with ID_MASK reverses their order, and their
+# selection starts at bit 16.
+ID_TOP_SHIFT = tl.constexpr(16)
+ID_MASK = tl.constexpr((1 << 24) - 1)
 
 
 @triton.jit
@@ -66,7 +71,7 @@ def group_tops_kernel(scores_ptr, tops_ptr, first_query, n_cols, kpool, stride_s
 @triton.jit
 def floors_kernel(tops_ptr, floors_ptr, counts_ptr, first_query, n_cols, kpool, stride_t,
                   GROUPS: tl.constexpr, SEGMENT: tl.constexpr):
-    """Per row: floor (the lowest group's second-best score), highest score; zeroes the row's two counters."""
+    """Per row: the floor (the lowest group's second-best score); zeroes the row's two counters."""
     row = tl.program_id(0)
     n = _visible(first_query, row, kpool, n_cols)
     tops = tops_ptr + row.to(tl.int64) * stride_t
@@ -78,8 +83,7 @@ def floors_kernel(tops_ptr, floors_ptr, counts_ptr, first_query, n_cols, kpool, 
         seg_second = tl.load(tops + segment * 2 * GROUPS + GROUPS + groups)
         second = tl.maximum(tl.minimum(first, seg_first), tl.maximum(second, seg_second))
         first = tl.maximum(first, seg_first)
-    tl.store(floors_ptr + 2 * row, tl.min(second, axis=0))
-    tl.store(floors_ptr + 2 * row + 1, tl.max(first, axis=0))
+    tl.store(floors_ptr + row, tl.min(second, axis=0))
     tl.store(counts_ptr + 2 * row, 0)
     tl.store(counts_ptr + 2 * row + 1, 0)
 
@@ -96,7 +100,7 @@ def candidates_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_id
     if (seg_start < n) & (n > keep):
         scores = scores_ptr + row.to(tl.int64) * stride_s
         seg_end = tl.minimum(seg_start + SEGMENT, n)
-        floor = tl.load(floors_ptr + 2 * row)
+        floor = tl.load(floors_ptr + row)
         cand_vals = cand_vals_ptr + row.to(tl.int64) * stride_c
         cand_ids = cand_ids_ptr + row.to(tl.int64) * stride_c
         offs = tl.arange(0, BLOCK)
@@ -116,21 +120,68 @@ def candidates_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_id
 
 
 @triton.jit
-def _cut_over_row(scores, n, lo, hi, count_hi, keep, BLOCK: tl.constexpr):
-    # Bisection for the cut with a count over the whole row per step (candidates that overflowed their slots).
+def _radix_key(value):
+    # An ordered int32 pattern as uint32 with the same order (the sign bit flipped).
+    return (value ^ LOWEST).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _radix_digit(keys, match, prefix, need, shift: tl.constexpr):
+    # One radix step of a k-th largest selection among ``keys`` (uint32) where ``match``: the digit at ``shift`` of
+    # the ``need``-th largest matching key, with ``need`` lowered by the matching keys of larger digits and the digit
+    # added to ``prefix``.
+    hist = tl.histogram(((keys >> shift) & 0xFF).to(tl.int32), RADIX_BINS, mask=match)
+    return _radix_choose(hist, prefix, need, shift)
+
+
+@triton.jit
+def _radix_choose(hist, prefix, need, shift: tl.constexpr):
+    bins = tl.arange(0, RADIX_BINS)
+    at_or_above = tl.cumsum(hist, axis=0, reverse=True)
+    digit = tl.max(tl.where(at_or_above >= need, bins, -1), axis=0)
+    need -= tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+    return prefix | (digit.to(tl.uint32) << shift), need
+
+
+@triton.jit
+def _above_prefix(keys, prefix, shift: tl.constexpr):
+    # Whether each key's digits above ``shift`` equal the prefix's (every key, before the first digit is chosen).
+    if shift >= 24:
+        return keys == keys
+    else:
+        return (keys >> (shift + 8)) == (prefix >> (shift + 8))
+
+
+@triton.jit
+def _kth_largest(keys, valid, k, TOP_SHIFT: tl.constexpr):
+    """(the ``k``-th largest of the ``valid`` uint32 ``keys``, how many valid keys are larger): a radix selection,
+    8 bits a step from bit ``TOP_SHIFT`` down (every valid key's bits above ``TOP_SHIFT + 8`` must be zero), one
+    histogram a step. At least ``k`` keys must be valid."""
+    prefix = tl.zeros([], tl.uint32)
+    need = k
+    for step in tl.static_range(TOP_SHIFT // 8 + 1):
+        shift: tl.constexpr = TOP_SHIFT - 8 * step
+        prefix, need = _radix_digit(keys, valid & _above_prefix(keys, prefix, shift), prefix, need, shift)
+    return prefix, k - need
+
+
+@triton.jit
+def _cut_over_row(scores, n, keep, BLOCK: tl.constexpr):
+    # The keep-th largest score of the row and how many lie above it, for candidates that overflowed their slots:
+    # the radix selection of _kth_largest with each step's histogram summed over the row (four reads of it).
     offs = tl.arange(0, BLOCK)
-    while hi - lo > 1:
-        mid = lo + (hi - lo) // 2
-        count = 0
+    prefix = tl.zeros([], tl.uint32)
+    need = keep
+    for step in tl.static_range(4):
+        shift: tl.constexpr = 24 - 8 * step
+        hist = tl.zeros([RADIX_BINS], tl.int32)
         for start in range(0, n, BLOCK):
             value, inside = _load_ordered(scores, start, offs, n)
-            count += tl.sum(((value >= mid) & inside).to(tl.int32), axis=0)
-        if count >= keep:
-            lo = mid
-        else:
-            hi = mid
-            count_hi = count
-    return lo, count_hi
+            keys = _radix_key(value)
+            hist += tl.histogram(((keys >> shift) & 0xFF).to(tl.int32), RADIX_BINS,
+                                 mask=inside & _above_prefix(keys, prefix, shift))
+        prefix, need = _radix_choose(hist, prefix, need, shift)
+    return (prefix.to(tl.int32, bitcast=True) ^ LOWEST), keep - need
 
 
 @triton.jit
@@ -167,16 +218,9 @@ def select_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_ids_pt
         # unwritten from reading as a pool.
         tl.store(pools + slots, tl.full([KEEP_BLOCK], -1, tl.int32), mask=slots < keep)
         tl.debug_barrier()
-        floor = tl.load(floors_ptr + 2 * row)
-        highest = tl.load(floors_ptr + 2 * row + 1)
+        floor = tl.load(floors_ptr + row)
         copied = tl.load(counts_ptr + 2 * row)
         above = tl.load(counts_ptr + 2 * row + 1)
-        lo = floor.to(tl.int64)
-        hi = highest.to(tl.int64) + 1
-        count_hi = 0
-        if above < keep:
-            hi = lo + 1
-            count_hi = above
         if copied <= CAP:
             offs = tl.arange(0, CAP)
             valid = offs < copied
@@ -184,34 +228,31 @@ def select_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_ids_pt
             cand_ids = cand_ids_ptr + row.to(tl.int64) * stride_c
             value = tl.where(valid, tl.load(cand_vals + offs, mask=valid, other=LOWEST), LOWEST)
             pool = tl.load(cand_ids + offs, mask=valid, other=NO_POOL)
-            while hi - lo > 1:
-                mid = lo + (hi - lo) // 2
-                count = tl.sum((valid & (value >= mid)).to(tl.int32), axis=0)
-                if count >= keep:
-                    lo = mid
-                else:
-                    hi = mid
-                    count_hi = count
+            # Fewer than keep scores above the floor: the floor is the cut.
+            cut = floor
+            count_above = above
+            if above >= keep:
+                cut_key, count_above = _kth_largest(_radix_key(value), valid, keep, 24)
+                cut = cut_key.to(tl.int32, bitcast=True) ^ LOWEST
             # The slots were filled in whatever order the segments' atomics ran: among the scores at the cut keep
-            # the lowest-numbered pools, found by a second bisection over the pool ids.
-            at_cut = valid & (value == lo)
-            wanted_at_cut = keep - count_hi
+            # the lowest-numbered pools: the wanted-th smallest id is the wanted-th largest of id ^ ID_MASK.
+            at_cut = valid & (value == cut)
+            wanted_at_cut = keep - count_above
             last_pool = n
             if tl.sum(at_cut.to(tl.int32), axis=0) > wanted_at_cut:
-                id_lo = -1
-                while last_pool - id_lo > 1:
-                    id_mid = id_lo + (last_pool - id_lo) // 2
-                    if tl.sum((at_cut & (pool <= id_mid)).to(tl.int32), axis=0) >= wanted_at_cut:
-                        last_pool = id_mid
-                    else:
-                        id_lo = id_mid
-            chosen = (valid & (value > lo)) | (at_cut & (pool <= last_pool))
+                flipped, _ = _kth_largest((pool ^ ID_MASK).to(tl.uint32, bitcast=True), at_cut, wanted_at_cut,
+                                          ID_TOP_SHIFT)
+                last_pool = flipped.to(tl.int32, bitcast=True) ^ ID_MASK
+            chosen = (valid & (value > cut)) | (at_cut & (pool <= last_pool))
             slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
             tl.store(pools + slot, pool, mask=chosen & (slot < keep))
         else:
             scores = scores_ptr + row.to(tl.int64) * stride_s
-            cut, count_hi = _cut_over_row(scores, n, lo, hi, count_hi, keep, BLOCK)
-            _write_row_pools(scores, n, cut, keep - count_hi, keep, pools, BLOCK)
+            cut = floor
+            count_above = above
+            if above >= keep:
+                cut, count_above = _cut_over_row(scores, n, keep, BLOCK)
+            _write_row_pools(scores, n, cut, keep - count_above, keep, pools, BLOCK)
         tl.debug_barrier()
         kept = tl.load(pools + slots, mask=slots < keep, other=-1)
         kept = tl.sort(tl.where(kept < 0, NO_POOL, kept))
