@@ -27,6 +27,7 @@ STAGES = ["group tops", "floors", "candidates", "select"]
 SWEEP = [dict(segment=s, block=b, tile=t, warps=w) for s, b, t, w in
          [(8192, 1024, 4096, 4), (32768, 1024, 4096, 4), (16384, 2048, 4096, 4), (16384, 4096, 4096, 4),
           (16384, 4096, 4096, 8), (16384, 1024, 8192, 8), (32768, 4096, 8192, 8), (65536, 4096, 8192, 8)]]
+SWEEP += [dict(select_warps=16), dict(select_warps=4)]
 
 
 def score_block(window: int) -> tuple[torch.Tensor, int]:

@@ -42,7 +42,8 @@ from genolc.model.ops.moe import triton as moe
 
 ARCH = 90
 BLOCKS = {"ROWS": moe.ROWS, "COLUMNS": moe.COLUMNS}
-INTS = ("n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len")
+INTS = ("n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len", "first_query", "kpool",
+        "keep")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
 
@@ -139,6 +140,31 @@ def dsa_builds() -> dict[str, Build]:
                                                warps=tiles["fwd_warps"]),
             "DSA Triton backward (base)": Build(backward, pointers, {**shared, "BLOCK_W": tiles["bwd_block_w"]},
                                                 warps=tiles["bwd_warps"])}
+
+
+def topk_builds() -> dict[str, Build]:
+    """The indexer's top-k kernels as triton_topk.top_pools launches them for 512 pools a row (`small` and
+    `base`), into an int32 output."""
+    from genolc.model.ops.indexer import triton_topk
+    from genolc.model.ops.indexer import triton_topk_kernel as kernels
+
+    shape = triton_topk.launch_shape(512)
+    i32 = "*i32"
+    common = {"floors_ptr": i32, "counts_ptr": i32}
+    return {
+        "top-k group tops": Build(kernels.group_tops_kernel, {"scores_ptr": "*fp32", "tops_ptr": i32},
+                                  {"GROUPS": shape.groups, "GROUP_ROWS": shape.group_rows, "SEGMENT": shape.segment},
+                                  warps=shape.warps),
+        "top-k floors": Build(kernels.floors_kernel, {"tops_ptr": i32, **common},
+                              {"GROUPS": shape.groups, "SEGMENT": shape.segment}),
+        "top-k candidates": Build(kernels.candidates_kernel,
+                                  {"scores_ptr": "*fp32", **common, "cand_vals_ptr": i32, "cand_ids_ptr": i32},
+                                  {"BLOCK": shape.block, "SEGMENT": shape.segment, "CAP": shape.cap},
+                                  warps=shape.warps),
+        "top-k select": Build(kernels.select_kernel, {"scores_ptr": "*fp32", **common, "cand_vals_ptr": i32,
+                                                      "cand_ids_ptr": i32, "pools_ptr": i32},
+                              {"KEEP_BLOCK": shape.keep_block, "BLOCK": shape.block, "CAP": shape.cap}, warps=8),
+    }
 
 
 _NAME = r"%[\w#.]+"
@@ -245,7 +271,7 @@ def _ptxas(ptx: str) -> tuple[int, str | None, int, str]:
 
 def main() -> int:
     failures = 0
-    for name, build in (moe_builds() | mhc_builds() | dsa_builds()).items():
+    for name, build in (moe_builds() | mhc_builds() | dsa_builds() | topk_builds()).items():
         kernel = build.kernel
         divisible = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kernel.arg_names)
                      if arg in build.divisible}

@@ -55,13 +55,14 @@ class LaunchShape:
     cap: int              # candidate slots a row
     block: int = BLOCK    # scores per step of the second read
     warps: int = 4        # warps of the per-segment programs
+    select_warps: int = 8  # warps of the per-row selection
 
     def segments(self, n_cols: int) -> int:
         return max(1, -(-n_cols // self.segment))
 
 
 def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile: int = TILE,
-                 warps: int = 4) -> LaunchShape:
+                 warps: int = 4, select_warps: int = 8) -> LaunchShape:
     """The kernels' block sizes for ``keep`` pools a row (the keywords: powers of two, for
     benchmarks/bench_indexer_topk.py's sweep)."""
     if keep < 1:
@@ -71,7 +72,8 @@ def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile:
     group_rows = max(1, tile // groups)
     return LaunchShape(keep_block=keep_block, groups=groups, group_rows=group_rows,
                        segment=max(segment, group_rows * groups, block),
-                       cap=max(CAP_PER_KEPT * keep_block, 4 * groups, block), block=block, warps=warps)
+                       cap=max(CAP_PER_KEPT * keep_block, 4 * groups, block), block=block, warps=warps,
+                       select_warps=select_warps)
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, 
     _mark(stages)
     kernels.select_kernel[(n_rows,)](
         scores, floors, counts, vals, ids, out, first_query, n_cols, kpool, keep, scores.stride(0), vals.stride(0),
-        out.stride(0), KEEP_BLOCK=shape.keep_block, BLOCK=shape.block, CAP=shape.cap, num_warps=8)
+        out.stride(0), KEEP_BLOCK=shape.keep_block, BLOCK=shape.block, CAP=shape.cap, num_warps=shape.select_warps)
     _mark(stages)
     return out
 

@@ -160,8 +160,8 @@ def _kth_largest(keys, valid, k, TOP_SHIFT: tl.constexpr):
     prefix = tl.zeros([], tl.uint32)
     need = k
     for step in tl.static_range(TOP_SHIFT // 8 + 1):
-        shift: tl.constexpr = TOP_SHIFT - 8 * step
-        prefix, need = _radix_digit(keys, valid & _above_prefix(keys, prefix, shift), prefix, need, shift)
+        prefix, need = _radix_digit(keys, valid & _above_prefix(keys, prefix, TOP_SHIFT - 8 * step), prefix, need,
+                                    TOP_SHIFT - 8 * step)
     return prefix, k - need
 
 
@@ -173,14 +173,13 @@ def _cut_over_row(scores, n, keep, BLOCK: tl.constexpr):
     prefix = tl.zeros([], tl.uint32)
     need = keep
     for step in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * step
         hist = tl.zeros([RADIX_BINS], tl.int32)
         for start in range(0, n, BLOCK):
             value, inside = _load_ordered(scores, start, offs, n)
             keys = _radix_key(value)
-            hist += tl.histogram(((keys >> shift) & 0xFF).to(tl.int32), RADIX_BINS,
-                                 mask=inside & _above_prefix(keys, prefix, shift))
-        prefix, need = _radix_choose(hist, prefix, need, shift)
+            hist += tl.histogram(((keys >> (24 - 8 * step)) & 0xFF).to(tl.int32), RADIX_BINS,
+                                 mask=inside & _above_prefix(keys, prefix, 24 - 8 * step))
+        prefix, need = _radix_choose(hist, prefix, need, 24 - 8 * step)
     return (prefix.to(tl.int32, bitcast=True) ^ LOWEST), keep - need
 
 
