@@ -17,13 +17,14 @@ slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
 2. A second read copies every score at or above the floor, with its pool id, to the row's ``CAP`` candidate slots
    (each slot taken by an atomic add). If a row's scores were drawn alike at random about 4 ``keep`` of them would
    pass at ``keep`` 512, whatever the row's length; the cap is 8 ``keep``.
-3. Per row, the cut (the ``keep``-th best score): a radix selection over the candidates' ordered patterns in
-   registers (four steps of 8 bits, one 256-bin histogram each), then among the scores at the cut the
-   lowest-numbered pools (a radix selection over their ids, three steps). Where fewer than ``keep`` scores lie above
-   the floor the floor is the cut. When the candidates overflowed their slots (a mass of equal scores, such as ReLU
-   zeros, at the floor), the rows are read again instead: once for the kept pools, and, where ``keep`` or more
-   scores lie above the floor, once per radix step (four) before. (Until 2026-12-03 both cuts were bisections: up
-   to 32 block-wide counts, and up to 32 reads of an overflowing row.)
+3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
+   (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
+   Where fewer than ``keep`` scores lie above the floor the floor is the cut. When the candidates overflowed their
+   slots (a mass of equal scores, such as ReLU zeros, at the floor), the rows are read again instead: once for the
+   kept pools, and, where ``keep`` or more scores lie above the floor, four times before for a radix selection of
+   the cut (8 bits a read, a 256-bin histogram each; a bisection read such a row up to 32 times). In registers
+   the bisection stays: a radix selection there (tl.histogram) ran 5 times slower on spread scores
+   (benchmarks/results/indexer_topk_radix_2026-12-03/).
 4. The kept pools, sorted ascending.
 
 The result is a top-``keep`` of each row, the same whatever order the atomics ran in: the kept scores are the
@@ -79,7 +80,7 @@ def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile:
 @dataclass(frozen=True)
 class TopPoolsBuffers:
     """Work space of :func:`top_pools` for blocks of up to ``rows`` x ``cols`` (int32): the groups' tops per
-    segment ``[rows, segments * 2 * G]``, the floors ``[rows]``, the candidate counters ``[rows, 2]``, the
+    segment ``[rows, segments * 2 * G]``, floor and highest ``[rows, 2]``, the candidate counters ``[rows, 2]``, the
     candidates' ordered scores and pool ids ``[rows, CAP]`` each. 96 MiB at 2048 rows of 128k pools, keep 512."""
     rows: int
     cols: int
@@ -98,7 +99,7 @@ class TopPoolsBuffers:
             return torch.empty(dims, dtype=torch.int32, device=device)
 
         return cls(rows=rows, cols=cols, tops=buffer(rows, shape.segments(cols) * 2 * shape.groups),
-                   floors=buffer(rows), counts=buffer(rows, 2), cand_vals=buffer(rows, shape.cap),
+                   floors=buffer(rows, 2), counts=buffer(rows, 2), cand_vals=buffer(rows, shape.cap),
                    cand_ids=buffer(rows, shape.cap))
 
 

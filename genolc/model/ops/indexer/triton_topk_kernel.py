@@ -13,10 +13,6 @@ import triton.language as tl
 LOWEST = tl.constexpr(-2147483648)
 NO_POOL = tl.constexpr(2147483647)
 RADIX_BINS = tl.constexpr(256)
-# Pool ids are below 2^24 (16M pools: 64M tokens at kpool 4): XOR with ID_MASK reverses their order, and their
-# selection starts at bit 16.
-ID_TOP_SHIFT = tl.constexpr(16)
-ID_MASK = tl.constexpr((1 << 24) - 1)
 
 
 @triton.jit
@@ -71,7 +67,7 @@ def group_tops_kernel(scores_ptr, tops_ptr, first_query, n_cols, kpool, stride_s
 @triton.jit
 def floors_kernel(tops_ptr, floors_ptr, counts_ptr, first_query, n_cols, kpool, stride_t,
                   GROUPS: tl.constexpr, SEGMENT: tl.constexpr):
-    """Per row: the floor (the lowest group's second-best score); zeroes the row's two counters."""
+    """Per row: floor (the lowest group's second-best score), highest score; zeroes the row's two counters."""
     row = tl.program_id(0)
     n = _visible(first_query, row, kpool, n_cols)
     tops = tops_ptr + row.to(tl.int64) * stride_t
@@ -83,7 +79,8 @@ def floors_kernel(tops_ptr, floors_ptr, counts_ptr, first_query, n_cols, kpool, 
         seg_second = tl.load(tops + segment * 2 * GROUPS + GROUPS + groups)
         second = tl.maximum(tl.minimum(first, seg_first), tl.maximum(second, seg_second))
         first = tl.maximum(first, seg_first)
-    tl.store(floors_ptr + row, tl.min(second, axis=0))
+    tl.store(floors_ptr + 2 * row, tl.min(second, axis=0))
+    tl.store(floors_ptr + 2 * row + 1, tl.max(first, axis=0))
     tl.store(counts_ptr + 2 * row, 0)
     tl.store(counts_ptr + 2 * row + 1, 0)
 
@@ -100,7 +97,7 @@ def candidates_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_id
     if (seg_start < n) & (n > keep):
         scores = scores_ptr + row.to(tl.int64) * stride_s
         seg_end = tl.minimum(seg_start + SEGMENT, n)
-        floor = tl.load(floors_ptr + row)
+        floor = tl.load(floors_ptr + 2 * row)
         cand_vals = cand_vals_ptr + row.to(tl.int64) * stride_c
         cand_ids = cand_ids_ptr + row.to(tl.int64) * stride_c
         offs = tl.arange(0, BLOCK)
@@ -126,16 +123,10 @@ def _radix_key(value):
 
 
 @triton.jit
-def _radix_digit(keys, match, prefix, need, shift: tl.constexpr):
-    # One radix step of a k-th largest selection among ``keys`` (uint32) where ``match``: the digit at ``shift`` of
-    # the ``need``-th largest matching key, with ``need`` lowered by the matching keys of larger digits and the digit
-    # added to ``prefix``.
-    hist = tl.histogram(((keys >> shift) & 0xFF).to(tl.int32), RADIX_BINS, mask=match)
-    return _radix_choose(hist, prefix, need, shift)
-
-
-@triton.jit
 def _radix_choose(hist, prefix, need, shift: tl.constexpr):
+    # One step of a k-th largest radix selection from the step's histogram of the digit at ``shift`` (over the keys
+    # that match ``prefix`` above it): the digit of the ``need``-th largest of them joins the prefix, and ``need``
+    # drops by the keys of larger digits.
     bins = tl.arange(0, RADIX_BINS)
     at_or_above = tl.cumsum(hist, axis=0, reverse=True)
     digit = tl.max(tl.where(at_or_above >= need, bins, -1), axis=0)
@@ -153,22 +144,10 @@ def _above_prefix(keys, prefix, shift: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(keys, valid, k, TOP_SHIFT: tl.constexpr):
-    """(the ``k``-th largest of the ``valid`` uint32 ``keys``, how many valid keys are larger): a radix selection,
-    8 bits a step from bit ``TOP_SHIFT`` down (every valid key's bits above ``TOP_SHIFT + 8`` must be zero), one
-    histogram a step. At least ``k`` keys must be valid."""
-    prefix = tl.zeros([], tl.uint32)
-    need = k
-    for step in tl.static_range(TOP_SHIFT // 8 + 1):
-        prefix, need = _radix_digit(keys, valid & _above_prefix(keys, prefix, TOP_SHIFT - 8 * step), prefix, need,
-                                    TOP_SHIFT - 8 * step)
-    return prefix, k - need
-
-
-@triton.jit
 def _cut_over_row(scores, n, keep, BLOCK: tl.constexpr):
     # The keep-th largest score of the row and how many lie above it, for candidates that overflowed their slots:
-    # the radix selection of _kth_largest with each step's histogram summed over the row (four reads of it).
+    # a radix selection, 8 bits a step from the top, each step's 256-bin histogram summed over a read of the row
+    # (four reads, where a bisection read the row once per step, up to 32 times).
     offs = tl.arange(0, BLOCK)
     prefix = tl.zeros([], tl.uint32)
     need = keep
@@ -217,9 +196,16 @@ def select_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_ids_pt
         # unwritten from reading as a pool.
         tl.store(pools + slots, tl.full([KEEP_BLOCK], -1, tl.int32), mask=slots < keep)
         tl.debug_barrier()
-        floor = tl.load(floors_ptr + row)
+        floor = tl.load(floors_ptr + 2 * row)
+        highest = tl.load(floors_ptr + 2 * row + 1)
         copied = tl.load(counts_ptr + 2 * row)
         above = tl.load(counts_ptr + 2 * row + 1)
+        lo = floor.to(tl.int64)
+        hi = highest.to(tl.int64) + 1
+        count_hi = 0
+        if above < keep:
+            hi = lo + 1
+            count_hi = above
         if copied <= CAP:
             offs = tl.arange(0, CAP)
             valid = offs < copied
@@ -227,31 +213,36 @@ def select_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_ids_pt
             cand_ids = cand_ids_ptr + row.to(tl.int64) * stride_c
             value = tl.where(valid, tl.load(cand_vals + offs, mask=valid, other=LOWEST), LOWEST)
             pool = tl.load(cand_ids + offs, mask=valid, other=NO_POOL)
-            # Fewer than keep scores above the floor: the floor is the cut.
-            cut = floor
-            count_above = above
-            if above >= keep:
-                cut_key, count_above = _kth_largest(_radix_key(value), valid, keep, 24)
-                cut = cut_key.to(tl.int32, bitcast=True) ^ LOWEST
+            while hi - lo > 1:
+                mid = lo + (hi - lo) // 2
+                count = tl.sum((valid & (value >= mid)).to(tl.int32), axis=0)
+                if count >= keep:
+                    lo = mid
+                else:
+                    hi = mid
+                    count_hi = count
             # The slots were filled in whatever order the segments' atomics ran: among the scores at the cut keep
-            # the lowest-numbered pools: the wanted-th smallest id is the wanted-th largest of id ^ ID_MASK.
-            at_cut = valid & (value == cut)
-            wanted_at_cut = keep - count_above
+            # the lowest-numbered pools, found by a second bisection over the pool ids.
+            at_cut = valid & (value == lo)
+            wanted_at_cut = keep - count_hi
             last_pool = n
             if tl.sum(at_cut.to(tl.int32), axis=0) > wanted_at_cut:
-                flipped, _ = _kth_largest((pool ^ ID_MASK).to(tl.uint32, bitcast=True), at_cut, wanted_at_cut,
-                                          ID_TOP_SHIFT)
-                last_pool = flipped.to(tl.int32, bitcast=True) ^ ID_MASK
-            chosen = (valid & (value > cut)) | (at_cut & (pool <= last_pool))
+                id_lo = -1
+                while last_pool - id_lo > 1:
+                    id_mid = id_lo + (last_pool - id_lo) // 2
+                    if tl.sum((at_cut & (pool <= id_mid)).to(tl.int32), axis=0) >= wanted_at_cut:
+                        last_pool = id_mid
+                    else:
+                        id_lo = id_mid
+            chosen = (valid & (value > lo)) | (at_cut & (pool <= last_pool))
             slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
             tl.store(pools + slot, pool, mask=chosen & (slot < keep))
         else:
             scores = scores_ptr + row.to(tl.int64) * stride_s
             cut = floor
-            count_above = above
             if above >= keep:
-                cut, count_above = _cut_over_row(scores, n, keep, BLOCK)
-            _write_row_pools(scores, n, cut, keep - count_above, keep, pools, BLOCK)
+                cut, count_hi = _cut_over_row(scores, n, keep, BLOCK)
+            _write_row_pools(scores, n, cut, keep - count_hi, keep, pools, BLOCK)
         tl.debug_barrier()
         kept = tl.load(pools + slots, mask=slots < keep, other=-1)
         kept = tl.sort(tl.where(kept < 0, NO_POOL, kept))
