@@ -23,8 +23,9 @@ slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
    slots (a mass of equal scores, such as ReLU zeros, at the floor), the rows are read again instead: once for the
    kept pools, and, where ``keep`` or more scores lie above the floor, four times before for a radix selection of
    the cut (8 bits a read, a 256-bin histogram each; a bisection read such a row up to 32 times). In registers
-   the bisection stays: a radix selection there (tl.histogram) ran 5 times slower on spread scores
-   (benchmarks/results/indexer_topk_radix_2026-12-03/).
+   the bisections stay: radix selections there (tl.histogram) made the selection slower, 412 against 310 ms in
+   `base`'s 512k step and 0.147 against 0.086 ms on spread scores at 1M (benchmarks/results/
+   indexer_topk_radix_2026-12-03/).
 4. The kept pools, sorted ascending.
 
 The result is a top-``keep`` of each row, the same whatever order the atomics ran in: the kept scores are the
