@@ -1,7 +1,37 @@
-"""Utilisation measured on the H200 that genolc's estimates use (no imports: the CLI reads it for a default)."""
+"""Utilisation measured on the H200 that genolc's step-time estimates use.
 
-# Utilisation of the dense part measured on the H200 on 2026-11-30 (chunked steps of `small` at 512k-4M and of `base`
-# with recompute at 512k-2M all within 10 % of genolc.train.plan.estimate_step_seconds at this value, the indexer's
-# quadratic scoring counted apart at its kernel's rate). `genolc plan`'s default and the step strategy's estimate
-# of whether keeping the chosen DSA pools pays.
-MEASURED_MFU = 0.034
+``estimate_step_seconds`` (genolc/train/plan.py) divides the hardware FLOPs of the dense part and the DSA core (two
+forwards and a backward for a chunked step) by the device's peak times a utilisation, and adds the indexer's
+quadratic scoring and selection at their own measured rate. The utilisation is not a constant of the device: the
+per-token work that is not a matrix product (KDA's recurrence, the DSA sparse attention, mHC's streams, norms) weighs
+more against a narrow model's GEMMs than against a wide one's. So it is measured per preset, in `genolc finetune`
+steps at 512k on one H200 with every default (chunked, the first pass's pools and DSA forwards kept), and
+interpolated between the presets by active parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+# (preset, active parameters, utilisation). `base`: finetune steps of 15.90-16.01 s at 512k, git ab03f4b
+# (benchmarks/results/kept_attention_2026-12-03/finetune_ab/kept). `small`: finetune steps of 7.71-7.75 s at 512k,
+# git 6688159 (benchmarks/results/plan_step_time_2026-12-03/). At 1M `base`'s bare step took 38.15 s against 35.7
+# estimated (tests/train/test_train_plan.py holds the estimate within 10 % of these runs).
+MEASURED_UTILISATION = (("small", 114_690_896, 0.095), ("base", 437_693_424, 0.156))
+
+
+def measured_utilisation(config) -> float:
+    """The utilisation for ``config`` (a ModelConfig): the measured presets' values interpolated linearly in the
+    logarithm of active parameters, and held at the nearest measured preset's value outside their range (so
+    ``tiny``, ``mini`` and ``glm-5.3-flash``, which were not measured, get `small`'s and `base`'s)."""
+    from genolc.model import parameter_counts
+
+    active = parameter_counts(config).active
+    points = sorted((count, value) for _, count, value in MEASURED_UTILISATION)
+    if active <= points[0][0]:
+        return points[0][1]
+    for (low, low_value), (high, high_value) in zip(points, points[1:]):
+        if active <= high:
+            share = (math.log(active) - math.log(low)) / (math.log(high) - math.log(low))
+            return low_value + share * (high_value - low_value)
+    return points[-1][1]

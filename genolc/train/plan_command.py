@@ -12,7 +12,6 @@ from __future__ import annotations
 import click
 
 from genolc.train.config import STREAM_DTYPES, resolve_stream_dtype
-from genolc.train.measured import MEASURED_MFU
 from genolc.units import format_length, parse_length
 
 # Host memory besides the model: Python, torch and CUDA runtime, dataset maps (2.0-2.2 GiB in the H200 runs).
@@ -37,10 +36,11 @@ HOST_RUNTIME_BYTES = int(2.1 * 1024**3)
 @click.option("--gpu-memory", default=139.8, show_default=True, type=float,
               help="GiB the device offers (an H200: 139.8; on cpu: the host's free memory).")
 @click.option("--vocab", default=16, show_default=True, type=int, help="Vocabulary size (char tokenizer: 16).")
-@click.option("--mfu", default=MEASURED_MFU, show_default=True, type=float,
-              help="Model-FLOP utilisation for the step-time estimate (default: measured on the H200).")
+@click.option("--mfu", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Utilisation for the step-time estimate (default: measured on the H200 for the model, "
+                   "genolc/train/measured.py).")
 def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, recompute: bool, device: str,
-                 stream_dtype: str, gpu_memory: float, vocab: int, mfu: float) -> None:
+                 stream_dtype: str, gpu_memory: float, vocab: int, mfu: float | None) -> None:
     """Predict memory and time of `genolc finetune --model M --seq L` without running it.
 
     Example: genolc plan --model base --seq 1M --chunk 8k
@@ -50,8 +50,11 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     from genolc.model import parameter_counts, preset
     from genolc.parallel.layout import Layout
     from genolc.train.command import parse_chunk
-    from genolc.train.plan import (GIB, CUDA_SEQ_MULTIPLE, OutOfMemoryPlanError, check_window_lengths,
-                                   estimate_memory, estimate_step_seconds, format_gib, plans_fp32_streams)
+    from genolc.train.flops import token_flops
+    from genolc.train.plan import (GIB, CUDA_SEQ_MULTIPLE, H200_BF16_FLOPS, OutOfMemoryPlanError,
+                                   check_window_lengths, estimate_memory, estimate_step_seconds, format_gib,
+                                   plans_fp32_streams)
+    from genolc.train.measured import measured_utilisation
     from genolc.train.strategy import choose_context_parallel_strategy, choose_strategy
 
     seq_len = parse_length(seq, what="--seq")
@@ -82,6 +85,7 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     forwards = 2 if strategy.chunk is not None or strategy.recompute else 1
     # A chunked step that keeps the DSA pools chooses them once (genolc/train/chunked.py).
     passes = 1 if strategy.chunk is not None and strategy.keep_selections else forwards
+    mfu = measured_utilisation(config) if mfu is None else mfu
     seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards,
                                     indexer_passes=passes) / cp
     # The model is built in fp32 on the host before it moves; a chunked step may keep its DSA forwards there.
@@ -98,4 +102,7 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     per_rank = f" on each of the {cp} ranks" if cp > 1 else ""
     click.echo(f"  peak device memory {format_gib(strategy.estimate_bytes)} GiB of {gpu_memory:.1f}{per_rank}")
     click.echo(f"  peak host memory {format_gib(host)} GiB")
-    click.echo(f"  step time {seconds:.0f} s at {mfu:.1%} MFU ({tokens / seconds:,.0f} tokens/s)")
+    # The MFU the trainer would log (model FLOPs over the step), beside the utilisation the estimate assumed.
+    model_mfu = token_flops(config, seq_len).model * tokens / cp / seconds / H200_BF16_FLOPS
+    click.echo(f"  step time {seconds:.0f} s ({tokens / seconds:,.0f} tokens/s, MFU {model_mfu:.1%}) at "
+               f"{mfu:.1%} utilisation of the H200's bf16 peak by the matrix products")

@@ -38,7 +38,7 @@ from genolc.model import ModelConfig
 from genolc.train.chunked import MicroBatchResult, chunked_forward_backward
 from genolc.train.kept_attention import KeptAttention
 from genolc.train.loss import LossTerms, micro_batch_loss
-from genolc.train.measured import MEASURED_MFU
+from genolc.train.measured import measured_utilisation
 from genolc.errors import ConfigError
 from genolc.train.plan import (FAST_CHUNK, FAST_UNRECOMPUTED_CHUNK, PLAN_MARGIN, SMALLEST_AUTO_CHUNK,
                                OutOfMemoryPlanError, context_parallel_oom_error, estimate_chunked_memory,
@@ -225,7 +225,7 @@ def _why_keeping_is_slower(config: ModelConfig, kept: StepStrategy, chosen_again
     def seconds(strategy: StepStrategy, passes: int) -> float:
         forwards = 2 + int(strategy.recompute)
         return estimate_step_seconds(config, seq_len=strategy.seq_len, tokens_per_step=strategy.seq_len * windows,
-                                     mfu=MEASURED_MFU, forwards=forwards, indexer_passes=passes)
+                                     mfu=measured_utilisation(config), forwards=forwards, indexer_passes=passes)
 
     if seconds(chosen_again, 2 + int(chosen_again.recompute)) >= seconds(kept, 1):
         return None
