@@ -413,6 +413,26 @@ def test_plan_command_says_what_finetune_would_choose():
     result = CliRunner().invoke(main, ["plan", "--model", "small", "--seq", "64k", "--device", "cpu",
                                        "--gpu-memory", "20"])
     assert "--seq 64k: chunked step, --chunk 1k, estimated" in result.output, result.output
+    assert "step time: estimated only for the H200" in result.output, result.output
+
+
+def test_plan_step_time_line_gives_the_trainers_mfu_at_the_measured_utilisation():
+    from click.testing import CliRunner
+
+    from genolc.cli import main
+    from genolc.train.flops import token_flops
+    from genolc.train.measured import measured_utilisation
+
+    config = preset("base")
+    seconds = estimate_step_seconds(config, seq_len=1 << 19, tokens_per_step=1 << 19,
+                                    mfu=measured_utilisation(config), forwards=2, indexer_passes=1)
+    mfu = token_flops(config, 1 << 19).model * (1 << 19) / seconds / 989e12
+    result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "512k"])
+    assert result.exit_code == 0, result.output
+    assert (f"step time {seconds:.0f} s ({(1 << 19) / seconds:,.0f} tokens/s, MFU {mfu:.1%}) at "
+            f"{measured_utilisation(config):.1%} utilisation") in result.output, result.output
+    result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "512k", "--mfu", "0.3"])
+    assert "at 30.0% utilisation" in result.output, result.output
 
 
 def test_a_chunk_covering_a_window_that_does_not_fit_is_refused():
