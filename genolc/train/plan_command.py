@@ -36,7 +36,7 @@ HOST_RUNTIME_BYTES = int(2.1 * 1024**3)
 @click.option("--gpu-memory", default=139.8, show_default=True, type=float,
               help="GiB the device offers (an H200: 139.8; on cpu: the host's free memory).")
 @click.option("--vocab", default=16, show_default=True, type=int, help="Vocabulary size (char tokenizer: 16).")
-@click.option("--mfu", default=None, type=click.FloatRange(min=0, min_open=True),
+@click.option("--mfu", default=None, type=click.FloatRange(min=0, max=1, min_open=True),
               help="Utilisation for the step-time estimate (default: measured on the H200 for the model, "
                    "genolc/train/measured.py).")
 def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, recompute: bool, device: str,
@@ -108,4 +108,4 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     # The MFU the trainer would log (model FLOPs over the step), beside the utilisation the estimate assumed.
     model_mfu = token_flops(config, seq_len).model * tokens / cp / seconds / H200_BF16_FLOPS
     click.echo(f"  step time {seconds:.0f} s ({tokens / seconds:,.0f} tokens/s, MFU {model_mfu:.1%}) at "
-               f"{mfu:.1%} utilisation of the H200's bf16 peak by the matrix products")
+               f"{mfu:.1%} utilisation of the H200's bf16 peak by the dense and DSA-core products")

@@ -14,9 +14,9 @@ from genolc.model.ops.indexer.triton_topk import launch_shape
 def score_blocks(rows: int, cols: int, keep: int, *, seed: int, device: str) -> dict[str, torch.Tensor]:
     """fp32 ``[rows, cols]`` blocks by what they exercise: spread scores (the candidate slots), ReLU-like zeros and
     -0.0 (ties at the cut, and rows with fewer than ``keep`` scores above zero), every ``G``-th pool far below the
-    rest (the candidates overflow their slots; the cut comes from counts over the whole row), all-equal rows, and
+    rest (the candidates overflow their slots; the cut comes from counts over the whole row), all-equal rows,
     scores of a few distinct values of both signs (an untrained model's: ties at the cut in every row, whose kept
-    pools are chosen among thousands of equal ones by id)."""
+    pools are chosen among thousands of equal ones by id), and those with the overflow as well."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     spread = torch.randn(rows, cols, generator=gen)
     zeros = torch.relu(torch.randn(rows, cols, generator=gen) - 2.0)
@@ -26,8 +26,14 @@ def score_blocks(rows: int, cols: int, keep: int, *, seed: int, device: str) -> 
     overflow[:, :: launch_shape(keep).groups] = -100.0
     equal = torch.full((rows, cols), 0.5)
     levels = torch.tensor([-3.5, -0.25, 0.0, 0.125, 1.5, 2.0, 7.0])[torch.randint(0, 7, (rows, cols), generator=gen)]
+    # The same levels with -0.0 beside +0.0 and every G-th pool far below: the candidates overflow, and the cut over
+    # the whole row (the radix selection) lands on a value repeated thousands of times.
+    tied_overflow = torch.where(levels == 0, torch.where(torch.rand(rows, cols, generator=gen) < 0.5, -0.0, 0.0),
+                                levels)
+    tied_overflow[:, :: launch_shape(keep).groups] = -100.0
     return {name: block.to(device) for name, block in
-            {"spread": spread, "zeros": zeros, "overflow": overflow, "equal": equal, "levels": levels}.items()}
+            {"spread": spread, "zeros": zeros, "overflow": overflow, "equal": equal, "levels": levels,
+             "tied_overflow": tied_overflow}.items()}
 
 
 def top_pools_problems(scores: torch.Tensor, out: torch.Tensor, *, first_query: int, kpool: int,

@@ -163,7 +163,8 @@ def topk_builds() -> dict[str, Build]:
                                   warps=shape.warps),
         "top-k select": Build(kernels.select_kernel, {"scores_ptr": "*fp32", **common, "cand_vals_ptr": i32,
                                                       "cand_ids_ptr": i32, "pools_ptr": i32},
-                              {"KEEP_BLOCK": shape.keep_block, "BLOCK": shape.block, "CAP": shape.cap}, warps=8),
+                              {"KEEP_BLOCK": shape.keep_block, "BLOCK": shape.block, "CAP": shape.cap},
+                              warps=shape.select_warps),
     }
 
 

@@ -69,6 +69,10 @@ def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile:
     benchmarks/bench_indexer_topk.py's sweep)."""
     if keep < 1:
         raise ValueError(f"keep must be positive, got {keep}")
+    # The row-wide radix selection's tl.histogram of a block of scores: Triton releases before the fix for
+    # duplicated histogram inputs (triton-lang/triton#7938) count a block smaller than the threads more than once.
+    if block < 32 * select_warps:
+        raise ValueError(f"block ({block}) must be at least 32 * select_warps ({32 * select_warps})")
     keep_block = 1 << (keep - 1).bit_length()
     groups = max(16, keep_block // 2)
     group_rows = max(1, tile // groups)
