@@ -103,7 +103,8 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     click.echo(f"  peak device memory {format_gib(strategy.estimate_bytes)} GiB of {gpu_memory:.1f}{per_rank}")
     click.echo(f"  peak host memory {format_gib(host)} GiB")
     if not cuda:
-        click.echo("  step time: estimated only for the H200 (--device cuda); the CPU's reference path was not measured")
+        click.echo("  step time: estimated only for the H200 (--device cuda); the CPU's reference path was not "
+                   "measured")
         return
     # The MFU the trainer would log (model FLOPs over the step), beside the utilisation the estimate assumed.
     model_mfu = token_flops(config, seq_len).model * tokens / cp / seconds / H200_BF16_FLOPS

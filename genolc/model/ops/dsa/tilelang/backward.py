@@ -29,10 +29,11 @@ What limits it: the scatter. Every (query, slot) adds one fp32 row of R into d_l
 read-modify-write traffic at the L2 (3.2 TB at 1M tokens, W = 2051, R = 384), against T * W * R * 2 gathered bytes
 and 10 * T * W * H * R FLOPs. Its bound is the L2's fp32 adds, not the number of requests: one bulk reduction
 (``cp.reduce.async.bulk ... add.f32``) per row slice instead of 32 vector atomics ran no faster on the H200
-(benchmarks/results/dsa_backward_bulk_scatter_2026-12-03/; the code is in the commit that added that folder). Registers: the dQ accumulator alone is 16 * R fp32 over 128 threads (48 a thread at
-R = 384), so dC is sliced; ptxas (sm_90a) for the default configs: H=8/R=256 182 registers, H=12/R=384 254, no
-spills. Shared memory at R = 384: Q and dO 24 KiB, two gathered 32-slot stages 48 KiB, the fp32 dC slice 16 KiB
-(~89 KiB; 254 registers x 128 threads also leaves room for two blocks per SM).
+(benchmarks/results/dsa_backward_bulk_scatter_2026-12-03/; the code is in the commit that added that folder).
+Registers: the dQ accumulator alone is 16 * R fp32 over 128 threads (48 a thread at R = 384), so dC is sliced;
+ptxas (sm_90a) for the default configs: H=8/R=256 182 registers, H=12/R=384 254, no spills. Shared memory at
+R = 384: Q and dO 24 KiB, two gathered 32-slot stages 48 KiB, the fp32 dC slice 16 KiB (~89 KiB; 254 registers x 128
+threads also leaves room for two blocks per SM).
 
 Empty rows: lse = +inf gives P = 0, hence dQ = 0 and no contribution to d_latent. The exponent uses a finite
 stand-in for +inf (``EMPTY_ROW_LSE``) so fast-math ``exp2`` never sees an infinity.
