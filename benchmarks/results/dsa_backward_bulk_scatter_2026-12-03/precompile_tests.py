@@ -1,4 +1,7 @@
-"""Compiles the TileLang backward kernels tests/gpu/test_dsa_tilelang.py uses, in parallel (nvcc outside the GIL)."""
+"""Compiles the TileLang backward kernels tests/gpu/test_dsa_tilelang.py uses, in parallel (nvcc outside the GIL).
+
+A record of the experiment: it runs only at git d5a427e, where BackwardConfig had its ``scatter`` field (removed
+in 8922bc6)."""
 import dataclasses, time
 from concurrent.futures import ThreadPoolExecutor
 from genolc.model.ops.dsa.tilelang import backward as b, backward_slabs as s, forward as f
