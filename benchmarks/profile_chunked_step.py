@@ -39,7 +39,8 @@ from genolc.train.apply import apply_compile, apply_recompute, apply_stream_dtyp
 from genolc.train.chunked import chunked_forward_backward  # noqa: E402
 from genolc.train.kept_attention import KeptAttention  # noqa: E402
 from genolc.train.loss import LossTerms  # noqa: E402
-from genolc.train.plan import PLAN_MARGIN, estimate_chunked_memory, kept_attention_device_bytes  # noqa: E402
+from genolc.train.plan import (PLAN_MARGIN, estimate_chunked_memory, kda_intermediates_device_bytes,  # noqa: E402
+                               kept_attention_device_bytes)
 from genolc.units import format_length, parse_length  # noqa: E402
 
 PROFILED_CLASSES = ("KimiDeltaAttention", "DSAAttention", "DSAIndexer", "MoE", "HyperConnection", "DecoderLayer")
@@ -69,7 +70,7 @@ def _window(length: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_balance: float = 0.0,
-               kept_attention: KeptAttention | None = None) -> dict:
+               kept_attention: KeptAttention | None = None, keep_kda_intermediates: bool = False) -> dict:
     ids, weights = _window(length, "cuda")
     terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=moe_balance, indexer_kl_coef=1.0,
                       indexer_mode=indexer)
@@ -79,7 +80,7 @@ def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_b
     started = time.perf_counter()
     result = chunked_forward_backward(model, ids, weights, terms, chunk,
                                       lambda: torch.autocast("cuda", dtype=torch.bfloat16),
-                                      kept_attention=kept_attention)
+                                      kept_attention=kept_attention, keep_kda_intermediates=keep_kda_intermediates)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     return {"seq": format_length(length), "chunk": format_length(chunk), "seconds": round(seconds, 2),
@@ -87,7 +88,8 @@ def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_b
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)}
 
 
-def plan_columns(config, length: int, chunk: int, recompute: bool, fp32_streams: bool, kept: bool = False) -> dict:
+def plan_columns(config, length: int, chunk: int, recompute: bool, fp32_streams: bool, kept: bool = False,
+                 kda_kept: bool = False) -> dict:
     """Beside a timed step's peak: AdamW's state, which ``finetune`` holds and this script does not (8 bytes a
     parameter), their sum, and what genolc/train/plan.py estimates for that step (margin included), so that each run
     measures the plan against the code it runs."""
@@ -96,6 +98,8 @@ def plan_columns(config, length: int, chunk: int, recompute: bool, fp32_streams:
                                    fp32_streams=fp32_streams)
     # Keeping the DSA forwards adds what the step strategy plans for them (genolc/train/strategy.py).
     extra = kept_attention_device_bytes(config, chunk=chunk, recompute=recompute) * PLAN_MARGIN if kept else 0
+    if kda_kept:
+        extra += kda_intermediates_device_bytes(config, chunk=chunk, recompute=recompute) * PLAN_MARGIN
     return {"adamw_state_gib": round(adamw, 2), "plan_gib": round((plan.total + extra) / 2 ** 30, 2)}
 
 
@@ -252,10 +256,19 @@ def main() -> None:
                         help="the DSA forwards of the first pass kept in host memory for the second ('host', what "
                              "finetune does where its plan allows) or computed again ('off'); 'off,host' times each "
                              "--rows step both ways and profiles the last")
+    parser.add_argument("--kda-intermediates", default="recompute",
+                        help="fla's KDA intermediates computed again in the chunks' backward ('recompute') or kept "
+                             "from the second pass's forward ('keep', what finetune does where its plan allows); "
+                             "'recompute,keep' times each --rows step (and --kept-attention mode) both ways and "
+                             "profiles the last")
     args = parser.parse_args()
     kept_modes = args.kept_attention.split(",")
     if not kept_modes or any(mode not in ("off", "host") for mode in kept_modes):
         parser.error(f"--kept-attention takes off, host or both separated by a comma, got {args.kept_attention!r}")
+    kda_modes = args.kda_intermediates.split(",")
+    if not kda_modes or any(mode not in ("recompute", "keep") for mode in kda_modes):
+        parser.error(f"--kda-intermediates takes recompute, keep or both separated by a comma, got "
+                     f"{args.kda_intermediates!r}")
     try:
         seq = parse_length(args.seq)
         chunks = [parse_length(c) for c in args.chunks.split(",") if c]
@@ -284,7 +297,7 @@ def main() -> None:
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
               "recompute": args.recompute, "compile": args.compile, "init": args.init, "indexer": args.indexer,
               "moe_balance": args.moe_balance, "stream_dtype": args.stream_dtype,
-              "kept_attention": args.kept_attention, "steps": []}
+              "kept_attention": args.kept_attention, "kda_intermediates": args.kda_intermediates, "steps": []}
     stem = (f"peaks_{args.model}{'_recompute' if args.recompute else ''}" if args.rows
             else f"profile_chunked_{args.model}_{args.seq}")
     path = out_dir / (f"{stem}{'_compiled' if args.compile else ''}"
@@ -308,15 +321,16 @@ def main() -> None:
     store = KeptAttention()
     kept = {"off": None, "host": store}
     loss = dict(indexer=None if args.indexer == "off" else args.indexer, moe_balance=args.moe_balance,
-                kept_attention=kept[kept_modes[-1]])
+                kept_attention=kept[kept_modes[-1]], keep_kda_intermediates=kda_modes[-1] == "keep")
     warmup = timed_step(model, parse_length(args.warmup_seq), min(chunks or [8192]), **loss)
     save({"phase": "warm-up (compiles)", **warmup})
-    for (length, chunk), mode in ((row, mode) for row in rows for mode in kept_modes):
+    for (length, chunk), mode, kda in ((row, mode, kda) for row in rows for mode in kept_modes for kda in kda_modes):
         try:
-            save({"phase": "timed", "kept_attention": mode,
-                  **timed_step(model, length, chunk, **{**loss, "kept_attention": kept[mode]}),
+            save({"phase": "timed", "kept_attention": mode, "kda_intermediates": kda,
+                  **timed_step(model, length, chunk, **{**loss, "kept_attention": kept[mode],
+                                                        "keep_kda_intermediates": kda == "keep"}),
                   **plan_columns(model.config, length, chunk, args.recompute, args.stream_dtype == "float32",
-                                 kept=mode == "host")})
+                                 kept=mode == "host", kda_kept=kda == "keep")})
             continue
         except torch.OutOfMemoryError as error:
             # A chunk length tried for its memory: record that it does not fit and go on to the next phases.

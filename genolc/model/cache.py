@@ -29,6 +29,8 @@ same pools in every pass make the backward that of the forward whose caches late
 attention forward can cross passes too: asked to (``keep_attention``) in a pass without grad, the layer writes its
 ``(o_lat, lse)`` as ``"attention_out"`` / ``"attention_lse"``, and a later pass handed them (``LayerCache.attention``)
 runs only the attention's backward (genolc/train/kept_attention.py). ``WindowCache`` leaves these to its caller.
+A KDA layer asked to (``keep_kda_intermediates``, a pass with grad) has its op keep what its backward would compute
+again (genolc/model/ops/kda/fla.py); the caller plans that memory.
 
 Window-wide quantities that a chunk cannot see but the whole-window loss uses come with the cache, so the chunks'
 losses add up to the whole window's: the window length (the indexer KL is a mean over the window's rows) and, for
@@ -66,6 +68,7 @@ class LayerCache:
     selection: torch.Tensor | None = None                  # DSA: pools an earlier pass chose for these positions
     keep_attention: bool = False                           # DSA: write (o_lat, lse) of a no-grad pass to present
     attention: tuple[torch.Tensor, torch.Tensor] | None = None  # DSA: (o_lat, lse) an earlier pass kept
+    keep_kda_intermediates: bool = False                   # KDA: the op keeps its intermediates for backward
 
     def replay(self) -> "LayerCache":
         """The same view with a present of its own, for a forward that runs again only to recompute activations

@@ -15,7 +15,9 @@ tokens trains in chunks of ``C`` with exactly the whole window's gradients (to r
    later chunks already sent to what chunk j left (its carried entries' gradient from chunk j + 1, its rows'
    gradient summed over every later chunk, in fp32). The gradients reaching chunk j's past leaves go to the chunks
    before it. Given a :class:`genolc.train.kept_attention.KeptAttention`, the DSA layers' sparse-attention forwards
-   of pass 1 are kept there (in host memory on CUDA) and pass 2 runs only their backward.
+   of pass 1 are kept there (in host memory on CUDA) and pass 2 runs only their backward. With
+   ``keep_kda_intermediates`` pass 2's KDA layers have fla keep what its backward would compute again
+   (genolc/model/ops/kda/fla.py).
 
 Parameters accumulate their gradients over the chunks as over micro-batches. Cost: two forwards and one backward, as
 per-layer recompute; memory: one chunk's activations plus the window's caches (O(T) rows of the DSA latent and the
@@ -64,7 +66,8 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
                              chunk: int, autocast: Callable[[], AbstractContextManager],
                              on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
                              shard: ChunkShard | None = None, keep_selections: bool = True,
-                             kept_attention: KeptAttention | None = None) -> MicroBatchResult:
+                             kept_attention: KeptAttention | None = None,
+                             keep_kda_intermediates: bool = False) -> MicroBatchResult:
     """Forward and backward of one micro-batch ``ids [B, T + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``,
     target weights ``[B, T]``) in chunks of ``chunk`` tokens; parameters' ``.grad`` accumulate as for
     ``micro_batch_loss(model(ids[:, :-1])).loss.backward()``. ``autocast()`` opens the compute-precision context;
@@ -73,18 +76,22 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
     window's gradient, and the returned counts are its own tokens'. ``keep_selections``: keep the DSA pools the
     first pass chose for the second (off: choose them again; genolc/train/strategy.py decides which).
     ``kept_attention``: keep the DSA layers' sparse-attention forwards of the first pass there, for the second to
-    run only their backward (genolc/train/kept_attention.py; only with the pools kept, and not under ``shard``)."""
+    run only their backward (genolc/train/kept_attention.py; only with the pools kept, and not under ``shard``).
+    ``keep_kda_intermediates``: the second pass's KDA layers keep fla's intermediates for their backward (more memory,
+    planned by genolc/train/strategy.py; not under ``shard``, whose KDA runs genolc/parallel's ops)."""
     if kept_attention is not None and (shard is not None or not keep_selections):
         raise ValueError("the DSA forwards can be kept only with the pools they attended to, and not on a shard")
+    if keep_kda_intermediates and shard is not None:
+        raise ValueError("KDA's intermediates are kept only by one process's chunks, not on a shard")
     # The routed experts' weights are cast to the compute dtype once for this micro-batch's every forward, and their
     # gradients added into .grad directly (genolc/model/ops/weight_casts.py).
     with weight_casts_per_step():
         return _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_loss, shard, keep_selections,
-                                         kept_attention)
+                                         kept_attention, keep_kda_intermediates)
 
 
 def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_loss, shard, keep_selections,
-                              kept_attention) -> MicroBatchResult:
+                              kept_attention, keep_kda_intermediates) -> MicroBatchResult:
     inputs, targets = ids[:, :-1], ids[:, 1:]
     window_len = inputs.shape[1]
 
@@ -143,6 +150,7 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
             cache.layers[layer].expert_fraction = fraction
         for layer, layer_cache in enumerate(cache.layers):
             layer_cache.selection = window.selection(layer, start, stop)
+            layer_cache.keep_kda_intermediates = keep_kda_intermediates
             if kept_attention is not None:
                 layer_cache.attention = kept_attention.take(start, layer, ids.device)
         if kept_attention is not None and j > 0:

@@ -344,6 +344,22 @@ def kept_attention_device_bytes(config: ModelConfig, *, chunk: int, windows: int
     return (2 if recompute else 1) * kept_attention_bytes(config, chunk * windows, bf16)
 
 
+def kda_intermediates_device_bytes(config: ModelConfig, *, chunk: int, windows: int = 1,
+                                   recompute: bool = False) -> int:
+    """What a chunked step adds to the device peak when fla keeps KDA's intermediates for backward instead of
+    computing them again there (genolc/model/ops/kda/fla.py, ``keep_intermediates``), per token and KDA layer: bf16
+    ``w``, ``u``, gated q and k and corrected values (10 W), the fp32 decay sum (4 W), bf16 states every 64 tokens
+    (H Dk Dv / 32), and fla's two bf16 64-wide intra-chunk matrices (256 H), which a chunk longer than a KDA segment
+    did not keep before. Every KDA layer of the chunk holds them until its backward; under per-layer recompute only
+    the replayed layer does."""
+    c = config
+    heads, dim = c.linear_num_heads, c.linear_head_dim
+    width = heads * dim
+    per_token = 14 * width + heads * dim * dim // 32 + 256 * heads
+    layers = 1 if recompute else c.num_hidden_layers - len(c.dsa_layers)
+    return chunk * windows * layers * per_token
+
+
 def estimate_chunked_memory(config: ModelConfig, *, seq_len: int, chunk: int, windows: int = 1, bf16: bool = True,
                             recompute: bool = False, fast_kernels: bool = False, fp32_streams: bool = False,
                             keep_selections: bool = True) -> MemoryPlan:

@@ -19,6 +19,9 @@ kernel's OOM killer; a chunk the user chose runs, with a warning in its reason, 
 A chunked step on the GPU that keeps its first pass's DSA pools keeps that pass's sparse-attention forwards too, in host
 memory, so that its second pass runs only their backward (genolc/train/kept_attention.py), where they take at most half
 the host memory this process may use and the device has room for one chunk's more (two under per-layer recompute).
+Then, where the device has room for them, a chunked step on the GPU has fla keep its KDA intermediates from the second
+pass's forward for the backward instead of computing them again (genolc/model/ops/kda/fla.py): one KDA call per chunk,
+unsegmented, and one pass of fla's state kernel fewer (plan.py's ``kda_intermediates_device_bytes``).
 
 Under ``--cp N`` (:func:`choose_context_parallel_strategy`) the same choice is made per rank from
 estimate_context_parallel_memory: the rank's share of the window (or of each chunk) plus what the whole span adds.
@@ -43,8 +46,8 @@ from genolc.errors import ConfigError
 from genolc.train.plan import (FAST_CHUNK, FAST_UNRECOMPUTED_CHUNK, PLAN_MARGIN, SMALLEST_AUTO_CHUNK,
                                OutOfMemoryPlanError, context_parallel_oom_error, estimate_chunked_memory,
                                estimate_context_parallel_memory, estimate_memory, estimate_step_seconds,
-                               fits_within_margin, format_gib, kept_attention_bytes, kept_attention_device_bytes,
-                               largest_fitting_chunk, largest_fitting_context_parallel_chunk, oom_error)
+                               fits_within_margin, format_gib, kda_intermediates_device_bytes, kept_attention_bytes,
+                               kept_attention_device_bytes, largest_fitting_chunk, largest_fitting_context_parallel_chunk, oom_error)
 from genolc.units import format_length
 
 
@@ -55,7 +58,8 @@ class StepStrategy:
     keeps the DSA pools its first pass chose for its second (off where they do not fit, or where keeping them would
     cost chunks under ``FAST_UNRECOMPUTED_CHUNK`` or a step estimated to take longer: :func:`choose_strategy`).
     ``kept_attention_bytes``: host memory for the DSA forwards the chunked step keeps from its first pass (0: none
-    kept)."""
+    kept). ``keep_kda_intermediates``: fla keeps KDA's intermediates for the chunks' backward (planned in
+    ``estimate_bytes``)."""
 
     seq_len: int
     chunk: int | None
@@ -64,6 +68,7 @@ class StepStrategy:
     reason: str
     keep_selections: bool = True
     kept_attention_bytes: int = 0
+    keep_kda_intermediates: bool = False
 
     @property
     def keep_attention(self) -> bool:
@@ -133,15 +138,18 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
     chunked step on the fast kernels that keeps its first pass's pools also keeps its DSA forwards in host memory,
     where they take at most ``HOST_SHARE`` of ``host_free_bytes`` (None: not known, as for `genolc plan`; the trainer
     passes :func:`host_free_bytes_per_process`) and the device has room for what they add
-    (genolc/train/plan.py's ``kept_attention_device_bytes``)."""
+    (genolc/train/plan.py's ``kept_attention_device_bytes``); then it keeps fla's KDA intermediates for the backward
+    where the device has room for them too."""
     strategy = choose_chunking(model_config, seq_len=seq_len, windows=windows, grad_accum=grad_accum, chunk=chunk,
                                recompute=recompute, bf16=bf16, fast_kernels=fast_kernels, budget_bytes=budget_bytes,
                                multiple=multiple, where=where, auto_recompute=auto_recompute,
                                fp32_streams=fp32_streams)
-    if not (fast_kernels and strategy.chunk is not None and strategy.keep_selections and model_config.dsa_layers):
+    if not (fast_kernels and strategy.chunk is not None):
         return strategy
-    return _with_kept_attention(model_config, strategy, windows=windows, bf16=bf16, budget_bytes=budget_bytes,
-                                host_free_bytes=host_free_bytes)
+    if strategy.keep_selections and model_config.dsa_layers:
+        strategy = _with_kept_attention(model_config, strategy, windows=windows, bf16=bf16,
+                                        budget_bytes=budget_bytes, host_free_bytes=host_free_bytes)
+    return _with_kda_intermediates(model_config, strategy, windows=windows, budget_bytes=budget_bytes)
 
 
 # At most this share of the host memory free when training starts goes to the kept DSA forwards: the data, the
@@ -167,6 +175,21 @@ def _with_kept_attention(config: ModelConfig, strategy: StepStrategy, *, windows
     return replace(strategy, kept_attention_bytes=host, estimate_bytes=estimate, reason=(
         f"{strategy.reason}; the first pass's DSA forwards wait in host memory for the second "
         f"({format_gib(host)} GiB)"))
+
+
+def _with_kda_intermediates(config: ModelConfig, strategy: StepStrategy, *, windows: int,
+                            budget_bytes: int) -> StepStrategy:
+    if len(config.dsa_layers) == config.num_hidden_layers:
+        return strategy
+    extra = int(kda_intermediates_device_bytes(config, chunk=strategy.chunk, windows=windows,
+                                               recompute=strategy.recompute) * PLAN_MARGIN)
+    estimate = strategy.estimate_bytes + extra
+    if estimate > budget_bytes:
+        return replace(strategy, reason=(
+            f"{strategy.reason}; KDA's backward computes its intermediates again: keeping them would need "
+            f"{format_gib(extra)} GiB more of the device"))
+    return replace(strategy, keep_kda_intermediates=True, estimate_bytes=estimate, reason=(
+        f"{strategy.reason}; KDA keeps its intermediates for the backward ({format_gib(extra)} GiB)"))
 
 
 def choose_chunking(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
@@ -337,7 +360,8 @@ def run_micro_batch(strategy: StepStrategy, model: torch.nn.Module, ids: torch.T
             kept_attention = KeptAttention()
         return chunked_forward_backward(model, ids, weights, terms, strategy.chunk, autocast, on_loss,
                                         keep_selections=strategy.keep_selections,
-                                        kept_attention=kept_attention if strategy.keep_attention else None)
+                                        kept_attention=kept_attention if strategy.keep_attention else None,
+                                        keep_kda_intermediates=strategy.keep_kda_intermediates)
     return whole_forward_backward(model, ids[:, :-1], ids[:, 1:], weights, terms, autocast, on_loss)
 
 

@@ -62,6 +62,22 @@ def _rel(actual, expected) -> float:
     return float((actual - expected).norm() / expected.norm().clamp_min(1e-30))
 
 
+def test_the_replay_in_backward_keeps_the_kernels_intermediates():
+    """The segments' forward runs without grad and keeps nothing; each segment's replay in backward, whose backward
+    follows at once, asks the kernel to keep its intermediates (fla's ``disable_recompute``)."""
+    calls = []
+
+    def kernel(*args, keep_intermediates=False):
+        calls.append((torch.is_grad_enabled(), keep_intermediates))
+        return reference_kernel(*args, keep_intermediates=keep_intermediates)
+
+    q, k, v, g, beta, state = _inputs(5, True)
+    out, final = segmented_kda(q, k, v, g, beta, 0.4, state, True, True, 16, kernel=kernel)
+    assert calls == [(False, False)] * 3
+    (out.sum() + final.sum()).backward()
+    assert calls[3:] == [(True, True)] * 3
+
+
 @pytest.mark.parametrize("segment_len", [1, 10, 16, 36, LENGTH, 64])
 @pytest.mark.parametrize("with_state, output_final_state", [(True, True), (False, True), (True, False),
                                                             (False, False)])

@@ -163,6 +163,45 @@ def test_the_second_pass_runs_only_the_kept_forwards_backward(dna_window, one_th
                                  kept_attention=store)
 
 
+def test_the_second_pass_asks_kda_to_keep_its_intermediates(dna_window, one_thread):
+    """``keep_kda_intermediates``: every KDA call of the second pass (and of its per-layer replay) asks the op to keep
+    its intermediates, no call of the first pass does, and ops are not asked at all without it (so ops without the
+    option serve). The CPU reference keeps what autograd needs either way: the gradients are those of the step
+    without it."""
+    ids, weights = dna_window
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.0, indexer_kl_coef=1.0,
+                      indexer_mode=None)
+    model = _model(True)
+    layers = [m for m in model.modules() if hasattr(m, "kda_op")]
+    calls = []
+    for layer in layers:
+        def recorded(*args, _op=layer.kda_op, **kwargs):
+            calls.append((torch.is_grad_enabled(), kwargs.get("keep_intermediates")))
+            return _op(*args, **kwargs)
+
+        layer.kda_op = recorded
+    chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext)
+    expected = _grads(model)
+    assert calls and {keep for _, keep in calls} == {None}
+    model.zero_grad(set_to_none=True)
+    calls.clear()
+    chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, keep_kda_intermediates=True)
+    chunks = len(chunk_bounds(WINDOW, 1000))
+    # The first pass without grad; the second pass under checkpoint and its replay, both with grad.
+    assert calls.count((False, None)) == chunks * len(layers)
+    assert calls.count((True, True)) == 2 * chunks * len(layers) and len(calls) == 3 * chunks * len(layers)
+    for name, grad in _grads(model).items():
+        assert torch.equal(grad, expected[name]), name
+
+    class Shard:
+        def take(self, tensor, start, stop):
+            return tensor[:, start:stop]
+
+    with pytest.raises(ValueError, match="not on a shard"):
+        chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, shard=Shard(),
+                                 keep_kda_intermediates=True)
+
+
 def test_kept_forwards_of_a_shared_dsa_layer(dna_window, one_thread):
     """Two DSA layers, the second "shared" (no indexer: it attends to the first's rows), as in GLM-5.3-Flash: with
     both layers' forwards kept the chunked step still equals the whole window."""

@@ -12,8 +12,9 @@ from genolc.units import parse_length
 from genolc.train.plan import (EXPERT_CHUNK_TOKENS, GIB, PLAN_MARGIN, activation_bytes_per_token,
                                estimate_chunked_memory, estimate_context_parallel_memory, estimate_memory,
                                estimate_step_seconds, fast_activation_bytes_per_token, fitting_context_parallel,
-                               fitting_option, kept_attention_bytes, largest_fitting_context_parallel_chunk, oom_error,
-                               required_seq_multiple, routed_expert_bytes_per_token)
+                               fitting_option, kda_intermediates_device_bytes, kept_attention_bytes,
+                               largest_fitting_context_parallel_chunk, oom_error, required_seq_multiple,
+                               routed_expert_bytes_per_token)
 
 
 def test_memory_components_add_up_and_scale():
@@ -218,6 +219,11 @@ def _kept_on_device(model: str, chunk: int, chunks: int = 1) -> int:
     return int(chunks * kept_attention_bytes(preset(model), chunk) * PLAN_MARGIN)
 
 
+def _kda_kept_on_device(model: str, chunk: int, recompute: bool = False) -> int:
+    """What a chunked step that keeps fla's KDA intermediates plans on the device beside its chunk."""
+    return int(kda_intermediates_device_bytes(preset(model), chunk=chunk, recompute=recompute) * PLAN_MARGIN)
+
+
 def test_plan_command_plans_the_stream_dtype_asked_for():
     from click.testing import CliRunner
 
@@ -225,7 +231,8 @@ def test_plan_command_plans_the_stream_dtype_asked_for():
 
     fp32 = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--stream-dtype", "float32"])
     planned = (estimate_chunked_memory(preset("base"), seq_len=1 << 20, chunk=16 * 1024, fast_kernels=True,
-                                       fp32_streams=True).total + _kept_on_device("base", 16 * 1024)) / GIB
+                                       fp32_streams=True).total + _kept_on_device("base", 16 * 1024)
+               + _kda_kept_on_device("base", 16 * 1024)) / GIB
     assert fp32.exit_code == 0 and "(bf16, fp32 streams, fast kernels)" in fp32.output, fp32.output
     assert f"--seq 1M: chunked step, --chunk 16k, estimated peak {planned:.1f} GiB" in fp32.output, fp32.output
     refused = CliRunner().invoke(main, ["plan", "--seq", "64k", "--device", "cpu", "--stream-dtype", "bfloat16"])
@@ -392,7 +399,7 @@ def test_plan_command_says_what_finetune_would_choose():
     result = CliRunner().invoke(main, ["plan", "--model", "base", "--seq", "1M", "--chunk", "8k"])
     assert result.exit_code == 0, result.output
     planned = (estimate_chunked_memory(preset("base"), seq_len=1 << 20, chunk=8192, fast_kernels=True).total
-               + _kept_on_device("base", 8192)) / GIB
+               + _kept_on_device("base", 8192) + _kda_kept_on_device("base", 8192)) / GIB
     assert f"--seq 1M: chunked step, --chunk 8k, estimated peak {planned:.1f} GiB" in result.output
     kept = kept_attention_bytes(preset("base"), 1 << 20)
     assert f"the first pass's DSA forwards wait in host memory for the second ({kept / GIB:.1f} GiB)" in result.output
@@ -615,12 +622,45 @@ def test_the_dsa_forwards_are_kept_in_host_memory_where_it_has_room():
     assert (on_80gb.chunk, on_80gb.recompute, on_80gb.keep_attention) == (32 * 1024, True, True)
     recomputed = estimate_chunked_memory(preset("base"), seq_len=1 << 19, chunk=32 * 1024, fast_kernels=True,
                                          recompute=True).total
-    assert on_80gb.estimate_bytes == recomputed + _kept_on_device("base", 32 * 1024, chunks=2)
+    assert on_80gb.estimate_bytes == (recomputed + _kept_on_device("base", 32 * 1024, chunks=2)
+                                      + _kda_kept_on_device("base", 32 * 1024, recompute=True))
     # A chunk that fits, but not with one chunk's forwards more: they are computed again, and the step says why.
     tight_device = choose_strategy(preset("base"), seq_len=1 << 19, fast_kernels=True,
                                    **{**common, "chunk": 32 * 1024, "budget_bytes": chunked + 1})
     assert tight_device.chunk == 32 * 1024 and not tight_device.keep_attention
     assert "keeping them would need 1.2 GiB more of the device" in tight_device.describe()
+
+
+def test_kda_keeps_its_intermediates_where_the_device_has_room():
+    """A chunked step on the GPU keeps fla's KDA intermediates for the backward where its plan has room for them:
+    per KDA layer and token 14 W + H Dk Dv / 32 + 256 H bytes, every KDA layer of a chunk (one under per-layer
+    recompute). `small` at 512k keeps them; `base` at 512k (planned 135.3 GiB of 139.8 with its DSA forwards kept)
+    has no room for 12.4 GiB more and says so; never on the CPU path or for the whole window."""
+    from genolc.train.strategy import choose_strategy
+
+    common = dict(windows=1, grad_accum=1, chunk=None, recompute=False, bf16=True, budget_bytes=int(139.8 * GIB),
+                  multiple=64, where="test", auto_recompute=True)
+    small = preset("small")
+    width = small.linear_num_heads * small.linear_head_dim
+    per_token = 14 * width + small.linear_num_heads * small.linear_head_dim ** 2 // 32 + 256 * small.linear_num_heads
+    assert kda_intermediates_device_bytes(small, chunk=1000, windows=2) == 2000 * 9 * per_token
+    assert kda_intermediates_device_bytes(small, chunk=1000, recompute=True) == 1000 * per_token
+    assert kda_intermediates_device_bytes(small.replace(layer_types=("indexed_attention",) * 12), chunk=1000) == 0
+    kept = choose_strategy(preset("small"), seq_len=1 << 19, fast_kernels=True, **common)
+    assert kept.chunk == 64 * 1024 and kept.keep_attention and kept.keep_kda_intermediates
+    chunked = estimate_chunked_memory(small, seq_len=1 << 19, chunk=kept.chunk, fast_kernels=True).total
+    extra = _kda_kept_on_device("small", kept.chunk)
+    assert kept.estimate_bytes == chunked + _kept_on_device("small", kept.chunk) + extra
+    assert f"KDA keeps its intermediates for the backward ({extra / GIB:.1f} GiB)" in kept.describe()
+    base = choose_strategy(preset("base"), seq_len=1 << 19, fast_kernels=True, **common)
+    assert base.chunk == 32 * 1024 and base.keep_attention and not base.keep_kda_intermediates
+    assert (f"KDA's backward computes its intermediates again: keeping them would need "
+            f"{_kda_kept_on_device('base', base.chunk) / GIB:.1f} GiB more of the device") in base.describe()
+    on_cpu = choose_strategy(preset("tiny"), seq_len=1 << 14, fast_kernels=False, **{**common, "multiple": 1,
+                                                                                     "budget_bytes": int(2 * GIB)})
+    assert on_cpu.chunk is not None and not on_cpu.keep_kda_intermediates
+    whole = choose_strategy(small, seq_len=1 << 14, fast_kernels=True, **common)
+    assert whole.chunk is None and not whole.keep_kda_intermediates
 
 
 def test_the_host_memory_a_process_may_page_lock(tmp_path, monkeypatch):

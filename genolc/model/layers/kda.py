@@ -138,12 +138,15 @@ class KimiDeltaAttention(nn.Module):
 
     def recurrence(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate_input: torch.Tensor,
                    beta: torch.Tensor, initial_state: torch.Tensor | None,
-                   output_final_state: bool, heads: slice | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   output_final_state: bool, heads: slice | None = None,
+                   keep_intermediates: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(core [B, T, H, Dv], final state or None)``: the KDA op from ``initial_state`` (None: zeros). With
-        ``heads`` the inputs hold only that range of heads (genolc/parallel/kda_heads.py)."""
+        ``heads`` the inputs hold only that range of heads (genolc/parallel/kda_heads.py); ``keep_intermediates``:
+        the op keeps what its backward would compute again (asked only then, so ops without the option serve)."""
+        kept = {"keep_intermediates": True} if keep_intermediates else {}
         return self.kda_op(q, k, v, gate_input, beta, initial_state=initial_state,
                            output_final_state=output_final_state, use_qk_l2norm_in_kernel=True,
-                           **self.forget_gate.op_arguments(heads))
+                           **self.forget_gate.op_arguments(heads), **kept)
 
     def output(self, core: torch.Tensor, gate_low: torch.Tensor) -> torch.Tensor:
         """The op's ``core [B, T, H, Dv]`` through the gated norm (its gate from ``gate_low = g_a_proj(x)
@@ -162,7 +165,8 @@ class KimiDeltaAttention(nn.Module):
         conv_tail = None if cache is None else cache.past.get("conv_tail")
         q, k, v = self.convolved_heads(conv_input, conv_tail)
         initial_state = None if cache is None else cache.past.get("state")
-        core, final_state = self.recurrence(q, k, v, gate_input, beta, initial_state, cache is not None)
+        core, final_state = self.recurrence(q, k, v, gate_input, beta, initial_state, cache is not None,
+                                            keep_intermediates=cache is not None and cache.keep_kda_intermediates)
         if cache is not None:
             keep = self.conv1d.weight.shape[-1] - 1
             seen = conv_input if conv_tail is None or conv_input.shape[1] >= keep else \

@@ -38,16 +38,18 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               scale: float | None = None, initial_state: torch.Tensor | None = None,
               output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, chunk_size: int = 64,
               use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
-              dt_bias: torch.Tensor | None = None, lower_bound: float | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """KDA, ``[B, T, H, D]`` layout; see ``genolc.model.ops.kda.reference.chunk_kda``."""
+              dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+              keep_intermediates: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KDA, ``[B, T, H, D]`` layout; see ``genolc.model.ops.kda.reference.chunk_kda``. ``keep_intermediates``: fla
+    keeps what its backward would compute again (``genolc.model.ops.kda.fla``); the reference keeps what autograd
+    needs either way."""
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size,
                   use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
     if q.is_cuda:
         from genolc.model.ops.kda import fla
 
-        return fla.chunk_kda(q, k, v, g, beta, **kwargs)
+        return fla.chunk_kda(q, k, v, g, beta, keep_intermediates=keep_intermediates, **kwargs)
     return kda_reference.chunk_kda(q, k, v, g, beta, **kwargs)
 
 

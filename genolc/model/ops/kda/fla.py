@@ -25,6 +25,16 @@ autograd, back-propagates the output gradient plus the gradient arriving at that
 the gradient of its initial state (fla's ``dh0``) to the previous segment as that one's ``dht``. Gradients equal the
 unsegmented op's up to summation order; peak memory is the inputs, their gradients and one segment's workspace.
 
+What fla's backward recomputes (``keep_intermediates``): by default fla's backward computes the decay's cumulative
+sum, the WY factors ``w, u``, the gated ``q`` and ``k``, the corrected values and the per-chunk states ``h`` again
+from the saved inputs (its ``disable_recompute=False``). A segment's replay in backward keeps them from the replay's
+forward instead (fla's ``disable_recompute=True``): its backward follows at once, so the same tensors live over
+about the same span, and one pass of fla's state kernel is saved per segment. ``chunk_kda(..., keep_intermediates=
+True)`` asks for the same of a whole call: one unsegmented fla call that keeps them until its backward, about
+``14 W + H Dk Dv / 32`` bytes a token more (W = H Dk: bf16 w, u, gated q and k, corrected values, the fp32 decay
+sum, bf16 states every 64 tokens), for a caller that has planned that memory (the chunked training step,
+genolc/train/strategy.py). Without grad nothing is kept and fla runs as by default.
+
 Before fla is first imported, fla is pointed at the kernel configs genolc ships for this GPU
 (genolc/model/ops/kda/fla_tuning.py), so a new machine's first step compiles one config per kernel instead of
 autotuning all of them.
@@ -138,21 +148,23 @@ def _fla_chunk_kda():
 
 
 def fla_kda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-            gate: Gate | None = None):
-    """One unsegmented call of fla's ``chunk_kda`` with genolc's argument mapping (autograd through fla)."""
+            gate: Gate | None = None, keep_intermediates: bool = False):
+    """One unsegmented call of fla's ``chunk_kda`` with genolc's argument mapping (autograd through fla).
+    ``keep_intermediates``: fla keeps what its backward would recompute (module notes), when grad is on."""
     if initial_state is not None and initial_state.dtype != torch.float32:
         initial_state = initial_state.float()
     gate_args = {} if gate is None else dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
                                              lower_bound=gate.lower_bound, safe_gate=gate.safe_gate)
     return _fla_chunk_kda()(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                            **gate_args)
+                            disable_recompute=keep_intermediates and torch.is_grad_enabled(), **gate_args)
 
 
 def reference_segment_kernel(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                             gate: Gate | None = None, *, chunk_size: int = 64):
+                             gate: Gate | None = None, keep_intermediates: bool = False, *, chunk_size: int = 64):
     """:func:`fla_kda`'s contract on the pure-torch reference (any device): the segment kernel the CPU tests and
-    memory measurements put inside :class:`SegmentedKDA`."""
+    memory measurements put inside :class:`SegmentedKDA`. ``keep_intermediates`` changes nothing here: autograd
+    keeps what the reference's backward needs and recomputes nothing."""
     from genolc.model.ops.kda import reference
 
     gate_args = {} if gate is None else dict(use_gate_in_kernel=True, A_log=gate.A_log, dt_bias=gate.dt_bias,
@@ -163,8 +175,8 @@ def reference_segment_kernel(q, k, v, g, beta, scale, initial_state, output_fina
 
 
 # One unsegmented KDA call: (q, k, v, g, beta, scale, initial_state fp32 or None, output_final_state,
-# use_qk_l2norm_in_kernel, gate: Gate or None) -> (o, final_state fp32). fla on CUDA; tests pass the pure-torch
-# reference on CPU.
+# use_qk_l2norm_in_kernel, gate: Gate or None, keep_intermediates=False) -> (o, final_state fp32). fla on CUDA; tests
+# pass the pure-torch reference on CPU.
 SegmentKernel = Callable[..., tuple[torch.Tensor, Optional[torch.Tensor]]]
 
 
@@ -227,8 +239,9 @@ class SegmentedKDA(torch.autograd.Function):
             if state_needs_grad:
                 state = state.detach().requires_grad_(True)
             with torch.enable_grad():
+                # The replay's backward runs at once: fla keeps its intermediates rather than computing them again.
                 piece_out, piece_final = ctx.kernel(*pieces, ctx.scale, state, True, ctx.use_qk_l2norm_in_kernel,
-                                                    gate)
+                                                    gate, keep_intermediates=True)
                 roots, root_grads = [piece_out], [d_out[:, start:stop]]
                 if carried is not None:
                     roots.append(piece_final)
@@ -269,8 +282,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, chunk_size: int = 64,
               use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
               dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
-              safe_gate: bool | None = None, segment_len: int | None = DEFAULT_SEGMENT_LEN
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+              safe_gate: bool | None = None, segment_len: int | None = DEFAULT_SEGMENT_LEN,
+              keep_intermediates: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Drop-in for ``reference.chunk_kda`` on CUDA tensors (fla kernels, segment-wise over T).
 
     Args and returns as the reference (``q, k [B, T, H, Dk]``, ``v [B, T, H, Dv]``, ``g [B, T, H, Dk]`` log decay,
@@ -279,6 +292,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     it is allowed (gate in the kernel, lower bound in ``SAFE_GATE_BOUNDS``; see the module notes).
     ``chunk_size`` must be 64 (fla's chunk; accepted for signature compatibility). ``segment_len``: tokens per
     segment; None runs fla unsegmented (its own autograd, memory O(T) in fla's saved workspace).
+    ``keep_intermediates``: one unsegmented call whatever ``segment_len``, keeping what fla's backward would
+    recompute (module notes: about ``14 W + H Dk Dv / 32`` bytes a token more until the backward).
     """
     if chunk_size != 64:
         raise ValueError(f"the fla KDA kernels use chunk_size 64; got {chunk_size}")
@@ -288,9 +303,9 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     gate = resolve_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate)
     check_kernel_inputs(q, k, v, g, beta, initial_state, gate)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if segment_len is None or q.shape[1] <= segment_len:
+    if keep_intermediates or segment_len is None or q.shape[1] <= segment_len:
         out, final_state = fla_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                   use_qk_l2norm_in_kernel, gate)
+                                   use_qk_l2norm_in_kernel, gate, keep_intermediates)
         return out, (final_state if output_final_state else None)
     return segmented_kda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                          segment_len, gate=gate)
