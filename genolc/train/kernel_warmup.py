@@ -68,6 +68,7 @@ class WarmupShape:
     bf16: bool
     indexer_mode: str | None
     stream_dtype: str = "float32"   # the run's resolved --stream-dtype: the mHC kernels compile per streams' dtype
+    keep_kda_intermediates: bool = False   # the strategy's: fla then runs other kernel variants (no recompute)
 
     def key(self, device: torch.device) -> str:
         import importlib.metadata as metadata
@@ -106,7 +107,8 @@ PROCESS_OVERHEAD_BYTES = 2 << 30
 
 def warmup_bytes(shape: WarmupShape) -> int:
     """The warm-up process's planned GPU peak (genolc/train/plan.py for the two-layer model), plus its overhead."""
-    from genolc.train.plan import estimate_chunked_memory, estimate_memory, plans_fp32_streams
+    from genolc.train.plan import (PLAN_MARGIN, estimate_chunked_memory, estimate_memory,
+                                   kda_intermediates_device_bytes, plans_fp32_streams)
 
     config = warmup_model_config(ModelConfig.from_hf(shape.model))
     fp32_streams = plans_fp32_streams(shape.bf16, shape.stream_dtype)
@@ -117,6 +119,9 @@ def warmup_bytes(shape: WarmupShape) -> int:
         plan = estimate_chunked_memory(config, seq_len=min(shape.seq_len, 2 * shape.chunk), chunk=shape.chunk,
                                        windows=shape.micro_batch, bf16=shape.bf16, recompute=shape.recompute,
                                        fast_kernels=True, fp32_streams=fp32_streams)
+        if shape.keep_kda_intermediates:
+            plan = dataclasses.replace(plan, total=plan.total + int(PLAN_MARGIN * kda_intermediates_device_bytes(
+                config, chunk=shape.chunk, windows=shape.micro_batch, recompute=shape.recompute)))
     return plan.total - plan.optimizer + PROCESS_OVERHEAD_BYTES      # it steps no optimizer
 
 
@@ -426,7 +431,8 @@ def run_warmup(shape: WarmupShape, device: torch.device, progress: Path | None =
     terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.0, indexer_kl_coef=0.0,
                       indexer_mode=shape.indexer_mode)
     strategy = StepStrategy(seq_len=seq_len, chunk=shape.chunk, recompute=shape.recompute, estimate_bytes=0,
-                            reason="kernel warm-up")
+                            reason="kernel warm-up",
+                            keep_kda_intermediates=shape.keep_kda_intermediates and shape.chunk is not None)
 
     def autocast():
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=shape.bf16)

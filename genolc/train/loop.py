@@ -649,7 +649,8 @@ class _Trainer:
         warmup = start_kernel_warmup(WarmupShape(
             model=self.model.config.to_hf(), seq_len=shape.seq_len, chunk=strategy.chunk,
             micro_batch=shape.windows, recompute=strategy.recompute, bf16=self.bf16,
-            indexer_mode=indexer_mode_at(self.start_step, self.config), stream_dtype=self.stream_dtype), self.device,
+            indexer_mode=indexer_mode_at(self.start_step, self.config), stream_dtype=self.stream_dtype,
+            keep_kda_intermediates=strategy.keep_kda_intermediates), self.device,
             run_bytes=max(s.estimate_bytes for s in self.strategies.values()), budget_bytes=self._device_bytes())
         if warmup is not None:
             _say(f"compiling this shape's GPU kernels in a second process while the first step runs (log: "

@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 
 # (preset, active parameters without the embedding and LM head, utilisation). `base`: finetune steps of 15.90-16.01 s
-# at 512k, git ab03f4b (benchmarks/results/kept_attention_2026-12-03/finetune_ab/kept). `small`: finetune steps of
-# 7.71-7.75 s at 512k, git 6688159 (benchmarks/results/plan_step_time_2026-12-03/). Both ran before the top-k's radix
-# selection of c2e21c1, which took 0.17 s off `base`'s bare 512k step and about 0.1 s off `small`'s: today's steps
-# are that much shorter than these. At 1M `base`'s bare step took 38.15 s against 35.7 estimated
-# (tests/train/test_train_plan.py holds the estimate within 10 % of these runs).
-MEASURED_UTILISATION = (("small", 114_658_128, 0.095), ("base", 437_644_272, 0.156))
+# at 512k, git ab03f4b (benchmarks/results/kept_attention_2026-12-03/finetune_ab/kept), before the top-k's radix
+# selection of c2e21c1 took 0.17 s off its bare 512k step: today's steps are that much shorter. `small`: finetune
+# steps of 7.11-7.21 s at 512k, git e825408, with fla's KDA intermediates kept for the backward
+# (benchmarks/results/kda_intermediates_2026-12-03/; 7.71-7.75 s and 0.095 before). At 1M `base`'s bare step took
+# 36.2-36.7 s against 35.7 estimated (tests/train/test_train_plan.py holds the estimate within 10 % of these runs).
+MEASURED_UTILISATION = (("small", 114_658_128, 0.104), ("base", 437_644_272, 0.156))
 
 
 def measured_utilisation(config) -> float:

@@ -85,6 +85,12 @@ The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk'
                                                  indexer), unless the strategy chose them again
     KDA states        ceil(T / chunk) n_kda B H Dk Dv * 4   one per chunk boundary
 
+and, where the step strategy adds them (genolc/train/strategy.py: where they fit), the DSA forwards of one more chunk
+(``kept_attention_device_bytes``) and fla's KDA intermediates kept for the backward, ``B chunk n_kda (14 W +
+H Dk Dv / 32 + 256 H)`` (one KDA layer's under recompute; ``kda_intermediates_device_bytes``). Measured on the H200
+(benchmarks/results/kda_intermediates_2026-12-03/): +11.28 GiB at `small`'s 64k chunks (11.25 planned before the
+margin), +10.12 at `base`'s 32k (11.25) and +5.07 at its 16k (5.63).
+
 A context-parallel rank (``--cp N``, genolc/parallel) holds its share ``s = ceil(S / N)`` of each span (the window,
 or one chunk of ``S`` tokens under the chunked step) and is planned as one process with a window (or chunk) of ``s``
 tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per layer; zigzag layout, ``2N`` pieces)::

@@ -39,23 +39,26 @@ def test_warmup_model_keeps_one_layer_of_each_kind_and_the_shapes():
         assert getattr(cut, name) == getattr(config, name)
 
 
-@pytest.mark.parametrize("chunk,recompute,seq_len", [(40, False, 80), (None, True, 96)])
-def test_warmup_step_runs_the_trainers_step_on_cpu(chunk, recompute, seq_len, monkeypatch):
+@pytest.mark.parametrize("chunk,recompute,seq_len,keep", [(40, False, 80, False), (40, True, 80, True),
+                                                            (None, True, 96, False)])
+def test_warmup_step_runs_the_trainers_step_on_cpu(chunk, recompute, seq_len, keep, monkeypatch):
+    """``keep``: the run's strategy keeps fla's KDA intermediates, so the warm-up runs those kernel variants too."""
     from genolc.train import strategy as strategy_module
 
     ran = []
     real = strategy_module.run_micro_batch
 
     def spy(strategy, model, ids, weights, terms, autocast, on_loss):
-        ran.append((strategy.chunk, strategy.seq_len, tuple(ids.shape), model.config.layer_types))
+        ran.append((strategy.chunk, strategy.seq_len, tuple(ids.shape), model.config.layer_types,
+                    strategy.keep_kda_intermediates))
         result = real(strategy, model, ids, weights, terms, autocast, on_loss)
         ran.append(sum(p.grad is not None for p in model.parameters()))
         return result
 
     monkeypatch.setattr(strategy_module, "run_micro_batch", spy)
-    seconds = run_warmup(shape(chunk=chunk, recompute=recompute), torch.device("cpu"))
+    seconds = run_warmup(shape(chunk=chunk, recompute=recompute, keep_kda_intermediates=keep), torch.device("cpu"))
     # Two chunks at most (the second is the one that carries state), the run's micro-batch, one layer of each kind.
-    assert ran[0] == (chunk, seq_len, (2, seq_len + 1), ("linear_attention", "indexed_attention"))
+    assert ran[0] == (chunk, seq_len, (2, seq_len + 1), ("linear_attention", "indexed_attention"), keep)
     assert ran[1] > 0                                 # the backward ran: gradients reached the parameters
     assert set(seconds) == {"step"}                   # fp32 on CPU: no TileLang or fla kernel to compile
 
@@ -105,6 +108,11 @@ def test_no_warmup_when_it_and_the_run_do_not_fit_together(tmp_path, monkeypatch
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("no warm-up process may start"))
     need = kernel_warmup.warmup_bytes(shape())
     assert need > kernel_warmup.PROCESS_OVERHEAD_BYTES
+    from genolc.train.plan import PLAN_MARGIN, kda_intermediates_device_bytes
+
+    kept = kda_intermediates_device_bytes(kernel_warmup.warmup_model_config(preset("tiny", vocab_size=16)), chunk=40,
+                                          windows=2)
+    assert kernel_warmup.warmup_bytes(shape(keep_kda_intermediates=True)) == need + int(PLAN_MARGIN * kept)
     assert start_kernel_warmup(shape(), torch.device("cuda", 0), run_bytes=10 << 30,
                                budget_bytes=(10 << 30) + need - 1) is None
 

@@ -342,7 +342,7 @@ def test_chunked_plan_above_the_h200_peaks_of_the_current_kernels():
 # record.json gives its command).
 CURRENT_FINETUNE_RUNS = [("base", "kept_attention_2026-12-03/finetune_ab/kept"),
                          ("base", "kept_attention_2026-12-03/finetune_curve_base_512k_s23"),
-                         ("small", "plan_step_time_2026-12-03/finetune_curve_small_512k_s24")]
+                         ("small", "kda_intermediates_2026-12-03/finetune_curve_small_512k_s25")]
 
 
 def test_step_time_estimate_within_10_percent_of_the_current_h200_finetune_steps():
@@ -363,12 +363,14 @@ def test_step_time_estimate_within_10_percent_of_the_current_h200_finetune_steps
 
 def test_step_time_estimate_within_10_percent_of_base_at_1m():
     """The same estimate at twice the length it was fitted at: `base`'s bare chunked step at 1M (16k chunks, no
-    optimizer step), the second of two (the first compiles the later chunks' variants)."""
+    optimizer step) as the strategy runs it there (KDA's intermediates kept), the last of four (the first compiles
+    the later chunks' variants)."""
     from genolc.train.measured import measured_utilisation
 
-    record = json.loads((RESULTS / "plan_step_time_2026-12-03" / "base_1M_16k_cdd75a6.json").read_text())
+    record = json.loads((RESULTS / "kda_intermediates_2026-12-03" / "base_1M_16k_e825408.json").read_text())
     timed = [row for row in record["steps"] if row["phase"] == "timed"]
-    assert record["model"] == "base" and [row["seq"] for row in timed] == ["1M", "1M"]
+    assert record["model"] == "base" and [row["seq"] for row in timed] == ["1M"] * 4
+    assert timed[-1]["kda_intermediates"] == "keep"
     config = preset("base")
     predicted = estimate_step_seconds(config, seq_len=1 << 20, tokens_per_step=1 << 20,
                                       mfu=measured_utilisation(config), forwards=2, indexer_passes=1)
