@@ -149,6 +149,10 @@ FAST_CHUNK = 32 * 1024
 # recompute against 26.7, 25.8, 25.9, 25.7 s in 32k chunks with it
 # (benchmarks/results/finetune_512k_chunks_2026-12-02/).
 FAST_UNRECOMPUTED_CHUNK = 16 * 1024
+# The longest chunk whose KDA layers keep fla's intermediates (one unsegmented fla call a chunk): measured at 16k, 32k
+# and 64k (benchmarks/results/kda_intermediates_2026-12-03/). A longer call's backward workspace grows with it, where
+# fla's 32k segments bound it, and no longer one was measured, so longer chunks stay segmented.
+KDA_KEEP_LONGEST_CHUNK = 64 * 1024
 # Allocator fragmentation and kernel workspaces on top of every estimate. An explicit --chunk may run inside it
 # (fits_within_margin), with a warning: `base` at 1M over 2 H200s ran in 32k chunks at 134.0 GiB a rank, planned
 # 142.6 with the margin and 129.6 without.

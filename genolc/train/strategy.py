@@ -19,9 +19,10 @@ kernel's OOM killer; a chunk the user chose runs, with a warning in its reason, 
 A chunked step on the GPU that keeps its first pass's DSA pools keeps that pass's sparse-attention forwards too, in host
 memory, so that its second pass runs only their backward (genolc/train/kept_attention.py), where they take at most half
 the host memory this process may use and the device has room for one chunk's more (two under per-layer recompute).
-Then, where the device has room for them, a chunked step on the GPU has fla keep its KDA intermediates from the second
-pass's forward for the backward instead of computing them again (genolc/model/ops/kda/fla.py): one KDA call per chunk,
-unsegmented, and one pass of fla's state kernel fewer (plan.py's ``kda_intermediates_device_bytes``).
+Then, where the device has room for them and its chunks are at most ``KDA_KEEP_LONGEST_CHUNK`` (64k, the longest
+measured), a chunked step on the GPU has fla keep its KDA intermediates from the second pass's forward for the backward
+instead of computing them again (genolc/model/ops/kda/fla.py): one KDA call per chunk, unsegmented, and one pass of
+fla's state kernel fewer (plan.py's ``kda_intermediates_device_bytes``).
 
 Under ``--cp N`` (:func:`choose_context_parallel_strategy`) the same choice is made per rank from
 estimate_context_parallel_memory: the rank's share of the window (or of each chunk) plus what the whole span adds.
@@ -43,11 +44,12 @@ from genolc.train.kept_attention import KeptAttention
 from genolc.train.loss import LossTerms, micro_batch_loss
 from genolc.train.measured import measured_utilisation
 from genolc.errors import ConfigError
-from genolc.train.plan import (FAST_CHUNK, FAST_UNRECOMPUTED_CHUNK, PLAN_MARGIN, SMALLEST_AUTO_CHUNK,
-                               OutOfMemoryPlanError, context_parallel_oom_error, estimate_chunked_memory,
-                               estimate_context_parallel_memory, estimate_memory, estimate_step_seconds,
-                               fits_within_margin, format_gib, kda_intermediates_device_bytes, kept_attention_bytes,
-                               kept_attention_device_bytes, largest_fitting_chunk, largest_fitting_context_parallel_chunk, oom_error)
+from genolc.train.plan import (FAST_CHUNK, FAST_UNRECOMPUTED_CHUNK, KDA_KEEP_LONGEST_CHUNK, PLAN_MARGIN,
+                               SMALLEST_AUTO_CHUNK, OutOfMemoryPlanError, context_parallel_oom_error,
+                               estimate_chunked_memory, estimate_context_parallel_memory, estimate_memory,
+                               estimate_step_seconds, fits_within_margin, format_gib, kda_intermediates_device_bytes,
+                               kept_attention_bytes, kept_attention_device_bytes, largest_fitting_chunk,
+                               largest_fitting_context_parallel_chunk, oom_error)
 from genolc.units import format_length
 
 
@@ -179,7 +181,7 @@ def _with_kept_attention(config: ModelConfig, strategy: StepStrategy, *, windows
 
 def _with_kda_intermediates(config: ModelConfig, strategy: StepStrategy, *, windows: int,
                             budget_bytes: int) -> StepStrategy:
-    if len(config.dsa_layers) == config.num_hidden_layers:
+    if len(config.dsa_layers) == config.num_hidden_layers or strategy.chunk > KDA_KEEP_LONGEST_CHUNK:
         return strategy
     extra = int(kda_intermediates_device_bytes(config, chunk=strategy.chunk, windows=windows,
                                                recompute=strategy.recompute) * PLAN_MARGIN)

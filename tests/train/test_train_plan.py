@@ -637,7 +637,7 @@ def test_kda_keeps_its_intermediates_where_the_device_has_room():
     """A chunked step on the GPU keeps fla's KDA intermediates for the backward where its plan has room for them:
     per KDA layer and token 14 W + H Dk Dv / 32 + 256 H bytes, every KDA layer of a chunk (one under per-layer
     recompute). `small` at 512k keeps them; `base` at 512k (planned 135.3 GiB of 139.8 with its DSA forwards kept)
-    has no room for 12.4 GiB more and says so; never on the CPU path or for the whole window."""
+    has no room for 12.4 GiB more and says so; never on the CPU path, for the whole window or for chunks over 64k."""
     from genolc.train.strategy import choose_strategy
 
     common = dict(windows=1, grad_accum=1, chunk=None, recompute=False, bf16=True, budget_bytes=int(139.8 * GIB),
@@ -663,6 +663,13 @@ def test_kda_keeps_its_intermediates_where_the_device_has_room():
     assert on_cpu.chunk is not None and not on_cpu.keep_kda_intermediates
     whole = choose_strategy(small, seq_len=1 << 14, fast_kernels=True, **common)
     assert whole.chunk is None and not whole.keep_kda_intermediates
+    # Chunks past the longest measured (64k) stay in fla's 32k segments, which bound its backward's workspace.
+    longer = choose_strategy(small, seq_len=1 << 19, fast_kernels=True, **{**common, "recompute": True})
+    assert longer.chunk == 256 * 1024 and not longer.keep_kda_intermediates
+    asked = choose_strategy(small, seq_len=1 << 19, fast_kernels=True, **{**common, "chunk": 32 * 1024})
+    assert asked.keep_kda_intermediates and asked.estimate_bytes == (
+        estimate_chunked_memory(small, seq_len=1 << 19, chunk=32 * 1024, fast_kernels=True).total
+        + _kept_on_device("small", 32 * 1024) + _kda_kept_on_device("small", 32 * 1024))
 
 
 def test_the_host_memory_a_process_may_page_lock(tmp_path, monkeypatch):
