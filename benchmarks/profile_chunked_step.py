@@ -322,8 +322,11 @@ def main() -> None:
     kept = {"off": None, "host": store}
     loss = dict(indexer=None if args.indexer == "off" else args.indexer, moe_balance=args.moe_balance,
                 kept_attention=kept[kept_modes[-1]], keep_kda_intermediates=kda_modes[-1] == "keep")
-    warmup = timed_step(model, parse_length(args.warmup_seq), min(chunks or [8192]), **loss)
-    save({"phase": "warm-up (compiles)", **warmup})
+    # One warm-up step per KDA mode: each mode's first step compiles fla kernels the other does not run.
+    for kda in dict.fromkeys(kda_modes[::-1]):
+        warmup = timed_step(model, parse_length(args.warmup_seq), min(chunks or [8192]),
+                            **{**loss, "keep_kda_intermediates": kda == "keep"})
+        save({"phase": "warm-up (compiles)", "kda_intermediates": kda, **warmup})
     for (length, chunk), mode, kda in ((row, mode, kda) for row in rows for mode in kept_modes for kda in kda_modes):
         try:
             save({"phase": "timed", "kept_attention": mode, "kda_intermediates": kda,

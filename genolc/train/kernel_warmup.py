@@ -121,7 +121,7 @@ def warmup_bytes(shape: WarmupShape) -> int:
                                        fast_kernels=True, fp32_streams=fp32_streams)
         if shape.keep_kda_intermediates:
             plan = dataclasses.replace(plan, total=plan.total + int(PLAN_MARGIN * kda_intermediates_device_bytes(
-                config, chunk=shape.chunk, windows=shape.micro_batch, recompute=shape.recompute)))
+                config, chunk=shape.chunk, windows=shape.micro_batch, bf16=shape.bf16, recompute=shape.recompute)))
     return plan.total - plan.optimizer + PROCESS_OVERHEAD_BYTES      # it steps no optimizer
 
 

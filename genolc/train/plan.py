@@ -86,10 +86,11 @@ The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk'
     KDA states        ceil(T / chunk) n_kda B H Dk Dv * 4   one per chunk boundary
 
 and, where the step strategy adds them (genolc/train/strategy.py: where they fit), the DSA forwards of one more chunk
-(``kept_attention_device_bytes``) and fla's KDA intermediates kept for the backward, ``B chunk n_kda (14 W +
-H Dk Dv / 32 + 256 H)`` (one KDA layer's under recompute; ``kda_intermediates_device_bytes``). Measured on the H200
-(benchmarks/results/kda_intermediates_2026-12-03/): +11.28 GiB at `small`'s 64k chunks (11.25 planned before the
-margin), +10.12 at `base`'s 32k (11.25) and +5.07 at its 16k (5.63).
+(``kept_attention_device_bytes``) and fla's KDA intermediates kept for the backward, ``B chunk n_kda ((5 a + 4) W +
+a H Dk Dv / 64)``, plus ``(128 a + 8) H`` a token in chunks longer than a KDA segment (32k) (one KDA layer's under
+recompute; ``kda_intermediates_device_bytes``). Measured on the H200 (benchmarks/results/kda_intermediates_2026-12-03/):
++11.28 GiB at `small`'s 64k chunks (11.29 planned before the margin), +10.12 at `base`'s 32k (10.13) and +5.07 at
+its 16k (5.06).
 
 A context-parallel rank (``--cp N``, genolc/parallel) holds its share ``s = ceil(S / N)`` of each span (the window,
 or one chunk of ``S`` tokens under the chunked step) and is planned as one process with a window (or chunk) of ``s``
@@ -354,18 +355,24 @@ def kept_attention_device_bytes(config: ModelConfig, *, chunk: int, windows: int
     return (2 if recompute else 1) * kept_attention_bytes(config, chunk * windows, bf16)
 
 
-def kda_intermediates_device_bytes(config: ModelConfig, *, chunk: int, windows: int = 1,
+def kda_intermediates_device_bytes(config: ModelConfig, *, chunk: int, windows: int = 1, bf16: bool = True,
                                    recompute: bool = False) -> int:
     """What a chunked step adds to the device peak when fla keeps KDA's intermediates for backward instead of
-    computing them again there (genolc/model/ops/kda/fla.py, ``keep_intermediates``), per token and KDA layer: bf16
-    ``w``, ``u``, gated q and k and corrected values (10 W), the fp32 decay sum (4 W), bf16 states every 64 tokens
-    (H Dk Dv / 32), and fla's two bf16 64-wide intra-chunk matrices (256 H), which a chunk longer than a KDA segment
-    did not keep before. Every KDA layer of the chunk holds them until its backward; under per-layer recompute only
-    the replayed layer does."""
+    computing them again there (genolc/model/ops/kda/fla.py, ``keep_intermediates``), per token and KDA layer, with
+    ``a`` bytes per value of the compute dtype (2 under bf16): ``w``, ``u``, the gated q and k and the corrected
+    values (5 a W), the fp32 decay sum (4 W), the states every 64 tokens (a H Dk Dv / 64); for a chunk longer than a
+    KDA segment (which ran segment-wise and saved only its inputs before) also fla's two 64-wide intra-chunk matrices
+    (128 a H) and q's and k's fp32 norms (8 H). Every KDA layer of the chunk holds them until its backward; under
+    per-layer recompute only the replayed layer does."""
+    from genolc.model.ops.kda.fla import DEFAULT_SEGMENT_LEN
+
     c = config
+    a = 2 if bf16 else 4
     heads, dim = c.linear_num_heads, c.linear_head_dim
     width = heads * dim
-    per_token = 14 * width + heads * dim * dim // 32 + 256 * heads
+    per_token = (5 * a + 4) * width + a * heads * dim * dim // 64
+    if chunk > DEFAULT_SEGMENT_LEN:
+        per_token += (128 * a + 8) * heads
     layers = 1 if recompute else c.num_hidden_layers - len(c.dsa_layers)
     return chunk * windows * layers * per_token
 

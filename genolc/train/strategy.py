@@ -151,7 +151,7 @@ def choose_strategy(model_config: ModelConfig, *, seq_len: int, windows: int, gr
     if strategy.keep_selections and model_config.dsa_layers:
         strategy = _with_kept_attention(model_config, strategy, windows=windows, bf16=bf16,
                                         budget_bytes=budget_bytes, host_free_bytes=host_free_bytes)
-    return _with_kda_intermediates(model_config, strategy, windows=windows, budget_bytes=budget_bytes)
+    return _with_kda_intermediates(model_config, strategy, windows=windows, bf16=bf16, budget_bytes=budget_bytes)
 
 
 # At most this share of the host memory free when training starts goes to the kept DSA forwards: the data, the
@@ -179,11 +179,15 @@ def _with_kept_attention(config: ModelConfig, strategy: StepStrategy, *, windows
         f"({format_gib(host)} GiB)"))
 
 
-def _with_kda_intermediates(config: ModelConfig, strategy: StepStrategy, *, windows: int,
+def _with_kda_intermediates(config: ModelConfig, strategy: StepStrategy, *, windows: int, bf16: bool,
                             budget_bytes: int) -> StepStrategy:
-    if len(config.dsa_layers) == config.num_hidden_layers or strategy.chunk > KDA_KEEP_LONGEST_CHUNK:
+    if len(config.dsa_layers) == config.num_hidden_layers:
         return strategy
-    extra = int(kda_intermediates_device_bytes(config, chunk=strategy.chunk, windows=windows,
+    if strategy.chunk > KDA_KEEP_LONGEST_CHUNK:
+        return replace(strategy, reason=(
+            f"{strategy.reason}; KDA's backward computes its intermediates again (they are kept only in chunks of "
+            f"up to {format_length(KDA_KEEP_LONGEST_CHUNK)}, the longest measured)"))
+    extra = int(kda_intermediates_device_bytes(config, chunk=strategy.chunk, windows=windows, bf16=bf16,
                                                recompute=strategy.recompute) * PLAN_MARGIN)
     estimate = strategy.estimate_bytes + extra
     if estimate > budget_bytes:

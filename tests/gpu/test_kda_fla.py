@@ -126,26 +126,38 @@ def test_gate_in_kernel_matches_reference(length, segment_len, safe_gate, lower_
 
 # keep_intermediates: fla keeps w, u, the gated q and k, the corrected values, the decay sum and the chunk states from
 # the forward (its disable_recompute) instead of computing them again in backward; the layer's gate in the kernel,
-# as the chunked step runs it. One unsegmented call whatever segment_len; the segmented run's replays keep them too.
-@pytest.mark.parametrize("length, segment_len", [(2053, None), (40001, 16384)])
-def test_kept_intermediates_give_the_recomputed_results(length, segment_len, poison, rel_err):
+# through dispatch as the layer calls it. One unsegmented call, also past the default 32k segment; a segmented run's
+# replays keep them too.
+@pytest.mark.parametrize("length", [2053, 40001])
+def test_kept_intermediates_give_the_recomputed_results(length, poison, rel_err, monkeypatch):
+    from genolc.model.ops import dispatch
+
     q, k, v, _, beta, state = _inputs(1, length, 12, 128, seed=60 + length, with_state=True)
     raw, A_log, dt_bias = _gate_inputs(length, seed=61 + length)
     leaves = [q, k, v, raw, beta, state, A_log, dt_bias]
     d_out, d_final = _cotangents(1, length)
+    fla_op, asked = kda_fla._fla_chunk_kda(), []
 
-    def run(**kwargs):
+    def spy(*args, **kwargs):
+        asked.append(kwargs["disable_recompute"])
+        return fla_op(*args, **kwargs)
+
+    monkeypatch.setattr(kda_fla, "_fla_chunk_kda", lambda: spy)
+
+    def run(op, **kwargs):
         q, k, v, raw, beta, state, A_log, dt_bias = leaves
-        out, final = kda_fla.chunk_kda(q, k, v, raw, beta, initial_state=state, output_final_state=True,
-                                       use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
-                                       dt_bias=dt_bias, lower_bound=-5.0, **kwargs)
+        out, final = op(q, k, v, raw, beta, initial_state=state, output_final_state=True,
+                        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                        lower_bound=-5.0, **kwargs)
         loss = (out.float() * d_out).sum() + (final * d_final).sum()
         return out, final, torch.autograd.grad(loss, leaves)
 
-    recomputed = run(segment_len=None)
+    recomputed = run(kda_fla.chunk_kda, segment_len=None)
     poison()
-    kept = run(segment_len=segment_len, keep_intermediates=True)
-    segmented = run(segment_len=max(1000, length // 3))
+    kept = run(dispatch.chunk_kda, keep_intermediates=True)
+    assert asked == [False, True]
+    segmented = run(kda_fla.chunk_kda, segment_len=max(1000, length // 3))
+    assert asked[2:] == [False] * 3 + [True] * 3       # three segments without grad, their replays keeping
     assert rel_err(kept[0], recomputed[0]) < 1e-6 and rel_err(kept[1], recomputed[1]) < 1e-6
     for name, mine, theirs in zip("q k v raw beta h0 A_log dt_bias".split(), kept[2], recomputed[2]):
         assert rel_err(mine, theirs) < 1e-6, name

@@ -78,6 +78,25 @@ def test_the_replay_in_backward_keeps_the_kernels_intermediates():
     assert calls[3:] == [(True, True)] * 3
 
 
+def test_fla_is_asked_to_keep_its_intermediates_only_under_grad(monkeypatch):
+    """fla_kda hands fla ``disable_recompute=True`` for ``keep_intermediates`` when grad is on, else False."""
+    from genolc.model.ops.kda import fla as kda_fla
+
+    asked = []
+
+    def fake_fla(q, k, v, g, beta, **kwargs):
+        asked.append(kwargs["disable_recompute"])
+        return v.clone(), None
+
+    monkeypatch.setattr(kda_fla, "_fla_chunk_kda", lambda: fake_fla)
+    q, k, v, g, beta = _inputs(2, False)
+    kda_fla.fla_kda(q, k, v, g, beta, 0.4, None, False, True, keep_intermediates=True)
+    with torch.no_grad():
+        kda_fla.fla_kda(q, k, v, g, beta, 0.4, None, False, True, keep_intermediates=True)
+    kda_fla.fla_kda(q, k, v, g, beta, 0.4, None, False, True)
+    assert asked == [True, False, False]
+
+
 @pytest.mark.parametrize("segment_len", [1, 10, 16, 36, LENGTH, 64])
 @pytest.mark.parametrize("with_state, output_final_state", [(True, True), (False, True), (True, False),
                                                             (False, False)])

@@ -163,7 +163,8 @@ def test_the_second_pass_runs_only_the_kept_forwards_backward(dna_window, one_th
                                  kept_attention=store)
 
 
-def test_the_second_pass_asks_kda_to_keep_its_intermediates(dna_window, one_thread):
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_second_pass_asks_kda_to_keep_its_intermediates(dna_window, one_thread, recompute):
     """``keep_kda_intermediates``: every KDA call of the second pass (and of its per-layer replay) asks the op to keep
     its intermediates, no call of the first pass does, and ops are not asked at all without it (so ops without the
     option serve). The CPU reference keeps what autograd needs either way: the gradients are those of the step
@@ -171,7 +172,7 @@ def test_the_second_pass_asks_kda_to_keep_its_intermediates(dna_window, one_thre
     ids, weights = dna_window
     terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.0, indexer_kl_coef=1.0,
                       indexer_mode=None)
-    model = _model(True)
+    model = _model(recompute)
     layers = [m for m in model.modules() if hasattr(m, "kda_op")]
     calls = []
     for layer in layers:
@@ -187,9 +188,10 @@ def test_the_second_pass_asks_kda_to_keep_its_intermediates(dna_window, one_thre
     calls.clear()
     chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, keep_kda_intermediates=True)
     chunks = len(chunk_bounds(WINDOW, 1000))
-    # The first pass without grad; the second pass under checkpoint and its replay, both with grad.
+    # The first pass without grad; the second pass (under recompute: its checkpointed forward and the replay).
+    second = (2 if recompute else 1) * chunks * len(layers)
     assert calls.count((False, None)) == chunks * len(layers)
-    assert calls.count((True, True)) == 2 * chunks * len(layers) and len(calls) == 3 * chunks * len(layers)
+    assert calls.count((True, True)) == second and len(calls) == chunks * len(layers) + second
     for name, grad in _grads(model).items():
         assert torch.equal(grad, expected[name]), name
 

@@ -111,7 +111,7 @@ def test_no_warmup_when_it_and_the_run_do_not_fit_together(tmp_path, monkeypatch
     from genolc.train.plan import PLAN_MARGIN, kda_intermediates_device_bytes
 
     kept = kda_intermediates_device_bytes(kernel_warmup.warmup_model_config(preset("tiny", vocab_size=16)), chunk=40,
-                                          windows=2)
+                                          windows=2, bf16=False)
     assert kernel_warmup.warmup_bytes(shape(keep_kda_intermediates=True)) == need + int(PLAN_MARGIN * kept)
     assert start_kernel_warmup(shape(), torch.device("cuda", 0), run_bytes=10 << 30,
                                budget_bytes=(10 << 30) + need - 1) is None

@@ -635,18 +635,25 @@ def test_the_dsa_forwards_are_kept_in_host_memory_where_it_has_room():
 
 def test_kda_keeps_its_intermediates_where_the_device_has_room():
     """A chunked step on the GPU keeps fla's KDA intermediates for the backward where its plan has room for them:
-    per KDA layer and token 14 W + H Dk Dv / 32 + 256 H bytes, every KDA layer of a chunk (one under per-layer
-    recompute). `small` at 512k keeps them; `base` at 512k (planned 135.3 GiB of 139.8 with its DSA forwards kept)
-    has no room for 12.4 GiB more and says so; never on the CPU path, for the whole window or for chunks over 64k."""
+    per KDA layer and token (5 a + 4) W + a H Dk Dv / 64 bytes, (128 a + 8) H more in chunks over a KDA segment
+    (32k), every KDA layer of a chunk (one under per-layer recompute); the H200 measured +11.28 GiB at `small`'s 64k
+    chunks, +10.12 at `base`'s 32k and +5.07 at its 16k (benchmarks/results/kda_intermediates_2026-12-03/). `small`
+    at 512k keeps them; `base` at 512k (planned 135.3 GiB of 139.8 with its DSA forwards kept) has no room for
+    11.1 GiB more and says so; never on the CPU path, for the whole window or for chunks over 64k."""
     from genolc.train.strategy import choose_strategy
 
     common = dict(windows=1, grad_accum=1, chunk=None, recompute=False, bf16=True, budget_bytes=int(139.8 * GIB),
                   multiple=64, where="test", auto_recompute=True)
     small = preset("small")
-    width = small.linear_num_heads * small.linear_head_dim
-    per_token = 14 * width + small.linear_num_heads * small.linear_head_dim ** 2 // 32 + 256 * small.linear_num_heads
+    gib = {(name, chunk): kda_intermediates_device_bytes(preset(name), chunk=chunk) / GIB
+           for name, chunk in (("small", 65536), ("base", 32768), ("base", 16384))}
+    assert gib == pytest.approx({("small", 65536): 11.28, ("base", 32768): 10.12, ("base", 16384): 5.07}, abs=0.02)
+    per_token = kda_intermediates_device_bytes(small, chunk=1000) // (1000 * 9)
     assert kda_intermediates_device_bytes(small, chunk=1000, windows=2) == 2000 * 9 * per_token
     assert kda_intermediates_device_bytes(small, chunk=1000, recompute=True) == 1000 * per_token
+    # fp32 compute: fla keeps them in q's dtype, all but the fp32 decay sum twice as wide.
+    width = small.linear_num_heads * small.linear_head_dim
+    assert kda_intermediates_device_bytes(small, chunk=1000, bf16=False) // (1000 * 9) == 2 * per_token - 4 * width
     assert kda_intermediates_device_bytes(small.replace(layer_types=("indexed_attention",) * 12), chunk=1000) == 0
     kept = choose_strategy(preset("small"), seq_len=1 << 19, fast_kernels=True, **common)
     assert kept.chunk == 64 * 1024 and kept.keep_attention and kept.keep_kda_intermediates
@@ -666,6 +673,7 @@ def test_kda_keeps_its_intermediates_where_the_device_has_room():
     # Chunks past the longest measured (64k) stay in fla's 32k segments, which bound its backward's workspace.
     longer = choose_strategy(small, seq_len=1 << 19, fast_kernels=True, **{**common, "recompute": True})
     assert longer.chunk == 256 * 1024 and not longer.keep_kda_intermediates
+    assert "kept only in chunks of up to 64k" in longer.describe()
     asked = choose_strategy(small, seq_len=1 << 19, fast_kernels=True, **{**common, "chunk": 32 * 1024})
     assert asked.keep_kda_intermediates and asked.estimate_bytes == (
         estimate_chunked_memory(small, seq_len=1 << 19, chunk=32 * 1024, fast_kernels=True).total

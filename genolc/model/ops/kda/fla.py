@@ -30,10 +30,13 @@ sum, the WY factors ``w, u``, the gated ``q`` and ``k``, the corrected values an
 from the saved inputs (its ``disable_recompute=False``). A segment's replay in backward keeps them from the replay's
 forward instead (fla's ``disable_recompute=True``): its backward follows at once, so the same tensors live over
 about the same span, and one pass of fla's state kernel is saved per segment. ``chunk_kda(..., keep_intermediates=
-True)`` asks for the same of a whole call: one unsegmented fla call that keeps them until its backward, about
-``14 W + H Dk Dv / 32`` bytes a token more (W = H Dk: bf16 w, u, gated q and k, corrected values, the fp32 decay
-sum, bf16 states every 64 tokens), for a caller that has planned that memory (the chunked training step,
-genolc/train/strategy.py). Without grad nothing is kept and fla runs as by default.
+True)`` asks for the same of a whole call under grad: one unsegmented fla call that keeps them until its backward,
+``(5 a + 4) W + a H Dk Dv / 64`` bytes a token more (W = H Dk, ``a`` bytes per value of q's dtype: w, u, the gated
+q and k, the corrected values, the fp32 decay sum, the states every 64 tokens), and where the call is longer than
+a segment also what fla saves beyond a segment's inputs (its intra-chunk matrices and q's and k's norms), for a
+caller that has planned that memory (the chunked training step: genolc/train/plan.py's
+``kda_intermediates_device_bytes``, genolc/train/strategy.py). Without grad nothing is kept and the call is
+segmented as by default.
 
 Before fla is first imported, fla is pointed at the kernel configs genolc ships for this GPU
 (genolc/model/ops/kda/fla_tuning.py), so a new machine's first step compiles one config per kernel instead of
@@ -292,8 +295,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     it is allowed (gate in the kernel, lower bound in ``SAFE_GATE_BOUNDS``; see the module notes).
     ``chunk_size`` must be 64 (fla's chunk; accepted for signature compatibility). ``segment_len``: tokens per
     segment; None runs fla unsegmented (its own autograd, memory O(T) in fla's saved workspace).
-    ``keep_intermediates``: one unsegmented call whatever ``segment_len``, keeping what fla's backward would
-    recompute (module notes: about ``14 W + H Dk Dv / 32`` bytes a token more until the backward).
+    ``keep_intermediates``: under grad, one unsegmented call whatever ``segment_len``, keeping what fla's backward
+    would recompute until the backward (module notes: the bytes it adds); without grad it changes nothing.
     """
     if chunk_size != 64:
         raise ValueError(f"the fla KDA kernels use chunk_size 64; got {chunk_size}")
@@ -303,6 +306,7 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     gate = resolve_gate(q, use_gate_in_kernel, A_log, dt_bias, lower_bound, safe_gate)
     check_kernel_inputs(q, k, v, g, beta, initial_state, gate)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    keep_intermediates = keep_intermediates and torch.is_grad_enabled()
     if keep_intermediates or segment_len is None or q.shape[1] <= segment_len:
         out, final_state = fla_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
                                    use_qk_l2norm_in_kernel, gate, keep_intermediates)
