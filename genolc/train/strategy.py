@@ -169,14 +169,10 @@ def _with_kept_attention(config: ModelConfig, strategy: StepStrategy, *, windows
             "GiB free"))
     extra = int(kept_attention_device_bytes(config, chunk=strategy.chunk, windows=windows, bf16=bf16,
                                             recompute=strategy.recompute) * PLAN_MARGIN)
-    estimate = strategy.estimate_bytes + extra
-    if estimate > budget_bytes:
-        return replace(strategy, reason=(
-            f"{strategy.reason}; the DSA forwards are computed again in the second pass: keeping them would need "
-            f"{format_gib(extra)} GiB more of the device"))
-    return replace(strategy, kept_attention_bytes=host, estimate_bytes=estimate, reason=(
-        f"{strategy.reason}; the first pass's DSA forwards wait in host memory for the second "
-        f"({format_gib(host)} GiB)"))
+    return _where_the_device_has_room(
+        strategy, extra, budget_bytes, refused="the DSA forwards are computed again in the second pass",
+        kept=f"the first pass's DSA forwards wait in host memory for the second ({format_gib(host)} GiB)",
+        kept_attention_bytes=host)
 
 
 def _with_kda_intermediates(config: ModelConfig, strategy: StepStrategy, *, windows: int, bf16: bool,
@@ -189,13 +185,20 @@ def _with_kda_intermediates(config: ModelConfig, strategy: StepStrategy, *, wind
             f"up to {format_length(KDA_KEEP_LONGEST_CHUNK)}, the longest measured)"))
     extra = int(kda_intermediates_device_bytes(config, chunk=strategy.chunk, windows=windows, bf16=bf16,
                                                recompute=strategy.recompute) * PLAN_MARGIN)
+    return _where_the_device_has_room(
+        strategy, extra, budget_bytes, refused="KDA's backward computes its intermediates again",
+        kept=f"KDA keeps its intermediates for the backward ({format_gib(extra)} GiB)", keep_kda_intermediates=True)
+
+
+def _where_the_device_has_room(strategy: StepStrategy, extra: int, budget_bytes: int, *, refused: str, kept: str,
+                               **changes) -> StepStrategy:
+    """``strategy`` with ``changes`` and ``extra`` bytes more in its estimate where that fits ``budget_bytes`` (its
+    reason then adds ``kept``), else only its reason changed: ``refused``, and what keeping would need."""
     estimate = strategy.estimate_bytes + extra
     if estimate > budget_bytes:
-        return replace(strategy, reason=(
-            f"{strategy.reason}; KDA's backward computes its intermediates again: keeping them would need "
-            f"{format_gib(extra)} GiB more of the device"))
-    return replace(strategy, keep_kda_intermediates=True, estimate_bytes=estimate, reason=(
-        f"{strategy.reason}; KDA keeps its intermediates for the backward ({format_gib(extra)} GiB)"))
+        return replace(strategy, reason=(f"{strategy.reason}; {refused}: keeping them would need {format_gib(extra)} "
+                                         "GiB more of the device"))
+    return replace(strategy, estimate_bytes=estimate, reason=f"{strategy.reason}; {kept}", **changes)
 
 
 def choose_chunking(model_config: ModelConfig, *, seq_len: int, windows: int, grad_accum: int, chunk: int | None,
