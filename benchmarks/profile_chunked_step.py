@@ -323,7 +323,7 @@ def main() -> None:
     loss = dict(indexer=None if args.indexer == "off" else args.indexer, moe_balance=args.moe_balance,
                 kept_attention=kept[kept_modes[-1]], keep_kda_intermediates=kda_modes[-1] == "keep")
     # One warm-up step per KDA mode: each mode's first step compiles fla kernels the other does not run.
-    for kda in dict.fromkeys(kda_modes[::-1]):
+    for kda in dict.fromkeys(kda_modes):
         warmup = timed_step(model, parse_length(args.warmup_seq), min(chunks or [8192]),
                             **{**loss, "keep_kda_intermediates": kda == "keep"})
         save({"phase": "warm-up (compiles)", "kda_intermediates": kda, **warmup})
