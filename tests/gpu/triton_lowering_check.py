@@ -1,11 +1,12 @@
 """PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_lowering_check.py
 
 Compiles genolc's routed-experts glue kernels (genolc/model/ops/moe/triton.py), mHC mixing kernels
-(genolc/model/ops/mhc/triton.py) and DSA Triton pair (genolc/model/ops/dsa/triton.py) for sm_90 on a machine
-without a GPU, with the dtypes, block sizes and divisibility the ops launch them with, through Triton's own
-pipeline and its bundled ``ptxas -v``: it catches what fails to build before a device call is spent on it, prints
-each kernel's registers and spill bytes, and checks that the SwiGLU kernels' clamps compile to NaN-propagating
-min/max (``.NaN`` in the PTX), as torch's clamp propagates NaN.
+(genolc/model/ops/mhc/triton.py), DSA Triton pair (genolc/model/ops/dsa/triton.py) and the indexer's scoring and
+top-k kernels (genolc/model/ops/indexer/) for sm_90 on a machine without a GPU, with the dtypes, block sizes and
+divisibility the ops launch them with, through Triton's own pipeline and its bundled ``ptxas -v``: it catches what
+fails to build before a device call is spent on it, prints each kernel's registers and spill bytes, and checks that
+the SwiGLU kernels' clamps compile to NaN-propagating min/max (``.NaN`` in the PTX), as torch's clamp propagates
+NaN.
 
 It also reads each kernel's loops in the TTGIR for a shared-memory buffer that an asynchronous wgmma reads and
 that the loop writes while that wgmma may still be running (:func:`refill_races`). The mHC forward with fp32
@@ -17,7 +18,8 @@ Exit status 0 when all build, the clamps keep NaN and no launched kernel has suc
 not failed. (2026-12-02, Triton 3.6.0, ptxas 12.8: the SwiGLU forward 96 registers and 8 bytes spilled, its
 backward 190, the combine 191, the gather's backward 99, the combine's backward 192; the mHC forward 246 with one
 stage (190 at three, 255 at three or four with the tile in registers), its backward 255, with bf16 streams 221
-and 202; the DSA Triton forward 128 and 28 bytes spilled, its backward 164; no other spill.)
+and 202; the DSA Triton forward 128 and 28 bytes spilled, its backward 164; no other spill. 2026-12-03: the
+indexer's scoring kernel 255 and 2,568 bytes spilled with its head loop unrolled, 255 and none rolled.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -43,7 +45,7 @@ from genolc.model.ops.moe import triton as moe
 ARCH = 90
 BLOCKS = {"ROWS": moe.ROWS, "COLUMNS": moe.COLUMNS}
 INTS = ("n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len", "first_query", "kpool",
-        "keep")
+        "keep", "q0", "n_queries", "n_pools")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
 
@@ -143,8 +145,10 @@ def dsa_builds() -> dict[str, Build]:
 
 
 def topk_builds() -> dict[str, Build]:
-    """The indexer's top-k kernels as triton_topk.top_pools launches them for 512 pools a row (`small` and
-    `base`), into an int32 output."""
+    """The indexer's scoring kernel as triton.pool_score_block launches it for both presets' indexer (8 heads x 64
+    dims, bf16), and its top-k kernels as triton_topk.top_pools launches them for 512 pools a row, into an int32
+    output."""
+    from genolc.model.ops.indexer import triton as indexer
     from genolc.model.ops.indexer import triton_topk
     from genolc.model.ops.indexer import triton_topk_kernel as kernels
 
@@ -152,6 +156,10 @@ def topk_builds() -> dict[str, Build]:
     i32 = "*i32"
     common = {"floors_ptr": i32, "counts_ptr": i32}
     return {
+        "indexer scores": Build(indexer._score_kernel(), {"q_ptr": BF16, "w_ptr": "*fp32", "pooled_ptr": BF16,
+                                                          "out_ptr": "*fp32"},
+                                {"HEADS": 8, "DIM": 64, "BLOCK_D": 64, "BLOCK_M": indexer.BLOCK_QUERIES,
+                                 "BLOCK_N": indexer.BLOCK_POOLS, "IEEE": False}),
         "top-k group tops": Build(kernels.group_tops_kernel, {"scores_ptr": "*fp32", "tops_ptr": i32},
                                   {"GROUPS": shape.groups, "GROUP_ROWS": shape.group_rows, "SEGMENT": shape.segment},
                                   warps=shape.warps),

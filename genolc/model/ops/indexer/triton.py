@@ -94,7 +94,9 @@ def _score_kernel():
         if first_col < last_visible:
             keys = tl.load(pooled_ptr + cols[None, :] * stride_pp + dims[:, None],
                            mask=col_ok[None, :] & (dims[:, None] < DIM), other=0.0)     # [D, N]
-            for head in tl.static_range(HEADS):
+            # A rolled loop: unrolled (tl.static_range), the eight heads' query tiles were all loaded up front and
+            # the kernel spilled 2.5 KB a thread at 64 x 128 tiles (tests/gpu/triton_lowering_check.py).
+            for head in range(HEADS):
                 queries = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
                                   mask=row_ok[:, None] & (dims[None, :] < DIM), other=0.0)  # [M, D]
                 if IEEE:
@@ -111,20 +113,24 @@ def _score_kernel():
 
 
 def pool_score_block(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, q0: int,
-                     softmax_scale: float, kpool: int, out: torch.Tensor) -> torch.Tensor:
+                     softmax_scale: float, kpool: int, out: torch.Tensor, *, block_queries: int = BLOCK_QUERIES,
+                     block_pools: int = BLOCK_POOLS, warps: int = 4, stages: int = 3) -> torch.Tensor:
     """Masked scores of one batch row's query chunk: index_q ``[Cq, H, D]``, head_weights ``[Cq, H]``,
-    pooled ``[P, D]`` (the visible pools) -> fills and returns ``out [Cq, P]`` fp32 (-inf for non-causal pools)."""
+    pooled ``[P, D]`` (the visible pools) -> fills and returns ``out [Cq, P]`` fp32 (-inf for non-causal pools).
+    ``block_queries``, ``block_pools``, ``warps``, ``stages``: other launch shapes (powers of two, for
+    benchmarks/bench_indexer_topk.py's ``--score-sweep``)."""
     import triton
 
     n_queries, heads, dim = index_q.shape
     n_pools = pooled.shape[0]
     check_kernel_inputs(index_q, head_weights, pooled)
-    grid = (triton.cdiv(n_queries, BLOCK_QUERIES), triton.cdiv(n_pools, BLOCK_POOLS))
+    grid = (triton.cdiv(n_queries, block_queries), triton.cdiv(n_pools, block_pools))
     _score_kernel()[grid](
         index_q, head_weights, pooled, out, q0, n_queries, n_pools, kpool, softmax_scale,
         index_q.stride(0), index_q.stride(1), head_weights.stride(0), pooled.stride(0), out.stride(0),
-        HEADS=heads, DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_M=BLOCK_QUERIES,
-        BLOCK_N=BLOCK_POOLS, IEEE=index_q.dtype == torch.float32, num_warps=4)
+        HEADS=heads, DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_M=block_queries,
+        BLOCK_N=block_pools, IEEE=index_q.dtype == torch.float32, num_warps=warps,
+        num_stages=stages)
     return out
 
 
