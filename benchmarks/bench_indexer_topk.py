@@ -30,6 +30,8 @@ SWEEP = [dict(segment=s, block=b, tile=t, warps=w) for s, b, t, w in
          [(8192, 1024, 4096, 4), (32768, 1024, 4096, 4), (16384, 2048, 4096, 4), (16384, 4096, 4096, 4),
           (16384, 4096, 4096, 8), (16384, 1024, 8192, 8), (32768, 4096, 8192, 8), (65536, 4096, 8192, 8)]]
 SWEEP += [dict(select_warps=16), dict(select_warps=4)]
+# Half as many groups: the floor's 2 G tops are then exactly keep, so the floor is their lowest (before 2026-12-03).
+SWEEP += [dict(groups=KEEP // 2)]
 SCORE_TILES = [dict(block_queries=m, block_pools=n, warps=w, stages=st) for m, n, w, st in
                [(64, 128, 4, 2), (64, 128, 4, 1), (64, 128, 8, 3), (64, 256, 8, 3), (64, 256, 8, 2), (128, 128, 8, 3),
                 (32, 128, 4, 3), (64, 64, 4, 3)]]

@@ -9,8 +9,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 from genolc.model.ops.indexer import layout, reference, triton as indexer_triton  # noqa: E402
-from genolc.model.ops.indexer.triton_topk import top_pools  # noqa: E402
-from top_pools_check import score_blocks, top_pools_problems  # noqa: E402
+from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools  # noqa: E402
+from top_pools_check import overflow_problems, score_blocks, top_pools_problems  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -81,12 +81,14 @@ def test_int32_output_and_small_query_chunk():
     (16, 40000, 39990, 1, 100),            # keep not a power of two, kpool 1
 ])
 def test_top_pools_kernel(rows, cols, first_query, kpool, keep):
+    buffers = TopPoolsBuffers.allocate(rows, cols, keep, torch.device("cuda"))
     for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cuda").items():
         for dtype in (torch.int32, torch.int64):
             out = torch.full((rows, keep), 7, dtype=dtype, device="cuda")
-            top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out)
+            top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out, buffers=buffers)
             problems = top_pools_problems(scores.cpu(), out.cpu(), first_query=first_query, kpool=kpool, keep=keep)
-            assert problems == [], (name, dtype)
+            problems += overflow_problems(name, scores, buffers, first_query=first_query, kpool=kpool, keep=keep)
+            assert problems == [], (name, dtype, problems)
 
 
 def test_fused_topk_selects_as_torch_topk():

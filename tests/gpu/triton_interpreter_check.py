@@ -41,8 +41,8 @@ from genolc.model.ops.mhc import reference as mhc_reference  # noqa: E402
 from genolc.model.ops.mhc import triton as mhc_triton  # noqa: E402
 from genolc.model.ops.moe import op as moe_op  # noqa: E402
 from genolc.model.ops.moe import triton as moe_triton  # noqa: E402
-from genolc.model.ops.indexer.triton_topk import top_pools  # noqa: E402
-from top_pools_check import score_blocks, top_pools_problems  # noqa: E402
+from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools  # noqa: E402
+from top_pools_check import overflow_problems, score_blocks, top_pools_problems  # noqa: E402
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -178,12 +178,15 @@ def check_dsa(batch, length, heads, rank, topk, kpool, index_dtype, strided_indi
 def check_top_pools(rows, cols, first_query, kpool, keep) -> list[str]:
     """The top-k kernel on each kind of score block of top_pools_check.py, int32 and int64 output."""
     problems = []
+    buffers = TopPoolsBuffers.allocate(rows, cols, keep, torch.device("cpu"))
     for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cpu").items():
         for dtype in (torch.int32, torch.int64):
             out = torch.empty(rows, keep, dtype=dtype)
-            top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out)
+            top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out, buffers=buffers)
             problems += [f"{name} {dtype}: {p}" for p in top_pools_problems(scores, out, first_query=first_query,
                                                                              kpool=kpool, keep=keep)]
+            problems += [f"{dtype}: {p}" for p in overflow_problems(name, scores, buffers, first_query=first_query,
+                                                                    kpool=kpool, keep=keep)]
     return problems
 
 

@@ -12,12 +12,13 @@ from genolc.model.ops.indexer import reference, triton_topk
 
 @pytest.mark.parametrize("keep", [1, 2, 7, 16, 48, 100, 512, 513, 2048])
 def test_top_pools_launch_shape_keeps_its_floor_guarantee(keep):
-    # The floor (lowest of G groups' second-best scores) has >= 2 G >= keep scores at or above it; the output
-    # block covers keep; the candidate slots hold every score of a row too short to fill two per group; a
-    # segment is whole tiles of whole group rows (a pool's group is its id mod G in every segment).
+    # The floor (the keep-th largest of G groups' two best scores) needs 2 G >= keep of them, and G at or above
+    # keep makes it tight; the output block covers keep; the candidate slots hold every score of a row too short
+    # to fill two per group; a segment is whole tiles of whole group rows (a pool's group is its id mod G in every
+    # segment).
     shape = triton_topk.launch_shape(keep)
     assert shape.keep_block >= keep and shape.keep_block & (shape.keep_block - 1) == 0 and shape.keep_block < 2 * keep
-    assert 2 * shape.groups >= keep and shape.groups & (shape.groups - 1) == 0
+    assert shape.groups >= keep and shape.groups & (shape.groups - 1) == 0
     assert shape.cap >= 2 * shape.groups and shape.cap >= triton_topk.CAP_PER_KEPT * keep
     assert shape.cap % triton_topk.BLOCK == 0 and shape.group_rows & (shape.group_rows - 1) == 0
     assert shape.segment % (shape.group_rows * shape.groups) == 0 and shape.segment % triton_topk.BLOCK == 0
@@ -42,6 +43,10 @@ def test_top_pools_refuses_what_the_kernel_cannot_take():
                               buffers=triton_topk.TopPoolsBuffers.allocate(4, 64, 8, torch.device("meta")))
     with pytest.raises(ValueError, match="keep must be positive"):
         triton_topk.launch_shape(0)
+    with pytest.raises(ValueError, match=r"2 \* groups >= keep \(512\)"):
+        triton_topk.launch_shape(512, groups=128)
+    with pytest.raises(ValueError, match="groups \(384\) must be a power of two"):
+        triton_topk.launch_shape(512, groups=384)
 
 
 def test_top_pools_reference_keeps_the_best_causal_pools():

@@ -10,7 +10,7 @@ with the head sum fused (no ``[Cq, H, P]`` intermediate), and :func:`genolc.mode
 keeps each row's ``topk // kpool`` best causal pools (``fused_topk=False``: ``torch.topk`` over the block, as before
 2026-12-02, kept for the benchmark). ``P_visible`` is the last query's causal pool count, so early chunks cost
 little. The chunk size is chosen so the score block holds at most ``SCORE_BUDGET_ELEMENTS`` floats (1 GiB): working
-memory is that block, the top-k's work space (at most about 160 MiB: 4096 queries at 256k) and the ``[B, T, W]`` output,
+memory is that block, the top-k's work space (at most about 192 MiB: 4096 queries at 256k) and the ``[B, T, W]`` output,
 O(T * W), never O(T^2 / kpool).
 
 The dot products sum in a different order than the reference's fp32 einsum, so pools whose scores tie to within

@@ -12,11 +12,13 @@ program each, so that a block of a thousand long rows still fills the GPU (one p
 slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
 
 1. One read (every row and segment): the two largest scores of each of ``G`` strided groups (pool ``i`` is in
-   group ``i mod G``, ``2 G >= keep``); per row the groups' tops over all segments are merged, and the lowest of the
-   groups' second-largest scores, the floor, has at least ``2 G >= keep`` scores at or above it.
+   group ``i mod G``, ``G`` the power of two at or above ``keep``); per row the groups' tops over all segments are
+   merged, and the ``keep``-th largest of those ``2 G`` scores of distinct pools, the floor (a bisection over them),
+   has at least ``keep`` scores at or above it.
 2. A second read copies every score at or above the floor, with its pool id, to the row's ``CAP`` candidate slots
-   (each slot taken by an atomic add). If a row's scores were drawn alike at random about 4 ``keep`` of them would
-   pass at ``keep`` 512, whatever the row's length; the cap is 8 ``keep``.
+   (each slot taken by an atomic add). On the benchmark's scores (random features, ``keep`` 512) about 1.2 ``keep``
+   of a row's pass; the cap is 8 ``keep``. The floor was the lowest of ``keep / 2`` groups' second-largest scores
+   until 2026-12-03: about 4 ``keep`` passed, and about one row in a thousand overflowed its slots.
 3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
    (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
    Where fewer than ``keep`` scores lie above the floor the floor is the cut. When the candidates overflowed their
@@ -64,7 +66,7 @@ class LaunchShape:
 
 
 def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile: int = TILE,
-                 warps: int = 4, select_warps: int = 8) -> LaunchShape:
+                 warps: int = 4, select_warps: int = 8, groups: int | None = None) -> LaunchShape:
     """The kernels' block sizes for ``keep`` pools a row (the keywords: powers of two, for
     benchmarks/bench_indexer_topk.py's sweep)."""
     if keep < 1:
@@ -74,7 +76,9 @@ def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile:
     if block < 32 * select_warps:
         raise ValueError(f"block ({block}) must be at least 32 * select_warps ({32 * select_warps})")
     keep_block = 1 << (keep - 1).bit_length()
-    groups = max(16, keep_block // 2)
+    groups = max(16, keep_block) if groups is None else groups
+    if groups & (groups - 1) or 2 * groups < keep:
+        raise ValueError(f"groups ({groups}) must be a power of two with 2 * groups >= keep ({keep})")
     group_rows = max(1, tile // groups)
     return LaunchShape(keep_block=keep_block, groups=groups, group_rows=group_rows,
                        segment=max(segment, group_rows * groups, block),
@@ -86,7 +90,7 @@ def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile:
 class TopPoolsBuffers:
     """Work space of :func:`top_pools` for blocks of up to ``rows`` x ``cols`` (int32): the groups' tops per
     segment ``[rows, segments * 2 * G]``, floor and highest ``[rows, 2]``, the candidate counters ``[rows, 2]``, the
-    candidates' ordered scores and pool ids ``[rows, CAP]`` each. 96 MiB at 2048 rows of 128k pools, keep 512."""
+    candidates' ordered scores and pool ids ``[rows, CAP]`` each. 128 MiB at 2048 rows of 128k pools, keep 512."""
     rows: int
     cols: int
     tops: torch.Tensor
@@ -146,7 +150,7 @@ def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, 
         GROUPS=shape.groups, GROUP_ROWS=shape.group_rows, SEGMENT=shape.segment, num_warps=shape.warps)
     _mark(stages)
     kernels.floors_kernel[(n_rows,)](
-        tops, floors, counts, first_query, n_cols, kpool, tops.stride(0),
+        tops, floors, counts, first_query, n_cols, kpool, keep, tops.stride(0),
         GROUPS=shape.groups, SEGMENT=shape.segment, num_warps=4)
     _mark(stages)
     kernels.candidates_kernel[(n_rows, segments)](

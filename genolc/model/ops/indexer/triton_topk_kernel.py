@@ -65,9 +65,10 @@ def group_tops_kernel(scores_ptr, tops_ptr, first_query, n_cols, kpool, stride_s
 
 
 @triton.jit
-def floors_kernel(tops_ptr, floors_ptr, counts_ptr, first_query, n_cols, kpool, stride_t,
+def floors_kernel(tops_ptr, floors_ptr, counts_ptr, first_query, n_cols, kpool, keep, stride_t,
                   GROUPS: tl.constexpr, SEGMENT: tl.constexpr):
-    """Per row: floor (the lowest group's second-best score), highest score; zeroes the row's two counters."""
+    """Per row: floor (the ``keep``-th largest of the groups' two best scores), highest score; zeroes the row's two
+    counters."""
     row = tl.program_id(0)
     n = _visible(first_query, row, kpool, n_cols)
     tops = tops_ptr + row.to(tl.int64) * stride_t
@@ -79,7 +80,18 @@ def floors_kernel(tops_ptr, floors_ptr, counts_ptr, first_query, n_cols, kpool, 
         seg_second = tl.load(tops + segment * 2 * GROUPS + GROUPS + groups)
         second = tl.maximum(tl.minimum(first, seg_first), tl.maximum(second, seg_second))
         first = tl.maximum(first, seg_first)
-    tl.store(floors_ptr + 2 * row, tl.min(second, axis=0))
+    # A bisection over the ordered patterns: count(>= lo) >= keep > count(>= hi). The 2 G tops are scores of
+    # distinct pools, so at least `keep` of the row's scores lie at or above the floor.
+    lo = tl.min(second, axis=0).to(tl.int64)
+    hi = tl.max(first, axis=0).to(tl.int64) + 1
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        count = tl.sum((first >= mid).to(tl.int32) + (second >= mid).to(tl.int32), axis=0)
+        if count >= keep:
+            lo = mid
+        else:
+            hi = mid
+    tl.store(floors_ptr + 2 * row, lo.to(tl.int32))
     tl.store(floors_ptr + 2 * row + 1, tl.max(first, axis=0))
     tl.store(counts_ptr + 2 * row, 0)
     tl.store(counts_ptr + 2 * row + 1, 0)
