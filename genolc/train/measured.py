@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import math
 
-# (preset, active parameters without the embedding and LM head, utilisation). `base`: finetune steps of 15.90-16.01 s
-# at 512k, git ab03f4b (benchmarks/results/kept_attention_2026-12-03/finetune_ab/kept), before the top-k's radix
-# selection of c2e21c1 took 0.17 s off its bare 512k step: today's steps are that much shorter. `small`: finetune
-# steps of 7.11-7.21 s at 512k, git e825408, with fla's KDA intermediates kept for the backward
+# (preset, active parameters without the embedding and LM head, utilisation). `base`: finetune steps of 15.21, 15.24
+# and 15.81 s at 512k, git e89142b, after the indexer's scoring and top-k kernels took 0.5-0.7 s off its bare step
+# (benchmarks/results/indexer_scoring_2026-12-03/; 15.90-16.01 s and 0.156 at ab03f4b). `small`: finetune steps of
+# 7.11-7.21 s at 512k, git e825408, with fla's KDA intermediates kept for the backward
 # (benchmarks/results/kda_intermediates_2026-12-03/; 7.71-7.75 s and 0.095 before, when fla computed them again: a
-# `small` step that has no room to keep them, on a smaller GPU, takes about 3.6 % longer than this estimates). At 1M
-# `base`'s bare step took 36.2-36.7 s against 35.7 estimated (tests/train/test_train_plan.py holds the estimate
-# within 10 % of these runs).
-MEASURED_UTILISATION = (("small", 114_658_128, 0.104), ("base", 437_644_272, 0.156))
+# `small` step that has no room to keep them, on a smaller GPU, takes about 3.6 % longer than this estimates); its
+# bare step has since lost 0.4 s to the same kernels, not yet measured through finetune, so this over-estimates it.
+# At 1M `base`'s bare step took 36.2-36.7 s at e825408 against 34.7 estimated (tests/train/test_train_plan.py holds
+# the estimate within 10 % of these runs).
+MEASURED_UTILISATION = (("small", 114_658_128, 0.104), ("base", 437_644_272, 0.162))
 
 
 def measured_utilisation(config) -> float:
