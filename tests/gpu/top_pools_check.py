@@ -18,7 +18,8 @@ def score_blocks(rows: int, cols: int, keep: int, *, seed: int, device: str) -> 
     plateau and the candidates overflow their slots; with ``keep`` or more of the group visible the cut comes
     from counts over the whole row), all-equal rows, scores of a few distinct values of both signs (an untrained
     model's: ties at the cut in every row, whose kept pools are chosen among thousands of equal ones by id), and
-    those on a plateau under the group (the cut over the whole row, the radix selection, lands on a repeated
+    those levels with the group raised far above them (the floor lands on the top level, thousands of equal
+    scores, and the candidates overflow; the cut over the whole row, the radix selection, lands on a repeated
     value)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     groups = launch_shape(keep).groups
