@@ -10,6 +10,9 @@ import torch
 from genolc.model.ops.indexer import reference
 from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, launch_shape
 
+# The distinct scores of the `levels` and `tied_overflow` blocks.
+LEVELS = (-3.5, -0.25, 0.0, 0.125, 1.5, 2.0, 7.0)
+
 
 def score_blocks(rows: int, cols: int, keep: int, *, seed: int, device: str) -> dict[str, torch.Tensor]:
     """fp32 ``[rows, cols]`` blocks by what they exercise: spread scores (the candidate slots), ReLU-like zeros and
@@ -33,7 +36,7 @@ def score_blocks(rows: int, cols: int, keep: int, *, seed: int, device: str) -> 
     overflow = torch.full((rows, cols), 0.25)
     overflow[:, ::groups] = 1.0 + torch.rand(rows, overflow[:, ::groups].shape[1], generator=gen)
     equal = torch.full((rows, cols), 0.5)
-    levels = torch.tensor([-3.5, -0.25, 0.0, 0.125, 1.5, 2.0, 7.0])[torch.randint(0, 7, (rows, cols), generator=gen)]
+    levels = torch.tensor(LEVELS)[torch.randint(0, len(LEVELS), (rows, cols), generator=gen)]
     tied_overflow = torch.where(levels == 0, torch.where(torch.rand(rows, cols, generator=gen) < 0.5, -0.0, 0.0),
                                 levels)
     tied_overflow[:, ::groups] += 100.0
@@ -58,12 +61,12 @@ def top_pools_problems(scores: torch.Tensor, out: torch.Tensor, *, first_query: 
 def overflow_problems(name: str, scores: torch.Tensor, buffers: TopPoolsBuffers, *, first_query: int, kpool: int,
                       keep: int) -> list[str]:
     """Whether the overflow blocks reached the paths they are for, from the counters a top_pools call left in
-    ``buffers``: candidates over their slots wherever a row's plateau (all of ``overflow``'s pools, a seventh of
-    ``tied_overflow``'s) outnumbers its slots, and in ``tied_overflow``, where a row sees more than ``keep`` pools of
+    ``buffers``: candidates over their slots wherever a row's plateau (all of ``overflow``'s pools, the top level's
+    share of ``tied_overflow``'s) outnumbers its slots, and in ``tied_overflow``, where a row sees more than ``keep`` pools of
     the high group, the cut over the whole row (``keep`` or more scores above the floor)."""
     rows, cap = scores.shape[0], buffers.cand_vals.shape[1]
     longest = min((first_query + rows) // kpool, scores.shape[1])
-    plateau = {"overflow": longest, "tied_overflow": longest // 7}.get(name, 0)
+    plateau = {"overflow": longest, "tied_overflow": longest // len(LEVELS)}.get(name, 0)
     if plateau <= cap:
         return []
     copied, above = buffers.counts[:rows, 0].cpu(), buffers.counts[:rows, 1].cpu()
