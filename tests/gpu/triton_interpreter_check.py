@@ -42,6 +42,8 @@ from genolc.model.ops.mhc import triton as mhc_triton  # noqa: E402
 from genolc.model.ops.moe import op as moe_op  # noqa: E402
 from genolc.model.ops.moe import triton as moe_triton  # noqa: E402
 from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools  # noqa: E402
+from genolc.model.ops.kda import conv as kda_conv  # noqa: E402
+from genolc.model.ops.kda import conv_triton as kda_conv_triton  # noqa: E402
 from top_pools_check import overflow_problems, score_blocks, top_pools_problems  # noqa: E402
 
 
@@ -281,8 +283,53 @@ def check_moe(tokens, top_k, dim, inter, dtype, seed) -> list[str]:
     return problems
 
 
+def check_kda_conv(batch, length, channels, taps, dtype, config) -> list[str]:
+    """KDA's convolution backward kernel into NaN-poisoned memory against autograd of the fp64 definition (F.conv1d)
+    and against conv.py's torch backward, rows and channels off the tiles' grid."""
+    gen = torch.Generator().manual_seed(length * 7 + channels)
+    padded = torch.randn(batch, length + taps - 1, channels, generator=gen).to(dtype)
+    weight = torch.randn(channels, taps, generator=gen) / taps
+    grad = torch.randn(batch, length, channels, generator=gen).to(dtype)
+    leaves = padded.double().requires_grad_(), weight.double().requires_grad_()
+    expected = torch.autograd.grad(kda_conv.reference_causal_conv_silu(*leaves), leaves, grad.double())
+    poisoned = torch.empty_like
+    torch.empty_like = lambda t, **kw: poisoned(t, **kw).fill_(float("nan"))
+    try:
+        got = kda_conv_triton.conv_silu_backward(grad, padded, weight, config)
+    finally:
+        torch.empty_like = poisoned
+    written = kda_conv.torch_conv_silu_backward(grad, padded, weight)
+    problems = []
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for name, mine, want, torch_version in zip(("d_padded", "d_weight"), got, expected, written):
+        if mine.dtype != torch_version.dtype or rel_err(mine, want) > tolerance \
+                or rel_err(mine, torch_version) > tolerance:
+            problems.append(f"{name} {mine.dtype}: rel err {rel_err(mine, want):.2e} (fp64 definition), "
+                            f"{rel_err(mine, torch_version):.2e} (torch backward)")
+    return problems
+
+
 def main() -> int:
     failures = 0
+    conv_cases = [
+        # batch, L, C, K, dtype, config: one row; rows and channels off the tile grid; several row groups; K = 3
+        (1, 1, 5, 4, torch.float32, kda_conv_triton.ConvBackwardConfig(block_rows=16, block_channels=16,
+                                                                        rows_per_program=16)),
+        (2, 77, 40, 4, torch.float32, kda_conv_triton.ConvBackwardConfig(block_rows=16, block_channels=32,
+                                                                         rows_per_program=32)),
+        (2, 130, 24, 3, torch.bfloat16, kda_conv_triton.ConvBackwardConfig(block_rows=32, block_channels=16,
+                                                                           rows_per_program=64)),
+        (1, 203, 130, 4, torch.bfloat16, kda_conv_triton.DEFAULT_BACKWARD_CONFIG),
+    ]
+    for case in conv_cases:
+        start = time.time()
+        problems = check_kda_conv(*case)
+        failures += bool(problems)
+        print(f"kda conv {case[:5]}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} "
+              f"({time.time() - start:.1f}s)")
+    if sys.argv[1:] == ["conv"]:
+        print("all ok" if failures == 0 else f"{failures} case(s) failed")
+        return 1 if failures else 0
     moe_cases = [
         # tokens, K, D, I, dtype, seed: one token; rows off the 16-row tile; D and I off the 256-column step
         (1, 1, 40, 24, torch.float32, 0),

@@ -45,7 +45,7 @@ from genolc.model.ops.moe import triton as moe
 ARCH = 90
 BLOCKS = {"ROWS": moe.ROWS, "COLUMNS": moe.COLUMNS}
 INTS = ("n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len", "first_query", "kpool",
-        "keep", "q0", "n_queries", "n_pools")
+        "keep", "q0", "n_queries", "n_pools", "length", "padded_length", "channels")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
 
@@ -176,6 +176,21 @@ def topk_builds() -> dict[str, Build]:
     }
 
 
+def kda_conv_builds() -> dict[str, Build]:
+    """KDA's convolution backward (genolc/model/ops/kda/conv_triton.py) as the layer launches it: bf16 activations,
+    fp32 taps (K = 4), the default tiles."""
+    from genolc.model.ops.kda import conv_triton
+
+    config = conv_triton.DEFAULT_BACKWARD_CONFIG
+    return {"KDA conv backward": Build(
+        conv_triton._backward_kernel(), {"grad_ptr": BF16, "padded_ptr": BF16, "weight_ptr": "*fp32",
+                                         "d_padded_ptr": BF16, "d_weight_ptr": "*fp32"},
+        {"TAPS": 4, "TAPS_P2": 4, "ROWS_PER_PROGRAM": config.rows_per_program, "BLOCK_ROWS": config.block_rows,
+         "BLOCK_C": config.block_channels}, warps=config.num_warps,
+        divisible=("grad_ptr", "padded_ptr", "weight_ptr", "d_padded_ptr", "d_weight_ptr", "channels", "stride_gb",
+                   "stride_gt", "stride_pb", "stride_pt", "stride_db", "stride_dt"))}
+
+
 _NAME = r"%[\w#.]+"
 
 
@@ -280,7 +295,7 @@ def _ptxas(ptx: str) -> tuple[int, str | None, int, str]:
 
 def main() -> int:
     failures = 0
-    for name, build in (moe_builds() | mhc_builds() | dsa_builds() | topk_builds()).items():
+    for name, build in (moe_builds() | mhc_builds() | dsa_builds() | topk_builds() | kda_conv_builds()).items():
         kernel = build.kernel
         divisible = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kernel.arg_names)
                      if arg in build.divisible}

@@ -9,13 +9,15 @@
 Why not ``F.conv1d``: with K = 4, PyTorch's depthwise kernels on the H200 took 132 ms of a 2.66 s compiled `small`
 step at 128k (forward 75, input gradient 33, weight gradient 24; benchmarks/results/training_speed_2026-12-01.md),
 plus the transposes to channels-first and back around them. Written as shifted products the whole convolution is
-element-wise over the channels-last layout, so torch.compile fuses it with the SiLU and the casts into one kernel
-forward and one per gradient; in eager mode it is K fused multiply-adds. The sum runs in fp32 (the weight's dtype)
-whatever the activations' dtype; autocast's ``conv1d`` ran it in bf16.
+element-wise over the channels-last layout, so torch.compile fuses the forward with the SiLU and the casts into one
+kernel; in eager mode it is K fused multiply-adds. The sum runs in fp32 (the weight's dtype) whatever the
+activations' dtype; autocast's ``conv1d`` ran it in bf16.
 
-Memory: the autograd function keeps only ``padded`` (activations' dtype) and the weight, and recomputes the
-pre-activation in backward (an eager chain of products would keep fp32 copies of each shifted input). Its backward
-works in place and is differentiable once (a second derivative raises).
+The backward is the custom op ``genolc::kda_conv_silu_backward``: on CUDA one Triton kernel (conv_triton.py says why
+compiling the torch backward was not enough), elsewhere :func:`torch_conv_silu_backward`, which the CPU tests hold to
+autograd of the definition. Memory: the autograd function keeps only ``padded`` (activations' dtype) and the weight,
+and the backward recomputes the pre-activation (an eager chain of products would keep fp32 copies of each shifted
+input). It is differentiable once (a second derivative raises).
 :func:`reference_causal_conv_silu` is the definition through ``F.conv1d``, which the tests compare against.
 """
 
@@ -47,6 +49,47 @@ def _pre_activation(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return mixed
 
 
+def torch_conv_silu_backward(grad_out: torch.Tensor, padded: torch.Tensor, weight: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d_padded in padded's dtype, d_weight in weight's dtype)``: the backward in torch (CPU, and CUDA inputs the
+    Triton kernel does not take); conv_triton.py's kernel computes the same sums in the same order."""
+    kernel = weight.shape[1]
+    mixed = _pre_activation(padded, weight)
+    length = mixed.shape[1]
+    gate = torch.sigmoid(mixed)
+    # silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))), formed in place over z: in eager mode the backward holds
+    # at most three fp32 [B, L, C] tensors (at 32k tokens of `base`, 0.6 GB each).
+    grad_mixed = mixed.mul_(1 - gate).add_(1).mul_(gate).mul_(grad_out)
+    del gate
+    taps = weight.to(grad_mixed.dtype)
+    # padded[s] feeds outputs t = s - k: its gradient is sum_k weight[k] * grad_mixed[s - k].
+    grad = torch.zeros(padded.shape, dtype=grad_mixed.dtype, device=grad_mixed.device)
+    for k in range(kernel):
+        grad[:, k:k + length].add_(grad_mixed * taps[:, k])
+    grad_weight = torch.stack([(grad_mixed * padded[:, k:k + length]).sum(dim=(0, 1)) for k in range(kernel)], dim=1)
+    return grad.to(padded.dtype), grad_weight.to(weight.dtype)
+
+
+@torch.library.custom_op("genolc::kda_conv_silu_backward", mutates_args=())
+def conv_silu_backward_op(grad_out: torch.Tensor, padded: torch.Tensor, weight: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The convolution's backward: conv_triton.py's kernel on CUDA, :func:`torch_conv_silu_backward` elsewhere.
+    An op of its own so that torch.compile calls it as it is rather than tracing it into its own kernels."""
+    if grad_out.is_cuda:
+        from genolc.model.ops.kda import conv_triton
+
+        if conv_triton.unsupported_reason(grad_out, padded, weight) is None:
+            return conv_triton.conv_silu_backward(grad_out, padded, weight)
+    return torch_conv_silu_backward(grad_out, padded, weight)
+
+
+@conv_silu_backward_op.register_fake
+def _conv_silu_backward_shapes(grad_out: torch.Tensor, padded: torch.Tensor, weight: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty_like(padded, memory_format=torch.contiguous_format),
+            torch.empty_like(weight, memory_format=torch.contiguous_format))
+
+
 class CausalConvSiLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -57,26 +100,9 @@ class CausalConvSiLU(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         padded, weight = ctx.saved_tensors
-        kernel = weight.shape[1]
-        mixed = _pre_activation(padded, weight)
-        length = mixed.shape[1]
-        gate = torch.sigmoid(mixed)
-        # silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))), formed in place over z: in eager mode the backward holds
-        # at most three fp32 [B, L, C] tensors (at 32k tokens of `base`, 0.6 GB each).
-        grad_mixed = mixed.mul_(1 - gate).add_(1).mul_(gate).mul_(grad_out)
-        del gate
-        taps = weight.to(grad_mixed.dtype)
-        grad_padded = grad_weight = None
-        if ctx.needs_input_grad[0]:
-            # padded[s] feeds outputs t = s - k: its gradient is sum_k weight[k] * grad_mixed[s - k].
-            grad = torch.zeros(padded.shape, dtype=grad_mixed.dtype, device=grad_mixed.device)
-            for k in range(kernel):
-                grad[:, k:k + length].add_(grad_mixed * taps[:, k])
-            grad_padded = grad.to(padded.dtype)
-        if ctx.needs_input_grad[1]:
-            grad_weight = torch.stack([(grad_mixed * padded[:, k:k + length]).sum(dim=(0, 1)) for k in range(kernel)],
-                                      dim=1).to(weight.dtype)
-        return grad_padded, grad_weight
+        grad_padded, grad_weight = conv_silu_backward_op(grad_out, padded, weight)
+        return (grad_padded if ctx.needs_input_grad[0] else None,
+                grad_weight if ctx.needs_input_grad[1] else None)
 
 
 def causal_conv_silu(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

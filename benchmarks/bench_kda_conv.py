@@ -1,0 +1,144 @@
+"""python benchmarks/bench_kda_conv.py [--presets small,base] [--configs 16x64x4,...]   (on the GPU; carry: [".gpu"])
+
+KDA's short convolution with SiLU (genolc/model/ops/kda/conv.py) on one chunk of each preset's training step
+(`small` 64k tokens, `base` 32k, as the trainer chunks 512k), with a 3-token tail from the chunk before:
+
+- ``layer``: ``KimiDeltaAttention.convolved_heads`` compiled as the trainer compiles it (torch.compile, static
+  shapes, bf16 autocast), forward and backward (gradients of the projections and of the taps), two ways: ``triton``
+  (the backward is the custom op ``genolc::kda_conv_silu_backward``, conv_triton.py's kernel) and ``traced`` (the
+  backward before it: conv.py's torch backward traced into inductor's kernels, as up to this script's commit);
+- ``backward``: the backward alone on the same tensors: the Triton kernel at each ``--configs`` tile
+  (rows x channels x warps), and the torch backward compiled and eager.
+
+Median of 20 after a warm-up (gpu_bench_common.measure); every gradient's error against fp64 autograd of the
+definition (F.conv1d); the kernels one layer backward launches (torch.profiler). Writes JSON (command, git SHA,
+device) to $OUT or benchmarks/results/kda_conv_<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from gpu_bench_common import measure, rel_err, write_results
+from genolc.model.layers.kda import KimiDeltaAttention
+from genolc.model.ops.kda import conv, conv_triton
+from genolc.model.presets import preset
+
+CHUNK = {"small": 65536, "base": 32768}
+
+
+class TracedTorchBackward(torch.autograd.Function):
+    """conv.CausalConvSiLU with the torch backward inline (what torch.compile traced before the custom op)."""
+
+    @staticmethod
+    def forward(ctx, padded, weight):
+        ctx.save_for_backward(padded, weight)
+        return conv.F.silu(conv._pre_activation(padded, weight), inplace=True).to(padded.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        padded, weight = ctx.saved_tensors
+        return conv.torch_conv_silu_backward(grad_out, padded, weight)
+
+
+def parse_config(text: str) -> conv_triton.ConvBackwardConfig:
+    rows, channels, warps = (int(part) for part in text.split("x"))
+    return conv_triton.ConvBackwardConfig(block_rows=rows, block_channels=channels, num_warps=warps)
+
+
+def layer_kernels(run) -> list[dict]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in profiler.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    return [{"name": e.key[:100], "calls": e.count, "device_ms": round(float(e.self_device_time_total) / 1e3, 3)}
+            for e in sorted(kernels, key=lambda e: -float(e.self_device_time_total))]
+
+
+def exact_gradients(layer, qkv, tail, grads):
+    """fp64 autograd of F.conv1d + SiLU over the layer's padded input: (d_qkv, d_taps)."""
+    weight = layer.conv1d.weight.detach()[:, 0].double().requires_grad_()
+    leaf = qkv.detach().double().requires_grad_()
+    padded = torch.cat([tail.double(), leaf], dim=1)
+    out = conv.reference_causal_conv_silu(padded, weight)
+    d_qkv, d_weight = torch.autograd.grad(out, (leaf, weight), torch.cat([g.flatten(2) for g in grads], -1).double())
+    return d_qkv, d_weight
+
+
+def bench_layer(name: str, layer, qkv, tail, grads, exact) -> list[dict]:
+    rows = []
+    for way, function in (("triton", conv.CausalConvSiLU), ("traced", TracedTorchBackward)):
+        torch._dynamo.reset()
+        conv.CausalConvSiLU = function
+        try:
+            compiled = torch.compile(KimiDeltaAttention.convolved_heads, dynamic=False)
+
+            def forward_backward():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    heads = compiled(layer, qkv, tail)
+                return torch.autograd.grad(heads, (qkv, layer.conv1d.weight), grads)
+
+            d_qkv, d_weight = forward_backward()
+            rows.append({"preset": name, "part": "layer", "way": way, "tokens": qkv.shape[1],
+                         "channels": qkv.shape[2],
+                         "forward_backward_ms": round(measure(forward_backward, repeats=20)["ms"], 3),
+                         "d_qkv_error_vs_fp64": rel_err(d_qkv, exact[0]),
+                         "d_taps_error_vs_fp64": rel_err(d_weight[:, 0], exact[1]),
+                         "kernels": layer_kernels(forward_backward)})
+        finally:
+            conv.CausalConvSiLU = conv_class
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "kernels"}))
+    return rows
+
+
+def bench_backward(name: str, grad, padded, weight, configs, exact) -> list[dict]:
+    ways = {f"triton {c.block_rows}x{c.block_channels}x{c.num_warps}":
+            (lambda c=c: conv_triton.conv_silu_backward(grad, padded, weight, c)) for c in configs}
+    compiled = torch.compile(conv.torch_conv_silu_backward, dynamic=False)
+    ways["torch compiled"] = lambda: compiled(grad, padded, weight)
+    ways["torch eager"] = lambda: conv.torch_conv_silu_backward(grad, padded, weight)
+    rows = []
+    for way, run in ways.items():
+        d_padded, d_weight = run()
+        rows.append({"preset": name, "part": "backward", "way": way, "tokens": grad.shape[1],
+                     "channels": grad.shape[2], "ms": round(measure(run, repeats=20)["ms"], 3),
+                     "d_padded_error_vs_fp64": rel_err(d_padded[:, 3:], exact[0]),
+                     "d_taps_error_vs_fp64": rel_err(d_weight, exact[1])})
+        print(json.dumps(rows[-1]))
+    return rows
+
+
+conv_class = conv.CausalConvSiLU
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", default="small,base")
+    parser.add_argument("--configs", default="16x64x4,16x128x4,32x64x4,8x128x4,16x64x2,32x128x8",
+                        help="Triton tiles to time: rows x channels x warps, comma-separated")
+    args = parser.parse_args()
+    configs = [parse_config(text) for text in args.configs.split(",")]
+    rows = []
+    for name in args.presets.split(","):
+        torch.manual_seed(0)
+        layer = KimiDeltaAttention(preset(name), layer_idx=0).cuda()
+        channels = layer.conv1d.weight.shape[0]
+        qkv = torch.randn(1, CHUNK[name], channels, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        tail = torch.randn(1, 3, channels, device="cuda", dtype=torch.bfloat16)
+        heads_shape = (1, CHUNK[name], layer.num_heads, layer.head_dim)
+        grads = tuple(torch.randn(heads_shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        exact = exact_gradients(layer, qkv, tail, grads)
+        rows += bench_layer(name, layer, qkv, tail, grads, exact)
+        padded = torch.cat([tail, qkv.detach()], dim=1)
+        grad = torch.cat([g.flatten(2) for g in grads], -1)
+        rows += bench_backward(name, grad, padded, layer.conv1d.weight.detach()[:, 0].contiguous(), configs, exact)
+        del exact
+        torch.cuda.empty_cache()
+    print(f"wrote {write_results('kda_conv', rows, {'timing': 'median of 20 after one warm-up, CUDA events'})}")
+
+
+if __name__ == "__main__":
+    main()
