@@ -1,4 +1,4 @@
-"""python benchmarks/bench_kda_conv.py [--presets small,base] [--configs 16x64x4,...]   (on the GPU; carry: [".gpu"])
+"""python benchmarks/bench_kda_conv.py [--presets small,base] [--configs 64x8x64x4,...]   (on the GPU; carry: [".gpu"])
 
 KDA's short convolution with SiLU (genolc/model/ops/kda/conv.py) on one chunk of each preset's training step
 (`small` 64k tokens, `base` 32k, as the trainer chunks 512k), with a 3-token tail from the chunk before:
@@ -8,7 +8,7 @@ KDA's short convolution with SiLU (genolc/model/ops/kda/conv.py) on one chunk of
   (the backward is the custom op ``genolc::kda_conv_silu_backward``, conv_triton.py's kernel) and ``traced`` (the
   backward before it: conv.py's torch backward traced into inductor's kernels, as up to this script's commit);
 - ``backward``: the backward alone on the same tensors: the Triton kernel at each ``--configs`` tile
-  (rows x channels x warps), and the torch backward compiled and eager.
+  (segment rows x segments x channels x warps), and the torch backward compiled and eager.
 
 Median of 20 after a warm-up (gpu_bench_common.measure); every gradient's error against fp64 autograd of the
 definition (F.conv1d); the kernels one layer backward launches (torch.profiler). Writes JSON (command, git SHA,
@@ -45,8 +45,9 @@ class TracedTorchBackward(torch.autograd.Function):
 
 
 def parse_config(text: str) -> conv_triton.ConvBackwardConfig:
-    rows, channels, warps = (int(part) for part in text.split("x"))
-    return conv_triton.ConvBackwardConfig(block_rows=rows, block_channels=channels, num_warps=warps)
+    rows, segments, channels, warps = (int(part) for part in text.split("x"))
+    return conv_triton.ConvBackwardConfig(segment_rows=rows, segments=segments, block_channels=channels,
+                                          num_warps=warps)
 
 
 def layer_kernels(run) -> list[dict]:
@@ -95,7 +96,7 @@ def bench_layer(name: str, layer, qkv, tail, grads, exact) -> list[dict]:
 
 
 def bench_backward(name: str, grad, padded, weight, configs, exact) -> list[dict]:
-    ways = {f"triton {c.block_rows}x{c.block_channels}x{c.num_warps}":
+    ways = {f"triton {c.segment_rows}x{c.segments}x{c.block_channels}x{c.num_warps}":
             (lambda c=c: conv_triton.conv_silu_backward(grad, padded, weight, c)) for c in configs}
     compiled = torch.compile(conv.torch_conv_silu_backward, dynamic=False)
     ways["torch compiled"] = lambda: compiled(grad, padded, weight)
@@ -117,8 +118,9 @@ conv_class = conv.CausalConvSiLU
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="small,base")
-    parser.add_argument("--configs", default="16x64x4,16x128x4,32x64x4,8x128x4,16x64x2,32x128x8",
-                        help="Triton tiles to time: rows x channels x warps, comma-separated")
+    parser.add_argument("--configs", default="64x8x64x4,64x16x64x4,128x8x64x4,32x8x64x4,64x4x64x2,64x8x128x4,"
+                                              "64x16x64x8,256x8x64x4",
+                        help="Triton tiles to time: segment rows x segments x channels x warps, comma-separated")
     args = parser.parse_args()
     configs = [parse_config(text) for text in args.configs.split(",")]
     rows = []

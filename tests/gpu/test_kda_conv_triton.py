@@ -36,12 +36,13 @@ def _exact(grad, padded, weight):
 
 @pytest.mark.parametrize("batch, length, channels, taps, dtype, config", [
     (1, 1, 5, 4, torch.float32, conv_triton.DEFAULT_BACKWARD_CONFIG),
-    (2, 77, 40, 4, torch.float32, conv_triton.ConvBackwardConfig(block_rows=16, block_channels=32,
-                                                                 rows_per_program=32)),
+    (2, 77, 40, 4, torch.float32, conv_triton.ConvBackwardConfig(segment_rows=8, segments=4, block_channels=32)),
     (3, 1031, 130, 3, torch.bfloat16, conv_triton.DEFAULT_BACKWARD_CONFIG),
     (1, 4099, 4608, 4, torch.bfloat16, conv_triton.DEFAULT_BACKWARD_CONFIG),     # `base`'s q, k, v channels
-    (1, 2053, 3072, 4, torch.bfloat16, conv_triton.ConvBackwardConfig(block_rows=32, block_channels=128,
-                                                                      num_warps=8)),
+    (1, 2053, 3072, 4, torch.bfloat16, conv_triton.ConvBackwardConfig(segment_rows=128, segments=16,
+                                                                      block_channels=64, num_warps=8)),
+    (2, 300, 24, 2, torch.float16, conv_triton.ConvBackwardConfig(segment_rows=12, segments=2,
+                                                                  block_channels=16)),
 ])
 def test_kernel_matches_fp64_definition_and_torch_backward(batch, length, channels, taps, dtype, config,
                                                             monkeypatch):
