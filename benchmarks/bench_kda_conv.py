@@ -1,18 +1,19 @@
-"""python benchmarks/bench_kda_conv.py [--presets small,base] [--configs 64x8x64x4,...]   (on the GPU; carry: [".gpu"])
+"""python benchmarks/bench_kda_conv.py [--presets small,base] [--configs 128x8x64x4,...]   (on the GPU; carry: [".gpu"])
 
 KDA's short convolution with SiLU (genolc/model/ops/kda/conv.py) on one chunk of each preset's training step
 (`small` 64k tokens, `base` 32k, as the trainer chunks 512k), with a 3-token tail from the chunk before:
 
 - ``layer``: ``KimiDeltaAttention.convolved_heads`` compiled as the trainer compiles it (torch.compile, static
-  shapes, bf16 autocast), forward and backward (gradients of the projections and of the taps), two ways: ``triton``
-  (the backward is the custom op ``genolc::kda_conv_silu_backward``, conv_triton.py's kernel) and ``traced`` (the
-  backward before it: conv.py's torch backward traced into inductor's kernels, as up to this script's commit);
-- ``backward``: the backward alone on the same tensors: the Triton kernel at each ``--configs`` tile
-  (segment rows x segments x channels x warps), and the torch backward compiled and eager.
+  shapes, bf16 autocast), forward alone (no grad, the chunked step's first pass) and forward and backward (gradients
+  of the projections and of the taps), two ways: ``triton`` (the custom ops ``genolc::kda_conv_silu`` and its
+  backward, conv_triton.py's kernels) and ``traced`` (as before them: the torch forward and backward traced into
+  inductor's kernels, one output split into q, k, v and copied);
+- ``kernels``: the forward (q, k, v as three parts) and the backward alone on the same tensors, the Triton kernels
+  at each ``--configs`` tile (segment rows x segments x channels x warps), and the torch code compiled and eager.
 
 Median of 20 after a warm-up (gpu_bench_common.measure); every gradient's error against fp64 autograd of the
-definition (F.conv1d); the kernels one layer backward launches (torch.profiler). Writes JSON (command, git SHA,
-device) to $OUT or benchmarks/results/kda_conv_<date>.json.
+definition (F.conv1d); the kernels one layer forward and backward launches (torch.profiler). Writes JSON (command,
+git SHA, device) to $OUT or benchmarks/results/kda_conv_<date>.json.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from genolc.model.presets import preset
 CHUNK = {"small": 65536, "base": 32768}
 
 
-class TracedTorchBackward(torch.autograd.Function):
-    """conv.CausalConvSiLU with the torch backward inline (what torch.compile traced before the custom op)."""
+class TracedTorchConv(torch.autograd.Function):
+    """The convolution as it was before its kernels: torch forward and backward, which torch.compile traced."""
 
     @staticmethod
     def forward(ctx, padded, weight):
@@ -41,12 +42,18 @@ class TracedTorchBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         padded, weight = ctx.saved_tensors
-        return conv.torch_conv_silu_backward(grad_out, padded, weight)
+        return conv.torch_conv_silu_backward([grad_out], padded, weight)
+
+
+def traced_heads(layer, qkv, tail):
+    """``convolved_heads`` before the kernels: one output, split into q, k, v and each made contiguous."""
+    out = TracedTorchConv.apply(layer.padded_conv_input(qkv, tail), layer.conv1d.weight[:, 0])
+    return tuple(part.contiguous() for part in layer.split_heads(out))
 
 
 def parse_config(text: str) -> conv_triton.ConvBackwardConfig:
     rows, segments, channels, warps = (int(part) for part in text.split("x"))
-    return conv_triton.ConvBackwardConfig(segment_rows=rows, segments=segments, block_channels=channels,
+    return conv_triton.ConvKernelConfig(segment_rows=rows, segments=segments, block_channels=channels,
                                           num_warps=warps)
 
 
@@ -71,55 +78,60 @@ def exact_gradients(layer, qkv, tail, grads):
 
 def bench_layer(name: str, layer, qkv, tail, grads, exact) -> list[dict]:
     rows = []
-    for way, function in (("triton", conv.CausalConvSiLU), ("traced", TracedTorchBackward)):
+    for way, function in (("triton", KimiDeltaAttention.convolved_heads), ("traced", traced_heads)):
         torch._dynamo.reset()
-        conv.CausalConvSiLU = function
-        try:
-            compiled = torch.compile(KimiDeltaAttention.convolved_heads, dynamic=False)
+        compiled = torch.compile(function, dynamic=False)
 
-            def forward_backward():
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    heads = compiled(layer, qkv, tail)
-                return torch.autograd.grad(heads, (qkv, layer.conv1d.weight), grads)
+        def forward_backward():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                heads = compiled(layer, qkv, tail)
+            return torch.autograd.grad(heads, (qkv, layer.conv1d.weight), grads)
 
-            d_qkv, d_weight = forward_backward()
-            rows.append({"preset": name, "part": "layer", "way": way, "tokens": qkv.shape[1],
-                         "channels": qkv.shape[2],
-                         "forward_backward_ms": round(measure(forward_backward, repeats=20)["ms"], 3),
-                         "d_qkv_error_vs_fp64": rel_err(d_qkv, exact[0]),
-                         "d_taps_error_vs_fp64": rel_err(d_weight[:, 0], exact[1]),
-                         "kernels": layer_kernels(forward_backward)})
-        finally:
-            conv.CausalConvSiLU = conv_class
+        def forward():
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                return compiled(layer, qkv, tail)
+
+        d_qkv, d_weight = forward_backward()
+        rows.append({"preset": name, "part": "layer", "way": way, "tokens": qkv.shape[1], "channels": qkv.shape[2],
+                     "forward_ms": round(measure(forward, repeats=20)["ms"], 3),
+                     "forward_backward_ms": round(measure(forward_backward, repeats=20)["ms"], 3),
+                     "d_qkv_error_vs_fp64": rel_err(d_qkv, exact[0]),
+                     "d_taps_error_vs_fp64": rel_err(d_weight[:, 0], exact[1]),
+                     "kernels": layer_kernels(forward_backward)})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "kernels"}))
     return rows
 
 
-def bench_backward(name: str, grad, padded, weight, configs, exact) -> list[dict]:
-    ways = {f"triton {c.segment_rows}x{c.segments}x{c.block_channels}x{c.num_warps}":
-            (lambda c=c: conv_triton.conv_silu_backward(grad, padded, weight, c)) for c in configs}
-    compiled = torch.compile(conv.torch_conv_silu_backward, dynamic=False)
-    ways["torch compiled"] = lambda: compiled(grad, padded, weight)
-    ways["torch eager"] = lambda: conv.torch_conv_silu_backward(grad, padded, weight)
+def bench_kernels(name: str, grads, padded, weight, configs, exact) -> list[dict]:
+    """The forward (three parts) and the backward alone at each tile, and the torch code compiled and eager."""
+    compiled_forward = torch.compile(conv.torch_conv_silu_parts, dynamic=False)
+    compiled_backward = torch.compile(conv.torch_conv_silu_backward, dynamic=False)
+    ways = {}
+    for c in configs:
+        tag = f"triton {c.segment_rows}x{c.segments}x{c.block_channels}x{c.num_warps}"
+        ways[tag] = (lambda c=c: conv_triton.conv_silu_forward(padded, weight, 3, c),
+                     lambda c=c: conv_triton.conv_silu_backward(grads, padded, weight, c))
+    ways["torch compiled"] = (lambda: compiled_forward(padded, weight, 3),
+                              lambda: compiled_backward(grads, padded, weight))
+    ways["torch eager"] = (lambda: conv.torch_conv_silu_parts(padded, weight, 3),
+                           lambda: conv.torch_conv_silu_backward(grads, padded, weight))
     rows = []
-    for way, run in ways.items():
-        d_padded, d_weight = run()
-        rows.append({"preset": name, "part": "backward", "way": way, "tokens": grad.shape[1],
-                     "channels": grad.shape[2], "ms": round(measure(run, repeats=20)["ms"], 3),
+    for way, (forward, backward) in ways.items():
+        d_padded, d_weight = backward()
+        rows.append({"preset": name, "part": "kernels", "way": way, "tokens": padded.shape[1] - 3,
+                     "channels": padded.shape[2], "forward_ms": round(measure(forward, repeats=20)["ms"], 3),
+                     "backward_ms": round(measure(backward, repeats=20)["ms"], 3),
                      "d_padded_error_vs_fp64": rel_err(d_padded[:, 3:], exact[0]),
                      "d_taps_error_vs_fp64": rel_err(d_weight, exact[1])})
         print(json.dumps(rows[-1]))
     return rows
 
 
-conv_class = conv.CausalConvSiLU
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="small,base")
-    parser.add_argument("--configs", default="64x8x64x4,64x16x64x4,128x8x64x4,32x8x64x4,64x4x64x2,64x8x128x4,"
-                                              "64x16x64x8,256x8x64x4",
+    parser.add_argument("--configs", default="128x8x64x4,64x8x64x4,128x16x64x4,128x4x64x2,128x8x128x4,"
+                                              "128x16x64x8,256x16x64x4",
                         help="Triton tiles to time: segment rows x segments x channels x warps, comma-separated")
     args = parser.parse_args()
     configs = [parse_config(text) for text in args.configs.split(",")]
@@ -135,8 +147,9 @@ def main() -> None:
         exact = exact_gradients(layer, qkv, tail, grads)
         rows += bench_layer(name, layer, qkv, tail, grads, exact)
         padded = torch.cat([tail, qkv.detach()], dim=1)
-        grad = torch.cat([g.flatten(2) for g in grads], -1)
-        rows += bench_backward(name, grad, padded, layer.conv1d.weight.detach()[:, 0].contiguous(), configs, exact)
+        part_grads = [g.flatten(2) for g in grads]
+        rows += bench_kernels(name, part_grads, padded, layer.conv1d.weight.detach()[:, 0].contiguous(), configs,
+                              exact)
         del exact
         torch.cuda.empty_cache()
     print(f"wrote {write_results('kda_conv', rows, {'timing': 'median of 20 after one warm-up, CUDA events'})}")

@@ -34,27 +34,35 @@ def _exact(grad, padded, weight):
     return torch.autograd.grad(conv.reference_causal_conv_silu(*leaves), leaves, grad.double())
 
 
-@pytest.mark.parametrize("batch, length, channels, taps, dtype, config", [
-    (1, 1, 5, 4, torch.float32, conv_triton.DEFAULT_BACKWARD_CONFIG),
-    (2, 77, 40, 4, torch.float32, conv_triton.ConvBackwardConfig(segment_rows=8, segments=4, block_channels=32)),
-    (3, 1031, 130, 3, torch.bfloat16, conv_triton.DEFAULT_BACKWARD_CONFIG),
-    (1, 4099, 4608, 4, torch.bfloat16, conv_triton.DEFAULT_BACKWARD_CONFIG),     # `base`'s q, k, v channels
-    (1, 2053, 3072, 4, torch.bfloat16, conv_triton.ConvBackwardConfig(segment_rows=128, segments=16,
-                                                                      block_channels=64, num_warps=8)),
-    (2, 300, 24, 2, torch.float16, conv_triton.ConvBackwardConfig(segment_rows=12, segments=2,
-                                                                  block_channels=16)),
+@pytest.mark.parametrize("batch, length, channels, taps, dtype, parts, config", [
+    (1, 1, 5, 4, torch.float32, 1, conv_triton.DEFAULT_CONFIG),
+    (2, 77, 40, 4, torch.float32, 1, conv_triton.ConvKernelConfig(segment_rows=8, segments=4, block_channels=32)),
+    (3, 1031, 130, 3, torch.bfloat16, 1, conv_triton.DEFAULT_CONFIG),
+    (1, 4099, 4608, 4, torch.bfloat16, 3, conv_triton.DEFAULT_CONFIG),     # `base`'s q, k, v
+    (1, 2053, 3072, 4, torch.bfloat16, 3, conv_triton.ConvKernelConfig(segment_rows=128, segments=16,
+                                                                         block_channels=64, num_warps=8)),
+    (2, 300, 32, 2, torch.float16, 2, conv_triton.ConvKernelConfig(segment_rows=12, segments=2,
+                                                                     block_channels=16)),
 ])
-def test_kernel_matches_fp64_definition_and_torch_backward(batch, length, channels, taps, dtype, config,
-                                                            monkeypatch):
+def test_kernels_match_fp64_definition_and_torch_code(batch, length, channels, taps, dtype, parts, config,
+                                                      monkeypatch):
     grad, padded, weight = _inputs(batch, length, channels, taps, dtype)
+    grads = [g.contiguous() for g in grad.chunk(parts, -1)]
     exact = _exact(grad, padded, weight)
-    poisoned = torch.empty_like
-    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: poisoned(t, **kw).fill_(float("nan")))
-    d_padded, d_weight = conv_triton.conv_silu_backward(grad, padded, weight, config)
+    exact_out = conv.reference_causal_conv_silu(padded.double(), weight.double())
+    poisoned = torch.empty_like, torch.Tensor.new_empty
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: poisoned[0](t, **kw).fill_(float("nan")))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda t, *a, **kw: poisoned[1](t, *a, **kw).fill_(float("nan")))
+    outs = conv_triton.conv_silu_forward(padded, weight, parts, config)
+    d_padded, d_weight = conv_triton.conv_silu_backward(grads, padded, weight, config)
     monkeypatch.undo()
-    torch_padded, torch_weight = conv.torch_conv_silu_backward(grad, padded, weight)
-    assert d_padded.dtype == dtype and d_weight.dtype == torch.float32
+    torch_outs = conv.torch_conv_silu_parts(padded, weight, parts)
+    torch_padded, torch_weight = conv.torch_conv_silu_backward(grads, padded, weight)
     tolerance = 1e-5 if dtype == torch.float32 else 4e-3
+    assert len(outs) == parts and all(o.is_contiguous() and o.dtype == dtype for o in outs)
+    assert _relative(torch.cat(outs, -1), exact_out) < tolerance
+    assert _relative(torch.cat(outs, -1), torch.cat(torch_outs, -1)) < tolerance
+    assert d_padded.dtype == dtype and d_weight.dtype == torch.float32
     assert _relative(d_padded, exact[0]) < tolerance
     assert _relative(d_weight, exact[1]) < tolerance
     # The same fp32 sums in the same order: the two differ by a fused multiply-add's rounding, then bf16's.
@@ -62,13 +70,19 @@ def test_kernel_matches_fp64_definition_and_torch_backward(batch, length, channe
     assert _relative(d_weight, torch_weight) < 1e-5
 
 
-def test_op_routes_cuda_to_the_kernel_and_fp64_to_torch():
-    grad, padded, weight = _inputs(1, 50, 24, 4, torch.bfloat16)
-    got = conv.conv_silu_backward_op(grad, padded, weight)
-    want = conv_triton.conv_silu_backward(grad, padded, weight)
+def test_ops_route_cuda_to_the_kernels_and_the_rest_to_torch():
+    grad, padded, weight = _inputs(1, 50, 384, 4, torch.bfloat16)
+    grads = [g.contiguous() for g in grad.chunk(3, -1)]
+    assert all(torch.equal(a, b) for a, b in zip(conv.conv_silu_op(padded, weight, 3),
+                                                 conv_triton.conv_silu_forward(padded, weight, 3)))
+    got = conv.conv_silu_backward_op(grads, padded, weight)
+    want = conv_triton.conv_silu_backward(grads, padded, weight)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
-    doubles = grad.double(), padded.double(), weight.double()
+    doubles = [g.double() for g in grads], padded.double(), weight.double()
     torch.testing.assert_close(conv.conv_silu_backward_op(*doubles)[0], conv.torch_conv_silu_backward(*doubles)[0])
+    # Parts that are not whole channel blocks (3 x 8 channels) go to torch too.
+    small = _inputs(1, 20, 24, 4, torch.bfloat16)[1:]
+    torch.testing.assert_close(conv.conv_silu_op(*small, 3), list(conv.torch_conv_silu_parts(*small, 3)))
 
 
 def test_compiled_layer_backward_matches_eager(tmp_path, monkeypatch):

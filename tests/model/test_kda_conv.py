@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from genolc.model.layers.kda import KimiDeltaAttention
-from genolc.model.ops.kda.conv import causal_conv_silu, reference_causal_conv_silu
+from genolc.model.ops.kda.conv import causal_conv_silu, causal_conv_silu_parts, reference_causal_conv_silu
 from genolc.model.presets import tiny
 
 
@@ -59,7 +59,23 @@ def test_poisoned_padding_beyond_the_window_is_not_read():
     torch.testing.assert_close(causal_conv_silu(longer, weight)[:, :20], out)
 
 
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_parts_are_the_output_split_gradients_included(parts):
+    padded, weight = _inputs(2, 19, 12, 4, torch.float64)
+    weight = weight.detach().double().requires_grad_()
+    upstream = torch.randn(2, 19, 12, dtype=torch.float64)
+    pieces = causal_conv_silu_parts(padded, weight, parts)
+    assert len(pieces) == parts and all(p.is_contiguous() and p.shape == (2, 19, 12 // parts) for p in pieces)
+    got = torch.autograd.grad(pieces, (padded, weight), list(upstream.chunk(parts, -1)))
+    want = _grads(reference_causal_conv_silu, padded, weight, upstream)
+    torch.testing.assert_close(torch.cat(pieces, -1), want[0], rtol=1e-10, atol=1e-10)
+    for mine, theirs in zip(got, want[1:]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10)
+
+
 def test_wrong_shapes_say_what_is_expected():
+    with pytest.raises(ValueError, match="12 channels do not split into 5 equal parts"):
+        causal_conv_silu_parts(torch.zeros(1, 8, 12), torch.zeros(12, 4), 5)
     with pytest.raises(ValueError, match=r"padded must be \[B, L \+ K - 1, C\] and weight \[C, K\]"):
         causal_conv_silu(torch.zeros(1, 8, 5), torch.zeros(4, 4))
     with pytest.raises(ValueError, match="fewer than the K - 1 = 3"):

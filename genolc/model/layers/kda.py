@@ -19,7 +19,7 @@ from genolc.model.cache import LayerCache
 from genolc.model.config import ModelConfig
 from genolc.model.layers.norm import GatedRMSNorm
 from genolc.model.ops.dispatch import chunk_kda
-from genolc.model.ops.kda.conv import causal_conv_silu
+from genolc.model.ops.kda.conv import causal_conv_silu, causal_conv_silu_parts
 from genolc.model.ops.kda.gate import kda_gate
 
 
@@ -96,10 +96,14 @@ class KimiDeltaAttention(nn.Module):
 
         ``tail [B, <= K-1, C]``: the inputs just before ``qkv`` (a chunk's predecessors); zeros where absent.
         """
+        return causal_conv_silu(self.padded_conv_input(qkv, tail), self.conv1d.weight[:, 0])
+
+    def padded_conv_input(self, qkv: torch.Tensor, tail: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, K - 1 + T, C]``: ``qkv`` preceded by the ``K - 1`` inputs before it (``tail``, zeros where absent)."""
         kernel = self.conv1d.weight.shape[-1]
         known = 0 if tail is None else tail.shape[1]
         inputs = qkv if not known else torch.cat([tail.to(qkv.dtype), qkv], dim=1)
-        return causal_conv_silu(F.pad(inputs, (0, 0, kernel - 1 - known, 0)), self.conv1d.weight[:, 0])
+        return F.pad(inputs, (0, 0, kernel - 1 - known, 0))
 
     def mixer_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-token inputs of ``x [B, T, D]``: the convolution's input (q, k, v projections side by side,
@@ -124,11 +128,12 @@ class KimiDeltaAttention(nn.Module):
 
     def convolved_heads(self, qkv: torch.Tensor, tail: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`short_conv`, then :meth:`split_heads` with each of q, k, v contiguous. fla makes its inputs
-        contiguous anyway, copying the column slices of the convolution's output with strided reads; compiled
-        (genolc/train/apply.py), the convolution writes the three tensors itself."""
-        q, k, v = self.split_heads(self.short_conv(qkv, tail))
-        return q.contiguous(), k.contiguous(), v.contiguous()
+        """:meth:`short_conv`, then :meth:`split_heads` with each of q, k, v contiguous: the convolution writes the
+        three tensors itself (conv.causal_conv_silu_parts). fla would copy strided slices of one output."""
+        heads_shape = (*qkv.shape[:2], self.num_heads, self.head_dim)
+        parts = causal_conv_silu_parts(self.padded_conv_input(qkv, tail), self.conv1d.weight[:, 0], 3)
+        q, k, v = (part.view(heads_shape) for part in parts)
+        return q, k, v
 
     def split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The short convolution's output ``[B, T, 3 W]`` as q, k, v ``[B, T, H, Dk]``."""

@@ -23,6 +23,8 @@ input). It is differentiable once (a second derivative raises).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -49,10 +51,17 @@ def _pre_activation(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return mixed
 
 
-def torch_conv_silu_backward(grad_out: torch.Tensor, padded: torch.Tensor, weight: torch.Tensor
+def torch_conv_silu_parts(padded: torch.Tensor, weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
+    """The forward in torch (CPU, and CUDA inputs the kernels do not take): ``parts`` contiguous channel ranges."""
+    out = F.silu(_pre_activation(padded, weight), inplace=True).to(padded.dtype)
+    return tuple(part.contiguous() for part in out.chunk(parts, dim=-1))
+
+
+def torch_conv_silu_backward(grads: Sequence[torch.Tensor], padded: torch.Tensor, weight: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(d_padded in padded's dtype, d_weight in weight's dtype)``: the backward in torch (CPU, and CUDA inputs the
-    Triton kernel does not take); conv_triton.py's kernel computes the same sums in the same order."""
+    """``(d_padded in padded's dtype, d_weight in weight's dtype)`` from the parts' gradients: the backward in torch;
+    conv_triton.py's kernel computes the same sums in the same order."""
+    grad_out = grads[0] if len(grads) == 1 else torch.cat(list(grads), dim=-1)
     kernel = weight.shape[1]
     mixed = _pre_activation(padded, weight)
     length = mixed.shape[1]
@@ -70,21 +79,47 @@ def torch_conv_silu_backward(grad_out: torch.Tensor, padded: torch.Tensor, weigh
     return grad.to(padded.dtype), grad_weight.to(weight.dtype)
 
 
-@torch.library.custom_op("genolc::kda_conv_silu_backward", mutates_args=())
-def conv_silu_backward_op(grad_out: torch.Tensor, padded: torch.Tensor, weight: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The convolution's backward: conv_triton.py's kernel on CUDA, :func:`torch_conv_silu_backward` elsewhere.
-    An op of its own so that torch.compile calls it as it is rather than tracing it into its own kernels."""
-    if grad_out.is_cuda:
+def _kernels_take(padded: torch.Tensor, weight: torch.Tensor, parts: int, grads: Sequence[torch.Tensor] = ()) -> bool:
+    if not padded.is_cuda:
+        return False
+    from genolc.model.ops.kda import conv_triton
+
+    return conv_triton.unsupported_reason(padded, weight, parts, grads=grads) is None
+
+
+@torch.library.custom_op("genolc::kda_conv_silu", mutates_args=())
+def conv_silu_op(padded: torch.Tensor, weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """The convolution's output as ``parts`` contiguous channel ranges: conv_triton.py's kernel on CUDA,
+    :func:`torch_conv_silu_parts` elsewhere. Ops of their own (this and the backward) so that torch.compile calls
+    the kernels as they are rather than tracing the torch code into its own kernels."""
+    if _kernels_take(padded, weight, parts):
         from genolc.model.ops.kda import conv_triton
 
-        if conv_triton.unsupported_reason(grad_out, padded, weight) is None:
-            return conv_triton.conv_silu_backward(grad_out, padded, weight)
-    return torch_conv_silu_backward(grad_out, padded, weight)
+        return list(conv_triton.conv_silu_forward(padded, weight, parts))
+    return list(torch_conv_silu_parts(padded, weight, parts))
+
+
+@conv_silu_op.register_fake
+def _conv_silu_shapes(padded: torch.Tensor, weight: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    batch, padded_length, channels = padded.shape
+    shape = (batch, padded_length - weight.shape[1] + 1, channels // parts)
+    return [padded.new_empty(shape) for _ in range(parts)]
+
+
+@torch.library.custom_op("genolc::kda_conv_silu_backward", mutates_args=())
+def conv_silu_backward_op(grads: list[torch.Tensor], padded: torch.Tensor, weight: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The convolution's backward from its parts' gradients: conv_triton.py's kernel on CUDA,
+    :func:`torch_conv_silu_backward` elsewhere."""
+    if _kernels_take(padded, weight, len(grads), grads):
+        from genolc.model.ops.kda import conv_triton
+
+        return conv_triton.conv_silu_backward(grads, padded, weight)
+    return torch_conv_silu_backward(grads, padded, weight)
 
 
 @conv_silu_backward_op.register_fake
-def _conv_silu_backward_shapes(grad_out: torch.Tensor, padded: torch.Tensor, weight: torch.Tensor
+def _conv_silu_backward_shapes(grads: list[torch.Tensor], padded: torch.Tensor, weight: torch.Tensor
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.empty_like(padded, memory_format=torch.contiguous_format),
             torch.empty_like(weight, memory_format=torch.contiguous_format))
@@ -92,24 +127,33 @@ def _conv_silu_backward_shapes(grad_out: torch.Tensor, padded: torch.Tensor, wei
 
 class CausalConvSiLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, padded: torch.Tensor, weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
         ctx.save_for_backward(padded, weight)
-        return F.silu(_pre_activation(padded, weight), inplace=True).to(padded.dtype)
+        return tuple(conv_silu_op(padded, weight, parts))
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         padded, weight = ctx.saved_tensors
-        grad_padded, grad_weight = conv_silu_backward_op(grad_out, padded, weight)
+        grad_padded, grad_weight = conv_silu_backward_op(list(grads), padded, weight)
         return (grad_padded if ctx.needs_input_grad[0] else None,
-                grad_weight if ctx.needs_input_grad[1] else None)
+                grad_weight if ctx.needs_input_grad[1] else None, None)
 
 
 def causal_conv_silu(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``silu(causal depthwise conv)``: ``padded [B, L + K - 1, C]``, ``weight [C, K]`` -> ``[B, L, C]`` in padded's
     dtype (see the module docstring)."""
     check_conv_inputs(padded, weight)
-    return CausalConvSiLU.apply(padded, weight)
+    return CausalConvSiLU.apply(padded, weight, 1)[0]
+
+
+def causal_conv_silu_parts(padded: torch.Tensor, weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
+    """:func:`causal_conv_silu`'s output as ``parts`` contiguous ``[B, L, C / parts]`` tensors (channel ranges in
+    order): the layer's q, k and v, written by the kernel where they go."""
+    check_conv_inputs(padded, weight)
+    if parts < 1 or padded.shape[2] % parts:
+        raise ValueError(f"{padded.shape[2]} channels do not split into {parts} equal parts")
+    return CausalConvSiLU.apply(padded, weight, parts)
 
 
 def reference_causal_conv_silu(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

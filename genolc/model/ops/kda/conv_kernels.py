@@ -1,7 +1,7 @@
-"""The Triton kernel of :mod:`genolc.model.ops.kda.conv_triton` (the algorithm is described there).
+"""The Triton kernels of :mod:`genolc.model.ops.kda.conv_triton` (the algorithm is described there).
 
 Imports Triton at import time: conv_triton imports this module when it first runs. Written for four taps; a shorter
-filter has its missing taps zero (the weight loads are masked), a longer one goes to conv.py's torch backward.
+filter has its missing taps zero (the weight loads are masked), a longer one goes to conv.py's torch code.
 """
 
 import triton
@@ -53,22 +53,93 @@ def _step(x0, x1, x2, x3, g, gm1, gm2, gm3, dw0, dw1, dw2, dw3, w0, w1, w2, w3, 
 
 
 @triton.jit
-def conv_silu_backward_kernel(grad_ptr, padded_ptr, weight_ptr, d_padded_ptr, d_weight_ptr,
-                              length, padded_length, channels,
+def _part(ptr0, ptr1, ptr2, first_col, part_width):
+    """The part tensor (of up to three, each ``part_width`` channels wide) that holds channel ``first_col``, and the
+    channel its column 0 is."""
+    part = first_col // part_width
+    ptr = ptr0
+    if part == 1:
+        ptr = ptr1
+    elif part == 2:
+        ptr = ptr2
+    return ptr, part * part_width
+
+
+@triton.jit
+def _taps(weight_ptr, cols, col_ok, TAPS: tl.constexpr):
+    """The four taps of ``cols``; those past K are zero, so the four-tap sums lose nothing to them."""
+    w0 = tl.load(weight_ptr + cols * TAPS, mask=col_ok, other=0.0).to(tl.float32)
+    w1 = tl.load(weight_ptr + cols * TAPS + 1, mask=col_ok & (TAPS > 1), other=0.0).to(tl.float32)
+    w2 = tl.load(weight_ptr + cols * TAPS + 2, mask=col_ok & (TAPS > 2), other=0.0).to(tl.float32)
+    w3 = tl.load(weight_ptr + cols * TAPS + 3, mask=col_ok & (TAPS > 3), other=0.0).to(tl.float32)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _forward_step(x0, x1, x2, x3, w0, w1, w2, w3, t, part_cols, col_ok, out_base, length, stride_ot):
+    """y[t] = silu(z[t]) stored for one row of every segment; returns the window moved on by a row."""
+    z = w0[None, :] * x0
+    z += w1[None, :] * x1
+    z += w2[None, :] * x2
+    z += w3[None, :] * x3
+    tl.store(out_base + t.to(tl.int64)[:, None] * stride_ot + part_cols[None, :],
+             (z * tl.sigmoid(z)).to(out_base.dtype.element_ty), mask=(t < length)[:, None] & col_ok[None, :])
+    return x1, x2, x3
+
+
+@triton.jit
+def conv_silu_forward_kernel(padded_ptr, weight_ptr, out0_ptr, out1_ptr, out2_ptr,
+                             length, padded_length, channels, part_width,
+                             stride_pb, stride_pt, stride_ob, stride_ot,
+                             TAPS: tl.constexpr, SEGMENT_ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
+                             BLOCK_C: tl.constexpr):
+    group = tl.program_id(0)
+    batch = tl.program_id(2)
+    first_col = tl.program_id(1) * BLOCK_C
+    cols = first_col + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
+    out_ptr, part_col0 = _part(out0_ptr, out1_ptr, out2_ptr, first_col, part_width)
+    out_base = out_ptr + batch.to(tl.int64) * stride_ob
+    part_cols = cols - part_col0
+    padded_base = padded_ptr + batch.to(tl.int64) * stride_pb
+    w0, w1, w2, w3 = _taps(weight_ptr, cols, col_ok, TAPS)
+    t = (group * SEGMENTS + tl.arange(0, SEGMENTS)) * SEGMENT_ROWS
+    x0 = _rows(padded_base, t, cols, col_ok, padded_length, stride_pt)
+    x1 = _rows(padded_base, t + 1, cols, col_ok, padded_length, stride_pt)
+    x2 = _rows(padded_base, t + 2, cols, col_ok, padded_length, stride_pt)
+    for _ in range(0, SEGMENT_ROWS, 4):
+        xa = _rows(padded_base, t + 3, cols, col_ok, padded_length, stride_pt)
+        xb = _rows(padded_base, t + 4, cols, col_ok, padded_length, stride_pt)
+        xc = _rows(padded_base, t + 5, cols, col_ok, padded_length, stride_pt)
+        xd = _rows(padded_base, t + 6, cols, col_ok, padded_length, stride_pt)
+        x0, x1, x2 = _forward_step(x0, x1, x2, xa, w0, w1, w2, w3, t, part_cols, col_ok, out_base, length,
+                                   stride_ot)
+        x0, x1, x2 = _forward_step(x0, x1, x2, xb, w0, w1, w2, w3, t + 1, part_cols, col_ok, out_base, length,
+                                   stride_ot)
+        x0, x1, x2 = _forward_step(x0, x1, x2, xc, w0, w1, w2, w3, t + 2, part_cols, col_ok, out_base, length,
+                                   stride_ot)
+        x0, x1, x2 = _forward_step(x0, x1, x2, xd, w0, w1, w2, w3, t + 3, part_cols, col_ok, out_base, length,
+                                   stride_ot)
+        t += 4
+
+
+@triton.jit
+def conv_silu_backward_kernel(grad0_ptr, grad1_ptr, grad2_ptr, padded_ptr, weight_ptr, d_padded_ptr, d_weight_ptr,
+                              length, padded_length, channels, part_width,
                               stride_gb, stride_gt, stride_pb, stride_pt, stride_db, stride_dt,
                               TAPS: tl.constexpr, SEGMENT_ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
                               BLOCK_C: tl.constexpr):
     group = tl.program_id(0)
     batch = tl.program_id(2)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    first_col = tl.program_id(1) * BLOCK_C
+    cols = first_col + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
-    grad_base = grad_ptr + batch.to(tl.int64) * stride_gb
+    grad_ptr, part_col0 = _part(grad0_ptr, grad1_ptr, grad2_ptr, first_col, part_width)
+    # g is read at the part's own columns; padded, d_padded and the taps at the full width's.
+    grad_base = grad_ptr + batch.to(tl.int64) * stride_gb - part_col0
     padded_base = padded_ptr + batch.to(tl.int64) * stride_pb
     d_padded_base = d_padded_ptr + batch.to(tl.int64) * stride_db
-    w0 = tl.load(weight_ptr + cols * TAPS, mask=col_ok, other=0.0).to(tl.float32)
-    w1 = tl.load(weight_ptr + cols * TAPS + 1, mask=col_ok & (TAPS > 1), other=0.0).to(tl.float32)
-    w2 = tl.load(weight_ptr + cols * TAPS + 2, mask=col_ok & (TAPS > 2), other=0.0).to(tl.float32)
-    w3 = tl.load(weight_ptr + cols * TAPS + 3, mask=col_ok & (TAPS > 3), other=0.0).to(tl.float32)
+    w0, w1, w2, w3 = _taps(weight_ptr, cols, col_ok, TAPS)
     s = (group * SEGMENTS + tl.arange(0, SEGMENTS)) * SEGMENT_ROWS
     # A segment starts from gm of the three rows before it (recomputed: they are its neighbour's) and the padded
     # rows s, s + 1, s + 2 that z[s] reads beside s + 3.

@@ -1,6 +1,6 @@
-"""The backward of KDA's short convolution with SiLU (conv.py) in one Triton kernel.
+"""KDA's short convolution with SiLU (conv.py) in two Triton kernels, forward and backward.
 
-With ``z[t] = sum_j w[j] * padded[t + j]`` (per channel, K taps) and ``y = silu(z)``, given ``g = dL/dy``:
+With ``z[t] = sum_j w[j] * padded[t + j]`` (per channel, K taps), ``y = silu(z)`` and, given ``g = dL/dy``:
 
     gm[t]           = g[t] * silu'(z[t]),  silu'(z) = sigmoid(z) * (1 + z * (1 - sigmoid(z)))
     d_padded[s]     = sum_k w[k] * gm[s - k]          (terms with s - k outside [0, L) are zero)
@@ -21,30 +21,37 @@ four ``[segments, block_channels]`` sums; the per-program partials are summed af
 (deterministic, no atomics). A first form recomputed ``gm`` at all K shifts of a tile of rows, one tile-wide
 reduction a tap: on the same chunk it took 1.7-3.7 ms depending on its tiles (the same folder).
 
-Sums run in fp32 in the order of conv.py's torch backward (``z`` over ascending taps, ``d_padded`` over ascending k),
-so the two differ by rounding only (a fused multiply-add here and there). Runs on CUDA, or on CPU tensors under
+The forward slides the same way (one new padded row a step, ``y`` stored) and writes its output split into ``parts``
+tensors of ``C / parts`` channels each, contiguous: the layer's q, k and v, which fla takes as they are. Compiled,
+the torch forward wrote an fp32 ``z`` and three more kernels cast and split it. The backward reads the gradients of
+those parts where they are (no concatenation). A channel block must then lie in one part: ``C / parts`` a multiple
+of ``block_channels`` (:func:`unsupported_reason`; the presets' 1,024 and 1,536 are).
+
+Sums run in fp32 in the order of conv.py's torch code (``z`` over ascending taps, ``d_padded`` over ascending k), so
+the two differ by rounding only (a fused multiply-add here and there; ``silu`` as ``z * sigmoid(z)``). Runs on CUDA, or on CPU tensors under
 ``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py). Imports Triton at call time only.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 MAX_TAPS = 4
+MAX_PARTS = 3
 
 
 @dataclass(frozen=True)
-class ConvBackwardConfig:
-    """Tiles of the backward kernel: each program walks ``segments`` runs of ``segment_rows`` rows side by side, over
-    ``block_channels`` channels; ``benchmarks/bench_kda_conv.py`` times candidates on the H200."""
+class ConvKernelConfig:
+    """Tiles of both kernels: each program walks ``segments`` runs of ``segment_rows`` rows side by side, over
+    ``block_channels`` channels. The default was the fastest backward of eight on the H200 for both presets' chunks
+    (benchmarks/results/kda_conv_2026-12-03/, ``benchmarks/bench_kda_conv.py``)."""
 
-    segment_rows: int = 64
+    segment_rows: int = 128
     segments: int = 8
     block_channels: int = 64
     num_warps: int = 4
@@ -55,59 +62,95 @@ class ConvBackwardConfig:
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")
         if self.segment_rows < 4 or self.segment_rows % 4:
-            raise ValueError(f"segment_rows must be a positive multiple of 4 (the kernel's rows a pass), got "
+            raise ValueError(f"segment_rows must be a positive multiple of 4 (the kernels' rows a pass), got "
                              f"{self.segment_rows}")
 
 
-DEFAULT_BACKWARD_CONFIG = ConvBackwardConfig()
+DEFAULT_CONFIG = ConvKernelConfig()
 
 
 @functools.cache
-def _backward_kernel():
+def _kernels():
     from genolc.model.ops.kda import conv_kernels
 
-    return conv_kernels.conv_silu_backward_kernel
+    return conv_kernels.conv_silu_forward_kernel, conv_kernels.conv_silu_backward_kernel
 
 
-def unsupported_reason(grad_out: torch.Tensor, padded: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """Why the kernel cannot take these (a dtype outside ``KERNEL_DTYPES``, more than ``MAX_TAPS`` taps), or None.
+def unsupported_reason(padded: torch.Tensor, weight: torch.Tensor, parts: int,
+                       config: ConvKernelConfig = DEFAULT_CONFIG, grads: Sequence[torch.Tensor] = ()) -> str | None:
+    """Why the kernels cannot take these (a dtype outside ``KERNEL_DTYPES``, more than ``MAX_TAPS`` taps, parts
+    that are not whole channel blocks), or None; ``grads``: the backward's. conv.py's ops then run its torch code.
     Pure torch."""
-    for name, tensor in (("grad_out", grad_out), ("padded", padded), ("weight", weight)):
+    for name, tensor in (("padded", padded), ("weight", weight), *(("a gradient", g) for g in grads)):
         if tensor.dtype not in KERNEL_DTYPES:
             return f"{name} is {tensor.dtype}, not one of {KERNEL_DTYPES}"
     if weight.dim() != 2 or not 1 <= weight.shape[1] <= MAX_TAPS:
         return f"weight must be [C, K] with 1 <= K <= {MAX_TAPS}, got {tuple(weight.shape)}"
+    channels = padded.shape[-1]
+    if not 1 <= parts <= MAX_PARTS or channels % parts:
+        return f"{channels} channels do not split into {parts} parts (1 to {MAX_PARTS})"
+    if parts > 1 and (channels // parts) % config.block_channels:
+        return f"parts of {channels // parts} channels are not whole blocks of {config.block_channels}"
     return None
 
 
-def conv_silu_backward(grad_out: torch.Tensor, padded: torch.Tensor, weight: torch.Tensor,
-                       config: ConvBackwardConfig = DEFAULT_BACKWARD_CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(d_padded [B, L + K - 1, C] in padded's dtype, d_weight [C, K] in weight's dtype)`` for ``grad_out [B, L,
-    C]``, ``padded [B, L + K - 1, C]`` and ``weight [C, K]`` (conv.py's shapes; the formulas in the module notes)."""
+def _launch_shape(padded: torch.Tensor, config: ConvKernelConfig) -> tuple[int, int, int]:
     import triton
 
-    reason = unsupported_reason(grad_out, padded, weight)
+    segments = triton.cdiv(padded.shape[1], config.segment_rows)
+    return triton.cdiv(segments, config.segments), triton.cdiv(padded.shape[2], config.block_channels), padded.shape[0]
+
+
+def conv_silu_forward(padded: torch.Tensor, weight: torch.Tensor, parts: int,
+                      config: ConvKernelConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, ...]:
+    """``silu(causal depthwise conv)`` of ``padded [B, L + K - 1, C]`` with ``weight [C, K]``, as ``parts`` contiguous
+    ``[B, L, C / parts]`` tensors in padded's dtype (channel ranges in order)."""
+    reason = unsupported_reason(padded, weight, parts, config)
     if reason is not None:
-        raise ValueError(f"KDA convolution backward kernel: {reason}; use conv.py's torch backward")
+        raise ValueError(f"KDA convolution kernel: {reason}; use conv.py's torch code")
+    padded, weight = padded.contiguous(), weight.contiguous()
     batch, padded_length, channels = padded.shape
     taps = weight.shape[1]
     length = padded_length - taps + 1
-    if grad_out.shape != (batch, length, channels) or weight.shape[0] != channels:
-        raise ValueError(f"KDA convolution backward kernel: grad_out must be [B, L, C] = {(batch, length, channels)} "
-                         f"and weight [C, K] with C = {channels}; got {tuple(grad_out.shape)} and "
-                         f"{tuple(weight.shape)}")
-    grad_out, padded, weight = grad_out.contiguous(), padded.contiguous(), weight.contiguous()
+    outs = tuple(padded.new_empty((batch, length, channels // parts)) for _ in range(parts))
+    if batch and length and channels:
+        forward, _ = _kernels()
+        first = outs[0]
+        forward[_launch_shape(padded, config)](
+            padded, weight, first, outs[min(1, parts - 1)], outs[parts - 1], length, padded_length, channels,
+            channels // parts, padded.stride(0), padded.stride(1), first.stride(0), first.stride(1), TAPS=taps,
+            SEGMENT_ROWS=config.segment_rows, SEGMENTS=config.segments, BLOCK_C=config.block_channels,
+            num_warps=config.num_warps)
+    return outs
+
+
+def conv_silu_backward(grads: Sequence[torch.Tensor], padded: torch.Tensor, weight: torch.Tensor,
+                       config: ConvKernelConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d_padded [B, L + K - 1, C] in padded's dtype, d_weight [C, K] in weight's dtype)`` for the gradients of
+    :func:`conv_silu_forward`'s parts (``[B, L, C / parts]`` each; the formulas in the module notes)."""
+    parts = len(grads)
+    reason = unsupported_reason(padded, weight, parts, config, grads)
+    if reason is not None:
+        raise ValueError(f"KDA convolution kernel: {reason}; use conv.py's torch code")
+    batch, padded_length, channels = padded.shape
+    taps = weight.shape[1]
+    length = padded_length - taps + 1
+    if any(g.shape != (batch, length, channels // parts) for g in grads) or weight.shape[0] != channels:
+        raise ValueError(f"KDA convolution kernel: gradients must be {parts} x [B, L, C / parts] = "
+                         f"{(batch, length, channels // parts)} and weight [C, K] with C = {channels}; got "
+                         f"{[tuple(g.shape) for g in grads]} and {tuple(weight.shape)}")
+    grads = [g.contiguous() for g in grads]
+    padded, weight = padded.contiguous(), weight.contiguous()
     d_padded = torch.empty_like(padded)
-    segments = triton.cdiv(padded_length, config.segment_rows)
-    groups = triton.cdiv(segments, config.segments)
     if batch == 0 or padded_length == 0 or channels == 0:
         d_padded.zero_()
         return d_padded, torch.zeros_like(weight)
-    partial = torch.empty((batch * groups, channels, taps), dtype=torch.float32, device=padded.device)
-    grid = (groups, triton.cdiv(channels, config.block_channels), batch)
-    _backward_kernel()[grid](grad_out, padded, weight, d_padded, partial, length, padded_length, channels,
-                             grad_out.stride(0), grad_out.stride(1), padded.stride(0), padded.stride(1),
-                             d_padded.stride(0), d_padded.stride(1), TAPS=taps,
-                             SEGMENT_ROWS=config.segment_rows, SEGMENTS=config.segments,
-                             BLOCK_C=config.block_channels, num_warps=config.num_warps)
+    grid = _launch_shape(padded, config)
+    partial = torch.empty((grid[0] * batch, channels, taps), dtype=torch.float32, device=padded.device)
+    _, backward = _kernels()
+    backward[grid](grads[0], grads[min(1, parts - 1)], grads[parts - 1], padded, weight, d_padded, partial, length,
+                   padded_length, channels, channels // parts, grads[0].stride(0), grads[0].stride(1),
+                   padded.stride(0), padded.stride(1), d_padded.stride(0), d_padded.stride(1), TAPS=taps,
+                   SEGMENT_ROWS=config.segment_rows, SEGMENTS=config.segments, BLOCK_C=config.block_channels,
+                   num_warps=config.num_warps)
     return d_padded, partial.sum(0).to(weight.dtype)
