@@ -21,6 +21,10 @@ stage (190 at three, 255 at three or four with the tile in registers), its backw
 and 202; the DSA Triton forward 128 and 28 bytes spilled, its backward 164; no other spill. 2026-12-03: the
 indexer's scoring kernel 255 and 2,568 bytes spilled with its head loop unrolled, 255 and none rolled.)
 
+The DSA backward's slab order (genolc/model/ops/dsa/triton_slab_order.py) is built for int32 rows of 2051 slots (a
+4,096-key sort) with 4 (its default), 8 and 16 warps, and for its widest row (16,384 keys, 16 warps); 2026-12-03:
+128, 80, 59 and 128 registers, no spill.
+
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
 
@@ -45,7 +49,7 @@ from genolc.model.ops.moe import triton as moe
 ARCH = 90
 BLOCKS = {"ROWS": moe.ROWS, "COLUMNS": moe.COLUMNS}
 INTS = ("n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len", "first_query", "kpool",
-        "keep", "q0", "n_queries", "n_pools", "length", "padded_length", "channels")
+        "keep", "q0", "n_queries", "n_pools", "length", "padded_length", "channels", "part_width")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
 
@@ -177,18 +181,47 @@ def topk_builds() -> dict[str, Build]:
 
 
 def kda_conv_builds() -> dict[str, Build]:
-    """KDA's convolution backward (genolc/model/ops/kda/conv_triton.py) as the layer launches it: bf16 activations,
-    fp32 taps (K = 4), the default tiles."""
+    """KDA's convolution kernels (genolc/model/ops/kda/conv_triton.py) as the layer launches them: bf16 activations,
+    fp32 taps (K = 4), q, k, v as three parts, the default tiles."""
     from genolc.model.ops.kda import conv_triton
 
-    config = conv_triton.DEFAULT_BACKWARD_CONFIG
-    return {"KDA conv backward": Build(
-        conv_triton._backward_kernel(), {"grad_ptr": BF16, "padded_ptr": BF16, "weight_ptr": "*fp32",
-                                         "d_padded_ptr": BF16, "d_weight_ptr": "*fp32"},
-        {"TAPS": 4, "TAPS_P2": 4, "ROWS_PER_PROGRAM": config.rows_per_program, "BLOCK_ROWS": config.block_rows,
-         "BLOCK_C": config.block_channels}, warps=config.num_warps,
-        divisible=("grad_ptr", "padded_ptr", "weight_ptr", "d_padded_ptr", "d_weight_ptr", "channels", "stride_gb",
-                   "stride_gt", "stride_pb", "stride_pt", "stride_db", "stride_dt"))}
+    config = conv_triton.DEFAULT_CONFIG
+    forward, backward = conv_triton._kernels()
+    constexprs = {"TAPS": 4, "SEGMENT_ROWS": config.segment_rows, "SEGMENTS": config.segments,
+                  "BLOCK_C": config.block_channels}
+    strides = ("channels", "part_width", "stride_pb", "stride_pt")
+    return {
+        "KDA conv forward": Build(
+            forward, {"padded_ptr": BF16, "weight_ptr": "*fp32", "out0_ptr": BF16, "out1_ptr": BF16,
+                      "out2_ptr": BF16}, constexprs, warps=config.num_warps,
+            divisible=("padded_ptr", "weight_ptr", "out0_ptr", "out1_ptr", "out2_ptr", *strides, "stride_ob",
+                       "stride_ot")),
+        "KDA conv backward": Build(
+            backward, {"grad0_ptr": BF16, "grad1_ptr": BF16, "grad2_ptr": BF16, "padded_ptr": BF16,
+                       "weight_ptr": "*fp32", "d_padded_ptr": BF16, "d_weight_ptr": "*fp32"}, constexprs,
+            warps=config.num_warps,
+            divisible=("grad0_ptr", "grad1_ptr", "grad2_ptr", "padded_ptr", "weight_ptr", "d_padded_ptr",
+                       "d_weight_ptr", *strides, "stride_gb", "stride_gt", "stride_db", "stride_dt")),
+    }
+
+
+def slab_order_builds() -> dict[str, Build]:
+    """The DSA backward's slab order as backward_slabs launches it: contiguous int32 rows (the last stride 1, which
+    Triton specializes), W = 2051 in a 4,096-key block, and its widest rows; its scalars' types are given here with
+    the pointers'."""
+    from genolc.model.ops.dsa import triton_slab_order
+
+    types = {"idx_ptr": "*i32", "rows_ptr": "*i32", "offsets_ptr": "*i32", "width": "i32", "slab_rows": "i32",
+             "counted_bounds": "i32", "n_bounds": "i32", "empty_out": "i32"}
+    found = {}
+    for width, warps in ((2051, triton_slab_order.default_warps(2051)), (2051, 8), (2051, 16),
+                         (triton_slab_order.MAX_WIDTH, triton_slab_order.default_warps(triton_slab_order.MAX_WIDTH))):
+        block = triton_slab_order.block_width(width)
+        found[f"slab order ({block} keys, {warps} warps)"] = Build(
+            triton_slab_order._kernel(), types,
+            {"BLOCK": block, "EMPTY_KEY": triton_slab_order.EMPTY_KEY, "stride_w": 1}, warps=warps,
+            divisible=("idx_ptr", "rows_ptr", "offsets_ptr", "slab_rows"))
+    return found
 
 
 _NAME = r"%[\w#.]+"
@@ -295,7 +328,8 @@ def _ptxas(ptx: str) -> tuple[int, str | None, int, str]:
 
 def main() -> int:
     failures = 0
-    for name, build in (moe_builds() | mhc_builds() | dsa_builds() | topk_builds() | kda_conv_builds()).items():
+    for name, build in (moe_builds() | mhc_builds() | dsa_builds() | topk_builds() | kda_conv_builds()
+                        | slab_order_builds()).items():
         kernel = build.kernel
         divisible = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kernel.arg_names)
                      if arg in build.divisible}
