@@ -7,9 +7,6 @@ under Triton's interpreter and compares them with the pure-torch references at s
 head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit
 status 0 when everything matches.
 
-The DSA backward's slab order (genolc/model/ops/dsa/triton_slab_order.py) runs last, or alone with the argument
-``slab_order``: rows of width 1, 5 and 2051 against backward_slabs.slab_order, bit for bit.
-
 Not part of the CI suite (pytest collects ``test_*.py`` only): it needs Triton, which genolc does not depend on on
 CPU. Use a throwaway venv, never the project's:
 
@@ -35,8 +32,6 @@ import torch  # noqa: E402
 
 from genolc.model.ops.dsa import triton as dsa_triton  # noqa: E402
 from genolc.model.ops.dsa import reference as dsa_reference  # noqa: E402
-from genolc.model.ops.dsa import triton_slab_order  # noqa: E402
-from genolc.model.ops.dsa.tilelang import backward_slabs  # noqa: E402
 from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer import layout as indexer_layout  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
@@ -323,94 +318,8 @@ def check_kda_conv(batch, length, channels, taps, dtype, parts, config) -> list[
     return problems
 
 
-def slab_order_indices(batch, length, width, kv_len, index_dtype, holes, seed) -> torch.Tensor:
-    """Index rows as the model's are (each key at most once a row), in any order, a fraction ``holes`` of the slots
-    -1 anywhere and the last row all -1."""
-    gen = torch.Generator().manual_seed(seed)
-    keys = torch.rand(batch, length, kv_len, generator=gen).argsort(-1)[..., :width]
-    keys = keys.masked_fill(torch.rand(keys.shape, generator=gen) < holes, -1)
-    keys[-1, -1] = -1
-    return keys.to(index_dtype)
-
-
-def check_slab_order(indices, slab_rows, kv_len) -> list[str]:
-    """The Triton slab order against backward_slabs.slab_order, exactly, its outputs allocated filled with junk (so
-    every slot must be written)."""
-    expected = backward_slabs.slab_order(indices, slab_rows, kv_len)
-    empty = torch.empty
-    torch.empty = lambda *args, **kwargs: empty(*args, **kwargs).fill_(-5)
-    try:
-        got = triton_slab_order.slab_order(indices, slab_rows, kv_len)
-    finally:
-        torch.empty = empty
-    problems = []
-    for name, mine, want in zip(("rows", "offsets"), got, expected):
-        if mine.dtype != torch.int32 or not mine.is_contiguous() or not torch.equal(mine, want):
-            problems.append(f"{name}: {tuple(mine.shape)} {mine.dtype} differ from the reference's "
-                            f"{tuple(want.shape)} at {int((mine != want).sum()) if mine.shape == want.shape else '?'}")
-    return problems
-
-
-def slab_order_errors() -> list[str]:
-    """The same ValueErrors as the reference for sizes neither takes; rows too wide to sort in registers."""
-    indices = torch.tensor([[[5, -1, 0, 3]]])
-    problems = []
-    for slab_rows, kv_len in ((0, 6), (4, 2 ** 31), (1, backward_slabs.MAX_SLABS + 1)):
-        messages = []
-        for order in (backward_slabs.slab_order, triton_slab_order.slab_order):
-            try:
-                order(indices, slab_rows, kv_len)
-                messages.append(None)
-            except ValueError as error:
-                messages.append(str(error))
-        if messages[0] is None or messages[0] != messages[1]:
-            problems.append(f"slab_rows {slab_rows}, kv_len {kv_len}: {messages}")
-    try:
-        triton_slab_order.slab_order(torch.zeros(1, 1, triton_slab_order.MAX_WIDTH + 1, dtype=torch.int32), 4, 6)
-        problems.append("a row wider than MAX_WIDTH was taken")
-    except ValueError:
-        pass
-    return problems
-
-
-def run_slab_order_cases() -> int:
-    """The slab order's cases; their number that failed."""
-    limit = triton_slab_order.KERNEL_BOUNDS
-    poisoned = torch.tensor([[[5, -7, 2 ** 31, 2 ** 32 + 3, 2 ** 31 - 1, 2 ** 31 - 2, -1, 0, 999, 1000, 5, -2 ** 40]]])
-    wide = slab_order_indices(2, 3, 12, 50, torch.int32, 0.3, seed=3)
-    cases = {
-        # name: indices, slab_rows, kv_len (not a multiple of slab_rows unless said)
-        "W 1, int32": (slab_order_indices(2, 5, 1, 101, torch.int32, 0.3, seed=1), 16, 101),
-        "W 5, int64": (slab_order_indices(2, 7, 5, 101, torch.int64, 0.3, seed=2), 16, 101),
-        "W 5, kv_len a multiple": (slab_order_indices(1, 3, 5, 96, torch.int32, 0.2, seed=4), 16, 96),
-        "W 5, all -1": (torch.full((2, 3, 5), -1, dtype=torch.int64), 16, 101),
-        f"W 5, int32, {-(-500 // 7) + 1} bounds > {limit} (searchsorted)":
-            (slab_order_indices(3, 4, 5, 500, torch.int32, 0.3, seed=5), 7, 500),
-        "W 7 of a 12-slot row (strided), int32": (wide[..., :7], 8, 50),
-        "W 12, poisoned (other negatives, int64 past int32, duplicates, keys >= kv_len)": (poisoned, 64, 1000),
-        "W 12, poisoned, slabs of 1 (searchsorted)": (poisoned, 1, 1000),
-        "W 2051, int32, 26 bounds": (slab_order_indices(1, 2, 2051, 100003, torch.int32, 0.2, seed=6), 4096, 100003),
-        f"W 2051, int64, {-(-100003 // 1000) + 1} bounds > {limit} (searchsorted)":
-            (slab_order_indices(1, 2, 2051, 100003, torch.int64, 0.2, seed=7), 1000, 100003),
-    }
-    failures = 0
-    for name, case in cases.items():
-        start = time.time()
-        problems = check_slab_order(*case)
-        failures += bool(problems)
-        print(f"slab_order {name}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
-    problems = slab_order_errors()
-    failures += bool(problems)
-    print(f"slab_order errors: {'FAIL ' + '; '.join(problems) if problems else 'ok'}")
-    return failures
-
-
 def main() -> int:
     failures = 0
-    if sys.argv[1:] == ["slab_order"]:
-        failures = run_slab_order_cases()
-        print("all ok" if failures == 0 else f"{failures} case(s) failed")
-        return 1 if failures else 0
     conv_cases = [
         # batch, L, C, K, dtype, parts, config: one row; rows and channels off the tile grid; several segment
         # groups and segments that end past the rows; K = 3 and K = 1 (missing taps); two and three parts
@@ -521,7 +430,6 @@ def main() -> int:
         problems = check_dsa(*case)
         failures += bool(problems)
         print(f"dsa {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
-    failures += run_slab_order_cases()
     print("all ok" if failures == 0 else f"{failures} case(s) failed")
     return 1 if failures else 0
 

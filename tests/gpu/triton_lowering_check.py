@@ -21,10 +21,6 @@ stage (190 at three, 255 at three or four with the tile in registers), its backw
 and 202; the DSA Triton forward 128 and 28 bytes spilled, its backward 164; no other spill. 2026-12-03: the
 indexer's scoring kernel 255 and 2,568 bytes spilled with its head loop unrolled, 255 and none rolled.)
 
-The DSA backward's slab order (genolc/model/ops/dsa/triton_slab_order.py) is built for int32 rows of 2051 slots (a
-4,096-key sort) with 4 (its default), 8 and 16 warps, and for its widest row (16,384 keys, 16 warps); 2026-12-03:
-128, 80, 59 and 128 registers, no spill.
-
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
 
@@ -205,25 +201,6 @@ def kda_conv_builds() -> dict[str, Build]:
     }
 
 
-def slab_order_builds() -> dict[str, Build]:
-    """The DSA backward's slab order as backward_slabs launches it: contiguous int32 rows (the last stride 1, which
-    Triton specializes), W = 2051 in a 4,096-key block, and its widest rows; its scalars' types are given here with
-    the pointers'."""
-    from genolc.model.ops.dsa import triton_slab_order
-
-    types = {"idx_ptr": "*i32", "rows_ptr": "*i32", "offsets_ptr": "*i32", "width": "i32", "slab_rows": "i32",
-             "counted_bounds": "i32", "n_bounds": "i32", "empty_out": "i32"}
-    found = {}
-    for width, warps in ((2051, triton_slab_order.default_warps(2051)), (2051, 8), (2051, 16),
-                         (triton_slab_order.MAX_WIDTH, triton_slab_order.default_warps(triton_slab_order.MAX_WIDTH))):
-        block = triton_slab_order.block_width(width)
-        found[f"slab order ({block} keys, {warps} warps)"] = Build(
-            triton_slab_order._kernel(), types,
-            {"BLOCK": block, "EMPTY_KEY": triton_slab_order.EMPTY_KEY, "stride_w": 1}, warps=warps,
-            divisible=("idx_ptr", "rows_ptr", "offsets_ptr", "slab_rows"))
-    return found
-
-
 _NAME = r"%[\w#.]+"
 
 
@@ -328,8 +305,7 @@ def _ptxas(ptx: str) -> tuple[int, str | None, int, str]:
 
 def main() -> int:
     failures = 0
-    for name, build in (moe_builds() | mhc_builds() | dsa_builds() | topk_builds() | kda_conv_builds()
-                        | slab_order_builds()).items():
+    for name, build in (moe_builds() | mhc_builds() | dsa_builds() | topk_builds() | kda_conv_builds()).items():
         kernel = build.kernel
         divisible = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kernel.arg_names)
                      if arg in build.divisible}

@@ -1,10 +1,7 @@
 """What the two TileLang backward kernels of the DSA sparse attention share (backward.py: one block per query;
 backward_slabs.py: one block per (query, key slab)): their launch config, its default, their input checks, two
-constants of their math and the TileLang macros of one step over a block of slots; and the slab count and bounds of
-backward_slabs.py's index-row order, which its pure-torch ``slab_order`` and the Triton one
-(genolc/model/ops/dsa/triton_slab_order.py) both take from here. Kept apart so that backward.py can hand long key
-ranges to backward_slabs.py, which builds on these, and backward_slabs.py can call the Triton order, without an
-import cycle."""
+constants of their math and the TileLang macros of one step over a block of slots. Kept apart so that backward.py
+can hand long key ranges to backward_slabs.py, which builds on these, without an import cycle."""
 
 from dataclasses import dataclass
 
@@ -16,9 +13,6 @@ from genolc.model.ops.dsa.tilelang.forward import LOG2_E, check_inputs, padded_h
 EMPTY_ROW_LSE = 2.0 ** 30
 # Components per vector atomic (red.global.add.v4.f32): R must be a multiple of it (it is: R % 16 == 0).
 ATOMIC_VECTOR = 4
-# The sort key of an empty slot (-1) in the slab order: int32's largest, after every latent row (S is below it).
-EMPTY_KEY = torch.iinfo(torch.int32).max
-MAX_SLABS = 65535          # CUDA's limit on gridDim.y, the slab-ordered kernel's slab axis
 
 
 @dataclass(frozen=True)
@@ -87,27 +81,6 @@ def check_backward_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: to
         if tensor.device != q_lat.device:
             raise ValueError(f"{name} is on {tensor.device}, q_lat on {q_lat.device}")
     check_inputs(q_lat, latent, indices, softmax_scale)
-
-
-def slab_count(slab_rows: int, kv_len: int) -> int:
-    """``n = ceil(kv_len / slab_rows)``, at least 1: the key slabs of the slab order; ValueError for a slab size or a
-    key count it cannot take (the rows are int32 with EMPTY_KEY for empty slots, and each slab is one grid row)."""
-    if slab_rows < 1:
-        raise ValueError(f"slab_rows must be positive, got {slab_rows}")
-    if kv_len >= EMPTY_KEY:
-        raise ValueError(f"kv_len {kv_len} does not fit the int32 rows")
-    n_slabs = max(1, -(-kv_len // slab_rows))
-    if n_slabs > MAX_SLABS:
-        raise ValueError(f"{n_slabs} slabs of {slab_rows} rows over {kv_len} keys: at most {MAX_SLABS} (the grid's "
-                         f"second dimension); use slab_rows >= {-(-kv_len // MAX_SLABS)}")
-    return n_slabs
-
-
-def slab_bounds(n_slabs: int, slab_rows: int, device: torch.device) -> torch.Tensor:
-    """``[n + 1]`` int32: ``s * slab_rows``, clamped below EMPTY_KEY (so that no bound counts an empty slot).
-    ``offsets[..., s]`` of the slab order is the number of a row's keys below bound ``s``."""
-    bounds = torch.arange(n_slabs + 1, device=device, dtype=torch.int64) * slab_rows
-    return bounds.clamp_max(EMPTY_KEY - 1).to(torch.int32)
 
 
 def slot_step_macros(heads_pad: int, block_slots: int, part: int, softmax_scale: float):

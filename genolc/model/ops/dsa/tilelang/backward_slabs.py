@@ -10,9 +10,7 @@ each query's ``W`` rows of ``dC`` (fp32 atomics) anywhere in ``[0, S)``, so at 5
 Here the keys are cut into slabs of ``slab_rows`` rows, and one block handles one (query, slab) pair: the query's
 slots that fall in that slab. The grid is (query, slab, batch) with the query fastest, so the blocks resident at any
 moment mostly scatter into one slab, which can stay in L2. To find a query's slots in a slab, each index row is
-sorted (empty slots last) and cut at the slab boundaries: on CUDA by one Triton program a row
-(:func:`genolc.model.ops.dsa.triton_slab_order.slab_order`), elsewhere by :func:`slab_order`, the pure-torch
-reference of the same outputs. The price:
+sorted (empty slots last) and cut at the slab boundaries (:func:`slab_order`, pure torch). The price:
 
 - each block loads its query's Q and dO rows again (once per slab that holds one of its slots);
 - ``dQ`` is summed over the slabs: each block adds its ``[H, R]`` partial into an fp32 buffer with vector atomics
@@ -43,17 +41,16 @@ import dataclasses
 
 import torch
 
-from genolc.model.ops.dsa import triton_slab_order
-from genolc.model.ops.dsa.tilelang import backward_config
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
-from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, EMPTY_KEY, EMPTY_ROW_LSE, BackwardConfig,
+from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, EMPTY_ROW_LSE, BackwardConfig,
                                                            check_backward_inputs, default_backward_config,
-                                                           slab_bounds, slab_count, slot_step_macros)
+                                                           slot_step_macros)
 from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, padded_heads
 
 # 32k rows: d_latent's fp32 slab is 48 MiB at R = 384 and 32 MiB at R = 256, the sizes measured above.
 DEFAULT_SLAB_ROWS = 32768
-MAX_SLABS = backward_config.MAX_SLABS      # the most slabs slab_count takes (read here by callers of this module)
+_EMPTY_KEY = torch.iinfo(torch.int32).max
+MAX_SLABS = 65535          # CUDA's limit on gridDim.y
 
 
 def default_slabbed_config(rank: int) -> BackwardConfig:
@@ -64,8 +61,7 @@ def default_slabbed_config(rank: int) -> BackwardConfig:
 
 
 def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each index row sorted and cut at the slab boundaries (pure torch: the reference of
-    :func:`genolc.model.ops.dsa.triton_slab_order.slab_order`, which the backward runs on CUDA).
+    """Each index row sorted and cut at the slab boundaries.
 
     Args:
         indices: ``[B, T, W]`` int32/int64 latent rows, -1 for an empty slot.
@@ -77,12 +73,20 @@ def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torc
         int32 with ``n = ceil(S / slab_rows)`` (at least 1): query t's slots in slab s are
         ``rows[b, t, offsets[b, t, s]:offsets[b, t, s + 1]]``, and ``offsets[..., n]`` is its count of valid slots.
     """
-    n_slabs = slab_count(slab_rows, kv_len)
-    keys = torch.where(indices < 0, EMPTY_KEY, indices).to(torch.int32)
+    if slab_rows < 1:
+        raise ValueError(f"slab_rows must be positive, got {slab_rows}")
+    if kv_len >= _EMPTY_KEY:
+        raise ValueError(f"kv_len {kv_len} does not fit the int32 rows")
+    n_slabs = max(1, -(-kv_len // slab_rows))
+    if n_slabs > MAX_SLABS:
+        raise ValueError(f"{n_slabs} slabs of {slab_rows} rows over {kv_len} keys: at most {MAX_SLABS} (the grid's "
+                         f"second dimension); use slab_rows >= {-(-kv_len // MAX_SLABS)}")
+    keys = torch.where(indices < 0, _EMPTY_KEY, indices).to(torch.int32)
     rows = keys.sort(dim=-1).values
-    bounds = slab_bounds(n_slabs, slab_rows, indices.device)
+    bounds = torch.arange(n_slabs + 1, device=indices.device, dtype=torch.int64) * slab_rows
+    bounds = bounds.clamp_max(_EMPTY_KEY - 1).to(torch.int32)
     offsets = torch.searchsorted(rows, bounds.expand(*rows.shape[:-1], n_slabs + 1).contiguous(), out_int32=True)
-    return rows.masked_fill(rows == EMPTY_KEY, -1).contiguous(), offsets.contiguous()
+    return rows.masked_fill(rows == _EMPTY_KEY, -1).contiguous(), offsets.contiguous()
 
 
 def row_dot(out: torch.Tensor, d_out: torch.Tensor, rows_per_step: int = 4096) -> torch.Tensor:
@@ -209,10 +213,7 @@ def sparse_latent_attention_backward_slabs(q_lat: torch.Tensor, latent: torch.Te
     if seq_len > 0 and batch > 0:
         if latent.shape[1] == 0:
             raise ValueError("latent has no rows (S = 0) but indices has rows to attend")
-        # The Triton order sorts a row in registers, up to MAX_WIDTH slots; wider rows take the torch reference.
-        in_triton = indices.is_cuda and indices.shape[2] <= triton_slab_order.MAX_WIDTH
-        order = triton_slab_order.slab_order if in_triton else slab_order
-        rows, offsets = order(indices, slab_rows, latent.shape[1])
+        rows, offsets = slab_order(indices, slab_rows, latent.shape[1])
         delta = row_dot(out, d_out)
         kernel = compiled_slabbed_backward_kernel(heads, rank, indices.shape[2], SUPPORTED_DTYPES[q_lat.dtype],
                                                   float(softmax_scale), config)
