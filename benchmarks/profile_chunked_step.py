@@ -52,7 +52,7 @@ KERNEL_KINDS = (
     ("mhc (Triton)", r"^comb_|^mixing_logits"),
     # fla's TileLang KDA backward is named `kernel` (its launch `kernel_kernel`, one call per KDA layer and chunk).
     ("kda (fla Triton and TileLang, depthwise conv)",
-     r"kda|delta|chunk_|solve_tril|merge_16x16|recompute_w_u|l2norm|cumsum|causal_conv|conv1d|conv_depthwise"
+     r"kda|delta|chunk_|solve_tril|merge_16x16|recompute_w_u|l2norm|cumsum|causal_conv|conv1d|conv_depthwise|conv_silu"
      r"|^kernel_kernel$"),
     ("dsa/indexer (TileLang/Triton)",
      r"tilelang|main_kernel|dsa|sparse|indexer|topk_|pool|candidates_kernel|select_kernel|group_tops|floors_kernel"),

@@ -15,14 +15,14 @@ import math
 
 # (preset, active parameters without the embedding and LM head, utilisation). `base`: finetune steps of 15.21, 15.24
 # and 15.81 s at 512k, git e89142b, after the indexer's scoring and top-k kernels took 0.5-0.7 s off its bare step
-# (benchmarks/results/indexer_scoring_2026-12-03/; 15.90-16.01 s and 0.156 at ab03f4b). `small`: finetune steps of
-# 7.11-7.21 s at 512k, git e825408, with fla's KDA intermediates kept for the backward
-# (benchmarks/results/kda_intermediates_2026-12-03/; 7.71-7.75 s and 0.095 before, when fla computed them again: a
-# `small` step that has no room to keep them, on a smaller GPU, takes about 3.6 % longer than this estimates); its
-# bare step has since lost 0.4 s to the same kernels, not yet measured through finetune, so this over-estimates it.
-# At 1M `base`'s bare step took 36.2-36.7 s at e825408 against 34.7 estimated (tests/train/test_train_plan.py holds
-# the estimate within 10 % of these runs).
-MEASURED_UTILISATION = (("small", 114_658_128, 0.104), ("base", 437_644_272, 0.162))
+# (benchmarks/results/indexer_scoring_2026-12-03/; 15.90-16.01 s and 0.156 at ab03f4b); its bare step has since lost
+# 0.7 s (14.75 -> 14.07 s) to KDA's convolution kernels, not yet measured through finetune, so this over-estimates
+# it by about 5 %. `small`: finetune steps of 6.35-6.51 s at 512k, git b6e1319, with those kernels
+# (benchmarks/results/kda_conv_2026-12-03/; 7.11-7.21 s and 0.104 at e825408, 7.71-7.75 s and 0.095 before fla kept
+# KDA's intermediates for the backward: a `small` step that has no room to keep them, on a smaller GPU, takes about
+# 3.6 % longer than this estimates). At 1M `base`'s bare step took 36.2-36.7 s at e825408 against 34.7 estimated
+# (tests/train/test_train_plan.py holds the estimate within 10 % of these runs).
+MEASURED_UTILISATION = (("small", 114_658_128, 0.121), ("base", 437_644_272, 0.162))
 
 
 def measured_utilisation(config) -> float:

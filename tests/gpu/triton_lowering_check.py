@@ -1,12 +1,12 @@
 """PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_lowering_check.py
 
 Compiles genolc's routed-experts glue kernels (genolc/model/ops/moe/triton.py), mHC mixing kernels
-(genolc/model/ops/mhc/triton.py), DSA Triton pair (genolc/model/ops/dsa/triton.py) and the indexer's scoring and
-top-k kernels (genolc/model/ops/indexer/) for sm_90 on a machine without a GPU, with the dtypes, block sizes and
-divisibility the ops launch them with, through Triton's own pipeline and its bundled ``ptxas -v``: it catches what
-fails to build before a device call is spent on it, prints each kernel's registers and spill bytes, and checks that
-the SwiGLU kernels' clamps compile to NaN-propagating min/max (``.NaN`` in the PTX), as torch's clamp propagates
-NaN.
+(genolc/model/ops/mhc/triton.py), DSA Triton pair (genolc/model/ops/dsa/triton.py), the indexer's scoring and top-k
+kernels (genolc/model/ops/indexer/) and KDA's convolution kernels (genolc/model/ops/kda/conv_kernels.py) for sm_90 on
+a machine without a GPU, with the dtypes, block sizes and divisibility the ops launch them with, through Triton's own
+pipeline and its bundled ``ptxas -v``: it catches what fails to build before a device call is spent on it, prints each
+kernel's registers and spill bytes, and checks that the SwiGLU kernels' clamps compile to NaN-propagating min/max
+(``.NaN`` in the PTX), as torch's clamp propagates NaN.
 
 It also reads each kernel's loops in the TTGIR for a shared-memory buffer that an asynchronous wgmma reads and
 that the loop writes while that wgmma may still be running (:func:`refill_races`). The mHC forward with fp32
@@ -19,7 +19,9 @@ not failed. (2026-12-02, Triton 3.6.0, ptxas 12.8: the SwiGLU forward 96 registe
 backward 190, the combine 191, the gather's backward 99, the combine's backward 192; the mHC forward 246 with one
 stage (190 at three, 255 at three or four with the tile in registers), its backward 255, with bf16 streams 221
 and 202; the DSA Triton forward 128 and 28 bytes spilled, its backward 164; no other spill. 2026-12-03: the
-indexer's scoring kernel 255 and 2,568 bytes spilled with its head loop unrolled, 255 and none rolled.)
+indexer's scoring kernel 255 and 2,568 bytes spilled with its head loop unrolled, 255 and none rolled. KDA's
+convolution kernels (genolc/model/ops/kda/conv_triton.py): forward 64, backward 128, no spill; the backward's first
+form, which recomputed gm at four shifts of a 32 x 128 tile, 255 and 544 bytes spilled.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """

@@ -342,7 +342,7 @@ def test_chunked_plan_above_the_h200_peaks_of_the_current_kernels():
 # record.json gives its command).
 CURRENT_FINETUNE_RUNS = [("base", "kept_attention_2026-12-03/finetune_ab/kept"),
                          ("base", "kept_attention_2026-12-03/finetune_curve_base_512k_s23"),
-                         ("small", "kda_intermediates_2026-12-03/finetune_curve_small_512k_s25")]
+                         ("small", "kda_conv_2026-12-03/call4_b6e1319/finetune_curve_small_512k_s27")]
 
 
 def test_step_time_estimate_within_10_percent_of_the_current_h200_finetune_steps():

@@ -48,7 +48,9 @@ MAX_PARTS = 3
 @dataclass(frozen=True)
 class ConvKernelConfig:
     """Tiles of both kernels: each program walks ``segments`` runs of ``segment_rows`` rows side by side, over
-    ``block_channels`` channels. The default was the fastest backward of eight on the H200 for both presets' chunks
+    ``block_channels`` channels. Of eight backward tiles timed on the H200 the default was the fastest for a chunk of
+    `small` and 10 % behind the fastest for `base` (0.455 against 0.412 ms; that tile took 9 % longer for `small`);
+    in a second run of seven, no tile was more than 5 % faster at either, forward or backward
     (benchmarks/results/kda_conv_2026-12-03/, ``benchmarks/bench_kda_conv.py``)."""
 
     segment_rows: int = 128
