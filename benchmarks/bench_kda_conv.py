@@ -23,7 +23,7 @@ import json
 
 import torch
 
-from gpu_bench_common import measure, rel_err, write_results
+from gpu_bench_common import measure, profiled_kernels, rel_err, write_results
 from genolc.model.layers.kda import KimiDeltaAttention
 from genolc.model.ops.kda import conv, conv_triton
 from genolc.model.presets import preset
@@ -57,15 +57,6 @@ def parse_config(text: str) -> conv_triton.ConvBackwardConfig:
                                           num_warps=warps)
 
 
-def layer_kernels(run) -> list[dict]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
-        run()
-        torch.cuda.synchronize()
-    kernels = [e for e in profiler.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-    return [{"name": e.key[:100], "calls": e.count, "device_ms": round(float(e.self_device_time_total) / 1e3, 3)}
-            for e in sorted(kernels, key=lambda e: -float(e.self_device_time_total))]
-
-
 def exact_gradients(layer, qkv, tail, grads):
     """fp64 autograd of F.conv1d + SiLU over the layer's padded input: (d_qkv, d_taps)."""
     weight = layer.conv1d.weight.detach()[:, 0].double().requires_grad_()
@@ -97,7 +88,7 @@ def bench_layer(name: str, layer, qkv, tail, grads, exact) -> list[dict]:
                      "forward_backward_ms": round(measure(forward_backward, repeats=20)["ms"], 3),
                      "d_qkv_error_vs_fp64": rel_err(d_qkv, exact[0]),
                      "d_taps_error_vs_fp64": rel_err(d_weight[:, 0], exact[1]),
-                     "kernels": layer_kernels(forward_backward)})
+                     "kernels": profiled_kernels(forward_backward)})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "kernels"}))
     return rows
 

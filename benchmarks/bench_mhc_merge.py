@@ -32,7 +32,7 @@ import json
 
 import torch
 
-from gpu_bench_common import measure, rel_err, write_results
+from gpu_bench_common import measure, profiled_kernels, rel_err, write_results
 from genolc.model.layers.mhc import merge_streams
 from genolc.model.presets import base, small
 
@@ -54,17 +54,6 @@ def broadcast_sum(block_out, post, comb, streams):
     dtype = streams.dtype
     mixed = (comb.to(dtype).transpose(-1, -2)[..., None] * streams[..., None, :, :]).sum(-2)
     return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + mixed
-
-
-def forward_kernels(run) -> list[dict]:
-    """The CUDA kernels one call of ``run`` launches: name, calls, device ms."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
-        run()
-        torch.cuda.synchronize()
-    kernels = [e for e in profiler.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-    return [{"name": e.key[:100], "calls": e.count, "device_ms": round(float(e.self_device_time_total) / 1e3, 3)}
-            for e in sorted(kernels, key=lambda e: -float(e.self_device_time_total))]
-
 
 
 def main() -> None:
@@ -111,7 +100,7 @@ def main() -> None:
                          "gradient_errors_vs_fp64": {part: rel_err(g, e) for part, g, e in
                                                      zip(("block_out", "post", "comb", "streams"), grads,
                                                          exact_grads)},
-                         "forward_kernels": forward_kernels(forward_with_grad)})
+                         "forward_kernels": profiled_kernels(forward_with_grad)})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "forward_kernels"}))
     print(f"wrote {write_results('mhc_merge', rows, {'timing': 'median of 20 after one warm-up, CUDA events'})}")
 

@@ -62,6 +62,16 @@ def measure(step, repeats: int) -> dict:
             "peak_total_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
 
 
+def profiled_kernels(run) -> list[dict]:
+    """The CUDA kernels one call of ``run`` launches: name, calls, device ms (torch.profiler), longest first."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in profiler.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    return [{"name": e.key[:100], "calls": e.count, "device_ms": round(float(e.self_device_time_total) / 1e3, 3)}
+            for e in sorted(kernels, key=lambda e: -float(e.self_device_time_total))]
+
+
 def try_measure(step, repeats: int) -> dict:
     try:
         return measure(step, repeats)

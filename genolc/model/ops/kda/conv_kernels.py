@@ -66,6 +66,14 @@ def _part(ptr0, ptr1, ptr2, first_col, part_width):
 
 
 @triton.jit
+def _program(channels, BLOCK_C: tl.constexpr):
+    """The program's segment group, batch row, first channel, channels and their mask."""
+    first_col = tl.program_id(1) * BLOCK_C
+    cols = first_col + tl.arange(0, BLOCK_C)
+    return tl.program_id(0), tl.program_id(2), first_col, cols, cols < channels
+
+
+@triton.jit
 def _taps(weight_ptr, cols, col_ok, TAPS: tl.constexpr):
     """The four taps of ``cols``; those past K are zero, so the four-tap sums lose nothing to them."""
     w0 = tl.load(weight_ptr + cols * TAPS, mask=col_ok, other=0.0).to(tl.float32)
@@ -93,11 +101,7 @@ def conv_silu_forward_kernel(padded_ptr, weight_ptr, out0_ptr, out1_ptr, out2_pt
                              stride_pb, stride_pt, stride_ob, stride_ot,
                              TAPS: tl.constexpr, SEGMENT_ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
                              BLOCK_C: tl.constexpr):
-    group = tl.program_id(0)
-    batch = tl.program_id(2)
-    first_col = tl.program_id(1) * BLOCK_C
-    cols = first_col + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
+    group, batch, first_col, cols, col_ok = _program(channels, BLOCK_C)
     out_ptr, part_col0 = _part(out0_ptr, out1_ptr, out2_ptr, first_col, part_width)
     out_base = out_ptr + batch.to(tl.int64) * stride_ob
     part_cols = cols - part_col0
@@ -129,11 +133,7 @@ def conv_silu_backward_kernel(grad0_ptr, grad1_ptr, grad2_ptr, padded_ptr, weigh
                               stride_gb, stride_gt, stride_pb, stride_pt, stride_db, stride_dt,
                               TAPS: tl.constexpr, SEGMENT_ROWS: tl.constexpr, SEGMENTS: tl.constexpr,
                               BLOCK_C: tl.constexpr):
-    group = tl.program_id(0)
-    batch = tl.program_id(2)
-    first_col = tl.program_id(1) * BLOCK_C
-    cols = first_col + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
+    group, batch, first_col, cols, col_ok = _program(channels, BLOCK_C)
     grad_ptr, part_col0 = _part(grad0_ptr, grad1_ptr, grad2_ptr, first_col, part_width)
     # g is read at the part's own columns; padded, d_padded and the taps at the full width's.
     grad_base = grad_ptr + batch.to(tl.int64) * stride_gb - part_col0
