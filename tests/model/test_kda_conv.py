@@ -59,18 +59,27 @@ def test_poisoned_padding_beyond_the_window_is_not_read():
     torch.testing.assert_close(causal_conv_silu(longer, weight)[:, :20], out)
 
 
-@pytest.mark.parametrize("parts", [1, 2, 3])
-def test_parts_are_the_output_split_gradients_included(parts):
-    padded, weight = _inputs(2, 19, 12, 4, torch.float64)
+@pytest.mark.parametrize("parts, length", [(1, 19), (2, 19), (3, 19), (3, 1), (2, 1)])
+def test_parts_are_the_output_split_gradients_included(parts, length):
+    """Also for a chunk of one token or none (a scoring window's last chunk), whose column slices share memory."""
+    padded, weight = _inputs(2, length, 12, 4, torch.float64)
     weight = weight.detach().double().requires_grad_()
-    upstream = torch.randn(2, 19, 12, dtype=torch.float64)
+    upstream = torch.randn(2, length, 12, dtype=torch.float64)
     pieces = causal_conv_silu_parts(padded, weight, parts)
-    assert len(pieces) == parts and all(p.is_contiguous() and p.shape == (2, 19, 12 // parts) for p in pieces)
+    assert len(pieces) == parts and all(p.is_contiguous() and p.shape == (2, length, 12 // parts) for p in pieces)
     got = torch.autograd.grad(pieces, (padded, weight), list(upstream.chunk(parts, -1)))
     want = _grads(reference_causal_conv_silu, padded, weight, upstream)
     torch.testing.assert_close(torch.cat(pieces, -1), want[0], rtol=1e-10, atol=1e-10)
     for mine, theirs in zip(got, want[1:]):
         torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10)
+
+
+def test_parts_of_a_chunk_without_tokens_are_empty_and_their_gradients_zero():
+    padded, weight = _inputs(2, 0, 12, 4, torch.float32)
+    pieces = causal_conv_silu_parts(padded, weight, 3)
+    assert [p.shape for p in pieces] == [(2, 0, 4)] * 3
+    grads = torch.autograd.grad(pieces, (padded, weight), [torch.zeros(2, 0, 4)] * 3)
+    assert all(not g.any() for g in grads)
 
 
 def test_wrong_shapes_say_what_is_expected():

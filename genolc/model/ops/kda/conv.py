@@ -9,15 +9,16 @@
 Why not ``F.conv1d``: with K = 4, PyTorch's depthwise kernels on the H200 took 132 ms of a 2.66 s compiled `small`
 step at 128k (forward 75, input gradient 33, weight gradient 24; benchmarks/results/training_speed_2026-12-01.md),
 plus the transposes to channels-first and back around them. Written as shifted products the whole convolution is
-element-wise over the channels-last layout, so torch.compile fuses the forward with the SiLU and the casts into one
-kernel; in eager mode it is K fused multiply-adds. The sum runs in fp32 (the weight's dtype) whatever the
+element-wise over the channels-last layout: K multiply-adds. The sum runs in fp32 (the weight's dtype) whatever the
 activations' dtype; autocast's ``conv1d`` ran it in bf16.
 
-The backward is the custom op ``genolc::kda_conv_silu_backward``: on CUDA one Triton kernel (conv_triton.py says why
-compiling the torch backward was not enough), elsewhere :func:`torch_conv_silu_backward`, which the CPU tests hold to
-autograd of the definition. Memory: the autograd function keeps only ``padded`` (activations' dtype) and the weight,
-and the backward recomputes the pre-activation (an eager chain of products would keep fp32 copies of each shifted
-input). It is differentiable once (a second derivative raises).
+Both directions are custom ops, ``genolc::kda_conv_silu`` and ``genolc::kda_conv_silu_backward``: on CUDA
+conv_triton.py's Triton kernels (it says why compiling the torch code was not enough), elsewhere
+:func:`torch_conv_silu_parts` and :func:`torch_conv_silu_backward`, which the CPU tests hold to autograd of the
+definition. The output can come as ``parts`` contiguous channel ranges (:func:`causal_conv_silu_parts`: the layer's
+q, k and v), and the backward takes their gradients as they are. Memory: the autograd function keeps only ``padded``
+(activations' dtype) and the weight, and the backward recomputes the pre-activation (an eager chain of products would
+keep fp32 copies of each shifted input). It is differentiable once (a second derivative raises).
 :func:`reference_causal_conv_silu` is the definition through ``F.conv1d``, which the tests compare against.
 """
 
@@ -54,7 +55,11 @@ def _pre_activation(padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def torch_conv_silu_parts(padded: torch.Tensor, weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
     """The forward in torch (CPU, and CUDA inputs the kernels do not take): ``parts`` contiguous channel ranges."""
     out = F.silu(_pre_activation(padded, weight), inplace=True).to(padded.dtype)
-    return tuple(part.contiguous() for part in out.chunk(parts, dim=-1))
+    if parts == 1:
+        return (out,)
+    # Copies, not .contiguous(): with one row or none a column slice is contiguous already, and a custom op's
+    # outputs must not share memory.
+    return tuple(part.clone(memory_format=torch.contiguous_format) for part in out.chunk(parts, dim=-1))
 
 
 def torch_conv_silu_backward(grads: Sequence[torch.Tensor], padded: torch.Tensor, weight: torch.Tensor

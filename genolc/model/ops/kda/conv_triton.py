@@ -28,8 +28,10 @@ those parts where they are (no concatenation). A channel block must then lie in 
 of ``block_channels`` (:func:`unsupported_reason`; the presets' 1,024 and 1,536 are).
 
 Sums run in fp32 in the order of conv.py's torch code (``z`` over ascending taps, ``d_padded`` over ascending k), so
-the two differ by rounding only (a fused multiply-add here and there; ``silu`` as ``z * sigmoid(z)``). Runs on CUDA, or on CPU tensors under
-``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py). Imports Triton at call time only.
+the two differ by rounding only (a fused multiply-add here and there; ``silu`` as ``z * sigmoid(z)``). Measured on the
+H200 (the same folder): the layer's convolution, forward and backward, 3.99 -> 1.65 ms on a 32k chunk of `base` and
+5.26 -> 1.53 ms on a 64k chunk of `small`. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``
+(tests/gpu/triton_interpreter_check.py). Imports Triton at call time only.
 """
 
 from __future__ import annotations
