@@ -82,6 +82,21 @@ def test_parts_of_a_chunk_without_tokens_are_empty_and_their_gradients_zero():
     assert all(not g.any() for g in grads)
 
 
+def test_the_kernels_refuse_what_they_cannot_take_before_importing_triton():
+    """conv_triton's wrappers check shapes, taps and parts in torch (the ops route such inputs to torch instead)."""
+    from genolc.model.ops.kda import conv_triton
+
+    cases = [((torch.zeros(1, 5, 8), torch.zeros(6, 4), 1), r"padded must be \[B, L \+ K - 1, C\]"),
+             ((torch.zeros(1, 9, 8), torch.zeros(8, 5), 1), "1 <= K <= 4"),
+             ((torch.zeros(1, 9, 96), torch.zeros(96, 4), 3), "parts of 32 channels are not whole blocks of 64"),
+             ((torch.zeros(1, 9, 8).double(), torch.zeros(8, 4), 1), "padded is torch.float64")]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            conv_triton.conv_silu_forward(*args)
+    with pytest.raises(ValueError, match=r"gradients must be 2 x \[B, L, C / parts\]"):
+        conv_triton.conv_silu_backward([torch.zeros(1, 5, 64)] * 2, torch.zeros(1, 9, 128), torch.zeros(128, 4))
+
+
 def test_wrong_shapes_say_what_is_expected():
     with pytest.raises(ValueError, match="12 channels do not split into 5 equal parts"):
         causal_conv_silu_parts(torch.zeros(1, 8, 12), torch.zeros(12, 4), 5)

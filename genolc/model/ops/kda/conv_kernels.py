@@ -17,6 +17,16 @@ def _rows(base, rows, cols, col_ok, n_rows, stride):
 
 
 @triton.jit
+def _pre_activation(x0, x1, x2, x3, w0, w1, w2, w3):
+    """z = sum_j w[j] * padded[t + j] for the window ``x0..x3``, over ascending taps as conv.py sums it."""
+    z = w0[None, :] * x0
+    z += w1[None, :] * x1
+    z += w2[None, :] * x2
+    z += w3[None, :] * x3
+    return z
+
+
+@triton.jit
 def _silu_grad(z, g):
     gate = tl.sigmoid(z)
     return (z * (1.0 - gate) + 1.0) * gate * g
@@ -25,10 +35,10 @@ def _silu_grad(z, g):
 @triton.jit
 def _gm_at(padded_base, grad_base, t, cols, col_ok, w0, w1, w2, w3, length, padded_length, stride_pt, stride_gt):
     """gm at the rows ``t``, computed from scratch (zero where t is outside [0, L))."""
-    z = w0[None, :] * _rows(padded_base, t, cols, col_ok, padded_length, stride_pt)
-    z += w1[None, :] * _rows(padded_base, t + 1, cols, col_ok, padded_length, stride_pt)
-    z += w2[None, :] * _rows(padded_base, t + 2, cols, col_ok, padded_length, stride_pt)
-    z += w3[None, :] * _rows(padded_base, t + 3, cols, col_ok, padded_length, stride_pt)
+    z = _pre_activation(_rows(padded_base, t, cols, col_ok, padded_length, stride_pt),
+                        _rows(padded_base, t + 1, cols, col_ok, padded_length, stride_pt),
+                        _rows(padded_base, t + 2, cols, col_ok, padded_length, stride_pt),
+                        _rows(padded_base, t + 3, cols, col_ok, padded_length, stride_pt), w0, w1, w2, w3)
     return _silu_grad(z, _rows(grad_base, t, cols, col_ok, length, stride_gt))
 
 
@@ -36,13 +46,9 @@ def _gm_at(padded_base, grad_base, t, cols, col_ok, w0, w1, w2, w3, length, padd
 def _step(x0, x1, x2, x3, g, gm1, gm2, gm3, dw0, dw1, dw2, dw3, w0, w1, w2, w3, s, cols, col_ok, d_padded_base,
           padded_length, stride_dt):
     """One row ``s`` of every segment: gm[s] from the window ``x0..x3`` = padded[s..s + 3] and ``g`` = g[s],
-    d_padded[s] stored, the taps' sums grown; returns the state moved on by a row. Sums in conv.py's order (z over
-    ascending taps, d_padded over ascending k)."""
-    z = w0[None, :] * x0
-    z += w1[None, :] * x1
-    z += w2[None, :] * x2
-    z += w3[None, :] * x3
-    gm0 = _silu_grad(z, g)
+    d_padded[s] stored, the taps' sums grown; returns the state moved on by a row. d_padded sums over ascending k,
+    as conv.py does."""
+    gm0 = _silu_grad(_pre_activation(x0, x1, x2, x3, w0, w1, w2, w3), g)
     out = w0[None, :] * gm0
     out += w1[None, :] * gm1
     out += w2[None, :] * gm2
@@ -86,10 +92,7 @@ def _taps(weight_ptr, cols, col_ok, TAPS: tl.constexpr):
 @triton.jit
 def _forward_step(x0, x1, x2, x3, w0, w1, w2, w3, t, part_cols, col_ok, out_base, length, stride_ot):
     """y[t] = silu(z[t]) stored for one row of every segment; returns the window moved on by a row."""
-    z = w0[None, :] * x0
-    z += w1[None, :] * x1
-    z += w2[None, :] * x2
-    z += w3[None, :] * x3
+    z = _pre_activation(x0, x1, x2, x3, w0, w1, w2, w3)
     tl.store(out_base + t.to(tl.int64)[:, None] * stride_ot + part_cols[None, :],
              (z * tl.sigmoid(z)).to(out_base.dtype.element_ty), mask=(t < length)[:, None] & col_ok[None, :])
     return x1, x2, x3

@@ -98,6 +98,19 @@ def unsupported_reason(padded: torch.Tensor, weight: torch.Tensor, parts: int,
     return None
 
 
+def _check(padded: torch.Tensor, weight: torch.Tensor, parts: int, config: ConvKernelConfig,
+           grads: Sequence[torch.Tensor] = ()) -> None:
+    """ValueError unless the kernels take these: conv.py's shapes (its ops check them before they get here) and
+    :func:`unsupported_reason`."""
+    if padded.dim() != 3 or weight.dim() != 2 or weight.shape[0] != padded.shape[2] \
+            or padded.shape[1] < weight.shape[1] - 1:
+        raise ValueError(f"KDA convolution kernel: padded must be [B, L + K - 1, C] and weight [C, K] with L >= 0; got "
+                         f"{tuple(padded.shape)} and {tuple(weight.shape)}")
+    reason = unsupported_reason(padded, weight, parts, config, grads)
+    if reason is not None:
+        raise ValueError(f"KDA convolution kernel: {reason}; use conv.py's torch code")
+
+
 def _launch_shape(padded: torch.Tensor, config: ConvKernelConfig) -> tuple[int, int, int]:
     import triton
 
@@ -109,9 +122,7 @@ def conv_silu_forward(padded: torch.Tensor, weight: torch.Tensor, parts: int,
                       config: ConvKernelConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, ...]:
     """``silu(causal depthwise conv)`` of ``padded [B, L + K - 1, C]`` with ``weight [C, K]``, as ``parts`` contiguous
     ``[B, L, C / parts]`` tensors in padded's dtype (channel ranges in order)."""
-    reason = unsupported_reason(padded, weight, parts, config)
-    if reason is not None:
-        raise ValueError(f"KDA convolution kernel: {reason}; use conv.py's torch code")
+    _check(padded, weight, parts, config)
     padded, weight = padded.contiguous(), weight.contiguous()
     batch, padded_length, channels = padded.shape
     taps = weight.shape[1]
@@ -133,16 +144,13 @@ def conv_silu_backward(grads: Sequence[torch.Tensor], padded: torch.Tensor, weig
     """``(d_padded [B, L + K - 1, C] in padded's dtype, d_weight [C, K] in weight's dtype)`` for the gradients of
     :func:`conv_silu_forward`'s parts (``[B, L, C / parts]`` each; the formulas in the module notes)."""
     parts = len(grads)
-    reason = unsupported_reason(padded, weight, parts, config, grads)
-    if reason is not None:
-        raise ValueError(f"KDA convolution kernel: {reason}; use conv.py's torch code")
+    _check(padded, weight, parts, config, grads)
     batch, padded_length, channels = padded.shape
     taps = weight.shape[1]
     length = padded_length - taps + 1
-    if any(g.shape != (batch, length, channels // parts) for g in grads) or weight.shape[0] != channels:
+    if any(g.shape != (batch, length, channels // parts) for g in grads):
         raise ValueError(f"KDA convolution kernel: gradients must be {parts} x [B, L, C / parts] = "
-                         f"{(batch, length, channels // parts)} and weight [C, K] with C = {channels}; got "
-                         f"{[tuple(g.shape) for g in grads]} and {tuple(weight.shape)}")
+                         f"{(batch, length, channels // parts)}; got {[tuple(g.shape) for g in grads]}")
     grads = [g.contiguous() for g in grads]
     padded, weight = padded.contiguous(), weight.contiguous()
     d_padded = torch.empty_like(padded)
