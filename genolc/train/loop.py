@@ -426,7 +426,8 @@ class _Trainer:
         expert_counts: dict[int, torch.Tensor] = {}
         for micro, (ids, weights) in enumerate(batches):
             ids, weights = ids.to(self.device), weights.to(self.device)
-            on_loss = functools.partial(self._checked_loss, step, micro)
+            nonfinite = torch.zeros((), dtype=torch.float32, device=self.device)
+            on_loss = functools.partial(self._checked_loss, step, micro, nonfinite)
             if self.context is not None and strategy.chunk is not None:
                 result = chunked_forward_backward(self.model, ids, weights, terms, strategy.chunk, self._autocast,
                                                   on_loss, shard=self.context)
@@ -436,6 +437,8 @@ class _Trainer:
             else:
                 result = run_micro_batch(strategy, self.model, ids, weights, terms, self._autocast, on_loss,
                                          kept_attention=self.kept_attention)
+            if not self.mesh.distributed and not math.isfinite(bad := float(nonfinite)):
+                raise self._diverged(step, f"loss is {bad}")
             add_expert_counts(expert_counts, result.tokens_per_expert)
             for name, value in result.aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + float(value)
@@ -473,13 +476,18 @@ class _Trainer:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
-    def _checked_loss(self, step: int, micro: int, loss: torch.Tensor) -> torch.Tensor:
+    def _checked_loss(self, step: int, micro: int, nonfinite: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        """The loss a micro-batch (or a chunk of one) is about to run backward from; a non-finite one is noted in
+        ``nonfinite`` (its value, on the device), which the step reads once after the micro-batch and stops on,
+        before the optimizer. Reading each chunk's loss back here made the host wait for the GPU before every
+        chunk's backward, and the GPU then wait for the host to launch it."""
         if self.hooks.on_loss is not None:
             loss = self.hooks.on_loss(step, micro, loss)
         # Across ranks a non-finite share reaches every rank's gradient norm after the all-reduce, and all stop
         # there together; stopping one rank here would leave the others waiting in a collective.
-        if not self.mesh.distributed and not torch.isfinite(loss.detach()):
-            raise self._diverged(step, f"loss is {float(loss.detach())}")
+        if not self.mesh.distributed:
+            value = loss.detach().to(nonfinite.dtype)
+            nonfinite.copy_(torch.where(torch.isfinite(value), nonfinite, value))
         return loss
 
     def _diverged(self, step: int, what: str) -> ckpt.NonFiniteLossError:
@@ -535,6 +543,14 @@ class _Trainer:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / GIB
         return _host_peak_gib()
+
+    def _allocator_retries(self) -> int | None:
+        """How often CUDA's caching allocator found no free block, emptied its cache (a device-wide sync) and asked
+        the driver again, since the process began (None off CUDA): a step near the device's capacity that does it
+        runs slower, which ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` may avoid."""
+        if self.device.type != "cuda":
+            return None
+        return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
 
     def _device_bytes(self) -> int:
         return device_budget_bytes(self.device)
@@ -664,6 +680,7 @@ class _Trainer:
         return self._sum_over(float(stop.received is not None)) > 0
 
     def _timed_step(self, step: int) -> dict[str, Any]:
+        retries = self._allocator_retries()
         t0 = time.monotonic()
         try:
             metrics = self._step(step)
@@ -699,6 +716,8 @@ class _Trainer:
         metrics["step_seconds"] = seconds
         metrics["memory_gib"] = self._memory_gib()
         metrics["host_memory_gib"] = _host_peak_gib()
+        if retries is not None:
+            metrics["allocator_retries"] = self._allocator_retries() - retries
         if self.mesh.distributed:
             device_peaks, host_peaks = self._gather_floats([metrics["memory_gib"], metrics["host_memory_gib"]])
             metrics["memory_gib_ranks"] = self._peak_ranks = device_peaks

@@ -48,14 +48,14 @@ def naive_slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int):
     offsets = torch.zeros(*indices.shape[:-1], n_slabs + 1, dtype=torch.int32)
     for b in range(indices.shape[0]):
         for t in range(indices.shape[1]):
-            valid = sorted(int(i) for i in indices[b, t] if i >= 0)
+            valid = sorted((int(i) for i in indices[b, t] if i >= 0), key=lambda i: i // slab_rows)
             rows[b, t, :len(valid)] = torch.tensor(valid, dtype=torch.int32)
             for s in range(n_slabs + 1):
                 offsets[b, t, s] = sum(1 for i in valid if i < s * slab_rows)
     return rows, offsets
 
 
-@pytest.mark.parametrize("slab_rows, kv_len", [(32, 101), (101, 101), (7, 64), (1000, 101)])
+@pytest.mark.parametrize("slab_rows, kv_len", [(32, 101), (101, 101), (7, 64), (1000, 101), (1, 300)])
 def test_slab_order_matches_a_per_row_loop(slab_rows, kv_len):
     gen = torch.Generator().manual_seed(slab_rows)
     indices = torch.randint(-1, kv_len, (2, 9, 13), generator=gen, dtype=torch.int32)
@@ -74,6 +74,10 @@ def test_slab_order_takes_int64_rows_and_rejects_bad_sizes():
     rows, offsets = backward_slabs.slab_order(indices, 4, 6)
     assert rows.tolist() == [[[0, 3, 5, -1]]]
     assert offsets.tolist() == [[[0, 2, 3]]]
+    # Grouped by slab, each slab's slots in their row's order (ascending rows stay ascending).
+    rows, offsets = backward_slabs.slab_order(torch.tensor([[[5, 3, -1, 0, 4]]]), 4, 6)
+    assert rows.tolist() == [[[3, 0, 5, 4, -1]]]
+    assert offsets.tolist() == [[[0, 2, 4]]]
     with pytest.raises(ValueError, match="slab_rows"):
         backward_slabs.slab_order(indices, 0, 6)
     with pytest.raises(ValueError, match="kv_len"):

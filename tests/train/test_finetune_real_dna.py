@@ -156,16 +156,23 @@ def test_accumulation_matches_one_larger_micro_batch(lambda_data, tmp_path):
     assert any(b.any() for b in biases[0].values())      # the default rate moved them
 
 
-def test_nan_loss_stops_naming_the_step_and_keeps_last_good(lambda_data, tmp_path):
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_nan_loss_stops_naming_the_step_and_keeps_last_good(lambda_data, tmp_path, chunk):
+    """A non-finite loss stops the run before the optimizer steps on it, whole window or chunked (where the loss
+    of one chunk, not the last the step runs backward from, is poisoned: the check is read once per micro-batch)."""
     out = tmp_path / "run"
-    cfg = TrainConfig(data=lambda_data, out=out, seq_len=64, steps=10, checkpoint_every=2, progress=False)
+    cfg = TrainConfig(data=lambda_data, out=out, seq_len=64, steps=10, checkpoint_every=2, progress=False,
+                      chunk=chunk)
+    calls = []
 
     def poison(step, micro, loss):
-        return loss * float("nan") if step == 4 else loss
+        calls.append(step)
+        return loss * float("inf") if step == 4 and calls.count(step) == (2 if chunk else 1) else loss
 
     with pytest.raises(st.NonFiniteLossError, match="step 5") as info:
         finetune(cfg, TrainHooks(on_loss=poison))
-    assert "step-000004" in info.value.message
+    assert calls.count(4) == (4 if chunk else 1)
+    assert "loss is inf" in info.value.message and "step-000004" in info.value.message
     assert [s for s, _ in st.list_checkpoints(out / "checkpoints")] == [2, 4]
     load_pretrained(out / "checkpoints" / "step-000004")
     assert len((out / METRICS).read_text().splitlines()) == 4

@@ -10,7 +10,7 @@ each query's ``W`` rows of ``dC`` (fp32 atomics) anywhere in ``[0, S)``, so at 5
 Here the keys are cut into slabs of ``slab_rows`` rows, and one block handles one (query, slab) pair: the query's
 slots that fall in that slab. The grid is (query, slab, batch) with the query fastest, so the blocks resident at any
 moment mostly scatter into one slab, which can stay in L2. To find a query's slots in a slab, each index row is
-sorted (empty slots last) and cut at the slab boundaries (:func:`slab_order`, pure torch). The price:
+grouped by slab (empty slots last) and cut at the slab boundaries (:func:`slab_order`, pure torch). The price:
 
 - each block loads its query's Q and dO rows again (once per slab that holds one of its slots);
 - ``dQ`` is summed over the slabs: each block adds its ``[H, R]`` partial into an fp32 buffer with vector atomics
@@ -61,7 +61,7 @@ def default_slabbed_config(rank: int) -> BackwardConfig:
 
 
 def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each index row sorted and cut at the slab boundaries.
+    """Each index row grouped by key slab (a stable sort on the slab number) and cut at the slab boundaries.
 
     Args:
         indices: ``[B, T, W]`` int32/int64 latent rows, -1 for an empty slot.
@@ -69,8 +69,9 @@ def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torc
         kv_len: S, the number of latent rows (every valid index is below it).
 
     Returns:
-        ``rows [B, T, W]`` int32, each row ascending with its empty slots (-1) last, and ``offsets [B, T, n + 1]``
-        int32 with ``n = ceil(S / slab_rows)`` (at least 1): query t's slots in slab s are
+        ``rows [B, T, W]`` int32: each row's slots by slab, in the order they had within a slab (the Triton
+        selector's ascending rows stay ascending), its empty slots (-1) last; and ``offsets [B, T, n + 1]`` int32
+        with ``n = ceil(S / slab_rows)`` (at least 1): query t's slots in slab s are
         ``rows[b, t, offsets[b, t, s]:offsets[b, t, s + 1]]``, and ``offsets[..., n]`` is its count of valid slots.
     """
     if slab_rows < 1:
@@ -81,12 +82,16 @@ def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torc
     if n_slabs > MAX_SLABS:
         raise ValueError(f"{n_slabs} slabs of {slab_rows} rows over {kv_len} keys: at most {MAX_SLABS} (the grid's "
                          f"second dimension); use slab_rows >= {-(-kv_len // MAX_SLABS)}")
-    keys = torch.where(indices < 0, _EMPTY_KEY, indices).to(torch.int32)
-    rows = keys.sort(dim=-1).values
-    bounds = torch.arange(n_slabs + 1, device=indices.device, dtype=torch.int64) * slab_rows
-    bounds = bounds.clamp_max(_EMPTY_KEY - 1).to(torch.int32)
-    offsets = torch.searchsorted(rows, bounds.expand(*rows.shape[:-1], n_slabs + 1).contiguous(), out_int32=True)
-    return rows.masked_fill(rows == _EMPTY_KEY, -1).contiguous(), offsets.contiguous()
+    # The slab number (n_slabs for an empty slot) as the sort key, in the narrowest dtype that holds it: the row
+    # sort's passes go by the key's bits, and 17 slabs (`base` at 512k) need 8 of them where the row's int32 keys
+    # took 32.
+    key_dtype = torch.uint8 if n_slabs <= 255 else torch.int32
+    slabs = torch.where(indices < 0, n_slabs, torch.div(indices, slab_rows, rounding_mode="floor")).to(key_dtype)
+    keys, order = slabs.sort(dim=-1, stable=True)
+    rows = torch.gather(indices, -1, order).to(torch.int32)
+    bounds = torch.arange(n_slabs + 1, device=indices.device).to(key_dtype)
+    offsets = torch.searchsorted(keys, bounds.expand(*keys.shape[:-1], n_slabs + 1).contiguous(), out_int32=True)
+    return rows.contiguous(), offsets.contiguous()
 
 
 def row_dot(out: torch.Tensor, d_out: torch.Tensor, rows_per_step: int = 4096) -> torch.Tensor:

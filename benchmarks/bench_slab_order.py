@@ -1,0 +1,86 @@
+"""python benchmarks/bench_slab_order.py   (on the GPU; carry: [".gpu", ".gpudata"])
+
+The slab-ordered DSA backward groups each index row by key slab before its kernel
+(genolc.model.ops.dsa.tilelang.backward_slabs.slab_order). Its first form sorted the rows' int32 keys, a radix sort
+over 32 bits: 139 ms of `base`'s 512k step and 112 ms of `small`'s (benchmarks/results/kda_conv_2026-12-03/,
+``radixSortKVInPlace``). The present form sorts each slot's slab number (uint8 for up to 255 slabs), stably, and
+gathers the rows in that order. Timed here against the first form (``full_sort``, kept below) at the shapes the
+chunked step runs at 512k and 1M: `base`'s last 32k chunk (17 and 33 slabs of 32k rows) and `small`'s last 64k chunk,
+W = 2,051 slots (512 pools of 4 rows, ascending as the Triton selector writes them, 1 % of the pool slots empty
+where they lie, as its -1 holes, then 3 tail slots). On such rows the two forms must give the same rows and offsets
+(checked; the script exits 1 otherwise). Median of 20 after a warm-up (gpu_bench_common.measure); the kernels of
+one call (torch.profiler). Writes JSON (command, git SHA, device) to $OUT or benchmarks/results/slab_order_<date>.json.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from gpu_bench_common import measure, print_table, profiled_kernels, write_results
+from genolc.model.ops.dsa.tilelang.backward_slabs import DEFAULT_SLAB_ROWS, slab_order
+
+_EMPTY = torch.iinfo(torch.int32).max
+SHAPES = (("base", 512 * 1024, 32768), ("base", 1024 * 1024, 32768), ("small", 512 * 1024, 65536))
+
+
+def full_sort(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """slab_order's first form: each row's int32 keys sorted ascending (empty slots last), cut by searchsorted."""
+    n_slabs = max(1, -(-kv_len // slab_rows))
+    rows = torch.where(indices < 0, _EMPTY, indices).to(torch.int32).sort(dim=-1).values
+    bounds = (torch.arange(n_slabs + 1, device=indices.device) * slab_rows).clamp_max(_EMPTY - 1).to(torch.int32)
+    offsets = torch.searchsorted(rows, bounds.expand(*rows.shape[:-1], n_slabs + 1).contiguous(), out_int32=True)
+    return rows.masked_fill(rows == _EMPTY, -1).contiguous(), offsets.contiguous()
+
+
+def selector_rows(queries: int, kv_len: int, topk: int = 2048, kpool: int = 4) -> torch.Tensor:
+    """``[1, queries, topk + kpool - 1]`` int32 rows of the last chunk of a ``kv_len`` window, laid out as the Triton
+    selector writes them (genolc/model/ops/indexer/layout.py)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    positions = torch.arange(kv_len - queries, kv_len, device="cuda")
+    visible = (positions + 1) // kpool                       # complete pools a query may choose (causal)
+    # One pool drawn from each of topk // kpool equal strata of the visible ones: ascending, no pool twice.
+    stride = (visible // (topk // kpool))[:, None]
+    within = (torch.rand((queries, topk // kpool), device="cuda", generator=gen) * stride).long()
+    pools = torch.arange(topk // kpool, device="cuda") * stride + within
+    holes = torch.rand(pools.shape, device="cuda", generator=gen) < 0.01
+    pools = pools.masked_fill(holes, -1)
+    tokens = (pools[..., None] * kpool + torch.arange(kpool, device="cuda")).masked_fill(pools[..., None] < 0, -1)
+    tail = (positions // kpool * kpool)[:, None] + torch.arange(kpool - 1, device="cuda")
+    tail = tail.masked_fill(tail > positions[:, None], -1)
+    return torch.cat([tokens.flatten(1), tail], dim=1).to(torch.int32)[None].contiguous()
+
+
+def timed_shape(model: str, kv_len: int, queries: int) -> dict:
+    """Both forms on one shape's rows: whether they agree, their median ms and their kernels."""
+    indices = selector_rows(queries, kv_len)
+    new, old = slab_order(indices, DEFAULT_SLAB_ROWS, kv_len), full_sort(indices, DEFAULT_SLAB_ROWS, kv_len)
+    row = {"model": model, "keys": kv_len, "queries": queries, "slabs": new[1].shape[-1] - 1,
+           "same": torch.equal(new[0], old[0]) and torch.equal(new[1], old[1])}
+    for name, function in (("full_sort", full_sort), ("slab_order", slab_order)):
+        def call(function=function):
+            return function(indices, DEFAULT_SLAB_ROWS, kv_len)
+
+        timing = measure(call, 20)
+        row[f"{name}_ms"], row[f"{name}_ms_all"] = timing["ms"], timing["ms_all"]
+        row[f"{name}_kernels"] = profiled_kernels(call)
+    return row
+
+
+def main() -> None:
+    rows = []
+    for model, kv_len, queries in SHAPES:
+        rows.append(timed_shape(model, kv_len, queries))
+        torch.cuda.empty_cache()
+    mismatched = [f"{row['model']} {row['keys']}" for row in rows if not row["same"]]
+    print_table(rows, ["model", "keys", "queries", "slabs", "same", "full_sort_ms", "slab_order_ms"])
+    path = write_results("slab_order", rows, {"slab_rows": DEFAULT_SLAB_ROWS, "mismatched": mismatched})
+    print(f"wrote {path}")
+    if mismatched:
+        print(f"slab_order differs from the full sort on {', '.join(mismatched)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
