@@ -282,6 +282,60 @@ def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: 
     return warmup
 
 
+class KernelCompiles:
+    """The first step's TileLang kernels (genolc's DSA forward and backwards, fla's KDA backward) compiled in threads
+    of the trainer's own process, started where no warm-up process runs beside the run (its model and step do not
+    fit the device with the run's plan: `base` at 512k). They hold no GPU memory beyond fla's few shape tensors.
+    The step's first call of each kernel waits for its thread's compile (``compile_once``'s lock per key; the lock
+    around fla's builder) instead of compiling it again, so the kernels compile at once, from the run's start, where
+    the step compiled them one after another as it reached them: 77 s of `base`'s first step at 512k on the H200
+    (benchmarks/results/finetune_sync_slab_2026-12-04/)."""
+
+    def __init__(self, threads: list[threading.Thread], seconds: dict[str, float | str],
+                 restore_fla: Callable[[], None] | None) -> None:
+        self.threads, self.seconds, self._restore_fla = threads, seconds, restore_fla
+
+    def end(self) -> str | None:
+        """After the first step: one line saying what the threads compiled and in how long; fla's builder is
+        itself again once its thread is done."""
+        if self._restore_fla is not None and not any(thread.is_alive() for thread in self.threads):
+            self._restore_fla()
+            self._restore_fla = None
+        if not self.seconds:
+            return None
+        done = ", ".join(f"{name} {value:.0f} s" if isinstance(value, float) else f"{name} {value}"
+                         for name, value in sorted(self.seconds.items()))
+        self.seconds = {}
+        return f"TileLang kernels compiled in threads beside the first step: {done}"
+
+    def stop(self) -> None:
+        """Nothing to stop: daemon threads that compile on the CPU end with the process."""
+
+
+def start_kernel_compiles(config: ModelConfig, device: torch.device, *, bf16: bool, seq_len: int,
+                          micro_batch: int) -> KernelCompiles | None:
+    """Compile the TileLang kernels a run of ``seq_len``-token windows uses, in threads of this process
+    (:class:`KernelCompiles`), or None (not CUDA, ``GENOLC_KERNEL_WARMUP=0``, no TileLang kernel to compile here,
+    or any error starting them: the step compiles its kernels itself, as before)."""
+    if device.type != "cuda" or os.environ.get(WARMUP_ENV, "1") == "0":
+        return None
+    seconds: dict[str, float | str] = {}
+    try:
+        module = _fla_kda_backward_module() if bf16 else None
+        original = None if module is None else module._build_kda_bwd_kernel
+        fla = (_compile_fla_kda_backward(config, micro_batch, device, seconds, lambda: None)
+               if module is not None else None)
+        threads = ([fla] if fla is not None else []) + _compile_dsa_kernels(config, bf16, seq_len, seconds)
+    except Exception as error:      # only saves time: the step compiles its kernels itself, as before
+        print(f"genolc finetune: the kernel compile threads could not start ({type(error).__name__}: {error}); the "
+              "first step compiles its kernels itself", file=sys.stderr)
+        return None
+    if not threads:
+        return None
+    restore = None if fla is None else (lambda: setattr(module, "_build_kda_bwd_kernel", original))
+    return KernelCompiles(threads, seconds, restore)
+
+
 def dsa_kernel_args(config: ModelConfig) -> tuple[int, int, int, str, float]:
     """What DSAAttention's bf16 call hands genolc's TileLang kernels besides the launch config (heads, latent rank,
     index width, dtype, softmax scale); tests compare it with the layer."""

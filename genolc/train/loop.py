@@ -651,11 +651,12 @@ class _Trainer:
         return final
 
     def _start_kernel_warmup(self):
-        """The first step's kernels compiled in a second process while it runs (genolc/train/kernel_warmup.py)."""
+        """The first step's kernels compiled in a second process while it runs, or, where that process does not fit
+        beside the run, its TileLang kernels in threads of this one (genolc/train/kernel_warmup.py)."""
         if self.device.type != "cuda" or self.mesh.distributed:
             return None
         from genolc.model.ops.kda.fla_tuning import autotune_note, fla_gpu_name
-        from genolc.train.kernel_warmup import WarmupShape, start_kernel_warmup
+        from genolc.train.kernel_warmup import WarmupShape, start_kernel_compiles, start_kernel_warmup
 
         # Not where fla autotunes: timings taken with two processes on one GPU would be kept for later runs.
         if autotune_note(fla_gpu_name(), self.model.config, 1, self.bf16):
@@ -671,7 +672,13 @@ class _Trainer:
         if warmup is not None:
             _say(f"compiling this shape's GPU kernels in a second process while the first step runs (log: "
                  f"{warmup.log}; GENOLC_KERNEL_WARMUP=0 turns it off)")
-        return warmup
+            return warmup
+        compiles = start_kernel_compiles(self.model.config, self.device, bf16=self.bf16, seq_len=shape.seq_len,
+                                         micro_batch=shape.windows)
+        if compiles is not None:
+            _say("compiling this shape's TileLang kernels in threads while the first step runs (no warm-up process "
+                 "beside it; GENOLC_KERNEL_WARMUP=0 turns it off)")
+        return compiles
 
     def _stop_requested(self, stop: StopSignals) -> bool:
         """Whether any rank got a stop signal: every rank must stop after the same step."""

@@ -425,3 +425,51 @@ def test_the_warmup_reports_fla_s_kernel_in_its_progress_file(tmp_path, monkeypa
     progress.unlink()
     run_warmup(shape(), torch.device("cpu"), progress)
     assert json.loads(progress.read_text()) == {kernel_warmup.FLA_KDA_BACKWARD: "not compiled here"}
+
+
+def test_kernel_compiles_in_threads_where_no_warmup_process_runs(monkeypatch):
+    """Without a warm-up process the trainer compiles the TileLang kernels in threads of its own: fla's KDA backward
+    (its builder wrapped until the thread is done, then itself again) and the DSA kernels of the run's window; none
+    on CPU or with GENOLC_KERNEL_WARMUP=0, and an error starting them leaves the step to compile its own."""
+    from types import SimpleNamespace
+
+    def builder(*args):
+        return "kernel"
+
+    def entry(**kwargs):
+        module._build_kda_bwd_kernel("shapes")
+
+    module = SimpleNamespace(_build_kda_bwd_kernel=builder, chunk_kda_bwd_wy_dqkg_fused_tilelang=entry)
+    monkeypatch.setattr(kernel_warmup, "_fla_kda_backward_module", lambda: module)
+    asked = []
+
+    def dsa_threads(config, bf16, seq_len, seconds):
+        asked.append((bf16, seq_len))
+        seconds["tilelang_dsa_forward"] = 9.0
+        return []
+
+    monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels", dsa_threads)
+    config = preset("tiny")
+    # fla's thread makes its shape tensors on the run's device: on the CPU here.
+    real_fla = kernel_warmup._compile_fla_kda_backward
+    monkeypatch.setattr(kernel_warmup, "_compile_fla_kda_backward", lambda config, batch, device, seconds, report:
+                        real_fla(config, batch, torch.device("cpu"), seconds, report))
+    cuda = torch.device("cuda")
+    assert kernel_warmup.start_kernel_compiles(config, torch.device("cpu"), bf16=True, seq_len=64,
+                                               micro_batch=1) is None
+    monkeypatch.setenv(kernel_warmup.WARMUP_ENV, "0")
+    assert kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1) is None
+    monkeypatch.delenv(kernel_warmup.WARMUP_ENV)
+    compiles = kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=262144, micro_batch=1)
+    assert asked == [(True, 262144)] and len(compiles.threads) == 1
+    compiles.threads[0].join(30)
+    assert module._build_kda_bwd_kernel is not builder           # wrapped while its thread compiles
+    line = compiles.end()
+    assert "tilelang_dsa_forward 9 s" in line and "fla_tilelang_kda_backward 0 s" in line, line
+    assert compiles.end() is None and module._build_kda_bwd_kernel is builder
+
+    def broken(*args):
+        raise OSError("no nvcc")
+
+    monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels", broken)
+    assert kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1) is None
