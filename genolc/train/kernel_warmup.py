@@ -288,8 +288,9 @@ class KernelCompiles:
     fit the device with the run's plan: `base` at 512k). They hold no GPU memory beyond fla's few shape tensors.
     The step's first call of each kernel waits for its thread's compile (``compile_once``'s lock per key; the lock
     around fla's builder) instead of compiling it again, so the kernels compile at once, from the run's start, where
-    the step compiled them one after another as it reached them: 77 s of `base`'s first step at 512k on the H200
-    (benchmarks/results/finetune_sync_slab_2026-12-04/)."""
+    the step compiled them one after another as it reached them. `base` at 512k on the H200, every cache empty
+    (benchmarks/results/finetune_sync_slab_2026-12-04/): the four took 77 s of a 183.6 s first step one after
+    another; in threads they were done 33 s after the start, and the first step took 98.0 s."""
 
     def __init__(self, threads: list[threading.Thread], seconds: dict[str, float | str],
                  restore_fla: Callable[[], None] | None) -> None:

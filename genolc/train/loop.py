@@ -480,7 +480,10 @@ class _Trainer:
         """The loss a micro-batch (or a chunk of one) is about to run backward from; a non-finite one is noted in
         ``nonfinite`` (its value, on the device), which the step reads once after the micro-batch and stops on,
         before the optimizer. Reading each chunk's loss back here made the host wait for the GPU before every
-        chunk's backward, and the GPU then wait for the host to launch it."""
+        chunk's backward (16 times a `base` step at 512k), leaving the GPU idle while the backward's first kernels
+        were launched. On the H200 no gain was measured: `base` steps took 14.69-14.71 s with the per-chunk read and
+        14.67-15.11 s without (benchmarks/results/finetune_sync_slab_2026-12-04/); a host slower to launch pays
+        more for each wait."""
         if self.hooks.on_loss is not None:
             loss = self.hooks.on_loss(step, micro, loss)
         # Across ranks a non-finite share reaches every rank's gradient norm after the all-reduce, and all stop
@@ -546,8 +549,9 @@ class _Trainer:
 
     def _allocator_retries(self) -> int | None:
         """How often CUDA's caching allocator found no free block, emptied its cache (a device-wide sync) and asked
-        the driver again, since the process began (None off CUDA): a step near the device's capacity that does it
-        runs slower, which ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` may avoid."""
+        the driver again, since the process began (None off CUDA). A step near the device's capacity that does it
+        runs slower; `base` at 512k (113.7 GiB) did it in none of its steps on the H200, and expandable segments
+        did not change its step time (benchmarks/results/finetune_sync_slab_2026-12-04/)."""
         if self.device.type != "cuda":
             return None
         return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))

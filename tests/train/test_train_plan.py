@@ -340,9 +340,9 @@ def test_chunked_plan_above_the_h200_peaks_of_the_current_kernels():
 # `genolc finetune` runs on one H200 with every default whose steps the step-time estimate is held to (the
 # utilisations of genolc/train/measured.py were fitted to the first and the third; each folder's README or
 # record.json gives its command).
-CURRENT_FINETUNE_RUNS = [("base", "kept_attention_2026-12-03/finetune_ab/kept"),
-                         ("base", "kept_attention_2026-12-03/finetune_curve_base_512k_s23"),
-                         ("small", "kda_conv_2026-12-03/call4_b6e1319/finetune_curve_small_512k_s27")]
+CURRENT_FINETUNE_RUNS = [("base", "finetune_sync_slab_2026-12-04/finetune_curve_base_512k_new"),
+                         ("base", "finetune_sync_slab_2026-12-04/finetune_curve_base_512k_expandable"),
+                         ("small", "finetune_sync_slab_2026-12-04/finetune_curve_small_512k_cold")]
 
 
 def test_step_time_estimate_within_10_percent_of_the_current_h200_finetune_steps():
