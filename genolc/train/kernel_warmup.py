@@ -23,6 +23,7 @@ shape start none. ``GENOLC_KERNEL_WARMUP=0`` turns it off.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -321,20 +322,21 @@ def start_kernel_compiles(config: ModelConfig, device: torch.device, *, bf16: bo
     if device.type != "cuda" or os.environ.get(WARMUP_ENV, "1") == "0":
         return None
     seconds: dict[str, float | str] = {}
+    threads: list[threading.Thread] = []
+    restore = None
     try:
+        threads += _compile_dsa_kernels(config, bf16, seq_len, seconds)
         module = _fla_kda_backward_module() if bf16 else None
-        original = None if module is None else module._build_kda_bwd_kernel
-        fla = (_compile_fla_kda_backward(config, micro_batch, device, seconds, lambda: None)
-               if module is not None else None)
-        threads = ([fla] if fla is not None else []) + _compile_dsa_kernels(config, bf16, seq_len, seconds)
-    except Exception as error:      # only saves time: the step compiles its kernels itself, as before
-        print(f"genolc finetune: the kernel compile threads could not start ({type(error).__name__}: {error}); the "
-              "first step compiles its kernels itself", file=sys.stderr)
-        return None
-    if not threads:
-        return None
-    restore = None if fla is None else (lambda: setattr(module, "_build_kda_bwd_kernel", original))
-    return KernelCompiles(threads, seconds, restore)
+        if module is not None:
+            original = module._build_kda_bwd_kernel
+            fla = _compile_fla_kda_backward(config, micro_batch, device, seconds, lambda: None)
+            if fla is not None:
+                threads.append(fla)
+                restore = functools.partial(setattr, module, "_build_kda_bwd_kernel", original)
+    except Exception as error:      # only saves time: the step compiles the rest itself, as before
+        print(f"genolc finetune: the kernel compile threads could not all start ({type(error).__name__}: {error}); "
+              "the first step compiles the others itself", file=sys.stderr)
+    return KernelCompiles(threads, seconds, restore) if threads else None
 
 
 def dsa_kernel_args(config: ModelConfig) -> tuple[int, int, int, str, float]:

@@ -427,7 +427,7 @@ def test_the_warmup_reports_fla_s_kernel_in_its_progress_file(tmp_path, monkeypa
     assert json.loads(progress.read_text()) == {kernel_warmup.FLA_KDA_BACKWARD: "not compiled here"}
 
 
-def test_kernel_compiles_in_threads_where_no_warmup_process_runs(monkeypatch):
+def test_kernel_compiles_in_threads_where_no_warmup_process_runs(monkeypatch, capsys):
     """Without a warm-up process the trainer compiles the TileLang kernels in threads of its own: fla's KDA backward
     (its builder wrapped until the thread is done, then itself again) and the DSA kernels of the run's window; none
     on CPU or with GENOLC_KERNEL_WARMUP=0, and an error starting them leaves the step to compile its own."""
@@ -473,3 +473,11 @@ def test_kernel_compiles_in_threads_where_no_warmup_process_runs(monkeypatch):
 
     monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels", broken)
     assert kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1) is None
+    assert "could not all start (OSError: no nvcc)" in capsys.readouterr().err
+    monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels", dsa_threads)
+    monkeypatch.setattr(kernel_warmup, "_compile_fla_kda_backward", broken)
+    assert kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1) is None
+    monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels",
+                        lambda *args: [kernel_warmup.threading.Thread(target=lambda: None)])
+    kept = kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1)
+    assert len(kept.threads) == 1 and kept._restore_fla is None     # the DSA thread kept when fla's fails
