@@ -324,8 +324,12 @@ def start_kernel_compiles(config: ModelConfig, device: torch.device, *, bf16: bo
     seconds: dict[str, float | str] = {}
     threads: list[threading.Thread] = []
     restore = None
+    def say(error: Exception) -> None:     # only saves time: the step compiles the rest itself, as before
+        print(f"genolc finetune: the kernel compile threads could not all start ({type(error).__name__}: {error}); "
+              "the first step compiles the others itself", file=sys.stderr)
+
+    # fla's first, as the warm-up process starts them (run_warmup) and as measured.
     try:
-        threads += _compile_dsa_kernels(config, bf16, seq_len, seconds)
         module = _fla_kda_backward_module() if bf16 else None
         if module is not None:
             original = module._build_kda_bwd_kernel
@@ -333,9 +337,12 @@ def start_kernel_compiles(config: ModelConfig, device: torch.device, *, bf16: bo
             if fla is not None:
                 threads.append(fla)
                 restore = functools.partial(setattr, module, "_build_kda_bwd_kernel", original)
-    except Exception as error:      # only saves time: the step compiles the rest itself, as before
-        print(f"genolc finetune: the kernel compile threads could not all start ({type(error).__name__}: {error}); "
-              "the first step compiles the others itself", file=sys.stderr)
+    except Exception as error:
+        say(error)
+    try:
+        threads += _compile_dsa_kernels(config, bf16, seq_len, seconds)
+    except Exception as error:
+        say(error)
     return KernelCompiles(threads, seconds, restore) if threads else None
 
 

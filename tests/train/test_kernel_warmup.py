@@ -472,12 +472,15 @@ def test_kernel_compiles_in_threads_where_no_warmup_process_runs(monkeypatch, ca
         raise OSError("no nvcc")
 
     monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels", broken)
-    assert kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1) is None
+    kept = kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1)
     assert "could not all start (OSError: no nvcc)" in capsys.readouterr().err
-    monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels", dsa_threads)
+    assert len(kept.threads) == 1 and kept._restore_fla is not None     # fla's thread kept when the DSA's fail
+    kept.threads[0].join(30)
+    kept.end()
     monkeypatch.setattr(kernel_warmup, "_compile_fla_kda_backward", broken)
     assert kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1) is None
     monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels",
                         lambda *args: [kernel_warmup.threading.Thread(target=lambda: None)])
     kept = kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1)
     assert len(kept.threads) == 1 and kept._restore_fla is None     # the DSA thread kept when fla's fails
+    assert module._build_kda_bwd_kernel is builder
