@@ -317,13 +317,15 @@ class KernelCompiles:
 def start_kernel_compiles(config: ModelConfig, device: torch.device, *, bf16: bool, seq_len: int,
                           micro_batch: int) -> KernelCompiles | None:
     """Compile the TileLang kernels a run of ``seq_len``-token windows uses, in threads of this process
-    (:class:`KernelCompiles`), or None (not CUDA, ``GENOLC_KERNEL_WARMUP=0``, no TileLang kernel to compile here,
-    or any error starting them: the step compiles its kernels itself, as before)."""
+    (:class:`KernelCompiles`), or None (not CUDA, ``GENOLC_KERNEL_WARMUP=0``, or no thread started: no TileLang
+    kernel to compile here, or errors starting them). A part that cannot start (fla's kernel, the DSA kernels) is
+    said in one line and left to the step, which compiles it itself, as before."""
     if device.type != "cuda" or os.environ.get(WARMUP_ENV, "1") == "0":
         return None
     seconds: dict[str, float | str] = {}
     threads: list[threading.Thread] = []
     restore = None
+
     def say(error: Exception) -> None:     # only saves time: the step compiles the rest itself, as before
         print(f"genolc finetune: the kernel compile threads could not all start ({type(error).__name__}: {error}); "
               "the first step compiles the others itself", file=sys.stderr)

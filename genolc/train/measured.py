@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 
 # (preset, active parameters without the embedding and LM head, utilisation). `base`: finetune steps of 14.67-15.11 s
-# at 512k (median 14.74 of seven, three runs on one machine), git f1608eb/a7cb201, with KDA's convolution kernels and
-# the slab order's uint8 sort (benchmarks/results/finetune_sync_slab_2026-12-04/; 15.21-15.81 s and 0.162 at e89142b,
-# 15.90-16.01 s and 0.156 at ab03f4b). `small`: finetune steps of 6.26-6.36 s at 512k, git a7cb201 (the same folder;
-# 6.35-6.51 s and 0.121 at b6e1319, 7.11-7.21 s and 0.104 at e825408, 7.71-7.75 s and 0.095 before fla kept KDA's
-# intermediates for the backward: a `small` step that has no room to keep them, on a smaller GPU, takes about 3.6 %
-# longer than this estimates). At 1M `base`'s bare step took 36.2-36.7 s at e825408, before those kernels, against
-# 33.4 estimated (tests/train/test_train_plan.py holds the estimate within 10 % of these runs).
+# at 512k (median 14.74 of seven: three runs on one machine, one on another), git f1608eb/a7cb201, with KDA's
+# convolution kernels and the slab order's uint8 sort (benchmarks/results/finetune_sync_slab_2026-12-04/; 15.21-15.81
+# s and 0.162 at e89142b, 15.90-16.01 s and 0.156 at ab03f4b). `small`: finetune steps of 6.26-6.36 s at 512k, git
+# a7cb201 (the same folder; 6.35-6.51 s and 0.121 at b6e1319, 7.11-7.21 s and 0.104 at e825408, 7.71-7.75 s and 0.095
+# before fla kept KDA's intermediates for the backward: a `small` step that has no room to keep them, on a smaller
+# GPU, takes about 3.6 % longer than this estimates). At 1M `base`'s bare step took 36.2-36.7 s at e825408, before
+# those kernels, against 33.4 estimated (tests/train/test_train_plan.py holds the estimate within 10 % of these runs).
 MEASURED_UTILISATION = (("small", 114_658_128, 0.123), ("base", 437_644_272, 0.170))
 
 
