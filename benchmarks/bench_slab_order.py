@@ -5,7 +5,7 @@ The slab-ordered DSA backward groups each index row by key slab before its kerne
 over 32 bits: 139 ms of `base`'s 512k step and 112 ms of `small`'s (benchmarks/results/kda_conv_2026-12-03/,
 ``radixSortKVInPlace``). The present form sorts each slot's slab number (uint8 for up to 255 slabs), stably, and
 gathers the rows in that order. Timed here against the first form (``full_sort``, kept below) at the shapes the
-chunked step runs at 512k and 1M: `base`'s last 32k chunk (17 and 33 slabs of 32k rows) and `small`'s last 64k chunk,
+chunked step runs at 512k and 1M: `base`'s last 32k chunk (16 and 32 slabs of 32k rows) and `small`'s last 64k chunk,
 W = 2,051 slots (512 pools of 4 rows, ascending as the Triton selector writes them, 1 % of the pool slots empty
 where they lie, as its -1 holes, then 3 tail slots). On such rows the two forms must give the same rows and offsets
 (checked; the script exits 1 otherwise). Median of 20 after a warm-up (gpu_bench_common.measure); the kernels of

@@ -15,9 +15,12 @@ first build of it waits while the warm-up's progress file says the warm-up is co
 ``FLA_KDA_COMPILE_SECONDS`` after that compile began; :meth:`KernelWarmup.hold_first_kda_backward`). After the first
 step the trainer stops a warm-up that still runs: what it had not reached, that step compiled itself.
 
+Where the warm-up's model and step do not fit the device beside the run's plan, the trainer compiles the same
+TileLang kernels in threads of its own instead (:class:`KernelCompiles`, no step run).
+
 Only on CUDA, in a single process (under ``torchrun`` each rank compiles its own), once per shape on a machine: a
-finished warm-up leaves a marker under the user's cache directory (``genolc/kernel-warmup/``) and later runs of that
-shape start none. ``GENOLC_KERNEL_WARMUP=0`` turns it off.
+finished warm-up (or the threads, once all compiled) leaves a marker under the user's cache directory
+(``genolc/kernel-warmup/``) and later runs of that shape start neither. ``GENOLC_KERNEL_WARMUP=0`` turns both off.
 """
 
 from __future__ import annotations
@@ -291,35 +294,59 @@ class KernelCompiles:
     around fla's builder) instead of compiling it again, so the kernels compile at once, from the run's start, where
     the step compiled them one after another as it reached them. `base` at 512k on the H200, every cache empty
     (benchmarks/results/finetune_sync_slab_2026-12-04/): the four took 77 s of a 183.6 s first step one after
-    another; in threads they were done 33 s after the start, and the first step took 98.0 s."""
+    another; in threads they were done 33 s after the start, and the first step took 98.0 s. Once all are compiled
+    and the first step has run, the shape's warm-up marker is written, so later runs of it start none."""
 
     def __init__(self, threads: list[threading.Thread], seconds: dict[str, float | str],
-                 restore_fla: Callable[[], None] | None) -> None:
-        self.threads, self.seconds, self._restore_fla = threads, seconds, restore_fla
+                 restore_fla: Callable[[], None] | None, marker: Path) -> None:
+        self.threads, self.seconds, self._restore_fla, self._marker = threads, seconds, restore_fla, marker
+        self._reported: set[str] = set()
 
-    def end(self) -> str | None:
-        """After the first step: one line saying what the threads compiled and in how long; fla's builder is
-        itself again once its thread is done."""
-        if self._restore_fla is not None and not any(thread.is_alive() for thread in self.threads):
+    def _done(self) -> bool:
+        return not any(thread.is_alive() for thread in self.threads)
+
+    def _restore_when_done(self) -> None:
+        if self._restore_fla is not None and self._done():
             self._restore_fla()
             self._restore_fla = None
-        if not self.seconds:
+
+    def end(self) -> str | None:
+        """After each step (the trainer calls it as it calls :meth:`KernelWarmup.end`): one line naming the kernels
+        compiled since it last said, with their seconds, or None; fla's builder is itself again, and the marker
+        written, once every thread is done (the marker only where all compiled)."""
+        self._restore_when_done()
+        if self._marker is not None and self._done():
+            if all(isinstance(value, float) for value in self.seconds.values()):
+                try:
+                    atomic_write_json(self._marker, {"compiled_in_threads": dict(self.seconds)})
+                except OSError:     # only spares a later run its threads: they then load the kernels again
+                    pass
+            self._marker = None
+        fresh = {name: value for name, value in sorted(self.seconds.items()) if name not in self._reported}
+        if not fresh:
             return None
+        self._reported.update(fresh)
         done = ", ".join(f"{name} {value:.0f} s" if isinstance(value, float) else f"{name} {value}"
-                         for name, value in sorted(self.seconds.items()))
-        self.seconds = {}
-        return f"TileLang kernels compiled in threads beside the first step: {done}"
+                         for name, value in fresh.items())
+        return f"TileLang kernels compiled in threads from the run's start: {done}"
 
     def stop(self) -> None:
-        """Nothing to stop: daemon threads that compile on the CPU end with the process."""
+        """At the run's end, also an early one: fla's builder is itself again if its thread is done (daemon threads
+        that compile on the CPU end with the process; nothing holds the GPU)."""
+        self._restore_when_done()
 
 
-def start_kernel_compiles(config: ModelConfig, device: torch.device, *, bf16: bool, seq_len: int,
-                          micro_batch: int) -> KernelCompiles | None:
-    """Compile the TileLang kernels a run of ``seq_len``-token windows uses, in threads of this process
-    (:class:`KernelCompiles`), or None (not CUDA, ``GENOLC_KERNEL_WARMUP=0``, or no thread started: no TileLang
-    kernel to compile here, or errors starting them). A part that cannot start (fla's kernel, the DSA kernels) is
-    said in one line and left to the step, which compiles it itself, as before."""
+def warmup_marker(shape: WarmupShape, device: torch.device) -> Path:
+    """The file that says ``shape``'s kernels were compiled on this machine (by the warm-up process or the compile
+    threads): later runs of that shape start neither."""
+    return warmup_dir() / f"{shape.key(device)}.json"
+
+
+def start_kernel_compiles(shape: WarmupShape, device: torch.device) -> KernelCompiles | None:
+    """Compile the TileLang kernels a run of ``shape`` uses, in threads of this process (:class:`KernelCompiles`), or
+    None (not CUDA, ``GENOLC_KERNEL_WARMUP=0``, done before on this machine, or no thread started: no TileLang kernel
+    to compile here, or errors starting them). A part that cannot start (fla's kernel, the DSA kernels) is said in
+    one line and left to the step, which compiles it itself, as before."""
     if device.type != "cuda" or os.environ.get(WARMUP_ENV, "1") == "0":
         return None
     seconds: dict[str, float | str] = {}
@@ -330,22 +357,31 @@ def start_kernel_compiles(config: ModelConfig, device: torch.device, *, bf16: bo
         print(f"genolc finetune: the kernel compile threads could not all start ({type(error).__name__}: {error}); "
               "the first step compiles the others itself", file=sys.stderr)
 
+    try:
+        marker = warmup_marker(shape, device)
+        if marker.exists():
+            return None
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        config = ModelConfig.from_hf(shape.model)
+    except Exception as error:
+        say(error)
+        return None
     # fla's first, as the warm-up process starts them (run_warmup) and as measured.
     try:
-        module = _fla_kda_backward_module() if bf16 else None
+        module = _fla_kda_backward_module() if shape.bf16 else None
         if module is not None:
             original = module._build_kda_bwd_kernel
-            fla = _compile_fla_kda_backward(config, micro_batch, device, seconds, lambda: None)
+            fla = _compile_fla_kda_backward(config, shape.micro_batch, device, seconds, lambda: None)
             if fla is not None:
                 threads.append(fla)
                 restore = functools.partial(setattr, module, "_build_kda_bwd_kernel", original)
     except Exception as error:
         say(error)
     try:
-        threads += _compile_dsa_kernels(config, bf16, seq_len, seconds)
+        threads += _compile_dsa_kernels(config, shape.bf16, shape.seq_len, seconds)
     except Exception as error:
         say(error)
-    return KernelCompiles(threads, seconds, restore) if threads else None
+    return KernelCompiles(threads, seconds, restore, marker) if threads else None
 
 
 def dsa_kernel_args(config: ModelConfig) -> tuple[int, int, int, str, float]:

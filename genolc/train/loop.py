@@ -667,18 +667,19 @@ class _Trainer:
             return None
         shape = step_shape(self.start_step, self.config)
         strategy = self._strategy(shape)
-        warmup = start_kernel_warmup(WarmupShape(
+        kernels = WarmupShape(
             model=self.model.config.to_hf(), seq_len=shape.seq_len, chunk=strategy.chunk,
             micro_batch=shape.windows, recompute=strategy.recompute, bf16=self.bf16,
             indexer_mode=indexer_mode_at(self.start_step, self.config), stream_dtype=self.stream_dtype,
-            keep_kda_intermediates=strategy.keep_kda_intermediates), self.device,
-            run_bytes=max(s.estimate_bytes for s in self.strategies.values()), budget_bytes=self._device_bytes())
+            keep_kda_intermediates=strategy.keep_kda_intermediates)
+        warmup = start_kernel_warmup(kernels, self.device,
+                                     run_bytes=max(s.estimate_bytes for s in self.strategies.values()),
+                                     budget_bytes=self._device_bytes())
         if warmup is not None:
             _say(f"compiling this shape's GPU kernels in a second process while the first step runs (log: "
                  f"{warmup.log}; GENOLC_KERNEL_WARMUP=0 turns it off)")
             return warmup
-        compiles = start_kernel_compiles(self.model.config, self.device, bf16=self.bf16, seq_len=shape.seq_len,
-                                         micro_batch=shape.windows)
+        compiles = start_kernel_compiles(kernels, self.device)
         if compiles is not None:
             _say("compiling this shape's TileLang kernels in threads while the first step runs (no warm-up process "
                  "beside it; GENOLC_KERNEL_WARMUP=0 turns it off)")

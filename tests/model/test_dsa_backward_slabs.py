@@ -55,7 +55,7 @@ def naive_slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int):
     return rows, offsets
 
 
-@pytest.mark.parametrize("slab_rows, kv_len", [(32, 101), (101, 101), (7, 64), (1000, 101), (1, 300)])
+@pytest.mark.parametrize("slab_rows, kv_len", [(32, 101), (101, 101), (7, 64), (1000, 101), (1, 255), (1, 256), (1, 300)])
 def test_slab_order_matches_a_per_row_loop(slab_rows, kv_len):
     gen = torch.Generator().manual_seed(slab_rows)
     indices = torch.randint(-1, kv_len, (2, 9, 13), generator=gen, dtype=torch.int32)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -427,10 +429,11 @@ def test_the_warmup_reports_fla_s_kernel_in_its_progress_file(tmp_path, monkeypa
     assert json.loads(progress.read_text()) == {kernel_warmup.FLA_KDA_BACKWARD: "not compiled here"}
 
 
-def test_kernel_compiles_in_threads_where_no_warmup_process_runs(monkeypatch, capsys):
+def test_kernel_compiles_in_threads_where_no_warmup_process_runs(tmp_path, monkeypatch, capsys):
     """Without a warm-up process the trainer compiles the TileLang kernels in threads of its own: fla's KDA backward
-    (its builder wrapped until the thread is done, then itself again) and the DSA kernels of the run's window; none
-    on CPU or with GENOLC_KERNEL_WARMUP=0, and an error starting them leaves the step to compile its own."""
+    (its builder wrapped until the thread is done, then itself again) and the DSA kernels of the run's window; each
+    compile said once, the shape's marker written when all are done, so that a later run starts none; none on CPU or
+    with GENOLC_KERNEL_WARMUP=0; a part that cannot start is said and the other kept."""
     from types import SimpleNamespace
 
     def builder(*args):
@@ -441,46 +444,59 @@ def test_kernel_compiles_in_threads_where_no_warmup_process_runs(monkeypatch, ca
 
     module = SimpleNamespace(_build_kda_bwd_kernel=builder, chunk_kda_bwd_wy_dqkg_fused_tilelang=entry)
     monkeypatch.setattr(kernel_warmup, "_fla_kda_backward_module", lambda: module)
-    asked = []
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    asked, late = [], threading.Event()
 
     def dsa_threads(config, bf16, seq_len, seconds):
-        asked.append((bf16, seq_len))
+        asked.append((config.num_attention_heads, bf16, seq_len))
+
+        def compile_late():
+            late.wait(30)
+            seconds["tilelang_dsa_backward"] = 20.0
+
         seconds["tilelang_dsa_forward"] = 9.0
-        return []
+        return [threading.Thread(target=compile_late)]
 
     monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels", dsa_threads)
-    config = preset("tiny")
     # fla's thread makes its shape tensors on the run's device: on the CPU here.
     real_fla = kernel_warmup._compile_fla_kda_backward
     monkeypatch.setattr(kernel_warmup, "_compile_fla_kda_backward", lambda config, batch, device, seconds, report:
                         real_fla(config, batch, torch.device("cpu"), seconds, report))
-    cuda = torch.device("cuda")
-    assert kernel_warmup.start_kernel_compiles(config, torch.device("cpu"), bf16=True, seq_len=64,
-                                               micro_batch=1) is None
+    cuda, run = torch.device("cuda"), shape(bf16=True, seq_len=262144, micro_batch=1)
+    assert kernel_warmup.start_kernel_compiles(run, torch.device("cpu")) is None
     monkeypatch.setenv(kernel_warmup.WARMUP_ENV, "0")
-    assert kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1) is None
+    assert kernel_warmup.start_kernel_compiles(run, cuda) is None
     monkeypatch.delenv(kernel_warmup.WARMUP_ENV)
-    compiles = kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=262144, micro_batch=1)
-    assert asked == [(True, 262144)] and len(compiles.threads) == 1
+
+    compiles = kernel_warmup.start_kernel_compiles(run, cuda)
+    assert asked == [(preset("tiny").num_attention_heads, True, 262144)] and len(compiles.threads) == 2
+    compiles.threads[1].start()
     compiles.threads[0].join(30)
-    assert module._build_kda_bwd_kernel is not builder           # wrapped while its thread compiles
+    assert module._build_kda_bwd_kernel is not builder           # wrapped while the threads compile
     line = compiles.end()
-    assert "tilelang_dsa_forward 9 s" in line and "fla_tilelang_kda_backward 0 s" in line, line
-    assert compiles.end() is None and module._build_kda_bwd_kernel is builder
+    assert "tilelang_dsa_forward 9 s" in line and re.search(r"fla_tilelang_kda_backward \d+ s", line), line
+    assert "tilelang_dsa_backward " not in line and compiles.end() is None
+    assert not kernel_warmup.warmup_marker(run, cuda).exists()
+    late.set()
+    compiles.threads[1].join(30)
+    assert compiles.end() == "TileLang kernels compiled in threads from the run's start: tilelang_dsa_backward 20 s"
+    assert module._build_kda_bwd_kernel is builder and kernel_warmup.warmup_marker(run, cuda).exists()
+    assert kernel_warmup.start_kernel_compiles(run, cuda) is None          # done before on this machine
+    kernel_warmup.warmup_marker(run, cuda).unlink()
 
     def broken(*args):
         raise OSError("no nvcc")
 
     monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels", broken)
-    kept = kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1)
+    kept = kernel_warmup.start_kernel_compiles(run, cuda)
     assert "could not all start (OSError: no nvcc)" in capsys.readouterr().err
     assert len(kept.threads) == 1 and kept._restore_fla is not None     # fla's thread kept when the DSA's fail
     kept.threads[0].join(30)
-    kept.end()
-    monkeypatch.setattr(kernel_warmup, "_compile_fla_kda_backward", broken)
-    assert kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1) is None
-    monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels",
-                        lambda *args: [kernel_warmup.threading.Thread(target=lambda: None)])
-    kept = kernel_warmup.start_kernel_compiles(config, cuda, bf16=True, seq_len=64, micro_batch=1)
-    assert len(kept.threads) == 1 and kept._restore_fla is None     # the DSA thread kept when fla's fails
+    kept.stop()
     assert module._build_kda_bwd_kernel is builder
+    monkeypatch.setattr(kernel_warmup, "_compile_fla_kda_backward", broken)
+    assert kernel_warmup.start_kernel_compiles(run, cuda) is None
+    monkeypatch.setattr(kernel_warmup, "_compile_dsa_kernels", lambda *args: [threading.Thread(target=lambda: None)])
+    kept = kernel_warmup.start_kernel_compiles(run, cuda)
+    assert len(kept.threads) == 1 and kept._restore_fla is None     # the DSA thread kept when fla's fails

@@ -49,7 +49,7 @@ from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, padd
 
 # 32k rows: d_latent's fp32 slab is 48 MiB at R = 384 and 32 MiB at R = 256, the sizes measured above.
 DEFAULT_SLAB_ROWS = 32768
-_EMPTY_KEY = torch.iinfo(torch.int32).max
+_INT32_MAX = torch.iinfo(torch.int32).max        # rows are int32: every latent row index must fit
 MAX_SLABS = 65535          # CUDA's limit on gridDim.y
 
 
@@ -70,21 +70,22 @@ def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torc
 
     Returns:
         ``rows [B, T, W]`` int32: each row's slots by slab, in the order they had within a slab (the Triton
-        selector's ascending rows stay ascending), its empty slots (-1) last; and ``offsets [B, T, n + 1]`` int32
-        with ``n = ceil(S / slab_rows)`` (at least 1): query t's slots in slab s are
+        selector's ascending rows stay ascending), its empty slots (negative, as given) last; and
+        ``offsets [B, T, n + 1]`` int32 with ``n = ceil(S / slab_rows)`` (at least 1): query t's slots in slab s are
         ``rows[b, t, offsets[b, t, s]:offsets[b, t, s + 1]]``, and ``offsets[..., n]`` is its count of valid slots.
     """
     if slab_rows < 1:
         raise ValueError(f"slab_rows must be positive, got {slab_rows}")
-    if kv_len >= _EMPTY_KEY:
+    if kv_len >= _INT32_MAX:
         raise ValueError(f"kv_len {kv_len} does not fit the int32 rows")
     n_slabs = max(1, -(-kv_len // slab_rows))
     if n_slabs > MAX_SLABS:
         raise ValueError(f"{n_slabs} slabs of {slab_rows} rows over {kv_len} keys: at most {MAX_SLABS} (the grid's "
                          f"second dimension); use slab_rows >= {-(-kv_len // MAX_SLABS)}")
     # The slab number (n_slabs for an empty slot) as the sort key, in the narrowest dtype that holds it: the row
-    # sort's passes go by the key's bits, and 17 slabs (`base` at 512k) need 8 of them where the row's int32 keys
-    # took 32.
+    # sort's passes go by the key's bits, and 16 slabs (`base` at 512k) need 8 of them where the row's int32 keys
+    # took 32. An index at or past S breaks the contract here as in the forward kernel, which reads its row unchecked
+    # (a check would read the indices back to the host).
     key_dtype = torch.uint8 if n_slabs <= 255 else torch.int32
     slabs = torch.where(indices < 0, n_slabs, torch.div(indices, slab_rows, rounding_mode="floor")).to(key_dtype)
     keys, order = slabs.sort(dim=-1, stable=True)
