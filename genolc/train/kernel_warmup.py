@@ -60,6 +60,12 @@ def warmup_dir() -> Path:
     return genolc_cache_dir() / "kernel-warmup"
 
 
+def warmup_marker(key: str) -> Path:
+    """The file that says the kernels of the shape with ``key`` (:meth:`WarmupShape.key`) were compiled on this
+    machine, by the warm-up process or the compile threads: later runs of that shape start neither."""
+    return warmup_dir() / f"{key}.json"
+
+
 @dataclass(frozen=True)
 class WarmupShape:
     """What decides which kernels a step compiles: the layers' shapes, the window and chunk, the micro-batch."""
@@ -254,7 +260,7 @@ def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: 
         folder = warmup_dir()
         folder.mkdir(parents=True, exist_ok=True)
         key = shape.key(device)
-        if (folder / f"{key}.json").exists():
+        if warmup_marker(key).exists():
             return None
         # The process id in the names: two runs of one shape (two GPUs) keep their own spec and log.
         spec = folder / f"{key}.{os.getpid()}.spec.json"
@@ -267,7 +273,7 @@ def start_kernel_warmup(shape: WarmupShape, device: torch.device, *, run_bytes: 
             # A session of its own: the terminal's Ctrl-C, which asks the trainer to finish its step, does not
             # reach it; stop() ends its whole group.
             process = subprocess.Popen([sys.executable, "-m", "genolc.train.kernel_warmup", str(spec), str(index),
-                                        str(folder / f"{key}.json"), str(progress)], stdout=out,
+                                        str(warmup_marker(key)), str(progress)], stdout=out,
                                        stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True,
                                        env={**os.environ, PARENT_ENV: str(os.getpid())})
@@ -336,12 +342,6 @@ class KernelCompiles:
         self._restore_when_done()
 
 
-def warmup_marker(shape: WarmupShape, device: torch.device) -> Path:
-    """The file that says ``shape``'s kernels were compiled on this machine (by the warm-up process or the compile
-    threads): later runs of that shape start neither."""
-    return warmup_dir() / f"{shape.key(device)}.json"
-
-
 def start_kernel_compiles(shape: WarmupShape, device: torch.device) -> KernelCompiles | None:
     """Compile the TileLang kernels a run of ``shape`` uses, in threads of this process (:class:`KernelCompiles`), or
     None (not CUDA, ``GENOLC_KERNEL_WARMUP=0``, done before on this machine, or no thread started: no TileLang kernel
@@ -358,7 +358,7 @@ def start_kernel_compiles(shape: WarmupShape, device: torch.device) -> KernelCom
               "the first step compiles the others itself", file=sys.stderr)
 
     try:
-        marker = warmup_marker(shape, device)
+        marker = warmup_marker(shape.key(device))
         if marker.exists():
             return None
         marker.parent.mkdir(parents=True, exist_ok=True)

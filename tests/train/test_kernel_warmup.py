@@ -477,13 +477,13 @@ def test_kernel_compiles_in_threads_where_no_warmup_process_runs(tmp_path, monke
     line = compiles.end()
     assert "tilelang_dsa_forward 9 s" in line and re.search(r"fla_tilelang_kda_backward \d+ s", line), line
     assert "tilelang_dsa_backward " not in line and compiles.end() is None
-    assert not kernel_warmup.warmup_marker(run, cuda).exists()
+    assert not kernel_warmup.warmup_marker(run.key(cuda)).exists()
     late.set()
     compiles.threads[1].join(30)
     assert compiles.end() == "TileLang kernels compiled in threads from the run's start: tilelang_dsa_backward 20 s"
-    assert module._build_kda_bwd_kernel is builder and kernel_warmup.warmup_marker(run, cuda).exists()
+    assert module._build_kda_bwd_kernel is builder and kernel_warmup.warmup_marker(run.key(cuda)).exists()
     assert kernel_warmup.start_kernel_compiles(run, cuda) is None          # done before on this machine
-    kernel_warmup.warmup_marker(run, cuda).unlink()
+    kernel_warmup.warmup_marker(run.key(cuda)).unlink()
 
     def broken(*args):
         raise OSError("no nvcc")
