@@ -1,6 +1,6 @@
 """Tune fla's KDA kernels for each preset's shapes on this GPU and write the winners where genolc ships them.
 
-    python benchmarks/tune_fla_configs.py [--presets small base mini glm-5.3-flash] [--length 32768]
+    python benchmarks/tune_fla_configs.py [--presets small base mini glm-5.3-flash] [--length 32768] [--extend]
         [--out genolc/model/ops/kda/tuned] [--record benchmarks/results/fla_tuning_<date>.json]
 
 (on the GPU, from the repository root, after ``source benchmarks/gpu_env.sh && gpu_env_setup``.) Why: with every
@@ -14,11 +14,14 @@ Per preset it runs one KDA layer (the preset's heads and dims, fp32 weights, bf1
 the ways training and evaluation call fla: a whole window of two segments (no initial state, then one), a chunk
 with a carried state and convolution tail and gradients flowing into both, and a no-grad forward. fla's autotuner
 keys hold shapes (heads, head dims, block sizes, flags, dtypes), mostly not the sequence length, so configs tuned at
-``--length`` serve every length of that preset; the exceptions (l2norm's bucket of tokens x heads, cumsum's batch)
-are covered for whole windows of 1k-32k tokens at micro-batch 1 and 2. Each entry written is read back through
-fla's own lookup in strict mode before the script ends; entries already in a file for other keys are kept, unless
-the folder's
-``manifest.json`` names other fla or Triton versions (then its files are replaced). The manifest lists the versions
+``--length`` serve every length of that preset; the exceptions (l2norm's bucket of tokens x heads, a compile-time
+constant of its kernels, and cumsum's batch) are covered for the windows of :data:`SWEEP_WINDOWS`: 1k-128k tokens at
+micro-batch 1, the tokens a KDA call gets from ``finetune`` on the H200 (`small`: whole windows up to 128k, then 128k
+and 64k chunks; `base`: 32k, then 32k and 16k chunks, as ``genolc plan`` says), and 1k-32k at micro-batch 2. Each
+entry written is read back through fla's own lookup in strict mode before the script ends; entries already in a file
+for other keys are kept, unless the folder's ``manifest.json`` names other fla or Triton versions (then its files are
+replaced). ``--extend`` autotunes only the keys the folder lacks: fla reads the rest from it (strict mode), so
+covering a new window costs its own kernels' tuning, not the preset's minutes again. The manifest lists the versions
 and the presets tuned; genolc uses the folder only with those versions installed
 (genolc/model/ops/kda/fla_tuning.py), and ``finetune`` tells a user whose shape is not among them that its first
 run autotunes.
@@ -43,18 +46,18 @@ from genolc.fsutil import atomic_write_json  # noqa: E402
 from genolc.model.cache import LayerCache  # noqa: E402
 from genolc.model.layers.kda import KimiDeltaAttention  # noqa: E402
 from genolc.model.model import _init_forget_gate  # noqa: E402
-from genolc.model.ops.kda.fla_tuning import MANIFEST, TUNED_CONFIGS, gpu_folder_name, installed_versions  # noqa: E402,E501
+from genolc.model.ops.kda.fla_tuning import (MANIFEST, TUNED_CONFIGS, gpu_folder_name, installed_versions,  # noqa: E402
+                                             tuned_folder)
 from genolc.model.presets import PRESETS, preset  # noqa: E402
 
 
-SWEEP_LENGTHS = tuple(1024 << i for i in range(6))      # whole windows of 1k..32k tokens
-SWEEP_BATCHES = (1, 2)
+# (micro-batch, tokens) of the whole windows swept: 1k..128k tokens at micro-batch 1, 1k..32k at 2.
+SWEEP_WINDOWS = tuple((1, 1024 << i) for i in range(8)) + tuple((2, 1024 << i) for i in range(6))
 
 
-def run_layer(name: str, length: int, sweep_lengths: tuple[int, ...] = SWEEP_LENGTHS,
-              sweep_batches: tuple[int, ...] = SWEEP_BATCHES) -> None:
+def run_layer(name: str, length: int, sweep_windows: tuple[tuple[int, int], ...] = SWEEP_WINDOWS) -> None:
     """The fla calls a preset's KDA layer makes in training (whole window, carried chunk) and evaluation, then whole
-    windows over ``sweep_lengths`` x ``sweep_batches``: fla's l2norm kernels key on
+    windows of ``sweep_windows`` ((micro-batch, tokens) pairs): fla's l2norm kernels key on
     ``ceil(batch x tokens x heads / 65536)`` and its cumsum kernels on the batch."""
     config = preset(name)
     torch.manual_seed(0)
@@ -81,15 +84,15 @@ def run_layer(name: str, length: int, sweep_lengths: tuple[int, ...] = SWEEP_LEN
     with torch.no_grad(), autocast:
         layer(chunk)
     buckets = set()
-    for batch in sweep_batches:
-        for tokens in sweep_lengths:
-            bucket = (batch, -(-batch * tokens * config.linear_num_heads // 65536))
-            if bucket in buckets:
-                continue
-            buckets.add(bucket)
-            x = torch.randn(batch, tokens, config.hidden_size, device="cuda", requires_grad=True)
-            with autocast:
-                layer(x).float().square().mean().backward()
+    for batch, tokens in sweep_windows:
+        bucket = (batch, -(-batch * tokens * config.linear_num_heads // 65536))
+        if bucket in buckets:
+            continue
+        buckets.add(bucket)
+        x = torch.randn(batch, tokens, config.hidden_size, device="cuda", requires_grad=True)
+        with autocast:
+            layer(x).float().square().mean().backward()
+        del x
     torch.cuda.synchronize()
 
 
@@ -146,23 +149,28 @@ def start_folder(folder: Path, versions: dict) -> dict:
     return {**versions, "presets": manifest.get("presets", {})}
 
 
-def write_configs(tuners: dict[str, object], folder: Path) -> int:
+def write_configs(tuners: dict[str, object], folder: Path) -> tuple[int, list[str]]:
+    """Every config the tuners hold, written into the folder's kernel files; returns how many, and the keys (as
+    ``kernel [key]``) that no file held before."""
     import triton
 
     from fla.ops.utils.cache import AutotuneKey
 
     folder.mkdir(parents=True, exist_ok=True)
-    written = 0
+    written, added = 0, []
     for kernel, tuner in sorted(tuners.items()):
         path = folder / f"{kernel}.json"
         data = json.loads(path.read_text()) if path.exists() else {}
         entries = data.get("autotune_entries") or {}
         for key, config in tuner.cache.items():
-            entries[AutotuneKey.key_hash(key)] = {"autotune_key": AutotuneKey.normalize_autotune_key(key),
-                                                  "config": config_entry(config)}
+            key_hash = AutotuneKey.key_hash(key)
+            if key_hash not in entries:
+                added.append(f"{kernel} {AutotuneKey.serialize(key)}")
+            entries[key_hash] = {"autotune_key": AutotuneKey.normalize_autotune_key(key),
+                                 "config": config_entry(config)}
             written += 1
         atomic_write_json(path, {"kernel_name": kernel, "triton_version": triton.__version__, "autotune_entries": entries})
-    return written
+    return written, added
 
 
 def check_written(tuners: dict[str, object], folder: Path) -> None:
@@ -195,24 +203,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--presets", nargs="+", default=["small", "base", "mini", "glm-5.3-flash"],
                         choices=sorted(PRESETS))
     parser.add_argument("--length", type=int, default=32768, help="tokens per chunk (the trainer's default chunk)")
+    parser.add_argument("--extend", action="store_true",
+                        help="keep the folder's configs (fla reads them) and autotune only the keys it lacks")
     parser.add_argument("--out", type=Path, default=TUNED_CONFIGS)
     parser.add_argument("--record", type=Path,
                         default=Path(f"benchmarks/results/fla_tuning_{datetime.date.today()}.json"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("tune_fla_configs.py tunes CUDA kernels: run it on a machine with a GPU")
-    if os.environ.get("FLA_CACHE_MODE", "disabled") != "disabled":
-        raise SystemExit("FLA_CACHE_MODE is set: unset it so every kernel is tuned here, not read from a file")
-    os.environ["FLA_CACHE_MODE"] = "disabled"
+    if any(name in os.environ for name in ("FLA_CACHE_MODE", "FLA_CONFIG_DIR")):
+        raise SystemExit("FLA_CACHE_MODE or FLA_CONFIG_DIR is set: unset them; this script chooses what fla reads "
+                         "(nothing, or with --extend the folder it writes)")
     folder = args.out / gpu_folder_name(torch.cuda.get_device_name(0))
+    versions = installed_versions()
+    if args.extend:
+        if tuned_folder(torch.cuda.get_device_name(0), args.out, versions) is None:
+            raise SystemExit(f"--extend: {folder} holds no configs tuned with fla {versions['fla']} and Triton "
+                             f"{versions['triton']}; run without --extend to tune every kernel")
+        # Set before fla is imported (it reads its mode once): the folder's keys are loaded, the rest autotuned.
+        os.environ.update(FLA_CACHE_MODE="strict", FLA_CONFIG_DIR=str(folder))
+    else:
+        os.environ["FLA_CACHE_MODE"] = "disabled"
     folder.mkdir(parents=True, exist_ok=True)
-    manifest = start_folder(folder, installed_versions())
+    manifest = start_folder(folder, versions)
     sha = os.environ.get("GENOLC_GIT_SHA") or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                              capture_output=True, text=True).stdout.strip()
     record = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
               "git_sha": sha, "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "fla": manifest["fla"], "triton": manifest["triton"], "presets": args.presets, "length": args.length,
-              "seconds_per_preset": {}}
+              "windows": [list(window) for window in SWEEP_WINDOWS], "extend": args.extend, "seconds_per_preset": {}}
     args.record.parent.mkdir(parents=True, exist_ok=True)
     # Written after each preset, so a run stopped part-way keeps (and records) the presets it finished.
     for name in args.presets:
@@ -220,16 +239,17 @@ def main(argv: list[str] | None = None) -> int:
         run_layer(name, args.length)
         record["seconds_per_preset"][name] = round(time.monotonic() - start, 1)
         tuners, others = fla_autotuners()
-        entries = write_configs(tuners, folder)
+        entries, added = write_configs(tuners, folder)
         check_written(tuners, folder)
         config = preset(name)
         manifest["presets"][name] = {"heads": config.linear_num_heads, "head_dim": config.linear_head_dim,
-                                     "lengths": sorted({args.length, *SWEEP_LENGTHS}), "micro_batches": list(SWEEP_BATCHES)}
+                                     "length": args.length, "windows": [list(window) for window in SWEEP_WINDOWS]}
         atomic_write_json(folder / MANIFEST, manifest)
+        record.setdefault("keys_added", {})[name] = added
         record.update(kernels=sorted(tuners), entries_in_files=entries, other_autotuned_kernels=others)
         atomic_write_json(args.record, record)
         print(f"{name}: {record['seconds_per_preset'][name]} s; {entries} configs of {len(tuners)} kernels in "
-              f"{folder}; autotuned kernels no file can supply: {others or 'none'}", flush=True)
+              f"{folder}, {len(added)} new; autotuned kernels no file can supply: {others or 'none'}", flush=True)
     return 0
 
 

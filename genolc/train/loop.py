@@ -81,6 +81,7 @@ from genolc.train.plan import (GIB, check_window_lengths, context_parallel_oom_e
                                required_seq_multiple)
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
 from genolc.train.kept_attention import KeptAttention
+from genolc.train.optimizer import build_adamw, keep_step_kernel
 from genolc.train.strategy import (StepStrategy, choose_strategy, device_budget_bytes, host_free_bytes_per_process,
                                    run_micro_batch)
 from genolc.units import format_length
@@ -211,6 +212,7 @@ class _Trainer:
         self.start_step, self.tokens_seen, self.targets_seen = 0, 0, 0
         if self.resume_from is not None:
             saved = ckpt.load_checkpoint(self.resume_from, model=self.model, optimizer=self.optimizer)
+            keep_step_kernel(self.optimizer, self.model)
             self.start_step = int(saved["step"])
             self.tokens_seen = int(saved["tokens_seen"])
             self.targets_seen = int(saved["targets_seen"])
@@ -321,14 +323,7 @@ class _Trainer:
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.config
-        decay, no_decay = [], []
-        for name, param in self.model.named_parameters():
-            if not param.requires_grad:
-                continue
-            # Matrices are decayed; vectors (norm scales, biases, gates) and embedding rows are not.
-            (decay if param.ndim >= 2 and "embed" not in name else no_decay).append(param)
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=cfg.betas, eps=cfg.eps, foreach=True)
+        return build_adamw(self.model, lr=lr_at(0, cfg), betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
 
     def _sampler(self, length: int):
         from genolc.data.sampler import TrainSampler

@@ -32,9 +32,9 @@ def _presets() -> list[str]:
 @pytest.mark.parametrize("name", _presets())
 def test_a_tuned_preset_runs_without_autotuning(name, tmp_path):
     shape = json.loads((FOLDER / MANIFEST).read_text())["presets"][name]
-    lengths, batches = shape["lengths"], shape["micro_batches"]
+    windows = tuple(tuple(window) for window in shape["windows"])
     code = ("from benchmarks.tune_fla_configs import run_layer; "
-            f"run_layer({name!r}, {lengths[0]}, {tuple(lengths[1:])!r}, {tuple(batches)!r})")
+            f"run_layer({name!r}, {shape['length']}, {windows!r})")
     env = {key: value for key, value in os.environ.items() if key not in ("FLA_CACHE_MODE", "FLA_CONFIG_DIR")}
     # A new process (fla reads its mode when imported) and an empty Triton cache (no earlier autotune results).
     env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), TRITON_PRINT_AUTOTUNING="1",

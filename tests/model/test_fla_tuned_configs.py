@@ -22,8 +22,8 @@ def tuned(tmp_path, monkeypatch):
     monkeypatch.setattr(fla_tuning, "_set_here", {})
     folder = tmp_path / "NVIDIA_H200"
     folder.mkdir()
-    manifest = {**VERSIONS, "presets": {"small": {"heads": 8, "head_dim": 128, "lengths": [32768],
-                                                  "micro_batches": [1]}}}
+    manifest = {**VERSIONS, "presets": {"small": {"heads": 8, "head_dim": 128, "length": 32768,
+                                                  "windows": [[1, 32768]]}}}
     (folder / MANIFEST).write_text(json.dumps(manifest))
     return tmp_path
 
@@ -106,6 +106,27 @@ def test_an_h200_folder_is_shipped_with_its_manifest():
         for name, shape in json.loads((folder / MANIFEST).read_text())["presets"].items():
             assert (preset(name).linear_num_heads, preset(name).linear_head_dim) == (shape["heads"],
                                                                                      shape["head_dim"])
+            # What tests/gpu/test_fla_tuned_configs_gpu.py runs again to show nothing autotunes.
+            assert shape["length"] > 0 and all(batch > 0 and tokens > 0 for batch, tokens in shape["windows"])
+
+
+def test_the_sweep_covers_the_kda_calls_finetune_makes_on_the_h200():
+    """fla's l2norm kernels compile per bucket of batch x tokens x heads (65,536 rows each): a bucket the tuning did
+    not sweep autotunes on a new machine (14.7 s for `small`'s 64k chunks, benchmarks/results/fla_buckets_2026-12-04/).
+    The tokens a KDA call gets are the window (whole-window step) or the chunk that ``genolc plan`` picks."""
+    from benchmarks.tune_fla_configs import SWEEP_WINDOWS
+    from genolc.train.plan import GIB
+    from genolc.train.strategy import choose_strategy
+
+    common = dict(windows=1, grad_accum=1, chunk=None, recompute=False, auto_recompute=True, bf16=True,
+                  fast_kernels=True, budget_bytes=int(139.8 * GIB), multiple=64, where="test")
+    for name in ("small", "base"):
+        config = preset(name)
+        swept = {(batch, -(-batch * tokens * config.linear_num_heads // 65536)) for batch, tokens in SWEEP_WINDOWS}
+        for seq_len in (32768 << i for i in range(6)):
+            strategy = choose_strategy(config, seq_len=seq_len, **common)
+            tokens = strategy.chunk or seq_len
+            assert (1, -(-tokens * config.linear_num_heads // 65536)) in swept, (name, seq_len, tokens)
 
 
 @pytest.mark.parametrize("path", _shipped(), ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -1,0 +1,45 @@
+"""The trainer's AdamW: which parameters decay, and which of torch's implementations steps them.
+
+On CUDA the step is torch's fused AdamW: one kernel over each group's parameters, gradients and moments (fp32,
+read and written once). torch's ``foreach`` form, used before, runs several multi-tensor kernels a step, each a pass
+over the 16 bytes a parameter of moments and weights: `base`'s 1.9B parameters took XXMEASURE ms a step on the H200 with
+it and XXMEASURE ms fused (benchmarks/results/fused_adamw_2026-12-04/). Both compute the same update to rounding. Elsewhere
+(the CPU tests and CPU runs) the step stays ``foreach``, so their numbers do not change.
+
+A checkpoint's optimizer state carries the implementation it was saved with; :func:`keep_step_kernel` puts this
+process's back after loading one, so a run resumed from a CPU checkpoint steps fused on a GPU and the other way round.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: matrices decayed by ``weight_decay``; vectors (norm scales, biases, gates) and embedding rows
+    not."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (decay if param.ndim >= 2 and "embed" not in name else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def step_kernel(model: torch.nn.Module) -> dict[str, bool]:
+    """torch's AdamW implementation for the model's parameters: ``fused`` where they are on CUDA, else ``foreach``."""
+    on_cuda = any(param.is_cuda for param in model.parameters())
+    return {"fused": on_cuda, "foreach": not on_cuda}
+
+
+def build_adamw(model: torch.nn.Module, *, lr: float, betas: tuple[float, float], eps: float,
+                weight_decay: float) -> torch.optim.AdamW:
+    """The trainer's optimizer for ``model`` (see the module docstring)."""
+    return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, betas=betas, eps=eps,
+                             **step_kernel(model))
+
+
+def keep_step_kernel(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """After ``optimizer.load_state_dict``: its groups step with this process's implementation again."""
+    for group in optimizer.param_groups:
+        group.update(step_kernel(model))
