@@ -46,19 +46,23 @@ from genolc.fsutil import atomic_write_json  # noqa: E402
 from genolc.model.cache import LayerCache  # noqa: E402
 from genolc.model.layers.kda import KimiDeltaAttention  # noqa: E402
 from genolc.model.model import _init_forget_gate  # noqa: E402
+from genolc.model.ops.kda.fla import DEFAULT_SEGMENT_LEN  # noqa: E402
 from genolc.model.ops.kda.fla_tuning import (MANIFEST, TUNED_CONFIGS, gpu_folder_name, installed_versions,  # noqa: E402
                                              tuned_folder)
 from genolc.model.presets import PRESETS, preset  # noqa: E402
 
 
-# (micro-batch, tokens) of the whole windows swept: 1k..128k tokens at micro-batch 1, 1k..32k at 2.
+# (micro-batch, tokens) swept: 1k..128k tokens at micro-batch 1, 1k..32k at 2. Up to fla.DEFAULT_SEGMENT_LEN a whole
+# window; past it (a window is run in segments of that length) a chunk whose intermediates fla keeps, one call.
 SWEEP_WINDOWS = tuple((1, 1024 << i) for i in range(8)) + tuple((2, 1024 << i) for i in range(6))
 
 
 def run_layer(name: str, length: int, sweep_windows: tuple[tuple[int, int], ...] = SWEEP_WINDOWS) -> None:
-    """The fla calls a preset's KDA layer makes in training (whole window, carried chunk) and evaluation, then whole
-    windows of ``sweep_windows`` ((micro-batch, tokens) pairs): fla's l2norm kernels key on
-    ``ceil(batch x tokens x heads / 65536)`` and its cumsum kernels on the batch."""
+    """The fla calls a preset's KDA layer makes in training (whole window, carried chunk) and evaluation, then the
+    calls of ``sweep_windows`` ((micro-batch, tokens) pairs): fla's l2norm kernels key on
+    ``ceil(batch x tokens x heads / 65536)`` and its cumsum kernels on the batch. A whole window reaches fla in
+    segments of at most ``DEFAULT_SEGMENT_LEN`` tokens; a chunked step's chunk whose KDA intermediates are kept
+    (genolc/train/strategy.py) reaches it whole, so lengths past a segment are run that way."""
     config = preset(name)
     torch.manual_seed(0)
     layer = KimiDeltaAttention(config, layer_idx=0).cuda()
@@ -90,9 +94,11 @@ def run_layer(name: str, length: int, sweep_windows: tuple[tuple[int, int], ...]
             continue
         buckets.add(bucket)
         x = torch.randn(batch, tokens, config.hidden_size, device="cuda", requires_grad=True)
+        kept = (LayerCache(start=0, window_len=2 * tokens, keep_kda_intermediates=True)
+                if tokens > DEFAULT_SEGMENT_LEN else None)
         with autocast:
-            layer(x).float().square().mean().backward()
-        del x
+            layer(x, cache=kept).float().square().mean().backward()
+        del x, kept
     torch.cuda.synchronize()
 
 

@@ -113,8 +113,10 @@ def test_an_h200_folder_is_shipped_with_its_manifest():
 def test_the_sweep_covers_the_kda_calls_finetune_makes_on_the_h200():
     """fla's l2norm kernels compile per bucket of batch x tokens x heads (65,536 rows each): a bucket the tuning did
     not sweep autotunes on a new machine (14.7 s for `small`'s 64k chunks, benchmarks/results/fla_buckets_2026-12-04/).
-    The tokens a KDA call gets are the window (whole-window step) or the chunk that ``genolc plan`` picks."""
+    A KDA call gets the window or the chunk that ``genolc plan`` picks, in segments of at most DEFAULT_SEGMENT_LEN
+    tokens unless the chunk's intermediates are kept (one call); the sweep runs lengths past a segment that way."""
     from benchmarks.tune_fla_configs import SWEEP_WINDOWS
+    from genolc.model.ops.kda.fla import DEFAULT_SEGMENT_LEN
     from genolc.train.plan import GIB
     from genolc.train.strategy import choose_strategy
 
@@ -126,6 +128,8 @@ def test_the_sweep_covers_the_kda_calls_finetune_makes_on_the_h200():
         for seq_len in (32768 << i for i in range(6)):
             strategy = choose_strategy(config, seq_len=seq_len, **common)
             tokens = strategy.chunk or seq_len
+            if not strategy.keep_kda_intermediates:
+                tokens = min(tokens, DEFAULT_SEGMENT_LEN)
             assert (1, -(-tokens * config.linear_num_heads // 65536)) in swept, (name, seq_len, tokens)
 
 
