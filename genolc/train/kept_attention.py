@@ -24,6 +24,7 @@ forward whose outputs the later chunks read, to that rounding.
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 
@@ -39,15 +40,62 @@ ALIGN_BYTES = 4096
 class PinnedArena:
     """Page-locked host memory for one window's kept forwards: blocks of ``BLOCK_BYTES`` filled in order, emptied
     (not freed) for the next window. Where the host refuses to page-lock a block it is ordinary memory instead, whose
-    copies then run synchronously (said once)."""
+    copies then run synchronously (said once).
+
+    Page-locking is slow: the 18 GiB `base` keeps at 512k took 13.1 s of its first step on the H200 machine, in the
+    first pass's copies (benchmarks/results/finetune_sync_slab_2026-12-04/, ``_block``). :meth:`reserve` therefore
+    allocates the blocks a window will need in a thread of their own from the run's start, while the first step
+    compiles; torch lets go of the GIL while it allocates, and :meth:`take` waits for a block the thread has not
+    made yet."""
 
     def __init__(self) -> None:
         self.blocks: list[torch.Tensor] = []
         self.used = 0
         self._unpinned_said = False
+        self._grown = threading.Condition()
+        self._reserving: threading.Thread | None = None
+        self._stop_reserving = False
 
     def reset(self) -> None:
         self.used = 0
+
+    def reserve(self, nbytes: int) -> None:
+        """Start allocating, in a thread, the blocks that ``nbytes`` of kept forwards fill (a no-op while one runs)."""
+        if self._reserving is not None and self._reserving.is_alive():
+            return
+        self._stop_reserving = False
+        self._reserving = threading.Thread(target=self._reserve, args=(-(-nbytes // BLOCK_BYTES),),
+                                           name="genolc-pinned-arena")
+        self._reserving.start()
+
+    def stop_reserving(self) -> None:
+        """Stop the thread after the block it is allocating (the run ends) and wait for it."""
+        self._stop_reserving = True
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
+
+    def _reserve(self, blocks: int) -> None:
+        while not self._stop_reserving:
+            with self._grown:
+                if len(self.blocks) >= blocks:
+                    return
+            block = self._block()
+            with self._grown:
+                self.blocks.append(block)
+                self._grown.notify_all()
+
+    def _block_at(self, index: int) -> torch.Tensor:
+        """Block ``index``, waiting for the reserving thread while it is still making blocks, else made here."""
+        with self._grown:
+            while index >= len(self.blocks) and self._reserving is not None and self._reserving.is_alive():
+                self._grown.wait(timeout=1.0)
+            if index < len(self.blocks):
+                return self.blocks[index]
+        block = self._block()
+        with self._grown:
+            self.blocks.append(block)
+            return self.blocks[index]
 
     def take(self, nbytes: int) -> list[torch.Tensor]:
         """``nbytes`` of the arena as uint8 pieces of its blocks, in order."""
@@ -55,10 +103,9 @@ class PinnedArena:
         pieces = []
         while nbytes:
             index, offset = divmod(self.used, BLOCK_BYTES)
-            if index == len(self.blocks):
-                self.blocks.append(self._block())
+            block = self._block_at(index)
             size = min(nbytes, BLOCK_BYTES - offset)
-            pieces.append(self.blocks[index][offset: offset + size])
+            pieces.append(block[offset: offset + size])
             self.used += size
             nbytes -= size
         return pieces
@@ -94,6 +141,14 @@ class KeptAttention:
         # This window's forwards: on the host as (shape, dtype, arena pieces) per tensor, or the tensors themselves.
         self._kept: dict[Key, tuple] = {}
         self._fetched: dict[int, tuple[torch.cuda.Event, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = {}
+
+    def reserve(self, nbytes: int) -> None:
+        """Start page-locking, in a thread, the host memory for ``nbytes`` of kept forwards (a window's)."""
+        self._arena.reserve(nbytes)
+
+    def close(self) -> None:
+        """The run ends: stop page-locking more host memory."""
+        self._arena.stop_reserving()
 
     def clear(self) -> None:
         """Forget this window's forwards (the host memory stays for the next window)."""

@@ -613,6 +613,9 @@ class _Trainer:
             with self.monitor, open(metrics_path, "a") as log, bar, \
                     StopSignals("stopping after the current step and saving a checkpoint") as stop:
                 warmup = self._start_kernel_warmup() if final is None else None
+                kept_bytes = max((strategy.kept_attention_bytes for strategy in self.strategies.values()), default=0)
+                if final is None and kept_bytes and self.device.type == "cuda":
+                    self.kept_attention.reserve(kept_bytes)
                 for step in range(self.start_step, cfg.steps):
                     with self.monitor.capture():
                         metrics = self._timed_step(step)
@@ -645,6 +648,7 @@ class _Trainer:
         finally:
             if warmup is not None:
                 warmup.stop()
+            self.kept_attention.close()
         assert final is not None
         self._write_summary("ok", final, losses)
         return final

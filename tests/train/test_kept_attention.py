@@ -47,3 +47,42 @@ def test_the_store_hands_each_forward_back_once():
     store.put(4, 3, out, lse)
     store.clear()
     assert store.take(4, 3, torch.device("cpu")) is None
+
+
+def test_blocks_reserved_in_a_thread_are_the_ones_taken(monkeypatch):
+    """reserve() page-locks a window's blocks in a thread from the run's start; take() waits for a block that thread
+    has not made yet instead of allocating a second one, and takes over once the thread is done."""
+    import threading
+
+    monkeypatch.setattr(kept_attention, "BLOCK_BYTES", 2 * ALIGN_BYTES)
+    release = threading.Event()
+    made = []
+    arena = PinnedArena()
+
+    def slow_block():
+        # The first block waits until the main thread is in take(), so take() must wait for it.
+        if not made:
+            assert release.wait(timeout=10)
+        made.append(threading.current_thread().name)
+        return torch.zeros(kept_attention.BLOCK_BYTES, dtype=torch.uint8)
+
+    monkeypatch.setattr(arena, "_block", slow_block)
+    arena.reserve(3 * 2 * ALIGN_BYTES - 1)
+    threading.Timer(0.2, release.set).start()
+    pieces = arena.take(5 * ALIGN_BYTES)
+    arena.stop_reserving()
+    assert made == ["genolc-pinned-arena"] * 3, "the three blocks came from the thread, none from take()"
+    assert [piece.data_ptr() for piece in pieces] == [arena.blocks[i].data_ptr() for i in range(3)]
+    more = arena.take(2 * ALIGN_BYTES)
+    assert len(arena.blocks) == 4 and made[-1] == threading.current_thread().name
+    assert more[-1].data_ptr() == arena.blocks[3].data_ptr()
+
+
+def test_stopping_the_reservation_leaves_the_rest_to_take(monkeypatch):
+    monkeypatch.setattr(kept_attention, "BLOCK_BYTES", ALIGN_BYTES)
+    arena = PinnedArena()
+    arena.reserve(0)
+    arena.stop_reserving()
+    assert arena.blocks == []
+    assert sum(piece.numel() for piece in arena.take(3 * ALIGN_BYTES)) == 3 * ALIGN_BYTES
+    assert len(arena.blocks) == 3
