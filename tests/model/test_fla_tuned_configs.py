@@ -112,7 +112,8 @@ def test_an_h200_folder_is_shipped_with_its_manifest():
 
 def test_the_sweep_covers_the_kda_calls_finetune_makes_on_the_h200():
     """fla's l2norm kernels compile per bucket of batch x tokens x heads (65,536 rows each): a bucket the tuning did
-    not sweep autotunes on a new machine (14.7 s for `small`'s 64k chunks, benchmarks/results/fla_buckets_2026-12-04/).
+    not sweep autotunes on a new machine (14.7 s for `small`'s 64k chunks,
+    benchmarks/results/finetune_sync_slab_2026-12-04/finetune_curve_small_512k_cold/).
     A KDA call gets the window or the chunk that ``genolc plan`` picks, in segments of at most DEFAULT_SEGMENT_LEN
     tokens unless the chunk's intermediates are kept (one call); the sweep runs lengths past a segment that way."""
     from benchmarks.tune_fla_configs import SWEEP_WINDOWS
