@@ -4,7 +4,7 @@ On CUDA the step is torch's fused AdamW: one kernel over each group's parameters
 read and written once). torch's ``foreach`` form, used before, runs several multi-tensor kernels a step, each a pass
 over some of them: `base`'s 1.9B parameters took 43.7 ms a step on the H200 with it and 16.8 ms fused, `small`'s
 8.8 and 3.6 ms; after three steps from the same state the two differ by at most 3.6e-7 in a weight
-(benchmarks/results/fla_buckets_2026-12-04/call1_caeb31e/fused_adamw_2026-12-04.json). Elsewhere (the CPU tests and
+(benchmarks/results/first_step_adamw_2026-12-04/call1_caeb31e/fused_adamw_2026-12-04.json). Elsewhere (the CPU tests and
 CPU runs) the step stays ``foreach``, so their numbers do not change.
 
 A checkpoint's optimizer state carries the implementation it was saved with; :func:`keep_step_kernel` puts this
