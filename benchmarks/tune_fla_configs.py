@@ -52,9 +52,17 @@ from genolc.model.ops.kda.fla_tuning import (MANIFEST, TUNED_CONFIGS, gpu_folder
 from genolc.model.presets import PRESETS, preset  # noqa: E402
 
 
-# (micro-batch, tokens) swept: 1k..128k tokens at micro-batch 1, 1k..32k at 2. Up to fla.DEFAULT_SEGMENT_LEN a whole
-# window; past it (a window is run in segments of that length) a chunk whose intermediates fla keeps, one call.
+# (micro-batch, tokens): the calls finetune makes on the H200 at micro-batch 1 (up to 128k chunks) and 2 (32k).
 SWEEP_WINDOWS = tuple((1, 1024 << i) for i in range(8)) + tuple((2, 1024 << i) for i in range(6))
+
+
+def sweep_cache(tokens: int) -> LayerCache | None:
+    """How the sweep runs a window of ``tokens``: whole (fla gets it in segments of at most DEFAULT_SEGMENT_LEN), or,
+    past one segment, as a chunk whose KDA intermediates are kept, which fla gets in one call as the chunked step
+    hands it (a whole window there would tune nothing a segment had not)."""
+    if tokens <= DEFAULT_SEGMENT_LEN:
+        return None
+    return LayerCache(start=0, window_len=2 * tokens, keep_kda_intermediates=True)
 
 
 def run_layer(name: str, length: int, sweep_windows: tuple[tuple[int, int], ...] = SWEEP_WINDOWS) -> None:
@@ -94,11 +102,9 @@ def run_layer(name: str, length: int, sweep_windows: tuple[tuple[int, int], ...]
             continue
         buckets.add(bucket)
         x = torch.randn(batch, tokens, config.hidden_size, device="cuda", requires_grad=True)
-        kept = (LayerCache(start=0, window_len=2 * tokens, keep_kda_intermediates=True)
-                if tokens > DEFAULT_SEGMENT_LEN else None)
         with autocast:
-            layer(x, cache=kept).float().square().mean().backward()
-        del x, kept
+            layer(x, cache=sweep_cache(tokens)).float().square().mean().backward()
+        del x
     torch.cuda.synchronize()
 
 

@@ -52,7 +52,7 @@ class PinnedArena:
         self.blocks: list[torch.Tensor] = []
         self.used = 0
         self._unpinned_said = False
-        self._grown = threading.Condition()
+        self._blocks_added = threading.Condition()
         self._reserving: threading.Thread | None = None
         self._stop_reserving = False
 
@@ -76,24 +76,32 @@ class PinnedArena:
             self._reserving = None
 
     def _reserve(self, blocks: int) -> None:
-        while not self._stop_reserving:
-            with self._grown:
-                if len(self.blocks) >= blocks:
-                    return
-            block = self._block()
-            with self._grown:
-                self.blocks.append(block)
-                self._grown.notify_all()
+        try:
+            while not self._stop_reserving:
+                with self._blocks_added:
+                    if len(self.blocks) >= blocks:
+                        return
+                block = self._block()
+                with self._blocks_added:
+                    self.blocks.append(block)
+                    self._blocks_added.notify_all()
+        except Exception as error:
+            # take() makes the rest itself, where the same failure, if it comes again, stops the run as usual.
+            _logger.warning("page-locking host memory for the kept DSA forwards ahead of the first pass stopped (%s): "
+                            "the first pass allocates the rest", str(error).splitlines()[0])
+        finally:
+            with self._blocks_added:
+                self._blocks_added.notify_all()
 
     def _block_at(self, index: int) -> torch.Tensor:
         """Block ``index``, waiting for the reserving thread while it is still making blocks, else made here."""
-        with self._grown:
+        with self._blocks_added:
             while index >= len(self.blocks) and self._reserving is not None and self._reserving.is_alive():
-                self._grown.wait(timeout=1.0)
+                self._blocks_added.wait(timeout=1.0)
             if index < len(self.blocks):
                 return self.blocks[index]
         block = self._block()
-        with self._grown:
+        with self._blocks_added:
             self.blocks.append(block)
             return self.blocks[index]
 

@@ -81,7 +81,7 @@ from genolc.train.plan import (GIB, check_window_lengths, context_parallel_oom_e
                                required_seq_multiple)
 from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
 from genolc.train.kept_attention import KeptAttention
-from genolc.train.optimizer import build_adamw, keep_step_kernel
+from genolc.train.optimizer import build_adamw
 from genolc.train.strategy import (StepStrategy, choose_strategy, device_budget_bytes, host_free_bytes_per_process,
                                    run_micro_batch)
 from genolc.units import format_length
@@ -212,7 +212,6 @@ class _Trainer:
         self.start_step, self.tokens_seen, self.targets_seen = 0, 0, 0
         if self.resume_from is not None:
             saved = ckpt.load_checkpoint(self.resume_from, model=self.model, optimizer=self.optimizer)
-            keep_step_kernel(self.optimizer, self.model)
             self.start_step = int(saved["step"])
             self.tokens_seen = int(saved["tokens_seen"])
             self.targets_seen = int(saved["targets_seen"])
@@ -646,9 +645,9 @@ class _Trainer:
             self._write_summary("diverged", self.last_good, losses)
             raise
         finally:
+            self.kept_attention.close()
             if warmup is not None:
                 warmup.stop()
-            self.kept_attention.close()
         assert final is not None
         self._write_summary("ok", final, losses)
         return final

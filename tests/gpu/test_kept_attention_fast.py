@@ -1,7 +1,8 @@
 """DSA forwards kept from the chunked step's first pass for its second, on the GPU (genolc/train/kept_attention.py).
 
 - The store's round trip through page-locked host memory gives the forwards back bit for bit, on the current stream,
-  forwards larger than one block of its arena included.
+  forwards larger than one block of its arena included, with its blocks made on demand or page-locked beforehand in
+  a thread (``reserve``, as the trainer does from the run's start).
 - The TileLang op handed its own forward (``kept=``) returns it and has its gradients (the same backward kernel;
   only the order of its fp32 atomics differs).
 - `small`'s chunked step at 64k in 16k chunks, bf16, eager: with the forwards kept, the loss and the gradients against
@@ -22,15 +23,20 @@ from genolc.train.loss import LossTerms
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def test_the_host_round_trip_gives_the_forwards_back():
+@pytest.mark.parametrize("reserved", [False, True], ids=["blocks-on-demand", "blocks-reserved-in-a-thread"])
+def test_the_host_round_trip_gives_the_forwards_back(reserved):
     store = KeptAttention()
     device = torch.device("cuda")
     forwards = {(start, layer): (torch.randn(1, 70000, 8, 256, device=device, dtype=torch.bfloat16),
                                  torch.randn(1, 70000, 8, device=device))
                 for start in (0, 1000) for layer in (3, 7)}
     expected = {key: (out.clone(), lse.clone()) for key, (out, lse) in forwards.items()}
+    if reserved:
+        # As the trainer does from the run's start: the thread page-locks the blocks while the forwards are put.
+        store.reserve(sum(out.nbytes + lse.nbytes for out, lse in forwards.values()))
     for (start, layer), (out, lse) in forwards.items():
         store.put(start, layer, out, lse)
+    store.close()
     assert store._arena.blocks and all(block.is_pinned() for block in store._arena.blocks)
     # As in the first pass, the sources are let go at once and their memory handed out again: the copies must have
     # read them first.

@@ -116,7 +116,7 @@ def test_the_sweep_covers_the_kda_calls_finetune_makes_on_the_h200():
     benchmarks/results/finetune_sync_slab_2026-12-04/finetune_curve_small_512k_cold/).
     A KDA call gets the window or the chunk that ``genolc plan`` picks, in segments of at most DEFAULT_SEGMENT_LEN
     tokens unless the chunk's intermediates are kept (one call); the sweep runs lengths past a segment that way."""
-    from benchmarks.tune_fla_configs import SWEEP_WINDOWS
+    from benchmarks.tune_fla_configs import SWEEP_WINDOWS, sweep_cache
     from genolc.model.ops.kda.fla import DEFAULT_SEGMENT_LEN
     from genolc.train.plan import GIB
     from genolc.train.strategy import choose_strategy
@@ -125,7 +125,12 @@ def test_the_sweep_covers_the_kda_calls_finetune_makes_on_the_h200():
                   fast_kernels=True, budget_bytes=int(139.8 * GIB), multiple=64, where="test")
     for name in ("small", "base"):
         config = preset(name)
-        swept = {(batch, -(-batch * tokens * config.linear_num_heads // 65536)) for batch, tokens in SWEEP_WINDOWS}
+        swept = set()
+        for batch, tokens in SWEEP_WINDOWS:
+            # The sweep runs a window past one segment as a kept chunk: one fla call of all its tokens.
+            cache = sweep_cache(tokens)
+            called = tokens if cache is not None and cache.keep_kda_intermediates else min(tokens, DEFAULT_SEGMENT_LEN)
+            swept.add((batch, -(-batch * called * config.linear_num_heads // 65536)))
         for seq_len in (32768 << i for i in range(6)):
             strategy = choose_strategy(config, seq_len=seq_len, **common)
             tokens = strategy.chunk or seq_len

@@ -6,6 +6,8 @@ are."""
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from genolc.train import kept_attention
@@ -49,26 +51,46 @@ def test_the_store_hands_each_forward_back_once():
     assert store.take(4, 3, torch.device("cpu")) is None
 
 
-def test_blocks_reserved_in_a_thread_are_the_ones_taken(monkeypatch):
-    """reserve() page-locks a window's blocks in a thread from the run's start; take() waits for a block that thread
-    has not made yet instead of allocating a second one, and takes over once the thread is done."""
-    import threading
+class _SignallingCondition(threading.Condition):
+    """A condition that sets ``waiting`` whenever a thread waits on it."""
 
-    monkeypatch.setattr(kept_attention, "BLOCK_BYTES", 2 * ALIGN_BYTES)
-    release = threading.Event()
+    def __init__(self, waiting: threading.Event) -> None:
+        super().__init__()
+        self.waiting = waiting
+
+    def wait(self, timeout=None):
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def _arena_with_slow_blocks(monkeypatch, release: threading.Event,
+                            entered: threading.Event | None = None) -> tuple[PinnedArena, list[str]]:
+    """An arena whose first block is made only once ``release`` is set (``entered`` is set as it starts); ``made``
+    names the thread of each block."""
     made = []
     arena = PinnedArena()
 
-    def slow_block():
-        # The first block waits until the main thread is in take(), so take() must wait for it.
+    def block():
         if not made:
+            if entered is not None:
+                entered.set()
             assert release.wait(timeout=10)
         made.append(threading.current_thread().name)
         return torch.zeros(kept_attention.BLOCK_BYTES, dtype=torch.uint8)
 
-    monkeypatch.setattr(arena, "_block", slow_block)
+    monkeypatch.setattr(arena, "_block", block)
+    return arena, made
+
+
+def test_blocks_reserved_in_a_thread_are_the_ones_taken(monkeypatch):
+    """reserve() page-locks a window's blocks in a thread from the run's start; take() waits for a block that thread
+    has not made yet instead of allocating a second one, and makes blocks itself once the thread is done."""
+    monkeypatch.setattr(kept_attention, "BLOCK_BYTES", 2 * ALIGN_BYTES)
+    taking = threading.Event()
+    arena, made = _arena_with_slow_blocks(monkeypatch, release=taking)
+    # The thread's first block waits until take() waits for it.
+    arena._blocks_added = _SignallingCondition(taking)
     arena.reserve(3 * 2 * ALIGN_BYTES - 1)
-    threading.Timer(0.2, release.set).start()
     pieces = arena.take(5 * ALIGN_BYTES)
     arena.stop_reserving()
     assert made == ["genolc-pinned-arena"] * 3, "the three blocks came from the thread, none from take()"
@@ -79,10 +101,33 @@ def test_blocks_reserved_in_a_thread_are_the_ones_taken(monkeypatch):
 
 
 def test_stopping_the_reservation_leaves_the_rest_to_take(monkeypatch):
+    """stop_reserving() (the run ends) lets the thread finish the block it is making and no more."""
+    monkeypatch.setattr(kept_attention, "BLOCK_BYTES", ALIGN_BYTES)
+    release, entered = threading.Event(), threading.Event()
+    arena, made = _arena_with_slow_blocks(monkeypatch, release, entered)
+    arena.reserve(4 * ALIGN_BYTES)
+    assert entered.wait(timeout=10)
+    threading.Timer(0.1, release.set).start()
+    arena.stop_reserving()
+    assert made == ["genolc-pinned-arena"], "one block of the four reserved"
+    assert sum(piece.numel() for piece in arena.take(3 * ALIGN_BYTES)) == 3 * ALIGN_BYTES
+    assert made[1:] == [threading.current_thread().name] * 2
+
+
+def test_a_failing_reservation_leaves_the_blocks_to_take(monkeypatch, caplog):
     monkeypatch.setattr(kept_attention, "BLOCK_BYTES", ALIGN_BYTES)
     arena = PinnedArena()
-    arena.reserve(0)
+    calls = []
+
+    def block():
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise RuntimeError("cannot allocate memory\nmore")
+        return torch.zeros(ALIGN_BYTES, dtype=torch.uint8)
+
+    monkeypatch.setattr(arena, "_block", block)
+    arena.reserve(2 * ALIGN_BYTES)
+    assert len(arena.take(2 * ALIGN_BYTES)) == 2
     arena.stop_reserving()
-    assert arena.blocks == []
-    assert sum(piece.numel() for piece in arena.take(3 * ALIGN_BYTES)) == 3 * ALIGN_BYTES
-    assert len(arena.blocks) == 3
+    assert calls[0] == "genolc-pinned-arena" and calls[1:] == [threading.current_thread().name] * 2
+    assert "stopped (cannot allocate memory): the first pass allocates the rest" in caplog.text

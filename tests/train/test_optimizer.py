@@ -1,14 +1,17 @@
 """The trainer's AdamW (genolc/train/optimizer.py): its groups, its implementation per device, and that a resumed
-run keeps this process's implementation whatever the checkpoint was saved with."""
+run steps with this process's implementation whatever the checkpoint was saved with (tests/gpu/test_optimizer_gpu.py
+resumes a ``foreach`` state into the fused optimizer on CUDA)."""
 
 from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from genolc.model import build_model, preset
-from genolc.train.optimizer import build_adamw, keep_step_kernel, parameter_groups, step_kernel
+from genolc.train import optimizer as optimizer_module
+from genolc.train.optimizer import adamw_implementation, build_adamw, parameter_groups
 
 
 def _model() -> torch.nn.Module:
@@ -37,25 +40,38 @@ def test_frozen_parameters_are_left_out():
 
 def test_cpu_steps_foreach_and_cuda_steps_fused():
     model = _model()
-    assert step_kernel(model) == {"fused": False, "foreach": True}
+    assert adamw_implementation(model) == {"fused": False, "foreach": True}
     optimizer = build_adamw(model, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     assert all(group["foreach"] and not group["fused"] for group in optimizer.param_groups)
-
     on_cuda = types.SimpleNamespace(parameters=lambda: iter([types.SimpleNamespace(is_cuda=True)]))
-    assert step_kernel(on_cuda) == {"fused": True, "foreach": False}
+    assert adamw_implementation(on_cuda) == {"fused": True, "foreach": False}
 
 
-def test_a_resumed_optimizer_steps_with_this_process_s_kernel():
-    model = _model()
-    saved_on_gpu = build_adamw(model, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1).state_dict()
-    for group in saved_on_gpu["param_groups"]:
-        group.update(fused=True, foreach=False)
+def _saved_state(model: torch.nn.Module, **flags: bool) -> dict:
+    """An optimizer state after one step, its groups saying they were stepped with ``flags``."""
     optimizer = build_adamw(model, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    optimizer.load_state_dict(saved_on_gpu)
-    # torch takes the saved groups' options: fused CPU steps would differ in rounding from the run's own.
-    assert all(group["fused"] for group in optimizer.param_groups)
-    keep_step_kernel(optimizer, model)
-    assert all(group["foreach"] and not group["fused"] for group in optimizer.param_groups)
-    loss = sum(param.square().sum() for param in model.parameters())
-    loss.backward()
+    sum(param.square().sum() for param in model.parameters()).backward()
     optimizer.step()
+    state = optimizer.state_dict()
+    return {**state, "param_groups": [{**group, **flags} for group in state["param_groups"]]}
+
+
+@pytest.mark.parametrize("saved, here", [("fused", "foreach"), ("foreach", "fused")])
+def test_a_resumed_optimizer_steps_with_this_process_s_implementation(saved, here, monkeypatch):
+    """torch's load_state_dict takes the saved groups' flags and places each ``step`` count by them: a ``foreach``
+    checkpoint resumed into a fused optimizer on CUDA kept its counts on the CPU and failed the fused step. The
+    loaded flags are this process's, so torch places the counts as the implementation that steps them needs (fused:
+    float32 beside the parameter). Fused AdamW runs on the CPU too, which stands in for CUDA here."""
+    model = _model()
+    state = _saved_state(model, fused=saved == "fused", foreach=saved == "foreach")
+    monkeypatch.setattr(optimizer_module, "adamw_implementation",
+                        lambda model: {"fused": here == "fused", "foreach": here == "foreach"})
+    optimizer = build_adamw(model, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    optimizer.load_state_dict(state)
+    assert all(group["fused"] == (here == "fused") and group["foreach"] == (here == "foreach")
+               for group in optimizer.param_groups)
+    steps = [value["step"] for value in optimizer.state.values()]
+    assert steps and all(step.dtype == torch.float32 and float(step) == 1.0 for step in steps)
+    sum(param.square().sum() for param in model.parameters()).backward()
+    optimizer.step()
+    assert all(float(value["step"]) == 2.0 for value in optimizer.state.values())
