@@ -11,11 +11,12 @@ largest weight). Median of 20 steps after a warm-up (gpu_bench_common.measure); 
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
-from gpu_bench_common import measure, parse_bench_args, print_table, profiled_kernels, write_results
+from gpu_bench_common import measure, print_table, profiled_kernels, write_results
 from genolc.model import build_model, preset
 from genolc.train.optimizer import parameter_groups
 
@@ -67,7 +68,9 @@ def timed_preset(name: str) -> dict:
 
 
 def main() -> None:
-    args = parse_bench_args(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", default="small,base", help="comma-separated genolc presets")
+    args = parser.parse_args()
     rows = []
     for name in args.presets.split(","):
         rows.append(timed_preset(name))
