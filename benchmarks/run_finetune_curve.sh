@@ -5,7 +5,8 @@
 # above the first loss): prepares FASTA (char tokenizer, every record trains), runs `genolc finetune --data ...
 # --seq SEQ --model MODEL --steps STEPS` with every other setting at its default (extra options appended), and
 # keeps metrics.jsonl, summary.json and the run's log in $OUT/finetune_curve_<model>_<seq>/ beside a record.json
-# (command, git SHA, device, wall seconds, exit code). The run directory itself (checkpoints) stays on the device.
+# (command, git SHA, device, wall seconds, exit code). The run directory itself (checkpoints) is deleted, or moved to
+# $CURVE_KEEP_RUN when that is set (on the device: for a later command of the same call to read its checkpoints).
 # $CURVE_TIMEOUT (seconds, default 480) stops the run; the steps it finished are kept in metrics.jsonl.
 # $CURVE_TAG is appended to the folder's name (e.g. _eager for a run with --compile off beside a compiled one);
 # GPU_EMPTY_CACHES=1 leaves every kernel cache empty (gpu_env.sh), for the first step a new user's machine pays;
@@ -45,7 +46,11 @@ rc=${PIPESTATUS[0]}
 cp /tmp/curve-run/metrics.jsonl /tmp/curve-run/summary.json "$keep/" 2>/dev/null
 warmups="${XDG_CACHE_HOME:-$HOME/.cache}/genolc/kernel-warmup"
 [ -d "$warmups" ] && mkdir -p "$keep/kernel-warmup" && cp "$warmups"/*.log "$warmups"/*.json "$keep/kernel-warmup/" 2>/dev/null
-rm -rf /tmp/curve-run
+if [ -n "${CURVE_KEEP_RUN:-}" ]; then
+  rm -rf "$CURVE_KEEP_RUN" && mv /tmp/curve-run "$CURVE_KEEP_RUN"
+else
+  rm -rf /tmp/curve-run
+fi
 recorded="genolc prepare $fasta --train all --heldout none --tokenizer char; ${command[*]}"
 python3 - "$keep/record.json" "$rc" "$((SECONDS - start))" "$recorded" "$keep/finetune.log" <<'EOF'
 import datetime, json, os, re, sys, torch

@@ -14,7 +14,9 @@ choose all of them and are left out (they overlap by construction).
 
 Input: ``--fasta`` reads real DNA (the first ``--seq`` + 1 bases from ``--offset``, A/C/G/T/N through the char
 tokenizer, case folded), otherwise the random tokens 0-3 that profile_chunked_step.py trains on. The weights are the
-random initialisation: a trained indexer may choose differently, which this script measures nothing about.
+preset's random initialisation (seed 0), or with ``--checkpoint`` a checkpoint's (a checkpoint directory or a finetune
+run's newest; its config replaces ``--model``): a run trained with ``--indexer sparse`` shows what a trained indexer
+chooses, one trained with the default ``--indexer off`` what its untrained indexer chooses from trained hidden states.
 Results (JSON with command, git SHA, device) go to $OUT (or benchmarks/results/).
 """
 
@@ -35,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpu_bench_common import git_sha  # noqa: E402
 
 from genolc.model import build_model, preset  # noqa: E402
+from genolc.model.checkpoint import load_pretrained  # noqa: E402
+from genolc.train.state import resolve_checkpoint  # noqa: E402
 from genolc.data.genome import open_genome  # noqa: E402
 from genolc.errors import GenolcError  # noqa: E402
 from genolc.eval.scorer import forward_chunks  # noqa: E402
@@ -125,7 +129,9 @@ def summarise(rows: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="base")
+    parser.add_argument("--model", default="base", help="preset with its random initialisation")
+    parser.add_argument("--checkpoint", default="", help="trained weights instead: a checkpoint directory or a "
+                                                           "finetune run directory (its newest checkpoint)")
     parser.add_argument("--seq", default="512k")
     parser.add_argument("--chunk", default="32k")
     parser.add_argument("--fasta", default="", help="real DNA (default: random tokens 0-3, as the profile's)")
@@ -143,7 +149,16 @@ def main() -> None:
             parser.error(f"--fasta: {error.message}")
     else:
         ids = torch.randint(0, 4, (1, seq), generator=torch.Generator().manual_seed(0)).to(args.device)
-    model = build_model(preset(args.model), device=args.device)
+    if args.checkpoint:
+        try:
+            checkpoint = resolve_checkpoint(Path(args.checkpoint), "--checkpoint")
+            model = load_pretrained(checkpoint, device=args.device)
+        except GenolcError as error:
+            parser.error(f"--checkpoint: {error.message}")
+        name, weights = Path(args.checkpoint).resolve().name, f"checkpoint {checkpoint}"
+    else:
+        model = build_model(preset(args.model), device=args.device)
+        name, weights = args.model, "random initialisation (torch.manual_seed(0))"
     counter = OverlapCounter(model)
     window = WindowCache(model.config.num_hidden_layers, seq)
     with torch.no_grad(), torch.autocast(args.device, dtype=torch.bfloat16):
@@ -154,11 +169,11 @@ def main() -> None:
     source = Path(args.fasta).name if args.fasta else "random"
     record = {"command": "python benchmarks/selection_overlap.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-              "torch": torch.__version__, "model": args.model,
+              "torch": torch.__version__, "model": name,
               "seq": format_length(seq), "chunk": format_length(chunk), "input": source,
-              "weights": "random initialisation (torch.manual_seed(0))",
+              "weights": weights,
               "mean_union_over_g_keep": summarise(counter.rows), "rows": counter.rows}
-    path = out_dir / f"selection_overlap_{args.model}_{format_length(seq)}_{source.split('.')[0]}.json"
+    path = out_dir / f"selection_overlap_{name}_{format_length(seq)}_{source.split('.')[0]}.json"
     path.write_text(json.dumps(record, indent=1))
     print(json.dumps(record["mean_union_over_g_keep"]), f"wrote {path}", flush=True)
 

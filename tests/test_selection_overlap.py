@@ -57,3 +57,25 @@ def test_the_script_writes_its_counts_and_refuses_a_missing_genome_in_one_line(t
     missing = _run(tmp_path / "other", "--seq", "1k", "--fasta", str(tmp_path / "absent.fa"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert "genome file not found" in missing.stderr
+
+
+def test_the_script_reads_a_checkpoint_and_refuses_a_run_without_one(tmp_path):
+    from genolc.model import build_model, preset
+    from genolc.model.checkpoint import save_pretrained
+
+    torch.manual_seed(3)
+    save_pretrained(build_model(preset("tiny")), tmp_path / "trained")
+    done = _run(tmp_path / "out", "--seq", "1k", "--chunk", "256", "--checkpoint", str(tmp_path / "trained"))
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "out" / "selection_overlap_trained_1k_random.json").read_text())
+    assert record["model"] == "trained" and record["weights"] == f"checkpoint {tmp_path / 'trained'}"
+    random = _run(tmp_path / "random", "--seq", "1k", "--chunk", "256")
+    assert random.returncode == 0, random.stderr
+    seeded = json.loads(next((tmp_path / "random").glob("*.json")).read_text())
+    assert seeded["rows"] != record["rows"]          # the checkpoint's weights chose, not the preset's seed-0 ones
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    refused = _run(tmp_path / "none", "--seq", "1k", "--checkpoint", str(tmp_path / "run"))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "has no complete checkpoint" in refused.stderr
+    assert not (tmp_path / "none").exists()
