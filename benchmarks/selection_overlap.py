@@ -151,7 +151,10 @@ def main() -> None:
         ids = torch.randint(0, 4, (1, seq), generator=torch.Generator().manual_seed(0)).to(args.device)
     if args.checkpoint:
         try:
-            checkpoint = resolve_checkpoint(Path(args.checkpoint), "--checkpoint")
+            checkpoint = resolve_checkpoint(Path(args.checkpoint), "--checkpoint")      # names the option itself
+        except GenolcError as error:
+            parser.error(error.message)
+        try:
             model = load_pretrained(checkpoint, device=args.device)
         except GenolcError as error:
             parser.error(f"--checkpoint: {error.message}")

@@ -77,5 +77,5 @@ def test_the_script_reads_a_checkpoint_and_refuses_a_run_without_one(tmp_path):
     (tmp_path / "run" / "metrics.jsonl").write_text("")
     refused = _run(tmp_path / "none", "--seq", "1k", "--checkpoint", str(tmp_path / "run"))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert "has no complete checkpoint" in refused.stderr
+    assert "error: --checkpoint: this finetune run directory has no complete checkpoint" in refused.stderr
     assert not (tmp_path / "none").exists()
