@@ -44,6 +44,9 @@ class RecordError(Exception):
 
 def profiled_step(record: dict, where: str) -> dict:
     """The record's profiled step (its ``phase`` is ``profiled``), with the fields the ceiling needs."""
+    if not isinstance(record, dict) or not isinstance(record.get("steps"), list):
+        raise RecordError(f"{where}: not a profile record (a JSON object with a list of steps); give a file that "
+                          f"profile_chunked_step.py wrote")
     steps = [step for step in record.get("steps", []) if step.get("phase") == "profiled"]
     if not steps:
         raise RecordError(f"{where}: no profiled step in this record; profile_chunked_step.py writes one with "
@@ -124,18 +127,25 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target}: give a fraction of the peak, above 0 and at most 1 (e.g. 0.25)")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"--json {args.json}: its folder does not exist; create it or write the file elsewhere")
     results = []
     for name in args.profiles:
         try:
             record = json.loads(Path(name).read_text())
             results.append(ceiling(record, args.target, name))
-        except (OSError, json.JSONDecodeError) as error:
-            parser.error(f"{name}: cannot read it as JSON ({error}); give a profile_chunked_step.py record")
+        except OSError as error:
+            parser.error(f"{name}: cannot read it ({error.strerror}); give a profile_chunked_step.py record")
+        except json.JSONDecodeError as error:
+            parser.error(f"{name}: not JSON ({error}); give a profile_chunked_step.py record")
         except RecordError as error:
             parser.error(str(error))
     print("\n\n".join(markdown(result) for result in results))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        try:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        except OSError as error:
+            parser.error(f"--json {args.json}: cannot write it ({error.strerror})")
 
 
 if __name__ == "__main__":

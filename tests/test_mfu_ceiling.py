@@ -80,8 +80,14 @@ def test_the_command_prints_the_table_and_refuses_what_it_cannot_read(tmp_path):
     junk = tmp_path / "notes.txt"
     junk.write_text("not json")
     refused = subprocess.run([sys.executable, str(SCRIPT), str(junk)], capture_output=True, text=True)
-    assert refused.returncode == 2 and "cannot read it as JSON" in refused.stderr
+    assert refused.returncode == 2 and "not JSON" in refused.stderr
     assert "Traceback" not in refused.stderr
+    junk.write_text("[1, 2]")
+    refused = subprocess.run([sys.executable, str(SCRIPT), str(junk)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "not a profile record" in refused.stderr
+    refused = subprocess.run([sys.executable, str(SCRIPT), str(PROFILES / "profile_small_512k.json"), "--json",
+                              str(tmp_path / "absent" / "x.json")], capture_output=True, text=True)
+    assert refused.returncode == 2 and "its folder does not exist" in refused.stderr and not refused.stdout
     refused = subprocess.run([sys.executable, str(SCRIPT), str(PROFILES / "profile_small_512k.json"), "--target", "0"],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "--target 0.0" in refused.stderr
