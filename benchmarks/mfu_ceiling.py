@@ -10,7 +10,8 @@ device's bf16 peak from its table). It reports:
 - the GEMMs' seconds, and the share of the bf16 peak they reach on the dense part's hardware FLOPs (every forward
   the step runs: the chunked step's fill pass, and recompute's, count);
 - the MFU if whole kinds of kernels took no time at all, removed one after another, largest first. The DSA sparse
-  attention's backward (kernels named ``sparse_latent_bwd``) is taken out of its kind and removed on its own. This
+  attention's backward (kernels named ``sparse_latent_bwd``, summed from the record's list of its longest kernels:
+  profile with ``--top`` 30 or more so that they are all in it) is taken out of its kind and removed on its own. This
   assumes nothing about how fast any kernel could be made: each row is an upper bound (the wall shrinks by at most
   the removed kernels' time, and copies that overlap compute would shrink it by less; it never falls below the
   GEMMs').
@@ -47,7 +48,7 @@ def profiled_step(record: dict, where: str) -> dict:
     if not isinstance(record, dict) or not isinstance(record.get("steps"), list):
         raise RecordError(f"{where}: not a profile record (a JSON object with a list of steps); give a file that "
                           f"profile_chunked_step.py wrote")
-    steps = [step for step in record.get("steps", []) if step.get("phase") == "profiled"]
+    steps = [step for step in record["steps"] if isinstance(step, dict) and step.get("phase") == "profiled"]
     if not steps:
         raise RecordError(f"{where}: no profiled step in this record; profile_chunked_step.py writes one with "
                           f"--profile-chunk (a --rows run has none)")
@@ -62,7 +63,15 @@ def profiled_step(record: dict, where: str) -> dict:
 def ceiling(record: dict, target: float, where: str) -> dict:
     """The numbers of the module docstring for one profile record."""
     step = profiled_step(record, where)
-    peak = device_peak_flops(record.get("device", ""))
+    try:
+        return _ceiling(record, step, target, where)
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        raise RecordError(f"{where}: a field of its profiled step is missing or malformed ({error!r}); rerun "
+                          f"profile_chunked_step.py") from None
+
+
+def _ceiling(record: dict, step: dict, target: float, where: str) -> dict:
+    peak = device_peak_flops(str(record.get("device") or ""))
     if peak is None:
         raise RecordError(f"{where}: device {record.get('device')!r} is not in genolc/train/flops.py's peak table")
     try:
@@ -106,11 +115,12 @@ def ceiling(record: dict, target: float, where: str) -> dict:
 
 def markdown(result: dict) -> str:
     r = result
+    share = "no GEMM kernels, so no share" if r["gemm_peak_share"] is None else f"{r['gemm_peak_share']:.0%}"
     lines = [f"{r['model']} at {r['seq']} ({r['chunk']} chunks), {r['profile']} (git {r['git_sha']}, {r['device']})",
              "",
              f"- step {r['seconds']} s, {r['model_tflops']} TFLOP of model FLOPs: MFU {r['mfu']:.2%} of "
              f"{r['peak_tflops']:.0f} TFLOP/s; {r['target']:.0%} needs {r['target_seconds']} s",
-             f"- GEMMs {r['gemm_seconds']} s ({r['gemm_peak_share']:.0%} of the peak on the dense part's hardware "
+             f"- GEMMs {r['gemm_seconds']} s ({share} of the peak on the dense part's hardware "
              f"FLOPs); everything else {r['non_gemm_seconds']} s, where {r['target']:.0%} leaves "
              f"{r['non_gemm_budget']} s",
              "", "| without (cumulative) | its seconds | wall at least | MFU at most |", "|---|---|---|---|"]
@@ -136,7 +146,7 @@ def main() -> None:
             results.append(ceiling(record, args.target, name))
         except OSError as error:
             parser.error(f"{name}: cannot read it ({error.strerror}); give a profile_chunked_step.py record")
-        except json.JSONDecodeError as error:
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
             parser.error(f"{name}: not JSON ({error}); give a profile_chunked_step.py record")
         except RecordError as error:
             parser.error(str(error))

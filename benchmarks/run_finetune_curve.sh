@@ -46,11 +46,11 @@ rc=${PIPESTATUS[0]}
 cp /tmp/curve-run/metrics.jsonl /tmp/curve-run/summary.json "$keep/" 2>/dev/null
 warmups="${XDG_CACHE_HOME:-$HOME/.cache}/genolc/kernel-warmup"
 [ -d "$warmups" ] && mkdir -p "$keep/kernel-warmup" && cp "$warmups"/*.log "$warmups"/*.json "$keep/kernel-warmup/" 2>/dev/null
-if [ -n "${CURVE_KEEP_RUN:-}" ]; then
-  rm -rf "$CURVE_KEEP_RUN" && mv /tmp/curve-run "$CURVE_KEEP_RUN"
-else
-  rm -rf /tmp/curve-run
+if [ -n "${CURVE_KEEP_RUN:-}" ] && [ -d /tmp/curve-run ]; then
+  rm -rf "$CURVE_KEEP_RUN"
+  mv /tmp/curve-run "$CURVE_KEEP_RUN" || echo "run_finetune_curve.sh: could not keep the run directory in $CURVE_KEEP_RUN"
 fi
+rm -rf /tmp/curve-run
 recorded="genolc prepare $fasta --train all --heldout none --tokenizer char; ${command[*]}"
 python3 - "$keep/record.json" "$rc" "$((SECONDS - start))" "$recorded" "$keep/finetune.log" <<'EOF'
 import datetime, json, os, re, sys, torch

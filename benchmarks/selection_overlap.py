@@ -158,7 +158,11 @@ def main() -> None:
             model = load_pretrained(checkpoint, device=args.device)
         except GenolcError as error:
             parser.error(f"--checkpoint: {error.message}")
-        name, weights = Path(args.checkpoint).resolve().name, f"checkpoint {checkpoint}"
+        # A run's checkpoints are all named step-NNNNNN: name the file after the run too.
+        resolved = Path(checkpoint).resolve()
+        in_run = resolved.parent.name == "checkpoints"
+        name = f"{resolved.parent.parent.name}_{resolved.name}" if in_run else resolved.name
+        weights = f"checkpoint {checkpoint}"
     else:
         model = build_model(preset(args.model), device=args.device)
         name, weights = args.model, "random initialisation (torch.manual_seed(0))"

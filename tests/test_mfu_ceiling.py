@@ -71,6 +71,17 @@ def test_a_record_without_a_profiled_step_is_refused():
         ceiling(record, 0.25, "x.json")
 
 
+def test_a_malformed_profiled_step_is_refused_in_one_line():
+    record = load("profile_base_512k.json")
+    step = next(step for step in record["steps"] if step["phase"] == "profiled")
+    step["kernel_kinds"] = [{"kind": "gemm (cuBLAS/CUTLASS)"}]
+    with pytest.raises(RecordError, match="missing or malformed"):
+        ceiling(record, 0.25, "x.json")
+    record["device"] = None
+    with pytest.raises(RecordError, match="not in genolc/train/flops.py's peak table"):
+        ceiling(record, 0.25, "x.json")
+
+
 def test_the_command_prints_the_table_and_refuses_what_it_cannot_read(tmp_path):
     out = tmp_path / "ceiling.json"
     done = subprocess.run([sys.executable, str(SCRIPT), str(PROFILES / "profile_small_512k.json"), "--target", "0.15",
@@ -82,6 +93,9 @@ def test_the_command_prints_the_table_and_refuses_what_it_cannot_read(tmp_path):
     refused = subprocess.run([sys.executable, str(SCRIPT), str(junk)], capture_output=True, text=True)
     assert refused.returncode == 2 and "not JSON" in refused.stderr
     assert "Traceback" not in refused.stderr
+    junk.write_bytes(b"\x1f\x8b\x08\x00\xff")
+    refused = subprocess.run([sys.executable, str(SCRIPT), str(junk)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "not JSON" in refused.stderr and "Traceback" not in refused.stderr
     junk.write_text("[1, 2]")
     refused = subprocess.run([sys.executable, str(SCRIPT), str(junk)], capture_output=True, text=True)
     assert refused.returncode == 2 and "not a profile record" in refused.stderr

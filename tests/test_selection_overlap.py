@@ -73,6 +73,12 @@ def test_the_script_reads_a_checkpoint_and_refuses_a_run_without_one(tmp_path):
     assert random.returncode == 0, random.stderr
     seeded = json.loads(next((tmp_path / "random").glob("*.json")).read_text())
     assert seeded["rows"] != record["rows"]          # the checkpoint's weights chose, not the preset's seed-0 ones
+    run_checkpoint = tmp_path / "run-a" / "checkpoints" / "step-000002"
+    run_checkpoint.parent.mkdir(parents=True)
+    (tmp_path / "trained").rename(run_checkpoint)
+    done = _run(tmp_path / "out", "--seq", "1k", "--chunk", "256", "--checkpoint", str(run_checkpoint))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "selection_overlap_run-a_step-000002_1k_random.json").is_file()
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "run" / "metrics.jsonl").write_text("")
     refused = _run(tmp_path / "none", "--seq", "1k", "--checkpoint", str(tmp_path / "run"))
