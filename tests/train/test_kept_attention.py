@@ -107,8 +107,16 @@ def test_stopping_the_reservation_leaves_the_rest_to_take(monkeypatch):
     arena, made = _arena_with_slow_blocks(monkeypatch, release, entered)
     arena.reserve(4 * ALIGN_BYTES)
     assert entered.wait(timeout=10)
-    threading.Timer(0.1, release.set).start()
-    arena.stop_reserving()
+    # The first block is let go only once the stop is asked for, so the thread sees it before a second block.
+    stopping = threading.Thread(target=arena.stop_reserving)
+    stopping.start()
+    for _ in range(1000):
+        if arena._stop_reserving:
+            break
+        threading.Event().wait(0.01)
+    release.set()
+    stopping.join(timeout=10)
+    assert not stopping.is_alive()
     assert made == ["genolc-pinned-arena"], "one block of the four reserved"
     assert sum(piece.numel() for piece in arena.take(3 * ALIGN_BYTES)) == 3 * ALIGN_BYTES
     assert made[1:] == [threading.current_thread().name] * 2
