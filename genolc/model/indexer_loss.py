@@ -28,11 +28,14 @@ At ``kpool = 1`` (every token its own pool, no tail) this is exactly Megatron-co
 ``compute_dsa_indexer_loss(index_scores + causal_mask, topk_indices, q, k, scale, loss_coeff=1,
 sparse_loss=(mode == "sparse"))``, whose mean runs over all ``B * T`` rows (all have a candidate at ``kpool = 1``).
 
-Memory: queries are processed in chunks (``[B, H, chunk, T]`` dense, ``[B, chunk, W, H, D]`` sparse, or
-``[B, chunk, W, D]`` when ``main_k`` has one head shared by all query heads, MLA's absorbed form), each chunk
-recomputed in the backward pass. The default chunk keeps one chunk near ``CHUNK_BUDGET_ELEMENTS`` (at least one
-query), so the working set is about ``max(CHUNK_BUDGET_ELEMENTS, B * H * T)`` elements: constant for short
-sequences (where one chunk may span all of them), linear in T beyond.
+Work and memory: the target carries no gradient, so it is computed once, without autograd, and never again in the
+backward pass; only the indexer's side (its pool scores and the KL) is checkpointed and recomputed. Queries are
+taken in chunks for the indexer's side (``[B, chunk, P, Di]`` gathered pool keys and ``[B, chunk, Hi, P]`` scores,
+sized near ``CHUNK_BUDGET_ELEMENTS``) and, inside each, in smaller pieces for the target (``[B, piece, H, T]`` dense
+logits, or ``[B, piece, W, D]`` gathered keys when ``main_k`` has one head shared by all query heads, MLA's absorbed
+form; near ``TARGET_BUDGET_ELEMENTS``). The working set is about those budgets (at least one query each): constant
+for short sequences, linear in T beyond. (Until 2026-12-04 one checkpointed chunk held both sides, so the sparse
+mode took queries in pieces of ~62 at `small`'s shapes and computed each target twice.)
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from genolc.model.ops.indexer.reference import pool_scores
 
 INDEXER_LOSS_MODES = ("dense", "sparse")
 CHUNK_BUDGET_ELEMENTS = 1 << 25
+TARGET_BUDGET_ELEMENTS = 1 << 26
 LOG_EPS = 1e-10
 
 
@@ -62,52 +66,87 @@ def _kl_rows(pool_mass: torch.Tensor, index_scores: torch.Tensor,
     return kl.masked_fill(~candidate, 0.0).sum(), has_candidate.sum()
 
 
-def _dense_chunk(query_start: int, main_q: torch.Tensor, main_k: torch.Tensor, index_q: torch.Tensor,
-                 head_weights: torch.Tensor, pooled: torch.Tensor, softmax_scale: float, index_softmax_scale: float,
-                 kpool: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Queries ``query_start ..`` of one chunk against their causal prefix ``main_k [B, q_end, H, D]``."""
+def _dense_pool_mass(query_start: int, main_q: torch.Tensor, main_k: torch.Tensor, softmax_scale: float,
+                     kpool: int, piece: int) -> torch.Tensor:
+    """Main attention mass per complete pool ``[B, C, q_end // kpool]`` of the queries ``query_start ..`` of one
+    chunk over their causal prefix ``main_k [B, q_end, H, D]``, ``piece`` queries at a time (no autograd)."""
     batch, chunk = main_q.shape[:2]
     q_end = query_start + chunk
-    positions = torch.arange(query_start, q_end, device=main_q.device)
-    if main_k.shape[2] == 1:  # one key head shared by all query heads (MLA's absorbed form)
-        logits = torch.einsum("bchd,bsd->bhcs", main_q.float(), main_k[:, :, 0].float()) * softmax_scale
-    else:
-        logits = torch.einsum("bchd,bshd->bhcs", main_q.float(), main_k.float()) * softmax_scale
-    future = torch.arange(q_end, device=main_q.device)[None, :] > positions[:, None]
-    probs = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
-    mass = probs.sum(dim=1)  # [B, C, q_end]
     n_pools = q_end // kpool
-    pool_mass = mass[..., : n_pools * kpool].reshape(batch, chunk, n_pools, kpool).sum(dim=-1)
-    candidate = torch.arange(n_pools, device=main_q.device)[None, :] < complete_pools_visible(positions, kpool)[:, None]
+    key_positions = torch.arange(q_end, device=main_q.device)
+    masses = []
+    for p0 in range(0, chunk, piece):
+        p1 = min(chunk, p0 + piece)
+        q = main_q[:, p0:p1].float()
+        if main_k.shape[2] == 1:  # one key head shared by all query heads (MLA's absorbed form)
+            logits = torch.einsum("bchd,bsd->bhcs", q, main_k[:, :, 0].float()) * softmax_scale
+        else:
+            logits = torch.einsum("bchd,bshd->bhcs", q, main_k.float()) * softmax_scale
+        positions = torch.arange(query_start + p0, query_start + p1, device=main_q.device)
+        probs = logits.masked_fill(key_positions[None, :] > positions[:, None], float("-inf")).softmax(dim=-1)
+        mass = probs.sum(dim=1)  # [B, piece, q_end]
+        masses.append(mass[..., : n_pools * kpool].reshape(batch, p1 - p0, n_pools, kpool).sum(dim=-1))
+    return torch.cat(masses, dim=1)
+
+
+def _sparse_pool_mass(main_q: torch.Tensor, main_k: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+                      kpool: int, topk: int, piece: int) -> torch.Tensor:
+    """Main attention mass per selected pool slot ``[B, C, topk // kpool]`` of one chunk of queries restricted to
+    their index rows ``indices [B, C, W]``, ``piece`` queries at a time (no autograd)."""
+    batch, chunk = main_q.shape[:2]
+    batch_ids = torch.arange(batch, device=main_q.device)[:, None, None]
+    masses = []
+    for p0 in range(0, chunk, piece):
+        p1 = min(chunk, p0 + piece)
+        rows = indices[:, p0:p1].long()  # per piece: an int64 copy of the whole [B, T, W] is 16 GiB at 1M tokens
+        valid = rows >= 0
+        q = main_q[:, p0:p1].float()
+        if main_k.shape[2] == 1:  # one key head shared by all query heads (MLA's absorbed form)
+            keys = main_k[:, :, 0][batch_ids, rows.clamp_min(0)]  # [B, piece, W, D]
+            logits = torch.einsum("bchd,bcwd->bchw", q, keys.float()) * softmax_scale
+        else:
+            keys = main_k[batch_ids, rows.clamp_min(0)]  # [B, piece, W, H, D]
+            logits = torch.einsum("bchd,bcwhd->bchw", q, keys.float()) * softmax_scale
+        del keys
+        logits = logits.masked_fill(~valid[:, :, None, :], torch.finfo(logits.dtype).min)
+        mass = (logits.softmax(dim=-1) * valid[:, :, None, :]).sum(dim=2)  # [B, piece, W]
+        masses.append(mass[..., :topk].reshape(batch, p1 - p0, topk // kpool, kpool).sum(dim=-1))
+    return torch.cat(masses, dim=1)
+
+
+def _dense_chunk(query_start: int, pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor,
+                 pooled: torch.Tensor, index_softmax_scale: float, kpool: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL of one chunk's queries (``query_start ..``) against every complete causal pool; ``pool_mass``
+    ``[B, C, n_pools]`` from :func:`_dense_pool_mass`."""
+    batch, chunk, n_pools = pool_mass.shape
+    positions = torch.arange(query_start, query_start + chunk, device=index_q.device)
+    candidate = torch.arange(n_pools, device=index_q.device)[None, :] < complete_pools_visible(positions, kpool)[:, None]
     scores = pool_scores(index_q, head_weights, pooled[:, :n_pools], index_softmax_scale)
     return _kl_rows(pool_mass, scores, candidate.expand(batch, -1, -1))
 
 
-def _sparse_chunk(main_q: torch.Tensor, main_k: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor,
-                  pooled: torch.Tensor, indices: torch.Tensor, softmax_scale: float, index_softmax_scale: float,
-                  kpool: int, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk of queries restricted to their index rows ``indices [B, C, W]``."""
-    batch, chunk = main_q.shape[:2]
-    batch_ids = torch.arange(batch, device=main_q.device)[:, None, None]
-    indices = indices.long()  # per chunk: an int64 copy of the whole [B, T, W] would be 16 GiB at 1M tokens
-    valid = indices >= 0
-    if main_k.shape[2] == 1:  # one key head shared by all query heads (MLA's absorbed form)
-        keys = main_k[:, :, 0][batch_ids, indices.clamp_min(0)]  # [B, C, W, D]
-        logits = torch.einsum("bchd,bcwd->bchw", main_q.float(), keys.float()) * softmax_scale
-    else:
-        keys = main_k[batch_ids, indices.clamp_min(0)]  # [B, C, W, H, D]
-        logits = torch.einsum("bchd,bcwhd->bchw", main_q.float(), keys.float()) * softmax_scale
-    logits = logits.masked_fill(~valid[:, :, None, :], torch.finfo(logits.dtype).min)
-    probs = logits.softmax(dim=-1) * valid[:, :, None, :]
-    mass = probs.sum(dim=2)  # [B, C, W]
-    pools_per_row = topk // kpool
-    pool_mass = mass[..., :topk].reshape(batch, chunk, pools_per_row, kpool).sum(dim=-1)
+def _sparse_chunk(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
+                  indices: torch.Tensor, index_softmax_scale: float, kpool: int,
+                  topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL of one chunk's queries over the pools in their index rows ``indices [B, C, W]``; ``pool_mass``
+    ``[B, C, topk // kpool]`` from :func:`_sparse_pool_mass`."""
     pools = selected_pools(indices, topk, kpool)  # [B, C, K]
-    candidate = pools >= 0
-    pool_batch_ids = torch.arange(batch, device=main_q.device)[:, None, None]
+    pool_batch_ids = torch.arange(pools.shape[0], device=index_q.device)[:, None, None]
     chosen_keys = pooled[pool_batch_ids, pools.clamp_min(0)]  # [B, C, K, D]
     scores = pool_scores(index_q, head_weights, chosen_keys, index_softmax_scale)
-    return _kl_rows(pool_mass, scores, candidate)
+    return _kl_rows(pool_mass, scores, pools >= 0)
+
+
+def default_chunks(mode: str, batch: int, keys_len: int, heads: int, qk_dim: int, key_heads: int,
+                   index_heads: int, index_dim: int, kpool: int, width: int) -> tuple[int, int]:
+    """``(query_chunk, target_piece)``: queries per checkpointed chunk of the indexer's side, whose pool keys,
+    scores and softmax temporaries hold about ``CHUNK_BUDGET_ELEMENTS`` elements, and queries per piece of the
+    target, whose gathered keys or logits hold about ``TARGET_BUDGET_ELEMENTS`` (each at least 1)."""
+    pools = keys_len // kpool if mode == "dense" else width // kpool
+    per_query_indexer = batch * pools * (index_dim + 2 * index_heads + 8)
+    per_query_target = batch * (3 * heads * keys_len if mode == "dense" else width * (key_heads * qk_dim + 3 * heads))
+    return (max(1, CHUNK_BUDGET_ELEMENTS // max(per_query_indexer, 1)),
+            max(1, TARGET_BUDGET_ELEMENTS // max(per_query_target, 1)))
 
 
 def window_kl_rows(batch: int, window_len: int, kpool: int) -> int:
@@ -122,7 +161,7 @@ def window_kl_rows(batch: int, window_len: int, kpool: int) -> int:
 def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, softmax_scale: float,
                     index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
                     index_softmax_scale: float, kpool: int, topk: int, indices: torch.Tensor | None = None,
-                    query_chunk: int | None = None, query_offset: int = 0,
+                    query_chunk: int | None = None, target_piece: int | None = None, query_offset: int = 0,
                     row_count: int | None = None) -> torch.Tensor:
     """The indexer KL loss (see the module docstring for the formula), a scalar fp32 tensor.
 
@@ -145,7 +184,8 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
         kpool, topk: the indexer's pool size and token budget.
         indices: ``[B, T, W]`` the layer's index rows (layout of ``genolc.model.ops.indexer.reference``, absolute
             positions); required for ``"sparse"``.
-        query_chunk: queries per chunk (default: a size that keeps one chunk near 32M elements).
+        query_chunk: queries per checkpointed chunk of the indexer's side, target_piece: queries per piece of the
+            no-grad target (defaults: :func:`default_chunks`; a piece never spans two chunks).
         query_offset: absolute position of the first query (0 for a whole window).
         row_count: the denominator (default: this call's rows with a candidate).
     """
@@ -172,12 +212,13 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
             raise ValueError(f"sparse indexer loss needs indices [B={batch}, T={seq_len}, W >= {topk}], got {got}")
     main_q, main_k = main_q.detach(), main_k.detach()
 
-    if query_chunk is None:
-        key_heads = main_k.shape[2]
-        per_query = batch * (heads * keys_len if mode == "dense" else indices.shape[-1] * (key_heads * qk_dim + heads))
-        query_chunk = max(1, CHUNK_BUDGET_ELEMENTS // max(per_query, 1))
-    if query_chunk < 1:
-        raise ValueError(f"query_chunk must be positive, got {query_chunk}")
+    default_chunk, default_piece = default_chunks(mode, batch, keys_len, heads, qk_dim, main_k.shape[2],
+                                                  index_q.shape[2], index_q.shape[3], kpool,
+                                                  topk if indices is None else indices.shape[-1])
+    query_chunk = default_chunk if query_chunk is None else query_chunk
+    target_piece = default_piece if target_piece is None else target_piece
+    if query_chunk < 1 or target_piece < 1:
+        raise ValueError(f"query_chunk and target_piece must be positive, got {query_chunk} and {target_piece}")
     recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (index_q, head_weights, pooled))
 
     total = torch.zeros((), dtype=torch.float32, device=main_q.device)
@@ -186,13 +227,20 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
         return total  # no complete pool anywhere: no row has a candidate
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
+        with torch.no_grad():
+            if mode == "dense":
+                pool_mass = _dense_pool_mass(query_offset + q0, main_q[:, q0:q1], main_k[:, :query_offset + q1],
+                                             softmax_scale, kpool, target_piece)
+            else:
+                pool_mass = _sparse_pool_mass(main_q[:, q0:q1], main_k, indices[:, q0:q1], softmax_scale, kpool,
+                                              topk, target_piece)
         if mode == "dense":
-            args = (query_offset + q0, main_q[:, q0:q1], main_k[:, :query_offset + q1], index_q[:, q0:q1],
-                    head_weights[:, q0:q1], pooled, softmax_scale, index_softmax_scale, kpool)
+            args = (query_offset + q0, pool_mass, index_q[:, q0:q1], head_weights[:, q0:q1], pooled,
+                    index_softmax_scale, kpool)
             fn = _dense_chunk
         else:
-            args = (main_q[:, q0:q1], main_k, index_q[:, q0:q1], head_weights[:, q0:q1], pooled,
-                    indices[:, q0:q1], softmax_scale, index_softmax_scale, kpool, topk)
+            args = (pool_mass, index_q[:, q0:q1], head_weights[:, q0:q1], pooled, indices[:, q0:q1],
+                    index_softmax_scale, kpool, topk)
             fn = _sparse_chunk
         kl_sum, n_rows = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
         total = total + kl_sum

@@ -7,6 +7,7 @@ import types
 import pytest
 import torch
 
+import genolc.model.indexer_loss as indexer_loss_module
 from genolc.model.indexer_loss import indexer_kl_loss
 from genolc.model.ops.indexer.pooling import pool_keys
 from genolc.model.ops.indexer.reference import pool_scores, select_indices
@@ -28,11 +29,11 @@ def random_inputs(batch: int, seq_len: int, kpool: int, heads: int = 3, index_he
     return main_q, main_k, index_q, head_weights, pooled
 
 
-def run_loss(mode, inputs, kpool, topk, indices=None, query_chunk=None):
+def run_loss(mode, inputs, kpool, topk, indices=None, query_chunk=None, target_piece=None):
     main_q, main_k, index_q, head_weights, pooled = inputs
     return indexer_kl_loss(mode, main_q=main_q, main_k=main_k, softmax_scale=MAIN_SCALE, index_q=index_q,
                            head_weights=head_weights, pooled=pooled, index_softmax_scale=INDEX_SCALE, kpool=kpool,
-                           topk=topk, indices=indices, query_chunk=query_chunk)
+                           topk=topk, indices=indices, query_chunk=query_chunk, target_piece=target_piece)
 
 
 def selection(inputs, kpool, topk):
@@ -100,12 +101,33 @@ def test_matches_the_documented_formula_with_pools(mode: str, kpool: int) -> Non
     indices = selection(inputs, kpool, topk)
     expected = naive_loss(mode, inputs, kpool, topk, indices)
     expected_grads = torch.autograd.grad(expected, inputs[2:])
-    for query_chunk in (7, None):
-        got = run_loss(mode, inputs, kpool, topk, indices, query_chunk=query_chunk)
+    for query_chunk, target_piece in ((7, None), (None, None), (9, 2), (None, 5), (1, 1)):
+        got = run_loss(mode, inputs, kpool, topk, indices, query_chunk=query_chunk, target_piece=target_piece)
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
         got_grads = torch.autograd.grad(got, inputs[2:])
         for g, e in zip(got_grads, expected_grads):
             torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+def test_the_target_is_computed_once_and_not_again_in_backward(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target has no gradient: its attention mass is computed once per chunk, outside the checkpoint, so the
+    backward pass recomputes only the indexer's side."""
+    inputs = random_inputs(1, 40, kpool=4, seed=11)
+    indices = selection(inputs, 4, 8)
+    name = "_dense_pool_mass" if mode == "dense" else "_sparse_pool_mass"
+    original, calls = getattr(indexer_loss_module, name), []
+
+    def counted(*args):
+        calls.append(torch.is_grad_enabled())
+        return original(*args)
+
+    monkeypatch.setattr(indexer_loss_module, name, counted)
+    loss = run_loss(mode, inputs, 4, 8, indices, query_chunk=15)
+    assert calls == [False, False, False]
+    loss.backward()
+    assert len(calls) == 3
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in inputs[2:])
 
 
 def test_sparse_equals_dense_when_everything_is_selected() -> None:
@@ -138,6 +160,8 @@ def test_bad_arguments_raise_value_error() -> None:
         run_loss("dense", inputs, 2, 8)
     with pytest.raises(ValueError, match="main_q"):
         run_loss("dense", (inputs[0][..., :-1], *inputs[1:]), 4, 8)
+    with pytest.raises(ValueError, match="target_piece"):
+        run_loss("dense", inputs, 4, 8, target_piece=0)
 
 
 @pytest.mark.parametrize("mode", ["dense", "sparse"])

@@ -49,11 +49,12 @@ def test_largest_tensor_is_linear_in_sequence_length(indexer_loss, monkeypatch):
 
     index_topk 16 keeps the selection sparse at these lengths; under "dense" the DSA layer attends densely and the
     KL compares against dense attention. From T=1024 on, activations outgrow the fixed-size per-chunk temporaries
-    (KDA's [B, H, 64, 64, Dk]); a small KL chunk budget keeps its [chunk, T] temporaries below them too, so only a
+    (KDA's [B, H, 64, 64, Dk]); small KL budgets keep its [chunk, T] temporaries below them too, so only a
     tensor with a [T, T] factor could grow 4x. v_head_dim != qk_nope_head_dim so
     the dense attention cannot take SDPA's fused path without padding.
     """
     monkeypatch.setattr(indexer_loss_module, "CHUNK_BUDGET_ELEMENTS", 1 << 14)
+    monkeypatch.setattr(indexer_loss_module, "TARGET_BUDGET_ELEMENTS", 1 << 14)
     torch.manual_seed(0)
     model = build_model(preset("tiny").replace(index_topk=16, v_head_dim=24))
 

@@ -1,0 +1,114 @@
+"""python benchmarks/bench_indexer_kl.py [--sizes 64k,512k] [--presets small,base] [--chunk 32768] [--mode sparse]
+
+The DSA indexer's KL loss (genolc.model.indexer_loss.indexer_kl_loss), what `finetune --indexer sparse` (or
+dense) adds to each DSA layer with an indexer: forward alone, and forward + backward, for one chunk of queries — the
+last ``--chunk`` queries of a window of ``--sizes`` keys, as the chunked step calls it (``query_offset``,
+``row_count`` of the window), or the whole window when the chunk is at least the window. Inputs at the preset's
+shapes in bf16: q_lat ``[1, C, H, R]``, the latent as one shared key head ``[1, S, 1, R]``, indexer queries, head
+weights and pool keys with gradients. Index rows hold ``topk // kpool`` distinct random causal pools per query plus
+its tail (uniform over the visible pools: no two neighbours share more than chance, so the gathers find less in L2
+than a trained model's would). The kernels of one forward + backward are listed (torch.profiler). Writes
+benchmarks/results/indexer_kl_<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from gpu_bench_common import SIZES, git_sha, measure, profiled_kernels, write_results
+from genolc.model.indexer_loss import indexer_kl_loss, window_kl_rows
+from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows
+from genolc.model.presets import preset
+
+RESULT_NAME = "indexer_kl"
+LENGTHS = {**SIZES, "32k": 32768, "128k": 131072, "512k": 524288}
+
+
+def random_pools(query_offset: int, queries: int, slots: int, kpool: int, block: int = 1024) -> torch.Tensor:
+    """``[1, C, slots]`` int32: for each query, ``slots`` distinct complete pools it may see (uniformly at random;
+    -1 where fewer are visible)."""
+    out = torch.full((1, queries, slots), -1, dtype=torch.int32, device="cuda")
+    for q0 in range(0, queries, block):
+        q1 = min(queries, q0 + block)
+        visible = complete_pools_visible(torch.arange(query_offset + q0, query_offset + q1, device="cuda"), kpool)
+        n_pools = int(visible.max())
+        if n_pools == 0:
+            continue
+        scores = torch.rand(q1 - q0, n_pools, device="cuda")
+        scores.masked_fill_(torch.arange(n_pools, device="cuda")[None, :] >= visible[:, None], -1.0)
+        top, pools = scores.topk(min(slots, n_pools), dim=-1)
+        out[0, q0:q1, : pools.shape[1]] = pools.masked_fill(top < 0, -1).int()
+    return out
+
+
+def inputs(name: str, keys: int, queries: int):
+    config = preset(name)
+    heads, rank, kpool, topk = config.num_attention_heads, config.kv_lora_rank, config.index_kpool, config.index_topk
+    offset = keys - queries
+    generator = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape, grad=False):
+        tensor = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+        return tensor.requires_grad_(grad)
+
+    pools = random_pools(offset, queries, topk // kpool, kpool)
+    indices = index_rows(pools, query_offset=offset, kpool=kpool, select_tail=True, dtype=torch.int32)
+    tensors = {"main_q": randn(1, queries, heads, rank), "main_k": randn(1, keys, 1, rank),
+               "index_q": randn(1, queries, config.index_n_heads, config.index_head_dim, grad=True),
+               "head_weights": randn(1, queries, config.index_n_heads, grad=True),
+               "pooled": randn(1, keys // kpool, config.index_head_dim, grad=True)}
+    scales = {"softmax_scale": config.qk_head_dim ** -0.5,
+              "index_softmax_scale": config.index_head_dim ** -0.5}
+    window = {"query_offset": offset, "row_count": window_kl_rows(1, keys, kpool)}
+    return tensors, indices, scales, window, kpool, topk
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="64k,512k", help=f"window lengths (keys), from {', '.join(LENGTHS)}")
+    parser.add_argument("--presets", default="small,base")
+    parser.add_argument("--chunk", type=int, default=32768, help="queries per call (the window's last ones)")
+    parser.add_argument("--mode", default="sparse", choices=("sparse", "dense"))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    unknown = [size for size in args.sizes.split(",") if size not in LENGTHS]
+    if unknown or args.chunk < 1:
+        parser.error(f"--sizes from {', '.join(LENGTHS)} and a positive --chunk, got {args.sizes!r}, {args.chunk}")
+    rows = []
+    for name in args.presets.split(","):
+        for size in args.sizes.split(","):
+            keys = LENGTHS[size]
+            queries = min(keys, args.chunk)
+            tensors, indices, scales, window, kpool, topk = inputs(name, keys, queries)
+            leaves = [tensors[key] for key in ("index_q", "head_weights", "pooled")]
+
+            def loss():
+                return indexer_kl_loss(args.mode, **tensors, **scales, kpool=kpool, topk=topk,
+                                       indices=indices if args.mode == "sparse" else None, **window)
+
+            def forward():
+                with torch.no_grad():
+                    loss()
+
+            def forward_backward():
+                torch.autograd.grad(loss(), leaves)
+
+            row = {"preset": name, "keys": size, "queries": queries, "mode": args.mode}
+            try:
+                row["forward"] = measure(forward, args.repeats)
+                row["forward_backward"] = measure(forward_backward, args.repeats)
+                row["kernels"] = profiled_kernels(forward_backward)[:12]
+                row["kernel_launches"] = sum(kernel["calls"] for kernel in profiled_kernels(forward_backward))
+                row["loss"] = float(loss())
+            except torch.cuda.OutOfMemoryError as error:
+                row["error"] = f"OOM: {str(error)[:160]}"
+            torch.cuda.empty_cache()
+            rows.append(row)
+            print({k: v for k, v in row.items() if k != "kernels"}, flush=True)
+            write_results(RESULT_NAME, rows, {"git_sha": git_sha(), "chunk": args.chunk})
+
+
+if __name__ == "__main__":
+    main()
