@@ -31,11 +31,13 @@ sparse_loss=(mode == "sparse"))``, whose mean runs over all ``B * T`` rows (all 
 Work and memory: the target carries no gradient, so it is computed once, without autograd, and never again in the
 backward pass; only the indexer's side (its pool scores and the KL) is checkpointed and recomputed. Queries are
 taken in chunks for the indexer's side (``[B, chunk, P, Di]`` gathered pool keys and ``[B, chunk, Hi, P]`` scores,
-sized near ``CHUNK_BUDGET_ELEMENTS``) and, inside each, in smaller pieces for the target (``[B, piece, H, T]`` dense
-logits, or ``[B, piece, W, D]`` gathered keys when ``main_k`` has one head shared by all query heads, MLA's absorbed
-form; near ``TARGET_BUDGET_ELEMENTS``). The working set is about those budgets (at least one query each): constant
-for short sequences, linear in T beyond. (Until 2026-12-04 one checkpointed chunk held both sides, so the sparse
-mode took queries in pieces of ~62 at `small`'s shapes and computed each target twice.)
+sized near ``CHUNK_BUDGET_ELEMENTS``). The sparse target in MLA's absorbed form (``main_k`` one key head shared by
+all query heads, the DSA layer's sparse path) is ``genolc.model.ops.dispatch.sparse_pool_mass``: on CUDA a Triton
+kernel that gathers nothing into memory. Otherwise the target is taken in pieces whose logits or gathered keys hold
+about ``TARGET_BUDGET_ELEMENTS`` (``[B, piece, H, T]`` dense, ``[B, piece, W, H, D]`` or ``[B, piece, W, D]``
+sparse). The working set is about those budgets (at least one query each): constant for short sequences, linear in
+T beyond. (Until 2026-12-04 one checkpointed chunk held both sides: the sparse mode took queries in pieces of ~62 at
+`small`'s shapes, gathered their keys in torch and computed each target twice.)
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from genolc.model.ops import dispatch
 from genolc.model.ops.indexer.layout import complete_pools_visible, selected_pools
 from genolc.model.ops.indexer.reference import pool_scores
 
@@ -92,7 +95,12 @@ def _dense_pool_mass(query_start: int, main_q: torch.Tensor, main_k: torch.Tenso
 def _sparse_pool_mass(main_q: torch.Tensor, main_k: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
                       kpool: int, topk: int, piece: int) -> torch.Tensor:
     """Main attention mass per selected pool slot ``[B, C, topk // kpool]`` of one chunk of queries restricted to
-    their index rows ``indices [B, C, W]``, ``piece`` queries at a time (no autograd)."""
+    their index rows ``indices [B, C, W]`` (no autograd). With one key head shared by all query heads (MLA's
+    absorbed form, the DSA layer's sparse path) this is ``dispatch.sparse_pool_mass``, a Triton kernel on CUDA;
+    per-head keys are gathered ``piece`` queries at a time."""
+    if main_k.shape[2] == 1:
+        return dispatch.sparse_pool_mass(main_q, main_k[:, :, 0], indices, softmax_scale, kpool=kpool, topk=topk,
+                                         query_chunk=piece).float()
     batch, chunk = main_q.shape[:2]
     batch_ids = torch.arange(batch, device=main_q.device)[:, None, None]
     masses = []
@@ -100,13 +108,8 @@ def _sparse_pool_mass(main_q: torch.Tensor, main_k: torch.Tensor, indices: torch
         p1 = min(chunk, p0 + piece)
         rows = indices[:, p0:p1].long()  # per piece: an int64 copy of the whole [B, T, W] is 16 GiB at 1M tokens
         valid = rows >= 0
-        q = main_q[:, p0:p1].float()
-        if main_k.shape[2] == 1:  # one key head shared by all query heads (MLA's absorbed form)
-            keys = main_k[:, :, 0][batch_ids, rows.clamp_min(0)]  # [B, piece, W, D]
-            logits = torch.einsum("bchd,bcwd->bchw", q, keys.float()) * softmax_scale
-        else:
-            keys = main_k[batch_ids, rows.clamp_min(0)]  # [B, piece, W, H, D]
-            logits = torch.einsum("bchd,bcwhd->bchw", q, keys.float()) * softmax_scale
+        keys = main_k[batch_ids, rows.clamp_min(0)]  # [B, piece, W, H, D]
+        logits = torch.einsum("bchd,bcwhd->bchw", main_q[:, p0:p1].float(), keys.float()) * softmax_scale
         del keys
         logits = logits.masked_fill(~valid[:, :, None, :], torch.finfo(logits.dtype).min)
         mass = (logits.softmax(dim=-1) * valid[:, :, None, :]).sum(dim=2)  # [B, piece, W]

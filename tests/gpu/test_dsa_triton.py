@@ -111,3 +111,27 @@ def test_rejects_cpu_and_bad_inputs():
         dsa_triton.sparse_latent_attention(q_lat, latent[..., :8], rows, 0.25)
     with pytest.raises(ValueError, match="share one dtype"):
         dsa_triton.sparse_latent_attention(q_lat.to(torch.float64), latent.to(torch.float64), rows, 0.25)
+
+
+@pytest.mark.parametrize("length, heads, rank, kpool", [
+    (4099, 12, 384, 4),    # base
+    (4099, 8, 256, 4),     # small
+    (1001, 40, 48, 16),    # two head blocks, kpool 16
+])
+def test_pool_mass_matches_reference(length, heads, rank, kpool, poison, rel_err):
+    """The indexer loss's target in bf16 against the reference on fp32 copies: rows with holes, an empty row (no
+    mass anywhere), the tail slots in the softmax but in no pool."""
+    topk = 256
+    indices = random_index_rows(length, topk, kpool, seed=length + kpool).to(torch.int32)
+    indices[0, 17] = -1
+    indices[0, length // 2, ::3] = -1
+    (q_lat, latent), _ = _inputs(1, length, heads, rank, seed=length + heads)
+    q_lat, latent, scale = q_lat.detach(), latent.detach(), 0.7 * rank ** -0.5
+    expected = reference.sparse_pool_mass(q_lat.float(), latent.float(), indices, scale, kpool=kpool, topk=topk)
+    poison()
+    got = dsa_triton.sparse_pool_mass(q_lat, latent, indices, scale, kpool=kpool, topk=topk)
+    assert got.dtype == torch.float32 and got.shape == (1, length, topk // kpool)
+    assert got[0, 17].abs().max() == 0
+    assert rel_err(got, expected) < 1e-2
+    # Mass is at most the number of heads, all of it when no tail slot is valid.
+    assert float(got.sum(-1).max()) <= heads * (1 + 1e-3)

@@ -1,6 +1,7 @@
 """TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
 
-Runs genolc's Triton kernels (KDA's short convolution, forward and backward, alone with the argument ``conv``; the
+Runs genolc's Triton kernels (KDA's short convolution, forward and backward, alone with the argument ``conv``; the DSA pool mass (the
+indexer loss's target), alone with ``pool_mass``; the
 routed experts' glue, alone with the argument ``moe``; mHC mixing logits and mixing matrix; indexer scoring and top-k;
 DSA latent sparse attention forward, lse and backward) on CPU tensors under Triton's interpreter and compares them
 with the pure-torch references at small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2, head counts and
@@ -177,6 +178,31 @@ def check_dsa(batch, length, heads, rank, topk, kpool, index_dtype, strided_indi
     return problems
 
 
+def check_pool_mass(batch, length, heads, rank, topk, kpool, index_dtype) -> list[str]:
+    """The indexer loss's target, attention mass per selected pool: the Triton kernel and the reference (fp32)
+    against the formula in float64, on rows with holes and empty rows."""
+    indices = index_rows(batch, length, topk, kpool, seed=length + 3 * kpool).to(index_dtype)
+    gen = torch.Generator().manual_seed(11 * length + heads)
+    q_lat = torch.randn(batch, length, heads, rank, generator=gen)
+    latent = torch.randn(batch, length, rank, generator=gen)
+    scale = 0.7 * rank ** -0.5
+    gathered = latent[torch.arange(batch)[:, None, None], indices.long().clamp_min(0)].double()
+    scores = torch.einsum("bthr,btwr->bthw", q_lat.double(), gathered) * scale
+    scores = scores.masked_fill((indices < 0)[:, :, None, :], float("-inf"))
+    probs = (scores - scores.logsumexp(-1, keepdim=True)).exp().nan_to_num(0.0)
+    expected = probs.sum(2)[..., :topk].reshape(batch, length, topk // kpool, kpool).sum(-1)
+    problems = []
+    for name, got in (("triton", dsa_triton.sparse_pool_mass(q_lat, latent, indices.contiguous(), scale,
+                                                             kpool=kpool, topk=topk)),
+                      ("reference", dsa_reference.sparse_pool_mass(q_lat, latent, indices, scale, kpool=kpool,
+                                                                   topk=topk, query_chunk=13))):
+        if got.shape != expected.shape or got.dtype != torch.float32:
+            problems.append(f"{name}: {tuple(got.shape)} {got.dtype} vs {tuple(expected.shape)}")
+        elif rel_err(got, expected) > 1e-5 or (got - expected).abs().max() > 1e-5:
+            problems.append(f"{name}: rel err {rel_err(got, expected):.2e}")
+    return problems
+
+
 def check_top_pools(rows, cols, first_query, kpool, keep) -> list[str]:
     """The top-k kernel on each kind of score block of top_pools_check.py, int32 and int64 output."""
     problems = []
@@ -320,6 +346,23 @@ def check_kda_conv(batch, length, channels, taps, dtype, parts, config) -> list[
 
 def main() -> int:
     failures = 0
+    pool_mass_cases = [
+        # batch, length, heads, rank, topk, kpool, index dtype: pools past one slot block, 40 heads (two head
+        # blocks), one head, single-token pools, kpool 16, no tail (W = topk)
+        (2, 203, 3, 24, 64, 4, torch.int32),
+        (1, 101, 40, 20, 32, 4, torch.int64),
+        (1, 77, 3, 72, 96, 4, torch.int32),
+        (1, 203, 1, 8, 8, 1, torch.int32),
+        (2, 203, 2, 32, 64, 16, torch.int64),
+    ]
+    for case in pool_mass_cases:
+        start = time.time()
+        problems = check_pool_mass(*case)
+        failures += bool(problems)
+        print(f"pool_mass {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
+    if sys.argv[1:] == ["pool_mass"]:
+        print("all ok" if failures == 0 else f"{failures} case(s) failed")
+        return 1 if failures else 0
     conv_cases = [
         # batch, L, C, K, dtype, parts, config: one row; rows and channels off the tile grid; several segment
         # groups and segments that end past the rows; K = 3 and K = 1 (missing taps); two and three parts

@@ -285,3 +285,50 @@ class KeptLatentAttention(torch.autograd.Function):
         q_lat, latent, indices, out, lse = ctx.saved_tensors
         d_q, d_latent = sparse_latent_attention_backward(q_lat, latent, indices, out, lse, d_out, ctx.softmax_scale)
         return d_q, d_latent, None, None, None, None
+
+
+def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
+                     kpool: int, topk: int, query_chunk: int | None = None) -> torch.Tensor:
+    """The sparse attention's mass on each selected pool, summed over heads, without autograd: the DSA indexer
+    loss's target (``genolc.model.indexer_loss``).
+
+    ``m[b, t, p] = sum_h sum_{j in slots p*kpool .. p*kpool + kpool - 1} a_h(t, j)`` with ``a_h(t, .)`` the softmax of
+    ``softmax_scale * q_lat[b, t, h] . c[j]`` over all the row's valid slots (the tail slots after ``topk`` take part
+    in the softmax, not in any pool). Empty slots, and every slot of a row with none valid, get no mass.
+
+    Args:
+        q_lat, latent, indices, softmax_scale: as :func:`sparse_latent_attention` (index rows in the layout of
+            ``genolc.model.ops.indexer.layout``: ``topk // kpool`` pools of ``kpool`` slots, then the tail).
+        kpool, topk: the indexer's pool size and token budget (``topk`` a multiple of ``kpool``, at most W).
+        query_chunk: queries per piece (default :func:`default_latent_query_chunk`).
+
+    Returns:
+        ``[B, T, topk // kpool]`` fp32 (fp64 for fp64 inputs), products and sums in at least fp32.
+    """
+    check_latent_inputs(q_lat, latent, indices)
+    batch, seq_len, heads, rank = q_lat.shape
+    if kpool < 1 or topk % kpool or not kpool <= topk <= indices.shape[-1]:
+        raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool}) and at most the index rows' "
+                         f"width {indices.shape[-1]}")
+    if query_chunk is None:
+        query_chunk = default_latent_query_chunk(batch, indices.shape[-1], heads, rank)
+    accum = torch.promote_types(torch.promote_types(q_lat.dtype, latent.dtype), torch.float32)
+    batch_ids = torch.arange(batch, device=q_lat.device)[:, None, None]
+    masses = []
+    with torch.no_grad():
+        for q0 in range(0, seq_len, query_chunk):
+            q1 = min(seq_len, q0 + query_chunk)
+            rows = indices[:, q0:q1].long()       # per piece: an int64 copy of all rows is 16 GiB at 1M tokens
+            valid = rows >= 0
+            keys = latent[batch_ids, rows.clamp_min(0)].to(accum)                            # [B, C, W, R]
+            scores = torch.einsum("bchr,bcwr->bchw", q_lat[:, q0:q1].to(accum), keys) * softmax_scale
+            del keys
+            scores = scores.masked_fill(~valid[:, :, None, :], float("-inf"))
+            lse = scores.logsumexp(dim=-1, keepdim=True)
+            # A row with no valid slot has lse = -inf: its probabilities are set to 0, not exp(nan).
+            probs = torch.where(lse > float("-inf"), (scores - lse).exp(), 0.0)
+            mass = probs.sum(dim=2)[..., :topk]                                              # [B, C, topk]
+            masses.append(mass.reshape(batch, q1 - q0, topk // kpool, kpool).sum(dim=-1))
+    if not masses:
+        return torch.zeros(batch, 0, topk // kpool, dtype=accum, device=q_lat.device)
+    return torch.cat(masses, dim=1)

@@ -299,3 +299,101 @@ def check_kernel_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torc
         raise ValueError(f"indices needs a contiguous last dimension, got strides {indices.stride()}")
     if q_lat.shape[-1] > 1024:
         raise ValueError(f"latent rank {q_lat.shape[-1]} exceeds the kernels' 1024 (one register tile per row)")
+
+
+@functools.cache
+def _pool_mass_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def pool_mass_kernel(q_ptr, c_ptr, idx_ptr, out_ptr, softmax_scale,
+                         seq_len, scb, scs, sib, sit,
+                         HEADS: tl.constexpr, RANK: tl.constexpr, WIDTH: tl.constexpr, TOPK: tl.constexpr,
+                         KPOOL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+                         PRECISION: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1).to(tl.int64)
+        ranks = tl.arange(0, BLOCK_R)
+        rank_ok = ranks < RANK
+        row = b * seq_len + t
+        pools_per_row: tl.constexpr = TOPK // KPOOL
+        block_pools: tl.constexpr = BLOCK_W // KPOOL
+        for h0 in range(0, HEADS, BLOCK_H):
+            heads = h0 + tl.arange(0, BLOCK_H)
+            head_ok = heads < HEADS
+            tile = row * HEADS * RANK + heads[:, None].to(tl.int64) * RANK + ranks[None, :]
+            q = tl.load(q_ptr + tile, mask=head_ok[:, None] & rank_ok[None, :], other=0.0)
+            m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+            l = tl.zeros((BLOCK_H,), dtype=tl.float32)
+            for w0 in range(0, WIDTH, BLOCK_W):
+                slots = w0 + tl.arange(0, BLOCK_W)
+                rows = tl.load(idx_ptr + b * sib + t * sit + slots, mask=slots < WIDTH, other=-1).to(tl.int64)
+                valid = rows >= 0
+                kv = tl.load(c_ptr + b * scb + tl.where(valid, rows, 0)[:, None] * scs + ranks[None, :],
+                             mask=valid[:, None] & rank_ok[None, :], other=0.0)
+                scores = tl.dot(q, tl.trans(kv), input_precision=PRECISION) * softmax_scale
+                scores = tl.where(valid[None, :], scores, float("-inf"))
+                m_new = tl.maximum(m, tl.max(scores, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(scores - m_safe[:, None]), axis=1)
+                m = m_new
+            # +inf for padded heads and empty rows: every probability below is then exp(-inf) = 0.
+            lse = tl.where((l > 0.0) & head_ok, m + tl.log(tl.where(l > 0.0, l, 1.0)), float("inf"))
+            for w0 in range(0, TOPK, BLOCK_W):
+                slots = w0 + tl.arange(0, BLOCK_W)
+                rows = tl.load(idx_ptr + b * sib + t * sit + slots, mask=slots < TOPK, other=-1).to(tl.int64)
+                valid = rows >= 0
+                kv = tl.load(c_ptr + b * scb + tl.where(valid, rows, 0)[:, None] * scs + ranks[None, :],
+                             mask=valid[:, None] & rank_ok[None, :], other=0.0)
+                scores = tl.dot(q, tl.trans(kv), input_precision=PRECISION) * softmax_scale
+                probs = tl.where(valid[None, :], tl.exp(scores - lse[:, None]), 0.0)
+                per_pool = tl.sum(tl.reshape(tl.sum(probs, axis=0), (block_pools, KPOOL)), axis=1)
+                pools = w0 // KPOOL + tl.arange(0, block_pools)
+                # This program owns the row: later head blocks add to what the earlier ones stored.
+                target = out_ptr + row * pools_per_row + pools
+                pool_ok = pools < pools_per_row
+                tl.store(target, tl.load(target, mask=pool_ok, other=0.0) + per_pool, mask=pool_ok)
+
+    return pool_mass_kernel
+
+
+def pool_mass_unsupported(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, kpool: int) -> str | None:
+    """Why :func:`sparse_pool_mass` cannot take these operands (None when it can): tensors that
+    :func:`check_kernel_inputs` accepts (on CUDA, or on CPU under Triton's interpreter), and a pool size that is a
+    power of two up to the kernel's slot block."""
+    try:
+        check_kernel_inputs(q_lat, latent, indices)
+    except ValueError as error:
+        return str(error)
+    block_w = tile_sizes(q_lat.shape[2], q_lat.shape[3])["fwd_block_w"]
+    if kpool & (kpool - 1) or kpool > block_w:
+        return f"kpool {kpool} (a power of two up to {block_w})"
+    return None
+
+
+def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
+                     kpool: int, topk: int) -> torch.Tensor:
+    """``reference.sparse_pool_mass`` in one Triton program per (query, batch row): a first pass over the index row
+    finds each head's log-sum-exp as the forward kernel does, a second over the pool slots adds each slot's
+    probability over heads and each pool's ``kpool`` slots. Nothing is gathered into memory (the reference gathers
+    ``[B, C, W, R]`` per piece). Operands as :func:`pool_mass_unsupported` accepts them (ValueError otherwise);
+    returns ``[B, T, topk // kpool]`` fp32."""
+    unsupported = pool_mass_unsupported(q_lat, latent, indices, kpool)
+    if unsupported:
+        raise ValueError(f"the Triton pool mass does not take {unsupported}; use reference.sparse_pool_mass")
+    if topk % kpool or not kpool <= topk <= indices.shape[-1]:
+        raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool}) and at most the index rows' "
+                         f"width {indices.shape[-1]}")
+    batch, seq_len, heads, rank = q_lat.shape
+    out = torch.zeros(batch, seq_len, topk // kpool, dtype=torch.float32, device=q_lat.device)
+    if seq_len == 0 or batch == 0:
+        return out
+    tiles = tile_sizes(heads, rank)
+    _pool_mass_kernel()[(seq_len, batch)](
+        q_lat, latent, indices, out, softmax_scale, seq_len,
+        latent.stride(0), latent.stride(1), indices.stride(0), indices.stride(1),
+        HEADS=heads, RANK=rank, WIDTH=indices.shape[-1], TOPK=topk, KPOOL=kpool, BLOCK_H=tiles["BLOCK_H"],
+        BLOCK_R=tiles["BLOCK_R"], BLOCK_W=tiles["fwd_block_w"], PRECISION=_precision(q_lat.dtype),
+        num_warps=tiles["fwd_warps"])
+    return out
