@@ -50,7 +50,10 @@ from genolc.model.ops.indexer.layout import complete_pools_visible, selected_poo
 from genolc.model.ops.indexer.reference import pool_scores
 
 INDEXER_LOSS_MODES = ("dense", "sparse")
-CHUNK_BUDGET_ELEMENTS = 1 << 25
+# 128M elements: at `small`'s and `base`'s shapes ~2,900 queries a chunk. With 1 << 25 (~745) the sparse loss's
+# 32k-query call was bound by the host's launches (215 ms of wall for 65 ms of kernels at 512k keys, H200,
+# benchmarks/results/indexer_kl_2026-12-04/).
+CHUNK_BUDGET_ELEMENTS = 1 << 27
 TARGET_BUDGET_ELEMENTS = 1 << 26
 LOG_EPS = 1e-10
 
