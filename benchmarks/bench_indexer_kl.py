@@ -26,7 +26,8 @@ RESULT_NAME = "indexer_kl"
 LENGTHS = {**SIZES, "32k": 32768, "128k": 131072, "512k": 524288}
 
 
-def random_pools(query_offset: int, queries: int, slots: int, kpool: int, block: int = 1024) -> torch.Tensor:
+def random_pools(query_offset: int, queries: int, slots: int, kpool: int, generator: torch.Generator,
+                 block: int = 1024) -> torch.Tensor:
     """``[1, C, slots]`` int32: for each query, ``slots`` distinct complete pools it may see (uniformly at random;
     -1 where fewer are visible)."""
     out = torch.full((1, queries, slots), -1, dtype=torch.int32, device="cuda")
@@ -36,7 +37,7 @@ def random_pools(query_offset: int, queries: int, slots: int, kpool: int, block:
         n_pools = int(visible.max())
         if n_pools == 0:
             continue
-        scores = torch.rand(q1 - q0, n_pools, device="cuda")
+        scores = torch.rand(q1 - q0, n_pools, device="cuda", generator=generator)
         scores.masked_fill_(torch.arange(n_pools, device="cuda")[None, :] >= visible[:, None], -1.0)
         top, pools = scores.topk(min(slots, n_pools), dim=-1)
         out[0, q0:q1, : pools.shape[1]] = pools.masked_fill(top < 0, -1).int()
@@ -53,7 +54,7 @@ def inputs(name: str, keys: int, queries: int):
         tensor = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=generator)
         return tensor.requires_grad_(grad)
 
-    pools = random_pools(offset, queries, topk // kpool, kpool)
+    pools = random_pools(offset, queries, topk // kpool, kpool, generator)
     indices = index_rows(pools, query_offset=offset, kpool=kpool, select_tail=True, dtype=torch.int32)
     tensors = {"main_q": randn(1, queries, heads, rank), "main_k": randn(1, keys, 1, rank),
                "index_q": randn(1, queries, config.index_n_heads, config.index_head_dim, grad=True),
