@@ -100,8 +100,9 @@ def main() -> None:
             try:
                 row["forward"] = measure(forward, args.repeats)
                 row["forward_backward"] = measure(forward_backward, args.repeats)
-                row["kernels"] = profiled_kernels(forward_backward)[:12]
-                row["kernel_launches"] = sum(kernel["calls"] for kernel in profiled_kernels(forward_backward))
+                kernels = profiled_kernels(forward_backward)
+                row["kernels"] = kernels[:12]
+                row["kernel_launches"] = sum(kernel["calls"] for kernel in kernels)
                 row["loss"] = float(loss())
             except torch.cuda.OutOfMemoryError as error:
                 row["error"] = f"OOM: {str(error)[:160]}"

@@ -28,16 +28,19 @@ At ``kpool = 1`` (every token its own pool, no tail) this is exactly Megatron-co
 ``compute_dsa_indexer_loss(index_scores + causal_mask, topk_indices, q, k, scale, loss_coeff=1,
 sparse_loss=(mode == "sparse"))``, whose mean runs over all ``B * T`` rows (all have a candidate at ``kpool = 1``).
 
-Work and memory: the target carries no gradient, so it is computed once, without autograd, and never again in the
-backward pass; only the indexer's side (its pool scores and the KL) is checkpointed and recomputed. Queries are
-taken in chunks for the indexer's side (``[B, chunk, P, Di]`` gathered pool keys and ``[B, chunk, Hi, P]`` scores,
-sized near ``CHUNK_BUDGET_ELEMENTS``). The sparse target in MLA's absorbed form (``main_k`` one key head shared by
-all query heads, the DSA layer's sparse path) is ``genolc.model.ops.dispatch.sparse_pool_mass``: on CUDA a Triton
-kernel that gathers nothing into memory. Otherwise the target is taken in pieces whose logits or gathered keys hold
-about ``TARGET_BUDGET_ELEMENTS`` (``[B, piece, H, T]`` dense, ``[B, piece, W, H, D]`` or ``[B, piece, W, D]``
-sparse). The working set is about those budgets (at least one query each): constant for short sequences, linear in
-T beyond. (Until 2026-12-04 one checkpointed chunk held both sides: the sparse mode took queries in pieces of ~62 at
-`small`'s shapes, gathered their keys in torch and computed each target twice.)
+Work and memory: the sparse target carries no gradient and is linear in T (``topk // kpool`` floats a query), so
+it is computed once, without autograd, kept for the backward (``B * T * topk // kpool * 4`` bytes a layer, 2 KiB a
+token at the presets' shapes) and not computed again; only the indexer's side (its pool scores and the KL) is
+checkpointed and recomputed. The dense target (``[C, q_end // kpool]`` a chunk, quadratic in T over the window) is
+computed inside the checkpoint instead, and again in the backward. Queries are taken in chunks for the indexer's
+side (``[B, chunk, P, Di]`` gathered pool keys and ``[B, chunk, Hi, P]`` scores, sized near
+``CHUNK_BUDGET_ELEMENTS``). The sparse target in MLA's absorbed form (``main_k`` one key head shared by all query
+heads, the DSA layer's sparse path) is ``genolc.model.ops.dispatch.sparse_pool_mass``: on CUDA a Triton kernel that
+gathers nothing into memory. Otherwise the target is taken in pieces whose logits or gathered keys hold about
+``TARGET_BUDGET_ELEMENTS`` (``[B, piece, H, T]`` dense, ``[B, piece, W, H, D]`` or ``[B, piece, W, D]`` sparse).
+The working set is about those budgets (at least one query each) plus the kept sparse targets. (Until 2026-12-04
+one checkpointed chunk held both sides in either mode: the sparse mode took queries in pieces of ~62 at `small`'s
+shapes, gathered their keys in torch and computed each target twice.)
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from genolc.model.ops.indexer.reference import pool_scores
 
 INDEXER_LOSS_MODES = ("dense", "sparse")
 # 128M elements: at `small`'s and `base`'s shapes ~2,900 queries a chunk. With 1 << 25 (~745) the sparse loss's
-# 32k-query call was bound by the host's launches (215 ms of wall for 65 ms of kernels at 512k keys, H200,
+# 32k-query call was bound by the host's launches (215 ms of wall for about 62 ms of kernels at 512k keys, H200,
 # benchmarks/results/indexer_kl_2026-12-04/).
 CHUNK_BUDGET_ELEMENTS = 1 << 27
 TARGET_BUDGET_ELEMENTS = 1 << 26
@@ -120,13 +123,18 @@ def _sparse_pool_mass(main_q: torch.Tensor, main_k: torch.Tensor, indices: torch
     return torch.cat(masses, dim=1)
 
 
-def _dense_chunk(query_start: int, pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor,
-                 pooled: torch.Tensor, index_softmax_scale: float, kpool: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL of one chunk's queries (``query_start ..``) against every complete causal pool; ``pool_mass``
-    ``[B, C, n_pools]`` from :func:`_dense_pool_mass`."""
+def _dense_chunk(query_start: int, main_q: torch.Tensor, main_k: torch.Tensor, index_q: torch.Tensor,
+                 head_weights: torch.Tensor, pooled: torch.Tensor, softmax_scale: float, index_softmax_scale: float,
+                 kpool: int, piece: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL of one chunk's queries (``query_start ..``) against every complete causal pool of their prefix
+    ``main_k [B, q_end, H, D]``. The target is computed here, inside the checkpoint, and again in the backward: kept
+    for it, the chunks' ``[C, q_end // kpool]`` targets would add up to ``T^2 / (2 kpool)`` floats."""
+    with torch.no_grad():
+        pool_mass = _dense_pool_mass(query_start, main_q, main_k, softmax_scale, kpool, piece)
     batch, chunk, n_pools = pool_mass.shape
     positions = torch.arange(query_start, query_start + chunk, device=index_q.device)
-    candidate = torch.arange(n_pools, device=index_q.device)[None, :] < complete_pools_visible(positions, kpool)[:, None]
+    visible = complete_pools_visible(positions, kpool)
+    candidate = torch.arange(n_pools, device=index_q.device)[None, :] < visible[:, None]
     scores = pool_scores(index_q, head_weights, pooled[:, :n_pools], index_softmax_scale)
     return _kl_rows(pool_mass, scores, candidate.expand(batch, -1, -1))
 
@@ -149,6 +157,9 @@ def default_chunks(mode: str, batch: int, keys_len: int, heads: int, qk_dim: int
     scores and softmax temporaries hold about ``CHUNK_BUDGET_ELEMENTS`` elements, and queries per piece of the
     target, whose gathered keys or logits hold about ``TARGET_BUDGET_ELEMENTS`` (each at least 1)."""
     pools = keys_len // kpool if mode == "dense" else width // kpool
+    # A query's indexer side: its pools' fp32 keys (Di each), the per-head dots before and after the ReLU (2 Hi) and
+    # about eight pool-sized fp32 temporaries of the scores, softmax and KL. Its target: three [H, keys] tensors
+    # (logits, masked, probabilities), or the gathered key rows and three [H, W] ones.
     per_query_indexer = batch * pools * (index_dim + 2 * index_heads + 8)
     per_query_target = batch * (3 * heads * keys_len if mode == "dense" else width * (key_heads * qk_dim + 3 * heads))
     return (max(1, CHUNK_BUDGET_ELEMENTS // max(per_query_indexer, 1)),
@@ -233,18 +244,16 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
         return total  # no complete pool anywhere: no row has a candidate
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
-        with torch.no_grad():
-            if mode == "dense":
-                pool_mass = _dense_pool_mass(query_offset + q0, main_q[:, q0:q1], main_k[:, :query_offset + q1],
-                                             softmax_scale, kpool, target_piece)
-            else:
-                pool_mass = _sparse_pool_mass(main_q[:, q0:q1], main_k, indices[:, q0:q1], softmax_scale, kpool,
-                                              topk, target_piece)
         if mode == "dense":
-            args = (query_offset + q0, pool_mass, index_q[:, q0:q1], head_weights[:, q0:q1], pooled,
-                    index_softmax_scale, kpool)
+            args = (query_offset + q0, main_q[:, q0:q1], main_k[:, :query_offset + q1], index_q[:, q0:q1],
+                    head_weights[:, q0:q1], pooled, softmax_scale, index_softmax_scale, kpool, target_piece)
             fn = _dense_chunk
         else:
+            # The sparse target is linear in T (topk // kpool floats a query): computed once, kept for the
+            # backward as the checkpoint's input, not computed again there.
+            with torch.no_grad():
+                pool_mass = _sparse_pool_mass(main_q[:, q0:q1], main_k, indices[:, q0:q1], softmax_scale, kpool,
+                                              topk, target_piece)
             args = (pool_mass, index_q[:, q0:q1], head_weights[:, q0:q1], pooled, indices[:, q0:q1],
                     index_softmax_scale, kpool, topk)
             fn = _sparse_chunk

@@ -109,13 +109,13 @@ tokens plus what the span adds (``context_parallel_saved_bytes``, bytes per laye
                       + 24 N H Dk^2                          the gathered end states and the identity start states
     one DSA backward  4 R (3 S + P) + 16 Di S               the rows' fp32 gradients and the padded gather buffer
 
-(summed over layers; with recompute the largest layer's). Measured on CPU (`tiny`, 2 gloo ranks, 2048 tokens):
-823,292 bytes more than one process of 1024 tokens in the DSA token mixer (819,200 planned) and up to 1,399,056 in
-each KDA one (1,425,408); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast
-1,011,708 (1,146,880, an upper bound on this path: see the DSA term below) and 443,520 (442,368); the rank's peak within 1.5 % of the plan whole and chunked
-(tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank: `small` at
-4M over 8 ranks in 512k chunks plans 150.1 GiB per rank against 125.5 GiB for a one-process 64k chunk (both with
-the pools chosen again, as a rank's are).
+(summed over layers; with recompute the largest layer's). Measured on CPU (`tiny`, 2 gloo ranks, 2048 tokens): 823,292
+bytes more than one process of 1024 tokens in the DSA token mixer (819,200 planned) and up to 1,399,056 in each KDA one
+(1,425,408); with the fast ops' autograd Functions around stand-in kernels under bf16 autocast 1,011,708 (1,146,880, an
+upper bound on this path: see the DSA term below) and 443,520 (442,368); the rank's peak within 1.5 % of the plan whole
+and chunked (tests/parallel/test_context_parallel_memory.py). At large ``N`` these terms are a large part of a rank:
+`small` at 4M over 8 ranks in 512k chunks plans 150.1 GiB per rank against 125.5 GiB for a one-process 64k chunk (both
+with the pools chosen again, as a rank's are).
 
 Time: the FLOPs of genolc/train/flops.py (dense, DSA core, indexer scoring) per step over ``peak_flops * mfu``
 (defaults: H200 bf16 dense 989 TFLOP/s, 30 %), the indexer's scoring at its kernel's measured rate. That assumes the
@@ -636,16 +636,17 @@ def context_parallel_saved_bytes(config: ModelConfig, *, span: int, cp: int, pas
         # (saved_tensors_hooks), this 1.43 MB.
         kda = (share * 5 * 4 * width + -(-share // KDA_CHUNK) * c.linear_num_heads * c.linear_head_dim ** 2 * 4
                + kda_states)
-    # Each piece's attention saves the latent rows from position 0 to the piece's end: under zigzag a rank's two
-    # pieces end at (r + 1) / 2cp and (2cp - r) / 2cp of the span, span (1 + 1 / 2cp) rows in all (contiguous: at
-    # most span), against ``share`` in one process. Counted in fp32 (an fp32-weighted RMSNorm's output), as the
-    # reference path saves them. The fast kernels save their ``a``-byte cast: until 2026-12-04 the indexer KL's
-    # checkpoint kept the fp32 rows beside it, and since its target is computed outside the checkpoint this term is
-    # an upper bound there by ``rows * R * (4 - a)`` bytes. It is kept: every context-parallel plan was set on it,
-    # and a lower term would plan windows to fit that no device run has checked (``base`` at 4M on 2 ranks). Under the chunked step both pieces of the last chunk also read the ``past`` rows of
-    # the earlier chunks, where one process's chunk reads them once (in its cache terms). The rank's own rows are
-    # projected and normalised once more for the gather (the norm's input, ``a`` bytes, and output), and under bf16
-    # autocast that projection saves its own bf16 cast of the rank's hidden states [share, d].
+    # Each piece's attention saves the latent rows from position 0 to the piece's end: under zigzag a rank's two pieces
+    # end at (r + 1) / 2cp and (2cp - r) / 2cp of the span, span (1 + 1 / 2cp) rows in all (contiguous: at most span),
+    # against ``share`` in one process. Counted in fp32 (an fp32-weighted RMSNorm's output), as the reference path
+    # saves them. The fast kernels save their ``a``-byte cast: until 2026-12-04 the indexer KL's checkpoint kept the
+    # fp32 rows beside it, and since its target is computed outside the checkpoint this term is an upper bound there
+    # by ``rows * R * (4 - a)`` bytes. It is kept: every context-parallel plan was set on it, and a lower term would
+    # plan windows to fit that no device run has checked (``base`` at 4M on 2 ranks). Under the chunked step both
+    # pieces of the last chunk also read the ``past`` rows of the earlier chunks, where one process's chunk reads them
+    # once (in its cache terms). The rank's own rows are projected and normalised once more for the gather (the norm's
+    # input, ``a`` bytes, and output), and under bf16 autocast that projection saves its own bf16 cast of the rank's
+    # hidden states [share, d].
     rows = (span + -(-span // pieces) - share) if not past else (past + -(-span // pieces) - share)
     cast = share * c.hidden_size * a if bf16 else 0
     dsa = rows * c.kv_lora_rank * 4 + share * c.kv_lora_rank * (a + 4) + cast

@@ -1,12 +1,12 @@
 """TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
 
-Runs genolc's Triton kernels (KDA's short convolution, forward and backward, alone with the argument ``conv``; the DSA pool mass (the
-indexer loss's target), alone with ``pool_mass``; the
-routed experts' glue, alone with the argument ``moe``; mHC mixing logits and mixing matrix; indexer scoring and top-k;
-DSA latent sparse attention forward, lse and backward) on CPU tensors under Triton's interpreter and compares them
-with the pure-torch references at small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2, head counts and
-latent ranks that are not powers of two (and a head count that needs two head blocks), index rows with -1 slots and
-wholly empty rows, int32 and int64 indices, strided index rows. Exit status 0 when everything matches.
+Runs genolc's Triton kernels (the DSA pool mass, the indexer loss's target, alone with the argument ``pool_mass``; KDA's
+short convolution, forward and backward, alone with ``conv``; the routed experts' glue, alone with ``moe``; mHC mixing
+logits and mixing matrix; indexer scoring and top-k; DSA latent sparse attention forward, lse and backward) on CPU
+tensors under Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37, 77,
+101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a head count that needs
+two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit
+status 0 when everything matches.
 
 Not part of the CI suite (pytest collects ``test_*.py`` only): it needs Triton, which genolc does not depend on on
 CPU. Use a throwaway venv, never the project's:

@@ -110,9 +110,11 @@ def test_matches_the_documented_formula_with_pools(mode: str, kpool: int) -> Non
 
 
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
-def test_the_target_is_computed_once_and_not_again_in_backward(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The target has no gradient: its attention mass is computed once per chunk, outside the checkpoint, so the
-    backward pass recomputes only the indexer's side."""
+def test_the_sparse_target_is_computed_once_and_the_dense_one_again_in_backward(mode: str,
+                                                                                monkeypatch: pytest.MonkeyPatch):
+    """The target has no gradient. The sparse one (linear in T) is computed once per chunk outside the checkpoint
+    and kept, so the backward recomputes only the indexer's side; the dense one (quadratic in T over a window) is
+    computed inside the checkpoint and again in the backward, never kept."""
     inputs = random_inputs(1, 40, kpool=4, seed=11)
     indices = selection(inputs, 4, 8)
     name = "_dense_pool_mass" if mode == "dense" else "_sparse_pool_mass"
@@ -126,8 +128,25 @@ def test_the_target_is_computed_once_and_not_again_in_backward(mode: str, monkey
     loss = run_loss(mode, inputs, 4, 8, indices, query_chunk=15)
     assert calls == [False, False, False]
     loss.backward()
-    assert len(calls) == 3
+    assert calls == [False] * (6 if mode == "dense" else 3)
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in inputs[2:])
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+def test_what_the_forward_keeps_for_backward_is_linear_in_length(mode: str) -> None:
+    """Tensors created by the loss's forward and alive when it returns (what the backward will read): linear in T in
+    both modes. Kept dense targets would add up to T^2 / (2 kpool) floats over the chunks."""
+    from tensor_memory import PeakTensorBytes
+
+    kept = []
+    for seq_len in (256, 512):
+        inputs = random_inputs(1, seq_len, kpool=4, seed=12)
+        indices = selection(inputs, 4, 16)
+        with PeakTensorBytes() as tracker:
+            loss = run_loss(mode, inputs, 4, 16, indices, query_chunk=8, target_piece=4)
+        kept.append(tracker.current)
+        loss.backward()
+    assert 0 < kept[1] <= 2.2 * kept[0], kept
 
 
 def test_sparse_equals_dense_when_everything_is_selected() -> None:

@@ -61,3 +61,18 @@ def test_bf16_inputs_give_fp32_mass_and_bad_arguments_raise():
         reference.sparse_pool_mass(q_lat, latent, indices, 0.3, kpool=4, topk=64)
     with pytest.raises(ValueError, match="int32 or int64"):
         reference.sparse_pool_mass(q_lat, latent, indices.float(), 0.3, kpool=4, topk=8)
+
+
+def test_the_triton_kernel_takes_only_what_it_can():
+    """dispatch.sparse_pool_mass sends CUDA operands to the Triton kernel only when this says None; anything else
+    goes to the reference (checked here on CPU tensors: the check reads shapes, dtypes and layouts only)."""
+    from genolc.model.ops.dsa.triton import pool_mass_unsupported
+
+    q_lat, latent = torch.randn(1, 9, 3, 32, dtype=torch.bfloat16), torch.randn(1, 9, 32, dtype=torch.bfloat16)
+    rows = torch.zeros(1, 9, 11, dtype=torch.int32)
+    assert pool_mass_unsupported(q_lat, latent, rows, 4) is None
+    assert pool_mass_unsupported(q_lat, latent, rows, 64) is None          # one pool a 64-slot block
+    assert "kpool 3" in pool_mass_unsupported(q_lat, latent, rows, 3)
+    assert "kpool 128" in pool_mass_unsupported(q_lat, latent, rows, 128)
+    assert "dtype" in pool_mass_unsupported(q_lat.double(), latent.double(), rows, 4)
+    assert "contiguous" in pool_mass_unsupported(q_lat.transpose(1, 2).contiguous().transpose(1, 2), latent, rows, 4)
