@@ -20,7 +20,7 @@ import torch
 from gpu_bench_common import SIZES, git_sha, measure, profiled_kernels, write_results
 from genolc.model.indexer_loss import indexer_kl_loss, window_kl_rows
 from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows
-from genolc.model.presets import preset
+from genolc.model.presets import PRESETS, preset
 
 RESULT_NAME = "indexer_kl"
 LENGTHS = {**SIZES, "32k": 32768, "128k": 131072, "512k": 524288}
@@ -77,6 +77,11 @@ def main() -> None:
     unknown = [size for size in args.sizes.split(",") if size not in LENGTHS]
     if unknown or args.chunk < 1:
         parser.error(f"--sizes from {', '.join(LENGTHS)} and a positive --chunk, got {args.sizes!r}, {args.chunk}")
+    unknown = [name for name in args.presets.split(",") if name not in PRESETS]
+    if unknown:
+        parser.error(f"unknown --presets {', '.join(unknown)}; use {', '.join(PRESETS)}")
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device (it times the kernels the model runs there)")
     rows = []
     for name in args.presets.split(","):
         for size in args.sizes.split(","):

@@ -313,17 +313,12 @@ def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.T
     if query_chunk is None:
         query_chunk = default_latent_query_chunk(batch, indices.shape[-1], heads, rank)
     accum = torch.promote_types(torch.promote_types(q_lat.dtype, latent.dtype), torch.float32)
-    batch_ids = torch.arange(batch, device=q_lat.device)[:, None, None]
     masses = []
     with torch.no_grad():
+        rows_all = latent.to(accum)
         for q0 in range(0, seq_len, query_chunk):
             q1 = min(seq_len, q0 + query_chunk)
-            rows = indices[:, q0:q1].long()       # per piece: an int64 copy of all rows is 16 GiB at 1M tokens
-            valid = rows >= 0
-            keys = latent[batch_ids, rows.clamp_min(0)].to(accum)                            # [B, C, W, R]
-            scores = torch.einsum("bchr,bcwr->bchw", q_lat[:, q0:q1].to(accum), keys) * softmax_scale
-            del keys
-            scores = scores.masked_fill(~valid[:, :, None, :], float("-inf"))
+            _, _, scores = _latent_scores(q_lat[:, q0:q1].to(accum), rows_all, indices[:, q0:q1], softmax_scale)
             lse = scores.logsumexp(dim=-1, keepdim=True)
             # A row with no valid slot has lse = -inf: its probabilities are set to 0, not exp(nan).
             probs = torch.where(lse > float("-inf"), (scores - lse).exp(), 0.0)
