@@ -1,4 +1,4 @@
-"""python benchmarks/bench_mhc_merge.py [--tokens 32768]   (on the GPU; carry: [".gpu"])
+"""python benchmarks/bench_mhc_merge.py [--tokens 32768] [--stream-dtype bfloat16|float32]   (GPU; carry [".gpu"])
 
 mHC's merge, ``new_streams = post ⊗ block_out + comb^T @ streams`` per token (``genolc.model.layers.mhc.
 merge_streams``), for one chunk of ``--tokens`` with the shapes of `small` (D = 1024) and `base` (D = 1536), fp32
@@ -17,6 +17,11 @@ streams and a bf16 block output, under bf16 autocast and torch.compile as the tr
 - ``broadcast_sum``: ``(comb^T[..., None] * streams[..., None, :, :]).sum(-2)``, the same as one broadcast and a sum
   over the four streams.
 
+With ``--stream-dtype bfloat16`` (the trainer's streams since fa33e7c) the forms are ``compiled_fp32`` (the same sum
+in fp32, rounded once, compiled by inductor: what the trainer ran until the merge kernels) and ``op``
+(``genolc.model.ops.dispatch.mhc_merge``, the custom op over genolc/model/ops/mhc/merge_triton.py, uncompiled, as
+the trainer now runs it). ``op`` is timed with fp32 streams too.
+
 Forward and forward + backward (gradients for all four inputs), median of 20 after a warm-up
 (gpu_bench_common.measure), each form's error against fp64 (output and the four gradients), and the kernels of
 one forward with grad. Writes JSON (command, git SHA, device) to $OUT or
@@ -34,6 +39,8 @@ import torch
 
 from gpu_bench_common import measure, profiled_kernels, rel_err, write_results
 from genolc.model.layers.mhc import merge_streams
+from genolc.model.ops.dispatch import mhc_merge
+from genolc.model.ops.mhc.reference import merge as reference_merge
 from genolc.model.presets import base, small
 
 
@@ -56,26 +63,36 @@ def broadcast_sum(block_out, post, comb, streams):
     return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + mixed
 
 
+def compiled_fp32(block_out, post, comb, streams):
+    return reference_merge(block_out, post, comb, streams, compute_dtype=torch.float32)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32768)
+    parser.add_argument("--stream-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = parser.parse_args()
-    forms = {"model": merge_streams, "matmul": matmul, "unrolled": unrolled, "broadcast_sum": broadcast_sum}
+    stream_dtype = getattr(torch, args.stream_dtype)
+    if stream_dtype == torch.float32:
+        forms = {"model": merge_streams, "matmul": matmul, "unrolled": unrolled, "broadcast_sum": broadcast_sum}
+    else:
+        forms = {"compiled_fp32": compiled_fp32}
+    forms["op"] = mhc_merge
     rows = []
     for name, config in (("small", small()), ("base", base())):
         n, dim = config.hc_mult, config.hidden_size
-        streams = torch.randn(1, args.tokens, n, dim, device="cuda", requires_grad=True)
+        streams = torch.randn(1, args.tokens, n, dim, device="cuda").to(stream_dtype).requires_grad_()
         block_out = torch.randn(1, args.tokens, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         post = (2 * torch.rand(1, args.tokens, n, device="cuda")).requires_grad_()
         comb = torch.softmax(torch.randn(1, args.tokens, n, n, device="cuda"), -1).requires_grad_()
         inputs = (block_out, post, comb, streams)
-        grad = torch.randn(1, args.tokens, n, dim, device="cuda")
+        grad = torch.randn(1, args.tokens, n, dim, device="cuda").to(stream_dtype)
         exact_inputs = [t.detach().double().requires_grad_() for t in inputs]
         exact = matmul(*exact_inputs)
         exact_grads = torch.autograd.grad(exact, exact_inputs, grad.double())
         exact = exact.detach()
         for form, function in forms.items():
-            compiled = torch.compile(function, dynamic=False)
+            compiled = function if form == "op" else torch.compile(function, dynamic=False)
 
             def forward():
                 with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -94,6 +111,7 @@ def main() -> None:
                     compiled(*inputs)
 
             rows.append({"preset": name, "tokens": args.tokens, "dim": dim, "form": form,
+                         "stream_dtype": args.stream_dtype,
                          "forward_ms": round(measure(forward, repeats=20)["ms"], 3),
                          "forward_backward_ms": round(measure(forward_backward, repeats=20)["ms"], 3),
                          "out_dtype": str(result.dtype), "relative_error_vs_fp64": rel_err(result, exact),
@@ -102,7 +120,8 @@ def main() -> None:
                                                          exact_grads)},
                          "forward_kernels": profiled_kernels(forward_with_grad)})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "forward_kernels"}))
-    print(f"wrote {write_results('mhc_merge', rows, {'timing': 'median of 20 after one warm-up, CUDA events'})}")
+    timing = {"timing": "median of 20 after one warm-up, CUDA events"}
+    print(f"wrote {write_results(f'mhc_merge_{args.stream_dtype}', rows, timing)}")
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ from torch.utils.checkpoint import checkpoint
 from genolc.errors import InputError
 from genolc.fsutil import genolc_cache_dir
 from genolc.model.cache import LayerCache
-from genolc.model.layers.mhc import HyperConnection, merge_streams
+from genolc.model.layers.mhc import HyperConnection
 from genolc.model.layers.norm import RMSNorm
+from genolc.model.ops.dispatch import mhc_merge
 from genolc.train.config import TrainConfig
 
 _RECOMPUTE_FLAG = "_genolc_recompute"
@@ -116,7 +117,7 @@ def _compiled_methods() -> dict[type, tuple[str, ...]]:
     from genolc.model.layers.norm import GatedRMSNorm
 
     return {HyperConnection: ("forward", "merge"), RMSNorm: ("forward",), GatedRMSNorm: ("forward",),
-            KimiDeltaAttention: ("short_conv", "convolved_heads"), Fp32MergeHyperConnection: ("forward", "merge"),
+            KimiDeltaAttention: ("short_conv", "convolved_heads"), Fp32MergeHyperConnection: ("forward",),
             StreamRMSNorm: ("forward",)}
 
 
@@ -176,11 +177,13 @@ def _cast_output(dtype: torch.dtype, module: nn.Module, inputs: Any, output: tor
 
 class Fp32MergeHyperConnection(HyperConnection):
     """A hyper-connection over bf16 streams whose merge adds its terms in fp32 and rounds to the streams' dtype once
-    (set by :func:`apply_stream_dtype`; no state of its own)."""
+    (set by :func:`apply_stream_dtype`; no state of its own). The merge is the dispatched op
+    (``genolc.model.ops.dispatch.mhc_merge``: fused kernels on CUDA, the reference formula elsewhere), so
+    :func:`apply_compile` leaves it uncompiled."""
 
     def merge(self, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
               streams: torch.Tensor) -> torch.Tensor:
-        return merge_streams(block_out, post, comb, streams, compute_dtype=torch.float32)
+        return mhc_merge(block_out, post, comb, streams)
 
 
 class StreamRMSNorm(RMSNorm):

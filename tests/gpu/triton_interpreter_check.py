@@ -1,6 +1,6 @@
 """TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
 
-Runs genolc's Triton kernels (the DSA pool mass, the indexer loss's target, alone with the argument ``pool_mass``; KDA's
+Runs genolc's Triton kernels (mHC's merge, forward and backward, alone with the argument ``merge``; the DSA pool mass, the indexer loss's target, alone with the argument ``pool_mass``; KDA's
 short convolution, forward and backward, alone with ``conv``; the routed experts' glue, alone with ``moe``; mHC mixing
 logits and mixing matrix; indexer scoring and top-k; DSA latent sparse attention forward, lse and backward) on CPU
 tensors under Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37, 77,
@@ -37,6 +37,7 @@ from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer import layout as indexer_layout  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
 from genolc.model.ops.mhc import comb_triton  # noqa: E402
+from genolc.model.ops.mhc import merge_triton  # noqa: E402
 from genolc.model.ops.mhc import op as mhc_op  # noqa: E402
 from genolc.model.ops.mhc import reference as mhc_reference  # noqa: E402
 from genolc.model.ops.mhc import triton as mhc_triton  # noqa: E402
@@ -203,6 +204,33 @@ def check_pool_mass(batch, length, heads, rank, topk, kpool, index_dtype) -> lis
     return problems
 
 
+def check_merge(lead, n, dim, dtype, rows_per_program, block_d) -> list[str]:
+    """mHC's merge and its backward: the kernels against the reference formulas in float64; ``dtype`` is the streams'
+    and the block output's (post and comb fp32), so bf16 results are within their rounding."""
+    gen = torch.Generator().manual_seed(7 * dim + n)
+    streams = torch.randn(*lead, n, dim, generator=gen).to(dtype)
+    block_out = torch.randn(*lead, dim, generator=gen).to(dtype)
+    post = 2 * torch.rand(*lead, n, generator=gen)
+    comb = torch.softmax(torch.randn(*lead, n, n, generator=gen), -1)
+    grad = torch.randn(*lead, n, dim, generator=gen).to(dtype)
+    inputs = (block_out, post, comb, streams)
+    exact = [t.double() for t in inputs]
+    tolerance = 1e-6 if dtype == torch.float32 else 8e-3
+    config = dict(rows_per_program=rows_per_program, block_d=block_d, num_warps=4)
+    pairs = {"merge": (merge_triton.merge(*inputs, **config), mhc_reference.merge(*exact))}
+    got = merge_triton.merge_backward(grad, *inputs, **config)
+    expected = mhc_reference.merge_backward(grad.double(), *exact)
+    for name, g, e in zip(("d block_out", "d post", "d comb", "d streams"), got, expected):
+        pairs[name] = (g, e)
+    problems = []
+    for (name, (g, e)), source in zip(pairs.items(), (streams,) + inputs):
+        if g.shape != e.shape or g.dtype != source.dtype:
+            problems.append(f"{name}: {tuple(g.shape)} {g.dtype}, expected {tuple(e.shape)} {source.dtype}")
+        elif rel_err(g, e) > tolerance:
+            problems.append(f"{name}: rel err {rel_err(g, e):.2e}")
+    return problems
+
+
 def check_top_pools(rows, cols, first_query, kpool, keep) -> list[str]:
     """The top-k kernel on each kind of score block of top_pools_check.py, int32 and int64 output."""
     problems = []
@@ -346,6 +374,23 @@ def check_kda_conv(batch, length, channels, taps, dtype, parts, config) -> list[
 
 def main() -> int:
     failures = 0
+    merge_cases = [
+        # leading dims, N, D, dtype, tokens a program, columns a block: D off the block (masked columns), tokens
+        # off the program's rows, one stream, eight streams, bf16, a column block wider than D
+        ((2, 37), 4, 100, torch.float32, 4, 32),
+        ((1, 77), 4, 256, torch.bfloat16, 4, 64),
+        ((101,), 1, 48, torch.float32, 2, 16),
+        ((1, 13), 8, 40, torch.bfloat16, 1, 64),
+        ((3, 5), 2, 24, torch.float32, 8, 128),
+    ]
+    for case in merge_cases:
+        start = time.time()
+        problems = check_merge(*case)
+        failures += bool(problems)
+        print(f"merge {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
+    if sys.argv[1:] == ["merge"]:
+        print("all ok" if failures == 0 else f"{failures} case(s) failed")
+        return 1 if failures else 0
     pool_mass_cases = [
         # batch, length, heads, rank, topk, kpool, index dtype: pools past one slot block, 40 heads (two head
         # blocks), one head, single-token pools, kpool 16, no tail (W = topk)

@@ -155,3 +155,72 @@ def test_comb_dispatch_keeps_cpu_on_the_reference(monkeypatch):
     monkeypatch.setattr(op, "comb_weights_op", lambda *args: pytest.fail("the custom op ran on CPU"))
     logits = _comb_logits(3)
     assert torch.equal(dispatch.mhc_comb_weights(logits, 20, 1e-6), reference.comb_weights(logits, 20, 1e-6))
+
+
+def _merge_inputs(tokens: int, n: int = 4, dim: int = 40, dtype: torch.dtype = torch.float32):
+    torch.manual_seed(tokens + n + dim)
+    return (torch.randn(2, tokens, dim).to(dtype), 2 * torch.rand(2, tokens, n),
+            torch.softmax(torch.randn(2, tokens, n, n), -1), torch.randn(2, tokens, n, dim).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merge_op_is_the_fp32_reference_and_its_backward_matches_autograd(dtype):
+    inputs = [t.requires_grad_() for t in _merge_inputs(19, dtype=dtype)]
+    grad = torch.randn(2, 19, 4, 40).to(dtype)
+    mine = op.merge_op(*inputs)
+    mine_grads = torch.autograd.grad(mine, inputs, grad)
+    expected = reference.merge(*inputs, compute_dtype=torch.float32)
+    expected_grads = torch.autograd.grad(expected, inputs, grad)
+    assert mine.dtype == dtype and torch.equal(mine, expected)
+    for got, want, source in zip(mine_grads, expected_grads, inputs):
+        assert got.dtype == source.dtype and got.shape == source.shape
+        # The written-out backward against autograd of the formula: the same fp32 sums in another order.
+        assert _relative(got, want) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_merge_rounds_once_where_the_streams_own_dtype_would_round_every_term():
+    block_out, post, comb, streams = _merge_inputs(64, dtype=torch.bfloat16)
+    exact = reference.merge(*(t.double() for t in (block_out, post, comb, streams)))
+    once = op.merge_op(block_out, post, comb, streams)
+    every_term = reference.merge(block_out, post, comb, streams)
+    assert torch.equal(once, exact.bfloat16())
+    assert _relative(every_term, exact) > 1.5 * _relative(once, exact)
+
+
+def test_merge_op_saves_its_inputs_only():
+    inputs = [t.requires_grad_() for t in _merge_inputs(8)]
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        op.merge_op(*inputs)
+    assert len(saved) == 4 and all(any(s is t for t in inputs) for s in saved)
+
+
+def test_merge_ops_pass_torch_opcheck():
+    inputs = [t.requires_grad_() for t in _merge_inputs(5, dtype=torch.bfloat16)]
+    torch.library.opcheck(op.merge_op, tuple(inputs))
+    torch.library.opcheck(op.merge_backward_op, (torch.randn(2, 5, 4, 40).bfloat16(),
+                                                 *(t.detach() for t in inputs)))
+    streams = inputs[3].detach().transpose(0, 1)
+    torch.library.opcheck(op.merge_op, (inputs[0].detach().transpose(0, 1), inputs[1].detach().transpose(0, 1),
+                                        inputs[2].detach().transpose(0, 1), streams))
+
+
+def test_merge_dispatch_keeps_cpu_on_the_reference(monkeypatch):
+    from genolc.model.ops import dispatch
+
+    monkeypatch.setattr(op, "merge_op", lambda *args: pytest.fail("the custom op ran on CPU"))
+    inputs = _merge_inputs(3, dtype=torch.bfloat16)
+    assert torch.equal(dispatch.mhc_merge(*inputs), reference.merge(*inputs, compute_dtype=torch.float32))
+
+
+def test_merge_kernels_refuse_what_they_cannot_take():
+    from genolc.model.ops.mhc import merge_triton
+
+    block_out, post, comb, streams = _merge_inputs(3, n=4)
+    assert merge_triton.unsupported_reason(block_out, post, comb, streams) is None
+    three = _merge_inputs(3, n=3)
+    assert "power of two" in merge_triton.unsupported_reason(*three)
+    assert "post is" in merge_triton.unsupported_reason(block_out, post[..., :2], comb, streams)
+    assert "float64" in merge_triton.unsupported_reason(block_out.double(), post, comb, streams)
+    with pytest.raises(ValueError, match="power of two"):
+        merge_triton.merge(*three)

@@ -24,6 +24,7 @@ from torch import nn
 
 from genolc.model.config import ModelConfig
 from genolc.model.ops.dispatch import mhc_comb_weights, mhc_mixing_logits
+from genolc.model.ops.mhc import reference as mhc_reference
 
 
 class HyperConnection(nn.Module):
@@ -70,19 +71,18 @@ class HyperConnection(nn.Module):
 
 def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                   streams: torch.Tensor, *, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``post ⊗ block_out + comb^T @ streams``: ``[B, T, D]``, ``[B, T, N]``, ``[B, T, N, N]``, ``[B, T, N, D]``.
+    """``post ⊗ block_out + comb^T @ streams``: ``[B, T, D]``, ``[B, T, N]``, ``[B, T, N, N]``, ``[B, T, N, D]``
+    (``genolc.model.ops.mhc.reference.merge``).
 
     The ``N x N`` product is written out as N element-wise terms, which inductor fuses into one fp32 pass. As a
     matmul, autocast ran it in bf16 (rounding the fp32 streams every layer) as a cuBLAS batch of one tiny problem
     per token. On the H200, one 32k chunk of `base` compiled under autocast (benchmarks/results/
     mhc_merge_2026-12-02.json): forward 2.31 -> 0.74 ms, forward + backward 5.21 -> 2.26 ms; error against fp64
     1.4e-3 -> 4.9e-8 on the output, 2.9e-3 -> 4.0e-8 on the streams' gradient. ``compute_dtype`` (default: the
-    streams') is the dtype the terms are added in; the result is rounded to the streams' dtype once."""
-    dtype = streams.dtype if compute_dtype is None else compute_dtype
-    merged = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
-    for n in range(streams.shape[-2]):
-        merged = merged + comb[..., n, :, None].to(dtype) * streams[..., n, None, :]
-    return merged.to(streams.dtype)
+    streams') is the dtype the terms are added in; the result is rounded to the streams' dtype once. With bf16
+    streams the trainer merges through ``genolc.model.ops.dispatch.mhc_merge`` instead (genolc/train/apply.py):
+    the same sum in fp32, whose backward on CUDA is one kernel rather than inductor's three."""
+    return mhc_reference.merge(block_out, post, comb, streams, compute_dtype=compute_dtype)
 
 
 def expand_streams(hidden: torch.Tensor, n_streams: int) -> torch.Tensor:

@@ -11,6 +11,7 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
     mhc_mixing_logits        genolc.model.ops.mhc.op (custom ops, Triton fwd and bwd)        | ops.mhc.reference
     mhc_comb_weights         genolc.model.ops.mhc.op (custom ops, comb_triton fwd and bwd)   | ops.mhc.reference
+    mhc_merge                genolc.model.ops.mhc.op (custom ops, merge_triton fwd and bwd)  | ops.mhc.reference
 
 DSA sparse attention on CUDA runs the TileLang kernels (tilelang/forward.py, tilelang/backward.py, which hands windows
 from 128k keys on to tilelang/backward_slabs.py) when TileLang is installed and takes the operands (bf16/fp16,
@@ -181,3 +182,15 @@ def mhc_comb_weights(logits: torch.Tensor, iterations: int, eps: float) -> torch
         if comb_triton.unsupported_reason(logits) is None and iterations >= 1:
             return mhc_op.comb_weights_op(logits, iterations, eps)
     return mhc_reference.comb_weights(logits, iterations, eps)
+
+
+def mhc_merge(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """mHC's merge ``post ⊗ block_out + comb^T @ streams`` summed in fp32 and rounded to the streams' dtype once
+    (``genolc.model.ops.mhc.reference.merge``). CUDA tensors run the fused kernels (one pass over the streams each
+    way); anything they do not take (N not a power of two, fp64), and CPU tensors, the reference."""
+    if streams.is_cuda:
+        from genolc.model.ops.mhc import merge_triton, op as mhc_op
+
+        if merge_triton.unsupported_reason(block_out, post, comb, streams) is None:
+            return mhc_op.merge_op(block_out, post, comb, streams)
+    return mhc_reference.merge(block_out, post, comb, streams, compute_dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""mHC's two custom-op pairs with their backward written out.
+"""mHC's three custom-op pairs with their backward written out.
 
 The mixing logits, ``genolc::mhc_mixing_logits`` and ``genolc::mhc_mixing_logits_backward``: on CUDA the fused
 kernels of ``triton.py`` (one pass over the streams each way, the RMS norm folded out of the product); elsewhere the
@@ -16,6 +16,11 @@ The mixing matrix from its logits (softmax and Sinkhorn), ``genolc::mhc_comb_wei
 ``genolc::mhc_comb_weights_backward``: on CUDA the kernels of ``comb_triton.py``; elsewhere the reference and its
 written-out backward (``reference.comb_weights_backward``, which the CPU tests check against autograd). Saved for the
 backward: the logits only.
+
+The merge, ``genolc::mhc_merge`` and ``genolc::mhc_merge_backward`` (``new[m] = post[m] * block_out + sum_n
+comb[n, m] * streams[n]`` in fp32, rounded to the streams' dtype once): on CUDA the kernels of ``merge_triton.py``;
+elsewhere ``reference.merge`` and ``reference.merge_backward``. Saved for the backward: the four inputs, which the
+compiled merge it replaces kept as well.
 
 To torch.compile the ops are opaque (their kernels are not traced) and each backward is an op of its own, so that
 the compiled backward graph can call it.
@@ -140,3 +145,49 @@ def _comb_backward(ctx, grad: torch.Tensor):
 
 
 comb_weights_op.register_autograd(_comb_backward, setup_context=_save_comb_logits)
+
+
+@torch.library.custom_op("genolc::mhc_merge", mutates_args=())
+def merge_op(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """``reference.merge(block_out, post, comb, streams, compute_dtype=torch.float32)``."""
+    if streams.is_cuda:
+        from genolc.model.ops.mhc import merge_triton
+
+        return merge_triton.merge(block_out, post, comb, streams)
+    with torch.autocast(streams.device.type, enabled=False):
+        return reference.merge(block_out, post, comb, streams, compute_dtype=torch.float32).contiguous()
+
+
+@merge_op.register_fake
+def _merge_shape(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, streams: torch.Tensor
+                 ) -> torch.Tensor:
+    return torch.empty_like(streams, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("genolc::mhc_merge_backward", mutates_args=())
+def merge_backward_op(grad: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                      streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(``d block_out, d post, d comb, d streams``) of :func:`merge_op`, each in its input's dtype."""
+    if streams.is_cuda:
+        from genolc.model.ops.mhc import merge_triton
+
+        return merge_triton.merge_backward(grad, block_out, post, comb, streams)
+    with torch.autocast(streams.device.type, enabled=False):
+        return tuple(t.contiguous() for t in reference.merge_backward(grad, block_out, post, comb, streams))
+
+
+@merge_backward_op.register_fake
+def _merge_backward_shapes(grad: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                           streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (block_out, post, comb, streams))
+
+
+def _save_merge_inputs(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _merge_backward(ctx, grad: torch.Tensor):
+    return merge_backward_op(grad, *ctx.saved_tensors)
+
+
+merge_op.register_autograd(_merge_backward, setup_context=_save_merge_inputs)

@@ -53,3 +53,31 @@ def comb_weights_backward(grad: torch.Tensor, logits: torch.Tensor, iterations: 
         total = x.sum(dim=dim, keepdim=True) + eps
         grad = (grad - (grad * (x / total)).sum(dim=dim, keepdim=True)) / total
     return p * (grad - (grad * p).sum(dim=-1, keepdim=True))
+
+
+def merge(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, streams: torch.Tensor, *,
+          compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The block's output back into the streams: ``post ⊗ block_out + comb^T @ streams``, from ``[..., D]``,
+    ``[..., N]``, ``[..., N, N]``, ``[..., N, D]``: ``new[m] = post[m] * block_out + sum_n comb[n, m] * streams[n]``.
+
+    The ``N x N`` product is written out as N element-wise terms, added in order after the block's term, in
+    ``compute_dtype`` (default: the streams'); the result is rounded to the streams' dtype once."""
+    dtype = streams.dtype if compute_dtype is None else compute_dtype
+    merged = post.to(dtype).unsqueeze(-1) * block_out.to(dtype).unsqueeze(-2)
+    for n in range(streams.shape[-2]):
+        merged = merged + comb[..., n, :, None].to(dtype) * streams[..., n, None, :].to(dtype)
+    return merged.to(streams.dtype)
+
+
+def merge_backward(grad: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                   streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`merge` computed in fp32 (``d block_out, d post, d comb, d streams``, each in its
+    input's dtype), written out for custom ops, whose bodies run without autograd:
+    ``d block_out = sum_m post[m] g[m]``, ``d post[m] = <g[m], block_out>``, ``d comb[n, m] = <g[m], streams[n]>``,
+    ``d streams[n] = sum_m comb[n, m] g[m]`` (sums over D for the inner products)."""
+    g = grad.float()
+    d_block = (post.float().unsqueeze(-1) * g).sum(-2)
+    d_post = (g * block_out.float().unsqueeze(-2)).sum(-1)
+    d_comb = torch.einsum("...nd,...md->...nm", streams.float(), g)
+    d_streams = torch.einsum("...nm,...md->...nd", comb.float(), g)
+    return (d_block.to(block_out.dtype), d_post.to(post.dtype), d_comb.to(comb.dtype), d_streams.to(streams.dtype))

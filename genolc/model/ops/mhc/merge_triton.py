@@ -1,0 +1,164 @@
+"""mHC's merge ``new[m] = post[m] * block_out + sum_n comb[n, m] * streams[n]`` in two Triton kernels, one pass over
+the streams each way, summed in fp32 and rounded to the streams' dtype once (``reference.merge`` with an fp32
+``compute_dtype``; the terms are added in its order).
+
+Why a kernel: compiled by inductor, the merge's backward took three kernels, a reduction for the ``N x N + N``
+inner products per token and two element-wise passes for the gradients of the streams and of the block's output,
+each reading the output's gradient again. In `base`'s bare 512k step on the H200 (benchmarks/results/
+mfu_ceiling_2026-12-04/, call 1) those three took 388 ms in 512 calls, 0.76 ms for a 32k chunk whose streams'
+tensors are 384 MiB each. Here each program takes ``ROWS`` tokens and walks their ``D`` columns in blocks:
+
+    forward    reads block_out and the N streams, writes the N new streams
+    backward   reads the new streams' gradient, the streams and block_out once; writes the gradients of the streams
+               and of block_out, and keeps the token's ``N x N`` and ``N`` inner products in registers until the
+               last column block
+
+N must be a power of two (``tl.arange``; GLM-5.3-Flash has 4). Runs on CUDA, or on CPU tensors under
+``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py). Imports Triton at call time only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+ROWS = 4
+BLOCK_D = 256
+NUM_WARPS = 4
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def merge_forward_kernel(block_ptr, post_ptr, comb_ptr, streams_ptr, out_ptr, rows, dim,
+                             N: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        live = row < rows
+        row64 = row.to(tl.int64)
+        streams = tl.arange(0, N)
+        post = tl.load(post_ptr + row64[:, None] * N + streams[None, :], mask=live[:, None], other=0.0)
+        post = post.to(tl.float32)
+        for start in range(0, dim, BLOCK_D):
+            cols = start + tl.arange(0, BLOCK_D)
+            inside = live[:, None] & (cols < dim)[None, :]
+            block = tl.load(block_ptr + row64[:, None] * dim + cols[None, :], mask=inside, other=0.0)
+            merged = post[:, :, None] * block.to(tl.float32)[:, None, :]
+            for n in tl.static_range(N):
+                comb_n = tl.load(comb_ptr + row64[:, None] * (N * N) + n * N + streams[None, :], mask=live[:, None],
+                                 other=0.0).to(tl.float32)
+                stream_n = tl.load(streams_ptr + row64[:, None] * (N * dim) + n * dim + cols[None, :], mask=inside,
+                                   other=0.0).to(tl.float32)
+                merged = merged + comb_n[:, :, None] * stream_n[:, None, :]
+            offsets = row64[:, None, None] * (N * dim) + streams[None, :, None] * dim + cols[None, None, :]
+            tl.store(out_ptr + offsets, merged.to(out_ptr.dtype.element_ty), mask=inside[:, None, :])
+
+    @triton.jit
+    def merge_backward_kernel(grad_ptr, block_ptr, post_ptr, comb_ptr, streams_ptr, d_block_ptr, d_post_ptr,
+                              d_comb_ptr, d_streams_ptr, rows, dim,
+                              N: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        live = row < rows
+        row64 = row.to(tl.int64)
+        streams = tl.arange(0, N)
+        post = tl.load(post_ptr + row64[:, None] * N + streams[None, :], mask=live[:, None], other=0.0)
+        post = post.to(tl.float32)
+        d_post = tl.zeros([ROWS, N], tl.float32)
+        d_comb = tl.zeros([ROWS, N, N], tl.float32)
+        for start in range(0, dim, BLOCK_D):
+            cols = start + tl.arange(0, BLOCK_D)
+            inside = live[:, None] & (cols < dim)[None, :]
+            offsets = row64[:, None, None] * (N * dim) + streams[None, :, None] * dim + cols[None, None, :]
+            grad = tl.load(grad_ptr + offsets, mask=inside[:, None, :], other=0.0).to(tl.float32)
+            block = tl.load(block_ptr + row64[:, None] * dim + cols[None, :], mask=inside, other=0.0)
+            block = block.to(tl.float32)
+            d_post += tl.sum(grad * block[:, None, :], axis=2)
+            d_block = tl.sum(post[:, :, None] * grad, axis=1)
+            tl.store(d_block_ptr + row64[:, None] * dim + cols[None, :],
+                     d_block.to(d_block_ptr.dtype.element_ty), mask=inside)
+            for n in tl.static_range(N):
+                comb_n = tl.load(comb_ptr + row64[:, None] * (N * N) + n * N + streams[None, :], mask=live[:, None],
+                                 other=0.0).to(tl.float32)
+                stream_offsets = row64[:, None] * (N * dim) + n * dim + cols[None, :]
+                stream_n = tl.load(streams_ptr + stream_offsets, mask=inside, other=0.0).to(tl.float32)
+                d_stream_n = tl.sum(comb_n[:, :, None] * grad, axis=1)
+                tl.store(d_streams_ptr + stream_offsets, d_stream_n.to(d_streams_ptr.dtype.element_ty), mask=inside)
+                products = tl.sum(stream_n[:, None, :] * grad, axis=2)
+                d_comb += tl.where((streams == n)[None, :, None], products[:, None, :], 0.0)
+        tl.store(d_post_ptr + row64[:, None] * N + streams[None, :], d_post.to(d_post_ptr.dtype.element_ty),
+                 mask=live[:, None])
+        comb_offsets = row64[:, None, None] * (N * N) + streams[None, :, None] * N + streams[None, None, :]
+        tl.store(d_comb_ptr + comb_offsets, d_comb.to(d_comb_ptr.dtype.element_ty), mask=live[:, None, None])
+
+    return merge_forward_kernel, merge_backward_kernel
+
+
+def unsupported_reason(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                       streams: torch.Tensor) -> str | None:
+    """Why the kernels cannot take these inputs, or None: ``streams [..., N, D]`` with N a power of two,
+    ``block_out [..., D]``, ``post [..., N]``, ``comb [..., N, N]`` over the same leading dimensions, one device, fp32,
+    bf16 or fp16."""
+    if streams.dim() < 2:
+        return f"streams must be [..., N, D], got {tuple(streams.shape)}"
+    n, dim = streams.shape[-2:]
+    lead = tuple(streams.shape[:-2])
+    if n < 1 or n & (n - 1):
+        return f"N = {n} streams, the kernels take a power of two"
+    expected = {"block_out": lead + (dim,), "post": lead + (n,), "comb": lead + (n, n)}
+    for name, tensor in (("block_out", block_out), ("post", post), ("comb", comb)):
+        if tuple(tensor.shape) != expected[name]:
+            return f"{name} is {tuple(tensor.shape)}, expected {expected[name]} for streams {tuple(streams.shape)}"
+        if tensor.device != streams.device:
+            return f"{name} is on {tensor.device}, the streams on {streams.device}"
+    for name, tensor in (("block_out", block_out), ("post", post), ("comb", comb), ("streams", streams)):
+        if tensor.dtype not in KERNEL_DTYPES:
+            return f"{name} is {tensor.dtype}, the kernels take {', '.join(str(d) for d in KERNEL_DTYPES)}"
+    return None
+
+
+def _check(block_out, post, comb, streams) -> None:
+    reason = unsupported_reason(block_out, post, comb, streams)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def merge(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, streams: torch.Tensor, *,
+          rows_per_program: int = ROWS, block_d: int = BLOCK_D, num_warps: int = NUM_WARPS) -> torch.Tensor:
+    """``reference.merge(block_out, post, comb, streams, compute_dtype=torch.float32)``: a new contiguous tensor of
+    the streams' shape and dtype. The keywords: powers of two, for benchmarks/bench_mhc_merge.py."""
+    _check(block_out, post, comb, streams)
+    n, dim = streams.shape[-2:]
+    block_out, post, comb, streams = (t.contiguous() for t in (block_out, post, comb, streams))
+    out = torch.empty_like(streams)
+    rows = streams.numel() // (n * dim) if dim else 0
+    if rows:
+        forward, _ = _kernels()
+        forward[(-(-rows // rows_per_program),)](block_out, post, comb, streams, out, rows, dim, N=n,
+                                                 ROWS=rows_per_program, BLOCK_D=block_d, num_warps=num_warps)
+    return out
+
+
+def merge_backward(grad: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                   streams: torch.Tensor, *, rows_per_program: int = ROWS, block_d: int = BLOCK_D,
+                   num_warps: int = NUM_WARPS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``reference.merge_backward``: (``d block_out, d post, d comb, d streams``), each in its input's dtype."""
+    _check(block_out, post, comb, streams)
+    if grad.shape != streams.shape:
+        raise ValueError(f"grad {tuple(grad.shape)} and streams {tuple(streams.shape)} must have one shape")
+    n, dim = streams.shape[-2:]
+    grad, block_out, post, comb, streams = (t.contiguous() for t in (grad, block_out, post, comb, streams))
+    d_block, d_post, d_comb, d_streams = (torch.empty_like(t) for t in (block_out, post, comb, streams))
+    rows = streams.numel() // (n * dim) if dim else 0
+    if rows:
+        _, backward = _kernels()
+        backward[(-(-rows // rows_per_program),)](grad, block_out, post, comb, streams, d_block, d_post, d_comb,
+                                                  d_streams, rows, dim, N=n, ROWS=rows_per_program,
+                                                  BLOCK_D=block_d, num_warps=num_warps)
+    else:
+        d_post.zero_()
+        d_comb.zero_()
+    return d_block, d_post, d_comb, d_streams
