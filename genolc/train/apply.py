@@ -44,9 +44,8 @@ from torch.utils.checkpoint import checkpoint
 from genolc.errors import InputError
 from genolc.fsutil import genolc_cache_dir
 from genolc.model.cache import LayerCache
-from genolc.model.layers.mhc import HyperConnection
+from genolc.model.layers.mhc import HyperConnection, merge_streams
 from genolc.model.layers.norm import RMSNorm
-from genolc.model.ops.dispatch import mhc_merge
 from genolc.train.config import TrainConfig
 
 _RECOMPUTE_FLAG = "_genolc_recompute"
@@ -177,13 +176,12 @@ def _cast_output(dtype: torch.dtype, module: nn.Module, inputs: Any, output: tor
 
 class Fp32MergeHyperConnection(HyperConnection):
     """A hyper-connection over bf16 streams whose merge adds its terms in fp32 and rounds to the streams' dtype once
-    (set by :func:`apply_stream_dtype`; no state of its own). The merge is the dispatched op
-    (``genolc.model.ops.dispatch.mhc_merge``: fused kernels on CUDA, the reference formula elsewhere), so
-    :func:`apply_compile` leaves it uncompiled."""
+    (set by :func:`apply_stream_dtype`; no state of its own). On CUDA that sum is the fused kernels'
+    (genolc/model/ops/mhc/merge_triton.py), so :func:`apply_compile` leaves the merge uncompiled."""
 
     def merge(self, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
               streams: torch.Tensor) -> torch.Tensor:
-        return mhc_merge(block_out, post, comb, streams)
+        return merge_streams(block_out, post, comb, streams, compute_dtype=torch.float32)
 
 
 class StreamRMSNorm(RMSNorm):

@@ -3,6 +3,8 @@ formulas in fp64, with NaN-poisoned memory under the outputs. Needs CUDA."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -79,7 +81,8 @@ def test_the_kernel_rounds_as_the_compiled_fp32_merge_did():
 def test_op_gradients_under_autocast_match_the_reference(compiled):
     inputs = [t.requires_grad_() for t in _inputs(4099, 4, 1024, torch.bfloat16)]
     grad = torch.randn(1, 4099, 4, 1024, device="cuda").bfloat16()
-    merge = torch.compile(dispatch.mhc_merge, dynamic=False) if compiled else dispatch.mhc_merge
+    fp32_merge = functools.partial(dispatch.mhc_merge, compute_dtype=torch.float32)
+    merge = torch.compile(fp32_merge, dynamic=False) if compiled else fp32_merge
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = merge(*inputs)
     got = torch.autograd.grad(out, inputs, grad)
@@ -93,4 +96,5 @@ def test_op_gradients_under_autocast_match_the_reference(compiled):
 def test_dispatch_sends_what_the_kernels_do_not_take_to_the_reference(monkeypatch):
     monkeypatch.setattr(op, "merge_op", lambda *args: pytest.fail("the custom op took three streams"))
     inputs = _inputs(33, 3, 64, torch.bfloat16)
-    assert torch.equal(dispatch.mhc_merge(*inputs), reference.merge(*inputs, compute_dtype=torch.float32))
+    assert torch.equal(dispatch.mhc_merge(*inputs, compute_dtype=torch.float32),
+                       reference.merge(*inputs, compute_dtype=torch.float32))

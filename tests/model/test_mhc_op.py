@@ -210,7 +210,8 @@ def test_merge_dispatch_keeps_cpu_on_the_reference(monkeypatch):
 
     monkeypatch.setattr(op, "merge_op", lambda *args: pytest.fail("the custom op ran on CPU"))
     inputs = _merge_inputs(3, dtype=torch.bfloat16)
-    assert torch.equal(dispatch.mhc_merge(*inputs), reference.merge(*inputs, compute_dtype=torch.float32))
+    assert torch.equal(dispatch.mhc_merge(*inputs, compute_dtype=torch.float32),
+                       reference.merge(*inputs, compute_dtype=torch.float32))
 
 
 def test_merge_kernels_refuse_what_they_cannot_take():

@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from genolc.model.config import ModelConfig
-from genolc.model.ops.dispatch import mhc_comb_weights, mhc_mixing_logits
-from genolc.model.ops.mhc import reference as mhc_reference
+from genolc.model.ops.dispatch import mhc_comb_weights, mhc_merge, mhc_mixing_logits
 
 
 class HyperConnection(nn.Module):
@@ -79,10 +78,10 @@ def merge_streams(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tenso
     per token. On the H200, one 32k chunk of `base` compiled under autocast (benchmarks/results/
     mhc_merge_2026-12-02.json): forward 2.31 -> 0.74 ms, forward + backward 5.21 -> 2.26 ms; error against fp64
     1.4e-3 -> 4.9e-8 on the output, 2.9e-3 -> 4.0e-8 on the streams' gradient. ``compute_dtype`` (default: the
-    streams') is the dtype the terms are added in; the result is rounded to the streams' dtype once. With bf16
-    streams the trainer merges through ``genolc.model.ops.dispatch.mhc_merge`` instead (genolc/train/apply.py):
-    the same sum in fp32, whose backward on CUDA is one kernel rather than inductor's three."""
-    return mhc_reference.merge(block_out, post, comb, streams, compute_dtype=compute_dtype)
+    streams') is the dtype the terms are added in; the result is rounded to the streams' dtype once. A sum in fp32
+    runs on CUDA as two fused kernels (``genolc.model.ops.dispatch.mhc_merge``): inductor compiled its backward
+    into three passes over the streams."""
+    return mhc_merge(block_out, post, comb, streams, compute_dtype=compute_dtype)
 
 
 def expand_streams(hidden: torch.Tensor, n_streams: int) -> torch.Tensor:

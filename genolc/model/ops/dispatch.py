@@ -184,13 +184,16 @@ def mhc_comb_weights(logits: torch.Tensor, iterations: int, eps: float) -> torch
     return mhc_reference.comb_weights(logits, iterations, eps)
 
 
-def mhc_merge(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
-    """mHC's merge ``post ⊗ block_out + comb^T @ streams`` summed in fp32 and rounded to the streams' dtype once
-    (``genolc.model.ops.mhc.reference.merge``). CUDA tensors run the fused kernels (one pass over the streams each
-    way); anything they do not take (N not a power of two, fp64), and CPU tensors, the reference."""
-    if streams.is_cuda:
+def mhc_merge(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, streams: torch.Tensor, *,
+              compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """mHC's merge ``post ⊗ block_out + comb^T @ streams``, its terms added in ``compute_dtype`` (default: the
+    streams') and rounded to the streams' dtype once (``genolc.model.ops.mhc.reference.merge``). Where that sum is
+    fp32, CUDA tensors run the fused kernels (one pass over the streams each way); anything they do not take (N not
+    a power of two, fp64), other compute dtypes and CPU tensors, the reference."""
+    fp32_sum = (streams.dtype if compute_dtype is None else compute_dtype) == torch.float32
+    if streams.is_cuda and fp32_sum:
         from genolc.model.ops.mhc import merge_triton, op as mhc_op
 
         if merge_triton.unsupported_reason(block_out, post, comb, streams) is None:
             return mhc_op.merge_op(block_out, post, comb, streams)
-    return mhc_reference.merge(block_out, post, comb, streams, compute_dtype=torch.float32)
+    return mhc_reference.merge(block_out, post, comb, streams, compute_dtype=compute_dtype)
