@@ -33,6 +33,8 @@ that form (``model`` and ``matmul`` in that file are the same, older form).
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 
 import torch
@@ -67,17 +69,39 @@ def compiled_fp32(block_out, post, comb, streams):
     return reference_merge(block_out, post, comb, streams, compute_dtype=torch.float32)
 
 
+def sweep(preset, block_out, post, comb, streams, grad) -> list[dict]:
+    """The kernels alone (no custom-op dispatch) at each tile config; the default is merge_triton's."""
+    from genolc.model.ops.mhc import merge_triton
+
+    rows = []
+    for rows_per_program, block_d, warps in itertools.product((1, 2, 4, 8), (128, 256, 512), (4, 8)):
+        config = dict(rows_per_program=rows_per_program, block_d=block_d, num_warps=warps)
+        row = {"preset": preset, "form": "kernels", "config": config,
+               "default": (rows_per_program, block_d, warps) == (merge_triton.ROWS, merge_triton.BLOCK_D,
+                                                                merge_triton.NUM_WARPS),
+               "forward_ms": round(measure(lambda: merge_triton.merge(block_out, post, comb, streams, **config),
+                                           repeats=20)["ms"], 3),
+               "backward_ms": round(measure(lambda: merge_triton.merge_backward(grad, block_out, post, comb,
+                                                                                 streams, **config),
+                                            repeats=20)["ms"], 3)}
+        rows.append(row)
+        print(json.dumps(row))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--stream-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time the kernels alone at other tiles (tokens a program x columns a block x warps)")
     args = parser.parse_args()
     stream_dtype = getattr(torch, args.stream_dtype)
     if stream_dtype == torch.float32:
         forms = {"model": merge_streams, "matmul": matmul, "unrolled": unrolled, "broadcast_sum": broadcast_sum}
     else:
         forms = {"compiled_fp32": compiled_fp32}
-    forms["op"] = mhc_merge
+    forms["op"] = functools.partial(mhc_merge, compute_dtype=torch.float32)
     rows = []
     for name, config in (("small", small()), ("base", base())):
         n, dim = config.hc_mult, config.hidden_size
@@ -120,6 +144,8 @@ def main() -> None:
                                                          exact_grads)},
                          "forward_kernels": profiled_kernels(forward_with_grad)})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "forward_kernels"}))
+        if args.sweep:
+            rows += sweep(name, *(t.detach() for t in inputs), grad)
     timing = {"timing": "median of 20 after one warm-up, CUDA events"}
     print(f"wrote {write_results(f'mhc_merge_{args.stream_dtype}', rows, timing)}")
 
