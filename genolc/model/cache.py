@@ -34,7 +34,8 @@ again (genolc/model/ops/kda/fla.py); the caller plans that memory.
 
 Window-wide quantities that a chunk cannot see but the whole-window loss uses come with the cache, so the chunks'
 losses add up to the whole window's: the window length (the indexer KL is a mean over the window's rows) and, for
-the MoE balance loss, each layer's fraction of token slots per expert over the window (known after a no-grad pass).
+the MoE balance loss, each layer's fraction of token slots per expert over the window (known after a no-grad pass;
+or, for the chunk that pass left out, the other chunks' slots, to which the layer adds its own).
 ``aux=False`` skips the auxiliary losses (a pass that only fills caches). The trainer's chunked step
 (genolc/train/chunked.py) and chunked evaluation drive this interface; the layers only read and write it.
 """
@@ -63,6 +64,8 @@ class LayerCache:
     past: dict[str, torch.Tensor] = field(default_factory=dict)
     present: dict[str, torch.Tensor] = field(default_factory=dict)
     expert_fraction: torch.Tensor | None = None            # MoE: [E] share of the window's token slots per expert
+    expert_counts_elsewhere: torch.Tensor | None = None    # MoE: [E] slots of the window's other chunks (the layer
+                                                           # adds its own for the share, when no fraction is given)
     aux: bool = True                                       # compute this chunk's share of the auxiliary losses
     keep_selection: bool = False                           # DSA: write the chosen pools to present["selection"]
     selection: torch.Tensor | None = None                  # DSA: pools an earlier pass chose for these positions
@@ -72,8 +75,11 @@ class LayerCache:
 
     def replay(self) -> "LayerCache":
         """The same view with a present of its own, for a forward that runs again only to recompute activations
-        (per-layer recompute): its entries are thrown away, so they cannot keep the replay's graph alive."""
-        return replace(self, present={})
+        (per-layer recompute): its entries are thrown away, so they cannot keep the replay's graph alive. Pools
+        that this view's forward chose and kept (``keep_selection``) become the replay's ``selection``: it attends
+        to them without choosing again."""
+        selection = self.selection if self.selection is not None else self.present.get(SELECTION)
+        return replace(self, present={}, selection=selection, keep_selection=False)
 
 
 @dataclass

@@ -3,15 +3,17 @@
 Every layer is causal and only the cache entries of genolc/model/cache.py cross positions, so a window of ``T``
 tokens trains in chunks of ``C`` with exactly the whole window's gradients (to rounding), in two passes:
 
-1. Fill (no grad), chunks in order: each chunk runs with the entries the earlier chunks left (KDA states and
-   convolution tails, the pool straddling the boundary: "carried"; DSA latent rows and pooled indexer keys of every
-   earlier position: "rows") and leaves its own. The MoE load of the whole window is counted here too: the balance
-   loss needs each layer's share of token slots per expert over the window before any chunk's backward. The DSA
+1. Fill (no grad), chunks in order but the last: each chunk runs with the entries the earlier chunks left (KDA
+   states and convolution tails, the pool straddling the boundary: "carried"; DSA latent rows and pooled indexer
+   keys of every earlier position: "rows") and leaves its own. The MoE load of these chunks is counted here too:
+   the balance loss needs each layer's share of token slots per expert over the window before a chunk's backward,
+   and the last chunk, whose forward runs first in pass 2, adds its own slots to these in its MoE layers. The DSA
    layers' chosen pools are kept (int32, ``topk // kpool`` per token and layer) unless the step strategy says not
    to (``keep_selections``, genolc/train/strategy.py) or the process holds only a shard of each chunk.
-2. Backward, chunks last to first: chunk j's forward runs again with grad, its past entries as leaves that require
-   grad, attending to the pools pass 1 chose where they were kept (choosing again scores every earlier pool a
-   second time, and a third under recompute); backward starts from chunk j's loss and from the gradients that
+2. Backward, chunks last to first: chunk j's forward runs again with grad (the last chunk's for the first time:
+   nothing later reads what it leaves, so a pass 1 forward of it would be thrown away), its past entries as leaves
+   that require grad, attending to the pools pass 1 chose where they were kept (choosing again scores every earlier
+   pool a second time, and a third under recompute); backward starts from chunk j's loss and from the gradients that
    later chunks already sent to what chunk j left (its carried entries' gradient from chunk j + 1, its rows'
    gradient summed over every later chunk, in fp32). The gradients reaching chunk j's past leaves go to the chunks
    before it. Given a :class:`genolc.train.kept_attention.KeptAttention`, the DSA layers' sparse-attention forwards
@@ -19,9 +21,13 @@ tokens trains in chunks of ``C`` with exactly the whole window's gradients (to r
    ``keep_kda_intermediates`` pass 2's KDA layers have fla keep what its backward would compute again
    (genolc/model/ops/kda/fla.py).
 
-Parameters accumulate their gradients over the chunks as over micro-batches. Cost: two forwards and one backward, as
-per-layer recompute; memory: one chunk's activations plus the window's caches (O(T) rows of the DSA latent and the
-pool keys, and their fp32 gradients; the chosen pools), so the window length is no longer bounded by activations.
+A process holding a shard of each chunk (context parallelism) fills every chunk in pass 1: its MoE layers' shares
+are summed over the processes after that pass.
+
+Parameters accumulate their gradients over the chunks as over micro-batches. Cost: two forwards (one for the last
+chunk) and one backward, as per-layer recompute; memory: one chunk's activations plus the window's caches (O(T) rows
+of the DSA latent and the pool keys, and their fp32 gradients; the chosen pools), so the window length is no longer
+bounded by activations.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Callable, Protocol
 import torch
 
 from genolc.model.cache import ATTENTION_LSE, ATTENTION_OUT, ROW_ENTRIES, ChunkCache, WindowCache, chunk_bounds
+from genolc.model.layers.moe import window_fraction
 from genolc.model.ops.weight_casts import weight_casts_per_step
 from genolc.train.balance import add_expert_counts
 from genolc.train.kept_attention import KeptAttention
@@ -109,8 +116,12 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
     counts: dict[int, torch.Tensor] = {}
     if kept_attention is not None:
         kept_attention.clear()
+    # The last chunk skips the first pass: nothing later reads what it leaves, so its one forward runs with grad
+    # at the head of the second pass, its MoE layers adding their own slots to the other chunks' for the window's
+    # shares. A shard's layers count the window's slots across processes after the first pass and need them all.
+    filled = bounds if shard is not None else bounds[:-1]
     with torch.no_grad():
-        for start, stop in bounds:
+        for start, stop in filled:
             carried.append(window.carried)
             row_starts.append(window.row_lengths())
             cache = window.chunk(start)
@@ -126,9 +137,15 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
                                            layer_cache.present.pop(ATTENTION_LSE))
             window.commit(cache, stop)
             del out, cache
+    if len(filled) < len(bounds):
+        carried.append(window.carried)
+        row_starts.append(window.row_lengths())
     rows = window.rows
-    window_counts = counts if shard is None else shard.window_counts(counts)
-    fractions = {layer: (c.double() / c.sum().clamp_min(1)).float() for layer, c in window_counts.items()}
+    fractions = {}
+    if len(filled) == len(bounds):
+        window_counts = counts if shard is None else shard.window_counts(counts)
+        fractions = {layer: window_fraction(c) for layer, c in window_counts.items()}
+    no_slots = torch.zeros(model.config.n_routed_experts, dtype=torch.int64, device=ids.device)
 
     row_grads = {key: torch.zeros(store.prefix().shape, dtype=torch.float32, device=store.buffer.device)
                  for key, store in rows.items()}
@@ -148,6 +165,11 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
             cache.layers[layer].past[name] = leaf
         for layer, fraction in fractions.items():
             cache.layers[layer].expert_fraction = fraction
+        if j == len(filled):
+            for layer, layer_cache in enumerate(cache.layers):
+                layer_cache.expert_counts_elsewhere = counts.get(layer, no_slots)
+                # Its pools are chosen here; kept, a per-layer replay attends to them rather than choosing again.
+                layer_cache.keep_selection = window.keep_selections
         for layer, layer_cache in enumerate(cache.layers):
             layer_cache.selection = window.selection(layer, start, stop)
             layer_cache.keep_kda_intermediates = keep_kda_intermediates
@@ -158,6 +180,9 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
             kept_attention.prefetch(bounds[j - 1][0], ids.device)
         with autocast():
             out = model(part(inputs, start, stop), indexer_loss=mode, cache=cache)
+        if j == len(filled):
+            add_expert_counts(counts, out.tokens_per_expert)
+            fractions = {layer: window_fraction(c) for layer, c in counts.items()}
         parts: LossParts = micro_batch_loss(out, part(targets, start, stop), part(weights, start, stop), terms)
         loss = parts.loss if on_loss is None else on_loss(parts.loss)
         roots, root_grads = [loss], [None]

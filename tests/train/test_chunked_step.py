@@ -47,11 +47,12 @@ def _grads(model) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("chunk, mode, recompute, keep, forwards", [
     (512, "sparse", False, True, False), (333, "dense", False, True, False), (1000, "sparse", True, True, False),
     (512, "sparse", False, False, False), (1000, None, True, False, False), (512, "sparse", False, True, True),
-    (333, None, True, True, True)])
+    (333, None, True, True, True), (100_000, "sparse", True, True, True)])
 def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, recompute, keep, forwards):
     """``keep`` False: the step that chooses the pools again in its second pass (and replay), which the strategy
     takes where keeping them does not fit or costs more. ``forwards``: the DSA layers' sparse-attention forwards of
-    the first pass kept for the second (and its replay), which then runs only their backward."""
+    the first pass kept for the second (and its replay), which then runs only their backward. A chunk longer than
+    the window: one forward, with grad."""
     ids, weights = dna_window
     terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
                       indexer_mode=mode)
@@ -116,25 +117,27 @@ def test_the_second_pass_attends_to_the_pools_the_first_chose(dna_window, one_th
         _count_calls(layer.indexer, "features", counts, "features")
     chunks = len(chunk_bounds(WINDOW, 1000))
     result = chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext)
+    # The last chunk's pools are chosen in the second pass, its only forward before the replay.
     assert counts["select"] == chunks * len(layers)
-    # Not kept: chosen in the fill pass, the second pass and its replay.
+    # Not kept: chosen in the fill pass (every chunk but the last), the second pass and its replay.
     model.zero_grad(set_to_none=True)
     counts.clear()
     chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, keep_selections=False)
-    assert counts["select"] == 3 * chunks * len(layers)
+    assert counts["select"] == (3 * chunks - 1) * len(layers)
     model.zero_grad(set_to_none=True)
     counts.clear()
     result = chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext)
     # With the KL on, the indexer runs in all three forwards (fill, grad, replay) for its loss.
-    assert counts["features"] == chunks * len(layers) * (1 if mode is None else 3)
+    assert counts["features"] == len(layers) * (chunks if mode is None else 3 * chunks - 1)
     assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
     for name, grad in _grads(model).items():
         assert float((grad - expected[name]).norm()) <= 1e-4 * float(expected[name].norm()) + 1e-12, name
 
 
 def test_the_second_pass_runs_only_the_kept_forwards_backward(dna_window, one_thread):
-    """With a KeptAttention the first pass runs each DSA layer's forward once per chunk and keeps it; the second pass
-    and its replay hand it back (``kept=``) and never run the forward again."""
+    """With a KeptAttention the first pass runs each DSA layer's forward once per chunk (all but the last) and keeps
+    it; the second pass and its replay hand it back (``kept=``) and never run the forward again. The last chunk's
+    attention runs with grad in the second pass and again in its replay."""
     ids, weights = dna_window
     terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.0, indexer_kl_coef=1.0,
                       indexer_mode="sparse")
@@ -156,7 +159,8 @@ def test_the_second_pass_runs_only_the_kept_forwards_backward(dna_window, one_th
     store = KeptAttention()
     chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, kept_attention=store)
     chunks = len(chunk_bounds(WINDOW, 1000))
-    assert calls == {"forward": chunks * len(layers), "kept": 2 * chunks * len(layers), "recomputed": 0}
+    assert calls == {"forward": (chunks - 1) * len(layers), "kept": 2 * (chunks - 1) * len(layers),
+                     "recomputed": 2 * len(layers)}
     assert not store._kept and not store._fetched, "every kept forward is handed back once"
     with pytest.raises(ValueError, match="only with the pools"):
         chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, keep_selections=False,
@@ -188,10 +192,11 @@ def test_the_second_pass_asks_kda_to_keep_its_intermediates(dna_window, one_thre
     calls.clear()
     chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, keep_kda_intermediates=True)
     chunks = len(chunk_bounds(WINDOW, 1000))
-    # The first pass without grad; the second pass (under recompute: its checkpointed forward and the replay).
+    # The first pass without grad (every chunk but the last); the second pass (under recompute: its checkpointed
+    # forward and the replay).
     second = (2 if recompute else 1) * chunks * len(layers)
-    assert calls.count((False, None)) == chunks * len(layers)
-    assert calls.count((True, True)) == second and len(calls) == chunks * len(layers) + second
+    assert calls.count((False, None)) == (chunks - 1) * len(layers)
+    assert calls.count((True, True)) == second and len(calls) == (chunks - 1) * len(layers) + second
     for name, grad in _grads(model).items():
         assert torch.equal(grad, expected[name]), name
 
@@ -233,7 +238,9 @@ def test_kept_forwards_of_a_shared_dsa_layer(dna_window, one_thread):
     store.put = counted_put
     result = chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, kept_attention=store)
     chunks = len(chunk_bounds(WINDOW, 1000))
-    assert sorted(kept_layers) == [3] * chunks + [7] * chunks and not store._kept, "kept once, handed back once"
+    # Every chunk but the last, which runs its attention once, in the second pass.
+    assert sorted(kept_layers) == [3] * (chunks - 1) + [7] * (chunks - 1) and not store._kept, \
+        "kept once, handed back once"
     assert float(result.lm) == pytest.approx(float(whole.lm), rel=1e-6)
     got = _grads(model)
     assert set(got) == set(expected)

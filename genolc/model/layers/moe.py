@@ -124,6 +124,11 @@ def balance_loss(routing: Routing, num_experts: int, *, fraction: torch.Tensor |
     return num_experts * (fraction.to(mean_probs.dtype) * mean_probs).sum()
 
 
+def window_fraction(counts: torch.Tensor) -> torch.Tensor:
+    """``[E]`` token slots per expert over a window -> each expert's share of them (fp32; zeros for no slots)."""
+    return (counts.double() / counts.sum().clamp_min(1)).float()
+
+
 @dataclass
 class MoEOutput:
     hidden: torch.Tensor               # [B, T, D]
@@ -159,9 +164,13 @@ class MoE(nn.Module):
         elif not cache.aux:
             balance = None
         else:
-            if cache.expert_fraction is None:
+            fraction = cache.expert_fraction
+            if fraction is None and cache.expert_counts_elsewhere is not None:
+                fraction = window_fraction(cache.expert_counts_elsewhere + tokens_per_expert.to(torch.int64))
+            if fraction is None:
                 raise ValueError("a chunk's MoE balance loss needs the window's expert_fraction in its cache "
-                                 "(a first pass over the window counts it), or aux=False")
-            balance = balance_loss(routing, self.num_experts, fraction=cache.expert_fraction,
+                                 "(a first pass over the window counts it), or the other chunks' "
+                                 "expert_counts_elsewhere, or aux=False")
+            balance = balance_loss(routing, self.num_experts, fraction=fraction,
                                    total_tokens=x.shape[0] * cache.window_len)
         return MoEOutput(hidden=out, tokens_per_expert=tokens_per_expert, balance_loss=balance)

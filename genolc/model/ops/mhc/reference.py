@@ -61,11 +61,12 @@ def merge(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, strea
     ``[..., N]``, ``[..., N, N]``, ``[..., N, D]``: ``new[m] = post[m] * block_out + sum_n comb[n, m] * streams[n]``.
 
     The ``N x N`` product is written out as N element-wise terms, added in order after the block's term, in
-    ``compute_dtype`` (default: the streams'); the result is rounded to the streams' dtype once."""
+    ``compute_dtype`` (default: the streams'; a lower dtype operand is promoted by each product, so autograd keeps
+    the operands themselves, not copies); the result is rounded to the streams' dtype once."""
     dtype = streams.dtype if compute_dtype is None else compute_dtype
-    merged = post.to(dtype).unsqueeze(-1) * block_out.to(dtype).unsqueeze(-2)
+    merged = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
     for n in range(streams.shape[-2]):
-        merged = merged + comb[..., n, :, None].to(dtype) * streams[..., n, None, :].to(dtype)
+        merged = merged + comb[..., n, :, None].to(dtype) * streams[..., n, None, :]
     return merged.to(streams.dtype)
 
 
