@@ -23,14 +23,15 @@ carried entry is the value after the previous chunk; the present one the value a
 One more entry crosses passes rather than positions: a DSA layer with an indexer asked to (``keep_selection``)
 writes the pools it chose for its own positions, ``"selection" [B, T, topk // kpool]`` (int32, -1 empty), and a
 later pass over the same chunk that is handed them (``LayerCache.selection``) attends to those pools rather than
-choosing again. The chunked training step keeps them from its first pass for its second and for per-layer
-recompute: the choice (scoring every earlier pool, a top-k over them) costs time that grows with the window, and the
-same pools in every pass make the backward that of the forward whose caches later chunks read. A DSA layer's sparse
-attention forward can cross passes too: asked to (``keep_attention``) in a pass without grad, the layer writes its
-``(o_lat, lse)`` as ``"attention_out"`` / ``"attention_lse"``, and a later pass handed them (``LayerCache.attention``)
-runs only the attention's backward (genolc/train/kept_attention.py). ``WindowCache`` leaves these to its caller.
-A KDA layer asked to (``keep_kda_intermediates``, a pass with grad) has its op keep what its backward would compute
-again (genolc/model/ops/kda/fla.py); the caller plans that memory.
+choosing again. The chunked training step keeps them from its first pass for its second and for per-layer recompute
+(the last chunk's, which skips the first pass, from its one forward for its replay: :meth:`LayerCache.replay`): the
+choice (scoring every earlier pool, a top-k over them) costs time that grows with the window, and the same pools in
+every pass make the backward that of the forward whose caches later chunks read. A DSA layer's sparse attention
+forward can cross passes too: asked to (``keep_attention``) in a pass without grad, the layer writes its ``(o_lat,
+lse)`` as ``"attention_out"`` / ``"attention_lse"``, and a later pass handed them (``LayerCache.attention``) runs
+only the attention's backward (genolc/train/kept_attention.py). ``WindowCache`` leaves these to its caller. A KDA
+layer asked to (``keep_kda_intermediates``, a pass with grad) has its op keep what its backward would compute again
+(genolc/model/ops/kda/fla.py); the caller plans that memory.
 
 Window-wide quantities that a chunk cannot see but the whole-window loss uses come with the cache, so the chunks'
 losses add up to the whole window's: the window length (the indexer KL is a mean over the window's rows) and, for
@@ -148,10 +149,14 @@ class WindowCache:
     ``keep_selections`` the DSA layers' chosen pools are kept too, for :meth:`selection` to hand to a later pass.
     """
 
-    def __init__(self, num_layers: int, window_len: int, *, keep_selections: bool = False) -> None:
+    def __init__(self, num_layers: int, window_len: int, *, keep_selections: bool = False,
+                 filled_len: int | None = None) -> None:
         self.num_layers = num_layers
         self.window_len = window_len
         self.keep_selections = keep_selections
+        # How far the committed chunks will reach (the whole window unless a caller stops short): sizes the rows'
+        # buffers.
+        self.filled_len = window_len if filled_len is None else filled_len
         self.carried: dict[tuple[int, str], torch.Tensor] = {}
         self.rows: dict[tuple[int, str], RowStore] = {}
         self.selections: dict[int, RowStore] = {}
@@ -183,9 +188,9 @@ class WindowCache:
                     continue
                 if name == SELECTION:
                     if self.keep_selections:
-                        self.selections.setdefault(layer, RowStore()).append(value, stop / self.window_len)
+                        self.selections.setdefault(layer, RowStore()).append(value, stop / self.filled_len)
                 elif name in ROW_ENTRIES:
-                    self.rows.setdefault((layer, name), RowStore()).append(value, stop / self.window_len)
+                    self.rows.setdefault((layer, name), RowStore()).append(value, stop / self.filled_len)
                 else:
                     carried[(layer, name)] = value.detach().clone()
         self.carried = carried

@@ -177,7 +177,9 @@ def _cast_output(dtype: torch.dtype, module: nn.Module, inputs: Any, output: tor
 class Fp32MergeHyperConnection(HyperConnection):
     """A hyper-connection over bf16 streams whose merge adds its terms in fp32 and rounds to the streams' dtype once
     (set by :func:`apply_stream_dtype`; no state of its own). On CUDA that sum is the fused kernels'
-    (genolc/model/ops/mhc/merge_triton.py), so :func:`apply_compile` leaves the merge uncompiled."""
+    (genolc/model/ops/mhc/merge_triton.py), as measured in session 33, so :func:`apply_compile` leaves the merge
+    uncompiled; where the kernels refuse the inputs (N streams not a power of two) or off CUDA, the reference formula
+    then runs eagerly, N + 1 element-wise passes."""
 
     def merge(self, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
               streams: torch.Tensor) -> torch.Tensor:

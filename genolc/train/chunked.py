@@ -108,18 +108,19 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
     bounds = chunk_bounds(window_len, chunk)
     mode = terms.indexer_mode
 
+    # The last chunk skips the first pass: nothing later reads what it leaves, so its one forward runs with grad
+    # at the head of the second pass, its MoE layers adding their own slots to the other chunks' for the window's
+    # shares. A shard's layers count the window's slots across processes after the first pass and need them all.
+    filled = bounds if shard is not None else bounds[:-1]
     # The DSA layers' chosen pools are kept from the first pass for the second (genolc/model/cache.py); a shard's
     # layers choose per piece (genolc/parallel/dsa_cp.py) and keep none.
-    window = WindowCache(model.config.num_hidden_layers, window_len, keep_selections=keep_selections and shard is None)
+    window = WindowCache(model.config.num_hidden_layers, window_len, keep_selections=keep_selections and shard is None,
+                         filled_len=filled[-1][1] if filled else window_len)
     carried: list[dict[EntryKey, torch.Tensor]] = []      # the carried entries at each chunk's start
     row_starts: list[dict[EntryKey, int]] = []            # each row entry's length at each chunk's start
     counts: dict[int, torch.Tensor] = {}
     if kept_attention is not None:
         kept_attention.clear()
-    # The last chunk skips the first pass: nothing later reads what it leaves, so its one forward runs with grad
-    # at the head of the second pass, its MoE layers adding their own slots to the other chunks' for the window's
-    # shares. A shard's layers count the window's slots across processes after the first pass and need them all.
-    filled = bounds if shard is not None else bounds[:-1]
     with torch.no_grad():
         for start, stop in filled:
             carried.append(window.carried)

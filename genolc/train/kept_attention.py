@@ -1,11 +1,12 @@
 """The DSA layers' sparse-attention forwards, kept from the chunked step's first pass for its second.
 
-The chunked step (genolc/train/chunked.py) runs every chunk's forward twice: once without grad to fill the window's
-caches, once with grad before the chunk's backward. A DSA layer's sparse attention gives the same ``o_lat`` and
-log-sum-exp both times: the same queries over the same latent rows and, with the kept selections, the same pools.
-Its forward is a gather of ``W`` latent rows per query, bound by memory: 0.82 s of a 16.3 s `base` step at 512k on
-the H200, 0.36 s of `small`'s 7.85 s (benchmarks/results/kda_inputs_2026-12-03/), for the second pass alone. Kept,
-the second pass runs only its backward (``kept=`` of genolc.model.ops.dispatch.sparse_latent_attention).
+The chunked step (genolc/train/chunked.py) runs every chunk's forward but the last twice: once without grad to fill
+the window's caches, once with grad before the chunk's backward (the last chunk's only once, with grad). A DSA
+layer's sparse attention gives the same ``o_lat`` and log-sum-exp both times: the same queries over the same latent
+rows and, with the kept selections, the same pools. Its forward is a gather of ``W`` latent rows per query, bound by
+memory: 0.82 s of a 16.3 s `base` step at 512k on the H200, 0.36 s of `small`'s 7.85 s
+(benchmarks/results/kda_inputs_2026-12-03/), for the second pass alone. Kept, the second pass runs only its backward
+(``kept=`` of genolc.model.ops.dispatch.sparse_latent_attention).
 
 What is kept is large: ``o_lat`` is ``H * R`` values a token and layer, 18 GiB for `base`'s four DSA layers at 512k
 tokens (bf16), more than the device has left at that length. On CUDA it therefore goes to host memory: each

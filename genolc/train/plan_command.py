@@ -80,7 +80,8 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
         return
     params = parameter_counts(config)
     tokens = seq_len * micro_batch
-    # The chunked step (like recompute) runs two forwards and one backward; under --cp each rank runs 1/cp of the
+    # The chunked step (like recompute) runs two forwards and one backward (its last chunk one forward since session
+    # 33: not counted here, an overestimate of 1 / (2 chunks) of a forward); under --cp each rank runs 1/cp of the
     # FLOPs (zigzag balances the causal attention), the collectives not counted.
     forwards = 2 if strategy.chunk is not None or strategy.recompute else 1
     # A chunked step that keeps the DSA pools chooses them once (genolc/train/chunked.py).

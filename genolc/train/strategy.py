@@ -5,7 +5,8 @@ Strategies, from the memory plan (genolc/train/plan.py), before the first step a
 - ``whole``: one forward and backward over the window (with per-layer recompute when ``--recompute``): fastest
   while the window's activations fit;
 - ``chunked``: the chunk-recurrent exact step (genolc/train/chunked.py): one chunk's activations plus the window's
-  caches, two forwards and one backward (within each chunk per-layer recompute again when ``--recompute``).
+  caches, two forwards (one for the last chunk) and one backward (within each chunk per-layer recompute again when
+  ``--recompute``).
 
 ``--chunk auto`` (the default) takes ``whole`` when its estimate fits the device and otherwise the longest chunk that
 fits; on a GPU, when that chunk is short (under ``FAST_UNRECOMPUTED_CHUNK`` where the first pass's pools are kept, else

@@ -165,6 +165,8 @@ def _merge_inputs(tokens: int, n: int = 4, dim: int = 40, dtype: torch.dtype = t
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_merge_op_is_the_fp32_reference_and_its_backward_matches_autograd(dtype):
+    # On CPU the op's forward is reference.merge itself; what this checks is the registration (dtypes, shapes) and
+    # the written-out backward, which the CUDA kernels' backward is compared with (tests/gpu, the interpreter).
     inputs = [t.requires_grad_() for t in _merge_inputs(19, dtype=dtype)]
     grad = torch.randn(2, 19, 4, 40).to(dtype)
     mine = op.merge_op(*inputs)
@@ -225,3 +227,5 @@ def test_merge_kernels_refuse_what_they_cannot_take():
     assert "float64" in merge_triton.unsupported_reason(block_out.double(), post, comb, streams)
     with pytest.raises(ValueError, match="power of two"):
         merge_triton.merge(*three)
+    with pytest.raises(ValueError, match="block_d must be a power of two"):
+        merge_triton.merge(block_out, post, comb, streams, block_d=96)

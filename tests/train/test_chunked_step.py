@@ -14,7 +14,7 @@ import contextlib
 import pytest
 import torch
 
-from genolc.model.cache import ChunkCache, chunk_bounds
+from genolc.model.cache import ChunkCache, WindowCache, chunk_bounds
 from genolc.model.layers.dsa import DSAAttention
 from genolc.train.apply import apply_recompute
 from genolc.train.chunked import chunked_forward_backward
@@ -84,6 +84,41 @@ def test_chunked_step_equals_whole_window(dna_window, one_thread, chunk, mode, r
     assert worst[1] < 1e-4, worst
     # The indexer only learns from its KL: its gradients must have come through the chunks' pooled-key caches.
     assert any("indexer" in name for name in got) == (mode is not None)
+
+
+def test_two_windows_a_micro_batch_equal_the_whole_batch(dna_window, one_thread):
+    """B = 2 (the second window the first's reverse): the balance shares the last chunk computes from the other
+    chunks' slots and its own count both windows' tokens, as the whole batch's do."""
+    ids, weights = dna_window
+    ids, weights = torch.cat([ids, ids.flip(1)]), torch.cat([weights, weights.flip(1)])
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
+                      indexer_mode="sparse")
+    model = _model(False)
+    out = model(ids[:, :-1], indexer_loss="sparse")
+    whole = micro_batch_loss(out, ids[:, 1:], weights, terms)
+    whole.loss.backward()
+    expected = _grads(model)
+    model.zero_grad(set_to_none=True)
+    result = chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext)
+    assert float(result.aux["moe_balance"]) == pytest.approx(float(whole.aux["moe_balance"]), rel=1e-5)
+    assert {k: v.tolist() for k, v in result.tokens_per_expert.items()} == \
+           {k: v.tolist() for k, v in out.tokens_per_expert.items()}
+    for name, grad in _grads(model).items():
+        assert float((grad - expected[name]).norm()) <= 1e-4 * float(expected[name].norm()) + 1e-12, name
+
+
+def test_the_window_cache_sizes_its_rows_for_the_chunks_it_will_hold():
+    """The chunked step's first pass stops before the last chunk: the rows' buffers are sized for what it commits."""
+    for filled_len, smallest in ((600, 600), (None, 1000)):
+        window = WindowCache(1, 1000, filled_len=filled_len)
+        buffers = set()
+        for stop in (200, 400, 600):
+            cache = ChunkCache.empty(1, start=stop - 200, window_len=1000)
+            cache.layers[0].present["latent"] = torch.randn(1, 200, 8)
+            window.commit(cache, stop)
+            buffers.add(id(window.rows[(0, "latent")].buffer))
+        capacity = window.rows[(0, "latent")].buffer.shape[1]
+        assert len(buffers) == 1 and smallest <= capacity <= smallest + 1, (filled_len, capacity)
 
 
 def _count_calls(owner, name: str, counts: dict, key: str) -> None:

@@ -5,7 +5,7 @@ the streams each way, summed in fp32 and rounded to the streams' dtype once (``r
 Why a kernel: compiled by inductor, the merge's backward took three kernels, a reduction for the ``N x N + N``
 inner products per token and two element-wise passes for the gradients of the streams and of the block's output,
 each reading the output's gradient again. In `base`'s bare 512k step on the H200 (benchmarks/results/
-mfu_ceiling_2026-12-04/, call 1) those three took 388 ms in 512 calls, 0.76 ms for a 32k chunk whose streams'
+mfu_ceiling_2026-12-04/, call 1) those three took 389 ms in 512 calls, 0.76 ms for a 32k chunk whose streams'
 tensors are 384 MiB each. Here each program takes ``ROWS`` tokens and walks their ``D`` columns in blocks:
 
     forward    reads block_out and the N streams, writes the N new streams
@@ -120,20 +120,29 @@ def unsupported_reason(block_out: torch.Tensor, post: torch.Tensor, comb: torch.
     return None
 
 
-def _check(block_out, post, comb, streams) -> None:
+def _new_like(tensor: torch.Tensor) -> torch.Tensor:
+    # Row-major whatever the input's strides (a size-1 dimension may keep an odd stride through .contiguous(), and
+    # empty_like would copy it): the custom ops promise contiguous outputs to torch.compile.
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+
+
+def _check(block_out, post, comb, streams, rows_per_program: int, block_d: int) -> None:
     reason = unsupported_reason(block_out, post, comb, streams)
     if reason is not None:
         raise ValueError(reason)
+    for name, value in (("rows_per_program", rows_per_program), ("block_d", block_d)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two (a tl.arange length), got {value}")
 
 
 def merge(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, streams: torch.Tensor, *,
           rows_per_program: int = ROWS, block_d: int = BLOCK_D, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """``reference.merge(block_out, post, comb, streams, compute_dtype=torch.float32)``: a new contiguous tensor of
     the streams' shape and dtype. The keywords: powers of two, for benchmarks/bench_mhc_merge.py."""
-    _check(block_out, post, comb, streams)
+    _check(block_out, post, comb, streams, rows_per_program, block_d)
     n, dim = streams.shape[-2:]
     block_out, post, comb, streams = (t.contiguous() for t in (block_out, post, comb, streams))
-    out = torch.empty_like(streams)
+    out = _new_like(streams)
     rows = streams.numel() // (n * dim) if dim else 0
     if rows:
         forward, _ = _kernels()
@@ -146,12 +155,12 @@ def merge_backward(grad: torch.Tensor, block_out: torch.Tensor, post: torch.Tens
                    streams: torch.Tensor, *, rows_per_program: int = ROWS, block_d: int = BLOCK_D,
                    num_warps: int = NUM_WARPS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``reference.merge_backward``: (``d block_out, d post, d comb, d streams``), each in its input's dtype."""
-    _check(block_out, post, comb, streams)
+    _check(block_out, post, comb, streams, rows_per_program, block_d)
     if grad.shape != streams.shape:
         raise ValueError(f"grad {tuple(grad.shape)} and streams {tuple(streams.shape)} must have one shape")
     n, dim = streams.shape[-2:]
     grad, block_out, post, comb, streams = (t.contiguous() for t in (grad, block_out, post, comb, streams))
-    d_block, d_post, d_comb, d_streams = (torch.empty_like(t) for t in (block_out, post, comb, streams))
+    d_block, d_post, d_comb, d_streams = (_new_like(t) for t in (block_out, post, comb, streams))
     rows = streams.numel() // (n * dim) if dim else 0
     if rows:
         _, backward = _kernels()
