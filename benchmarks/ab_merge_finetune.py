@@ -12,7 +12,8 @@ the first step of each (steps 1 and 2) compiles or builds what it needs and is l
 switched between steps on the class the trainer gives its hyper-connections (``Fp32MergeHyperConnection`` with bf16
 streams; on CPU, a plumbing check only, the plain ``HyperConnection``, whose both modes then run the reference).
 Writes JSON (each step's mode and seconds, per-mode medians, command, git SHA, device) to $OUT or
-benchmarks/results/ab_merge_finetune_<date>.json; the run directory (``--run-dir``) is replaced.
+benchmarks/results/ab_merge_finetune_<date>.json. The run goes to ``--run-dir`` (``finetune``'s rules: new or
+empty), by default a new temporary folder.
 """
 
 from __future__ import annotations
@@ -21,23 +22,25 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
-from genolc.fsutil import atomic_write_json
+from gpu_bench_common import ROOT, git_sha
+from genolc.errors import GenolcError
+from genolc.fsutil import atomic_write_json, output_dir
 from genolc.model.layers.mhc import HyperConnection
 from genolc.model.ops.mhc import reference
+from genolc.signals import Interrupted
 from genolc.train.apply import Fp32MergeHyperConnection
+from genolc.train.command import LEGACY_RUN, RUN_KIND
 from genolc.train.config import TrainConfig
 from genolc.train.loop import TrainHooks, finetune
 from genolc.units import parse_length
 
-ROOT = Path(__file__).resolve().parent.parent
 MODES = ("kernels", "compiled")
 
 
@@ -84,30 +87,33 @@ def medians(steps: list[dict]) -> dict[str, float | None]:
     return out
 
 
-def git_sha() -> str:
-    if os.environ.get("GENOLC_GIT_SHA"):
-        return os.environ["GENOLC_GIT_SHA"]
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", type=Path, help="a prepared dataset (genolc prepare)")
     parser.add_argument("--model", default="small")
     parser.add_argument("--seq", default="512k")
     parser.add_argument("--steps", type=int, default=14)
-    parser.add_argument("--run-dir", type=Path, default=Path("/tmp/ab-merge-run"))
+    parser.add_argument("--run-dir", type=Path, default=None, help="the finetune run's folder (default: a new one "
+                        "under the system's temporary folder)")
     args = parser.parse_args()
     if args.steps < 4:
         parser.error("--steps must be at least 4: two steps build each mode, the later ones are timed")
     cuda = torch.cuda.is_available()
     switch = MergeSwitch(Fp32MergeHyperConnection if cuda else HyperConnection)
-    shutil.rmtree(args.run_dir, ignore_errors=True)
-    config = TrainConfig(data=args.data, out=args.run_dir, seq_len=parse_length(args.seq), model=args.model,
-                         steps=args.steps)
+    run_dir = Path(tempfile.mkdtemp(prefix="ab-merge-run-")) if args.run_dir is None else args.run_dir
     switch.use(mode_of_step(1))
     try:
-        finetune(config, TrainHooks(on_step_end=switch.on_step_end))
+        config = TrainConfig(data=args.data, out=run_dir, seq_len=parse_length(args.seq), model=args.model,
+                             steps=args.steps)
+        # Claimed as `genolc finetune` claims its --out: new, empty or an earlier run's, never a folder of the user's.
+        with output_dir(run_dir, RUN_KIND, legacy=LEGACY_RUN):
+            finetune(config, TrainHooks(on_step_end=switch.on_step_end))
+    except Interrupted:
+        print(f"ab_merge_finetune: stopped after {len(switch.steps)} of {args.steps} steps; no results written "
+              f"(the run and its checkpoint stay in {run_dir})", file=sys.stderr)
+        sys.exit(130)
+    except GenolcError as error:
+        sys.exit(f"ab_merge_finetune: {error}")
     finally:
         switch.restore()
     record = {"command": "python " + " ".join(sys.argv), "git_sha": git_sha(),

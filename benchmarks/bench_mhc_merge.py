@@ -96,6 +96,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="time the kernels alone at other tiles (tokens a program x columns a block x warps)")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device (it times the merge's compiled form and kernels there)")
     stream_dtype = getattr(torch, args.stream_dtype)
     if stream_dtype == torch.float32:
         forms = {"model": merge_streams, "matmul": matmul, "unrolled": unrolled, "broadcast_sum": broadcast_sum}
