@@ -49,7 +49,7 @@ PROFILED_CLASSES = ("KimiDeltaAttention", "DSAAttention", "DSAIndexer", "MoE", "
 KERNEL_KINDS = (
     ("compiled glue (inductor Triton)", r"^triton_"),
     ("gemm (cuBLAS/CUTLASS)", r"gemm|nvjet|cutlass|xmma|cublas|wgmma|sm90_|splitK"),
-    ("mhc (Triton)", r"^comb_|^mixing_logits"),
+    ("mhc (Triton)", r"^comb_|^mixing_logits|^merge_(forward|backward)_kernel$"),
     # fla's TileLang KDA backward is named `kernel` (its launch `kernel_kernel`, one call per KDA layer and chunk).
     ("kda (fla Triton and TileLang, depthwise conv)",
      r"kda|delta|chunk_|solve_tril|merge_16x16|recompute_w_u|l2norm|cumsum|causal_conv|conv1d|conv_depthwise|conv_silu"

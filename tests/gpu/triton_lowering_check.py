@@ -1,8 +1,9 @@
 """PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_lowering_check.py
 
-Compiles genolc's routed-experts glue kernels (genolc/model/ops/moe/triton.py), mHC mixing kernels
-(genolc/model/ops/mhc/triton.py), DSA Triton pair (genolc/model/ops/dsa/triton.py), the indexer's scoring and top-k
-kernels (genolc/model/ops/indexer/) and KDA's convolution kernels (genolc/model/ops/kda/conv_kernels.py) for sm_90 on
+Compiles genolc's routed-experts glue kernels (genolc/model/ops/moe/triton.py), mHC mixing and merge kernels
+(genolc/model/ops/mhc/triton.py, merge_kernels.py), DSA Triton pair and pool-mass kernel (genolc/model/ops/dsa/), the
+indexer's scoring and top-k kernels (genolc/model/ops/indexer/) and KDA's convolution kernels
+(genolc/model/ops/kda/conv_kernels.py) for sm_90 on
 a machine without a GPU, with the dtypes, block sizes and divisibility the ops launch them with, through Triton's own
 pipeline and its bundled ``ptxas -v``: it catches what fails to build before a device call is spent on it, prints each
 kernel's registers and spill bytes, and checks that the SwiGLU kernels' clamps compile to NaN-propagating min/max
@@ -21,7 +22,8 @@ stage (190 at three, 255 at three or four with the tile in registers), its backw
 and 202; the DSA Triton forward 128 and 28 bytes spilled, its backward 164; no other spill. 2026-12-03: the
 indexer's scoring kernel 255 and 2,568 bytes spilled with its head loop unrolled, 255 and none rolled. KDA's
 convolution kernels (genolc/model/ops/kda/conv_triton.py): forward 64, backward 128, no spill; the backward's first
-form, which recomputed gm at four shifts of a 32 x 128 tile, 255 and 544 bytes spilled.)
+form, which recomputed gm at four shifts of a 32 x 128 tile, 255 and 544 bytes spilled. 2026-12-04 (Triton 3.9.0 here): the
+merge forward 143, its backward 241; the pool mass 168 (`small`) and 100 (`base`); no spill.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -46,7 +48,7 @@ from genolc.model.ops.moe import triton as moe
 
 ARCH = 90
 BLOCKS = {"ROWS": moe.ROWS, "COLUMNS": moe.COLUMNS}
-INTS = ("n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len", "first_query", "kpool",
+INTS = ("rows", "dim", "n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len", "first_query", "kpool",
         "keep", "q0", "n_queries", "n_pools", "length", "padded_length", "channels", "part_width")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
@@ -144,6 +146,38 @@ def dsa_builds() -> dict[str, Build]:
                                                warps=tiles["fwd_warps"]),
             "DSA Triton backward (base)": Build(backward, pointers, {**shared, "BLOCK_W": tiles["bwd_block_w"]},
                                                 warps=tiles["bwd_warps"])}
+
+
+def pool_mass_builds() -> dict[str, Build]:
+    """The indexer KL's target kernel (dsa.sparse_pool_mass) at `small`'s and `base`'s shapes, bf16, kpool 4."""
+    kernel = dsa._pool_mass_kernel()
+    pointers = {"q_ptr": BF16, "c_ptr": BF16, "idx_ptr": "*i32", "out_ptr": "*fp32"}
+    found = {}
+    for preset, heads, rank in (("small", 8, 256), ("base", 12, 384)):
+        tiles = dsa.tile_sizes(heads, rank)
+        found[f"DSA pool mass ({preset})"] = Build(
+            kernel, pointers, {"HEADS": heads, "RANK": rank, "WIDTH": 2051, "TOPK": 2048, "KPOOL": 4,
+                               "BLOCK_H": tiles["BLOCK_H"], "BLOCK_R": tiles["BLOCK_R"],
+                               "BLOCK_W": tiles["fwd_block_w"], "PRECISION": "tf32"}, warps=tiles["fwd_warps"])
+    return found
+
+
+def merge_builds() -> dict[str, Build]:
+    """mHC's merge kernels (genolc/model/ops/mhc/merge_triton.py) as the trainer launches them: bf16 streams, fp32
+    ``post`` and ``comb`` (hc_mult 4), the default tiles."""
+    from genolc.model.ops.mhc import merge_triton
+
+    forward, backward = merge_triton._kernels()
+    constexprs = {"N": 4, "ROWS": merge_triton.ROWS, "BLOCK_D": merge_triton.BLOCK_D}
+    return {
+        "mHC merge forward": Build(forward, {"block_ptr": BF16, "post_ptr": "*fp32", "comb_ptr": "*fp32",
+                                             "streams_ptr": BF16, "out_ptr": BF16}, constexprs,
+                                   warps=merge_triton.NUM_WARPS),
+        "mHC merge backward": Build(backward, {"grad_ptr": BF16, "block_ptr": BF16, "post_ptr": "*fp32",
+                                               "comb_ptr": "*fp32", "streams_ptr": BF16, "d_block_ptr": BF16,
+                                               "d_post_ptr": "*fp32", "d_comb_ptr": "*fp32",
+                                               "d_streams_ptr": BF16}, constexprs, warps=merge_triton.NUM_WARPS),
+    }
 
 
 def topk_builds() -> dict[str, Build]:
@@ -307,7 +341,9 @@ def _ptxas(ptx: str) -> tuple[int, str | None, int, str]:
 
 def main() -> int:
     failures = 0
-    for name, build in (moe_builds() | mhc_builds() | dsa_builds() | topk_builds() | kda_conv_builds()).items():
+    builds = (moe_builds() | mhc_builds() | merge_builds() | dsa_builds() | pool_mass_builds() | topk_builds()
+              | kda_conv_builds())
+    for name, build in builds.items():
         kernel = build.kernel
         divisible = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kernel.arg_names)
                      if arg in build.divisible}

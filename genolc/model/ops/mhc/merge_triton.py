@@ -14,7 +14,8 @@ tensors are 384 MiB each. Here each program takes ``ROWS`` tokens and walks thei
                last column block
 
 N must be a power of two (``tl.arange``; GLM-5.3-Flash has 4). Runs on CUDA, or on CPU tensors under
-``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py). Imports Triton at call time only.
+``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py). The kernels are in merge_kernels.py, imported
+(with Triton) at the first call.
 """
 
 from __future__ import annotations
@@ -31,70 +32,9 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @functools.cache
 def _kernels():
-    import triton
-    import triton.language as tl
+    from genolc.model.ops.mhc import merge_kernels
 
-    @triton.jit
-    def merge_forward_kernel(block_ptr, post_ptr, comb_ptr, streams_ptr, out_ptr, rows, dim,
-                             N: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        live = row < rows
-        row64 = row.to(tl.int64)
-        streams = tl.arange(0, N)
-        post = tl.load(post_ptr + row64[:, None] * N + streams[None, :], mask=live[:, None], other=0.0)
-        post = post.to(tl.float32)
-        for start in range(0, dim, BLOCK_D):
-            cols = start + tl.arange(0, BLOCK_D)
-            inside = live[:, None] & (cols < dim)[None, :]
-            block = tl.load(block_ptr + row64[:, None] * dim + cols[None, :], mask=inside, other=0.0)
-            merged = post[:, :, None] * block.to(tl.float32)[:, None, :]
-            for n in tl.static_range(N):
-                comb_n = tl.load(comb_ptr + row64[:, None] * (N * N) + n * N + streams[None, :], mask=live[:, None],
-                                 other=0.0).to(tl.float32)
-                stream_n = tl.load(streams_ptr + row64[:, None] * (N * dim) + n * dim + cols[None, :], mask=inside,
-                                   other=0.0).to(tl.float32)
-                merged = merged + comb_n[:, :, None] * stream_n[:, None, :]
-            offsets = row64[:, None, None] * (N * dim) + streams[None, :, None] * dim + cols[None, None, :]
-            tl.store(out_ptr + offsets, merged.to(out_ptr.dtype.element_ty), mask=inside[:, None, :])
-
-    @triton.jit
-    def merge_backward_kernel(grad_ptr, block_ptr, post_ptr, comb_ptr, streams_ptr, d_block_ptr, d_post_ptr,
-                              d_comb_ptr, d_streams_ptr, rows, dim,
-                              N: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        live = row < rows
-        row64 = row.to(tl.int64)
-        streams = tl.arange(0, N)
-        post = tl.load(post_ptr + row64[:, None] * N + streams[None, :], mask=live[:, None], other=0.0)
-        post = post.to(tl.float32)
-        d_post = tl.zeros([ROWS, N], tl.float32)
-        d_comb = tl.zeros([ROWS, N, N], tl.float32)
-        for start in range(0, dim, BLOCK_D):
-            cols = start + tl.arange(0, BLOCK_D)
-            inside = live[:, None] & (cols < dim)[None, :]
-            offsets = row64[:, None, None] * (N * dim) + streams[None, :, None] * dim + cols[None, None, :]
-            grad = tl.load(grad_ptr + offsets, mask=inside[:, None, :], other=0.0).to(tl.float32)
-            block = tl.load(block_ptr + row64[:, None] * dim + cols[None, :], mask=inside, other=0.0)
-            block = block.to(tl.float32)
-            d_post += tl.sum(grad * block[:, None, :], axis=2)
-            d_block = tl.sum(post[:, :, None] * grad, axis=1)
-            tl.store(d_block_ptr + row64[:, None] * dim + cols[None, :],
-                     d_block.to(d_block_ptr.dtype.element_ty), mask=inside)
-            for n in tl.static_range(N):
-                comb_n = tl.load(comb_ptr + row64[:, None] * (N * N) + n * N + streams[None, :], mask=live[:, None],
-                                 other=0.0).to(tl.float32)
-                stream_offsets = row64[:, None] * (N * dim) + n * dim + cols[None, :]
-                stream_n = tl.load(streams_ptr + stream_offsets, mask=inside, other=0.0).to(tl.float32)
-                d_stream_n = tl.sum(comb_n[:, :, None] * grad, axis=1)
-                tl.store(d_streams_ptr + stream_offsets, d_stream_n.to(d_streams_ptr.dtype.element_ty), mask=inside)
-                products = tl.sum(stream_n[:, None, :] * grad, axis=2)
-                d_comb += tl.where((streams == n)[None, :, None], products[:, None, :], 0.0)
-        tl.store(d_post_ptr + row64[:, None] * N + streams[None, :], d_post.to(d_post_ptr.dtype.element_ty),
-                 mask=live[:, None])
-        comb_offsets = row64[:, None, None] * (N * N) + streams[None, :, None] * N + streams[None, None, :]
-        tl.store(d_comb_ptr + comb_offsets, d_comb.to(d_comb_ptr.dtype.element_ty), mask=live[:, None, None])
-
-    return merge_forward_kernel, merge_backward_kernel
+    return merge_kernels.merge_forward_kernel, merge_kernels.merge_backward_kernel
 
 
 def unsupported_reason(block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
