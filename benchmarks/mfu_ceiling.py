@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from genolc.errors import ConfigError  # noqa: E402
 from genolc.model import preset  # noqa: E402
-from genolc.train.flops import device_peak_flops, token_flops  # noqa: E402
+from genolc.train.flops import device_peak_flops, fill_fraction, token_flops  # noqa: E402
 from genolc.units import parse_length  # noqa: E402
 
 GEMM_KIND = "gemm (cuBLAS/CUTLASS)"
@@ -77,10 +77,13 @@ def _ceiling(record: dict, step: dict, target: float, where: str) -> dict:
     try:
         config = preset(record["model"])
         tokens = parse_length(str(step["seq"]))
+        chunk = parse_length(str(step.get("chunk", step["seq"])))
     except (KeyError, ConfigError) as error:
         raise RecordError(f"{where}: cannot read the model or the window: {error}") from None
-    flops = token_flops(config, tokens, recompute=bool(record.get("recompute")), chunked=True, selections_kept=True,
-                        attention_kept=record.get("kept_attention") == "host")
+    # The last chunk skips the fill pass since ee51290 (session 33); earlier records ran it, counted here as later.
+    fill = fill_fraction(tokens, chunk)
+    flops = token_flops(config, tokens, recompute=bool(record.get("recompute")), chunk_fill=fill,
+                        selections_kept=True, attention_kept=record.get("kept_attention") == "host")
     model_flops = flops.model * tokens
     seconds = float(step["seconds"])
     kinds = {row["kind"]: row["device_ms"] / 1e3 for row in step["kernel_kinds"]}

@@ -12,9 +12,11 @@ Per token of a window of ``T`` tokens (forward; a training step is forward + bac
 
 Model FLOPs (MFU's numerator) count one forward and one backward of the dense part and the DSA core, and the
 indexer's forward. Hardware FLOPs (HFU) add what the step strategy runs again: one more forward with per-layer
-recompute, one more with the chunked step (its no-grad fill pass), two with both; the indexer's scoring among
-them only where it runs again (a chunked step that keeps its first pass's pools chooses once), and the DSA core's
-only where its forward is not kept (genolc/train/kept_attention.py). MFU divides by the
+recompute, and with the chunked step its no-grad fill pass over every chunk but the last (:func:`fill_fraction`
+of a forward; every chunk on a context-parallel shard). The indexer's scoring counts among them only where it
+runs again (a chunked step that keeps its first pass's pools chooses once), and the DSA core's only where its
+forward is not kept (genolc/train/kept_attention.py): kept, only the last chunk's recompute runs it again. MFU
+divides by the
 device's dense bf16 peak from the vendor's table (:func:`device_peak_flops`); on devices not in it MFU is not
 reported.
 """
@@ -37,9 +39,9 @@ class TokenFlops:
     dense_forward: float
     attention_forward: float
     indexer_forward: float
-    extra_forwards: int                 # forwards the step strategy runs again (recompute, chunk fill)
-    extra_indexer_forwards: int         # of those, the ones that score the indexer's pools again
-    extra_attention_forwards: int       # of those, the ones that run the DSA core's forward again
+    extra_forwards: float               # forwards the step strategy runs again (recompute, chunk fill)
+    extra_indexer_forwards: float       # of those, the ones that score the indexer's pools again
+    extra_attention_forwards: float     # of those, the ones that run the DSA core's forward again
 
     @property
     def model(self) -> float:
@@ -60,20 +62,37 @@ def average_keys_per_query(seq_len: int, index_width: int) -> float:
     return (below + (seq_len - index_width) * index_width) / seq_len
 
 
-def token_flops(config: ModelConfig, seq_len: int, *, recompute: bool = False, chunked: bool = False,
+def fill_fraction(seq_len: int, chunk: int | None, *, sharded: bool = False) -> float:
+    """The share of a window's tokens whose forward the chunked step's fill pass runs before their forward with
+    grad (genolc/train/chunked.py): every chunk of ``chunk`` tokens but the last, or all of them on a process that
+    holds a shard of each chunk; 0 for a step that is not chunked (``chunk`` None)."""
+    if chunk is None:
+        return 0.0
+    if chunk < 1 or seq_len < 1:
+        raise ValueError(f"seq_len ({seq_len}) and chunk ({chunk}) must be positive")
+    if sharded:
+        return 1.0
+    return (seq_len - 1) // chunk * chunk / seq_len
+
+
+def token_flops(config: ModelConfig, seq_len: int, *, recompute: bool = False, chunk_fill: float = 0.0,
                 selections_kept: bool = False, attention_kept: bool = False) -> TokenFlops:
-    """FLOPs per token of a step over windows of ``seq_len`` tokens (module docstring); ``selections_kept``: a
-    chunked step that keeps its first pass's pools (the indexer scores once); ``attention_kept``: one that keeps
-    its first pass's DSA forwards (the DSA core's forward runs once)."""
+    """FLOPs per token of a step over windows of ``seq_len`` tokens (module docstring). ``chunk_fill``: for the
+    chunked step, the :func:`fill_fraction` of the window its first pass runs (0: not chunked); ``selections_kept``:
+    a chunked step that keeps its first pass's pools (the indexer scores once); ``attention_kept``: one that keeps
+    its first pass's DSA forwards (the DSA core's forward runs once, again only in the last chunk's recompute)."""
+    if not 0.0 <= chunk_fill <= 1.0:
+        raise ValueError(f"chunk_fill must be in [0, 1], got {chunk_fill}")
     c = config
     dense = 2.0 * parameter_counts(c).active
     keys = average_keys_per_query(seq_len, c.index_width)
     attention = sum(4.0 * c.num_attention_heads * c.kv_lora_rank * keys for _ in c.dsa_layers)
     indexer_layers = sum(1 for i in c.dsa_layers if c.indexer_types[i] == "full")
     indexer = indexer_layers * 2.0 * c.index_n_heads * c.index_head_dim * seq_len / (2 * c.index_kpool)
-    extra = int(recompute) + int(chunked)
-    return TokenFlops(dense, attention, indexer, extra, 0 if chunked and selections_kept else extra,
-                      0 if chunked and attention_kept else extra)
+    chunked = chunk_fill > 0
+    extra = int(recompute) + chunk_fill
+    return TokenFlops(dense, attention, indexer, extra, 0.0 if chunked and selections_kept else extra,
+                      int(recompute) * (1.0 - chunk_fill) if chunked and attention_kept else extra)
 
 
 def device_peak_flops(device_name: str) -> float | None:

@@ -74,7 +74,7 @@ from genolc.train.balance import add_expert_counts, load_balance_metrics, update
 from genolc.train.batch import read_micro_batch
 from genolc.train.chunked import chunked_forward_backward
 from genolc.train.config import TrainConfig, changed_for_resume, stream_dtype_for
-from genolc.train.flops import device_peak_flops, token_flops
+from genolc.train.flops import device_peak_flops, fill_fraction, token_flops
 from genolc.train.dashboards import StepMonitor
 from genolc.train.loss import LossTerms
 from genolc.train.plan import (GIB, check_window_lengths, context_parallel_oom_error, oom_error, plans_fp32_streams,
@@ -706,9 +706,9 @@ class _Trainer:
         shape = step_shape(step, self.config)
         step_tokens = shape.tokens * self.mesh.dp_size
         strategy = self._strategy(shape)
-        flops = token_flops(self.model.config, shape.seq_len, recompute=strategy.recompute,
-                            chunked=strategy.chunk is not None, selections_kept=strategy.keep_selections,
-                            attention_kept=strategy.keep_attention)
+        fill = fill_fraction(shape.seq_len, strategy.chunk, sharded=self.context is not None)
+        flops = token_flops(self.model.config, shape.seq_len, recompute=strategy.recompute, chunk_fill=fill,
+                            selections_kept=strategy.keep_selections, attention_kept=strategy.keep_attention)
         self._step_tokens += step_tokens
         self._step_seconds += seconds
         self._model_flops += flops.model * step_tokens

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from genolc.model import parameter_counts, preset
-from genolc.train.flops import average_keys_per_query, device_peak_flops, token_flops
+from genolc.train.flops import average_keys_per_query, device_peak_flops, fill_fraction, token_flops
 
 
 @pytest.mark.parametrize("seq_len, width", [(1, 4), (5, 8), (8, 8), (9, 8), (100, 7), (4097, 2051)])
@@ -36,18 +36,42 @@ def test_hardware_flops_add_the_strategys_extra_forwards():
     forward = plain.dense_forward + plain.attention_forward + plain.indexer_forward
     assert plain.hardware == plain.model
     assert token_flops(config, 4096, recompute=True).hardware == pytest.approx(plain.model + forward)
-    both = token_flops(config, 4096, recompute=True, chunked=True)
+    # A context-parallel shard's chunked step fills every chunk: one whole forward more.
+    both = token_flops(config, 4096, recompute=True, chunk_fill=1.0)
     assert both.model == plain.model and both.hardware == pytest.approx(plain.model + 2 * forward)
     # Keeping the first pass's pools, the chunked step scores the indexer's pools once: its forwards again lack it.
-    kept = token_flops(config, 4096, recompute=True, chunked=True, selections_kept=True)
+    kept = token_flops(config, 4096, recompute=True, chunk_fill=1.0, selections_kept=True)
     assert plain.indexer_forward > 0
     assert kept.hardware == pytest.approx(plain.model + 2 * (forward - plain.indexer_forward))
     assert token_flops(config, 4096, recompute=True, selections_kept=True).hardware == pytest.approx(
         both.hardware - forward)
     # Keeping its DSA forwards too, its forwards again run neither the indexer nor the DSA core.
-    forwards_kept = token_flops(config, 4096, recompute=True, chunked=True, selections_kept=True, attention_kept=True)
+    forwards_kept = token_flops(config, 4096, recompute=True, chunk_fill=1.0, selections_kept=True,
+                                attention_kept=True)
     assert plain.attention_forward > 0 and forwards_kept.model == plain.model
     assert forwards_kept.hardware == pytest.approx(plain.model + 2 * plain.dense_forward)
+
+
+def test_chunked_step_fills_every_chunk_but_the_last():
+    """One process's chunked step runs its fill pass over every chunk but the last (genolc/train/chunked.py)."""
+    config = preset("tiny")
+    plain = token_flops(config, 4096)
+    forward = plain.dense_forward + plain.attention_forward + plain.indexer_forward
+    assert fill_fraction(4096, None) == 0.0
+    assert fill_fraction(4096, 1024) == 0.75
+    assert fill_fraction(4000, 1024) == 3072 / 4000           # a shorter last chunk
+    assert fill_fraction(1024, 1024) == 0.0 and fill_fraction(100, 1024) == 0.0
+    assert fill_fraction(4096, 1024, sharded=True) == 1.0
+    fill = fill_fraction(4096, 1024)
+    assert token_flops(config, 4096, chunk_fill=fill).hardware == pytest.approx(plain.model + fill * forward)
+    # The pools and DSA forwards kept, its recompute runs only the last chunk's DSA forward again.
+    kept = token_flops(config, 4096, recompute=True, chunk_fill=fill, selections_kept=True, attention_kept=True)
+    assert kept.hardware == pytest.approx(plain.model + (1 + fill) * plain.dense_forward
+                                          + (1 - fill) * plain.attention_forward)
+    with pytest.raises(ValueError, match="chunk_fill"):
+        token_flops(config, 4096, chunk_fill=1.5)
+    with pytest.raises(ValueError, match="positive"):
+        fill_fraction(4096, 0)
 
 
 def test_device_peaks():
