@@ -83,8 +83,9 @@ def timed_step(model, length: int, chunk: int, indexer: str | None = None, moe_b
                                       kept_attention=kept_attention, keep_kda_intermediates=keep_kda_intermediates)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
+    passes = {name: round(value, 3) for name, value in result.pass_seconds().items()}
     return {"seq": format_length(length), "chunk": format_length(chunk), "seconds": round(seconds, 2),
-            "tokens_per_s": round(length / seconds, 1), "lm": float(result.lm),
+            "tokens_per_s": round(length / seconds, 1), "lm": float(result.lm), **passes,
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)}
 
 

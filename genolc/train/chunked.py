@@ -32,6 +32,7 @@ bounded by activations.
 
 from __future__ import annotations
 
+import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -48,13 +49,50 @@ from genolc.train.loss import LossParts, LossTerms, micro_batch_loss
 EntryKey = tuple[int, str]          # (layer index, entry name)
 
 
+class PassClock:
+    """Marks on the device's own timeline: CUDA events on CUDA, which nothing waits for until :meth:`seconds` (the
+    trainer reads them after the step has synchronised anyway), the host's clock elsewhere (CPU ops run as they are
+    called)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._marks: list = []
+
+    def mark(self) -> None:
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            self._marks.append(event)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Seconds between consecutive marks (on CUDA, once the last mark's work is done)."""
+        if self.device.type != "cuda":
+            return [end - start for start, end in zip(self._marks, self._marks[1:])]
+        if self._marks:
+            self._marks[-1].synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in zip(self._marks, self._marks[1:])]
+
+
 @dataclass
 class MicroBatchResult:
-    """What one micro-batch's forward and backward leave for the step's metrics (all detached)."""
+    """What one micro-batch's forward and backward leave for the step's metrics (all detached). ``passes``: the
+    chunked step's marks at its start, after its first pass and at its end (:meth:`pass_seconds`)."""
 
     lm: torch.Tensor
     aux: dict[str, torch.Tensor] = field(default_factory=dict)
     tokens_per_expert: dict[int, torch.Tensor] = field(default_factory=dict)
+    passes: PassClock | None = None
+
+    def pass_seconds(self) -> dict[str, float]:
+        """``{"fill_pass_seconds", "grad_pass_seconds"}``: the chunked step's first pass (forwards without grad of
+        every chunk but the last) and its second (every chunk's forward with grad and backward), on the device's
+        timeline; empty for a step that is not chunked."""
+        if self.passes is None:
+            return {}
+        fill, grad = self.passes.seconds()
+        return {"fill_pass_seconds": fill, "grad_pass_seconds": grad}
 
 
 class ChunkShard(Protocol):
@@ -107,6 +145,8 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
 
     bounds = chunk_bounds(window_len, chunk)
     mode = terms.indexer_mode
+    passes = PassClock(ids.device)
+    passes.mark()
 
     # The last chunk skips the first pass: nothing later reads what it leaves, so its one forward runs with grad
     # at the head of the second pass, its MoE layers adding their own slots to the other chunks' for the window's
@@ -138,6 +178,7 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
                                            layer_cache.present.pop(ATTENTION_LSE))
             window.commit(cache, stop)
             del out, cache
+    passes.mark()
     if len(filled) < len(bounds):
         carried.append(window.carried)
         row_starts.append(window.row_lengths())
@@ -215,4 +256,5 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
             aux[name] = aux.get(name, 0) + value
         carried[j] = {}
         del out, cache, leaves, roots, root_grads, parts, loss
-    return MicroBatchResult(lm=lm.cpu(), aux=aux, tokens_per_expert=counts)
+    passes.mark()
+    return MicroBatchResult(lm=lm.cpu(), aux=aux, tokens_per_expert=counts, passes=passes)

@@ -418,6 +418,7 @@ class _Trainer:
         lm_loss = torch.zeros((), dtype=torch.float64)
         aux_sums: dict[str, float] = {}
         expert_counts: dict[int, torch.Tensor] = {}
+        results = []
         for micro, (ids, weights) in enumerate(batches):
             ids, weights = ids.to(self.device), weights.to(self.device)
             nonfinite = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -433,6 +434,7 @@ class _Trainer:
                                          kept_attention=self.kept_attention)
             if not self.mesh.distributed and not math.isfinite(bad := float(nonfinite)):
                 raise self._diverged(step, f"loss is {bad}")
+            results.append(result)
             add_expert_counts(expert_counts, result.tokens_per_expert)
             for name, value in result.aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + float(value)
@@ -460,6 +462,10 @@ class _Trainer:
                                    "windows_per_micro": shape.windows, "step_strategy": strategy.name}
         if strategy.chunk is not None:
             metrics["chunk"] = strategy.chunk
+        # Read after the gradient norm's synchronisation, so that no micro-batch waits for its own passes.
+        for result in results:
+            for name, seconds in result.pass_seconds().items():
+                metrics[name] = metrics.get(name, 0.0) + seconds
         metrics.update({f"aux_{k}": v for k, v in aux_sums.items()})
         if expert_counts:
             metrics.update(load_balance_metrics(expert_counts))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from genolc.model import parameter_counts, preset
+from genolc.model import ModelConfig, parameter_counts, preset
 from genolc.train.flops import average_keys_per_query, device_peak_flops, fill_fraction, token_flops
 
 
@@ -80,11 +81,12 @@ def test_device_peaks():
     assert device_peak_flops("cpu") is None and device_peak_flops("AMD Instinct MI300X") is None
 
 
-def test_trainer_logs_model_flops_and_mfu_per_step(tmp_path, monkeypatch):
+def _finetune_one_step(tmp_path, monkeypatch, *options: str) -> tuple[dict, Path]:
+    """One `finetune` step of `tiny` at 256 tokens on the sample DNA, with a stand-in peak (a CPU has none, so no
+    MFU): its metrics line and the run's folder."""
     from click.testing import CliRunner
 
     from genolc.cli import main as cli
-    from genolc.data.dataset import PreparedDataset
     from genolc.sample import sample_files
     from genolc.train import loop
 
@@ -93,16 +95,39 @@ def test_trainer_logs_model_flops_and_mfu_per_step(tmp_path, monkeypatch):
     prepared = runner.invoke(cli, ["prepare", str(sample_files()[0]), "--out", str(data), "--train", "all",
                                    "--heldout", "none", "--no-progress"])
     assert prepared.exit_code == 0, prepared.output
-    # On a CPU no peak is known, so no MFU; a stand-in peak shows how the trainer computes it.
     monkeypatch.setattr(loop._Trainer, "_peak_flops", lambda self: 1e12)
     trained = runner.invoke(cli, ["finetune", "--data", str(data), "--model", "tiny", "--seq", "256", "--steps", "1",
-                                  "--warmup", "0", "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1"])
+                                  "--warmup", "0", "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1",
+                                  *options])
     assert trained.exit_code == 0, trained.output
-    step = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    vocab = PreparedDataset(data).tokenizer.vocab_size
-    flops = token_flops(preset("tiny", vocab_size=vocab), 256)
+    return json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0]), tmp_path / "run"
+
+
+def _tiny(tmp_path) -> ModelConfig:
+    from genolc.data.dataset import PreparedDataset
+
+    return preset("tiny", vocab_size=PreparedDataset(tmp_path / "data").tokenizer.vocab_size)
+
+
+def test_trainer_logs_model_flops_and_mfu_per_step(tmp_path, monkeypatch):
+    step, run = _finetune_one_step(tmp_path, monkeypatch)
+    flops = token_flops(_tiny(tmp_path), 256)
     assert step["model_flops_per_token"] == pytest.approx(flops.model)
     assert step["mfu"] == pytest.approx(flops.model * step["tokens_per_s"] / 1e12)
     assert step["hfu"] >= step["mfu"]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "fill_pass_seconds" not in step                 # the whole window at once: no passes
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["mfu"] == pytest.approx(flops.model * summary["tokens_per_s"] / 1e12)
+
+
+def test_trainer_logs_the_chunked_steps_passes(tmp_path, monkeypatch):
+    """A chunked step's metrics say how long its two passes took, and its hardware FLOPs count the first pass over
+    every chunk but the last."""
+    step, _ = _finetune_one_step(tmp_path, monkeypatch, "--chunk", "64")
+    assert step["step_strategy"] == "chunked" and step["chunk"] == 64
+    assert 0 < step["fill_pass_seconds"] and 0 < step["grad_pass_seconds"]
+    assert step["fill_pass_seconds"] + step["grad_pass_seconds"] <= step["step_seconds"]
+    config = _tiny(tmp_path)
+    # The first pass ran chunks 1-3 of 4, the pools chosen once (on a CPU the DSA forwards are not kept).
+    hardware = token_flops(config, 256, chunk_fill=0.75, selections_kept=True).hardware
+    assert step["hfu"] / step["mfu"] == pytest.approx(hardware / token_flops(config, 256).model)
