@@ -70,6 +70,7 @@ from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt
 from genolc.train.apply import (apply_recompute, apply_transforms, compile_cache_dir, compile_failure_text,
                                 compile_failures, compile_ran_out_of_memory)
+from genolc.train.background_save import BackgroundCheckpoints, host_room_for, snapshot_bytes
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
 from genolc.train.chunked import chunked_forward_backward
@@ -219,6 +220,8 @@ class _Trainer:
                 self._sampler(int(length)).load_state_dict(sampler_state)
             _say(f"resuming from {self.resume_from} (step {self.start_step})")
         self.last_good: Path | None = self.resume_from
+        # Checkpoints before the last are written in the background (genolc/train/background_save.py).
+        self.checkpoints = BackgroundCheckpoints(config.out, tokenizer=self.tokenizer, keep=config.keep_checkpoints)
         self._peak_ranks: list[float] | None = None     # every rank's peak memory so far (distributed runs)
         self._host_peak_ranks: list[float] | None = None  # every rank's peak host RSS so far (distributed runs)
 
@@ -494,6 +497,7 @@ class _Trainer:
         return loss
 
     def _diverged(self, step: int, what: str) -> ckpt.NonFiniteLossError:
+        self._settle_checkpoints()          # the checkpoint being written is the last good one
         kept = f"the last good checkpoint is {self.last_good}" if self.last_good else "no checkpoint was saved yet"
         return ckpt.NonFiniteLossError(
             f"training diverged at step {step + 1}: {what}; {kept}", where=str(self.config.out),
@@ -520,7 +524,9 @@ class _Trainer:
                 dist.barrier()
                 dist.destroy_process_group()
 
-    def _save(self, step: int) -> Path:
+    def _save(self, step: int, background: bool = False) -> Path:
+        """Checkpoint ``step``; ``background``: the step waits only for its copy to host memory, a thread writes it
+        (``last_good`` names it once it is written)."""
         if not self.mesh.writes:
             self._barrier()     # rank 0 writes the checkpoint (every replica holds the same weights)
             self.last_good = self.root / ckpt.checkpoint_name(step)
@@ -528,12 +534,29 @@ class _Trainer:
         trainer_state = {"tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
                          "config": self.config.to_dict(),
                          "samplers": {str(n): s.state_dict() for n, s in self.samplers.items()}}
-        path = ckpt.save_checkpoint(self.config.out, step, model=self.model, optimizer=self.optimizer,
-                                    tokenizer=self.tokenizer, trainer_state=trainer_state,
-                                    keep=self.config.keep_checkpoints)
-        self.last_good = path
+        path = self.checkpoints.save(step, model=self.model, optimizer=self.optimizer, trainer_state=trainer_state,
+                                     background=background)
+        self._note_written()
         self._barrier()
         return path
+
+    def _room_for_snapshot(self) -> bool:
+        """Whether a checkpoint can be copied to host memory and written in the background (host_room_for)."""
+        return self.checkpoints.has_buffers or host_room_for(snapshot_bytes(self.model, self.optimizer),
+                                                             host_free_bytes_per_process())
+
+    def _note_written(self) -> None:
+        if self.checkpoints.written is not None:
+            self.last_good = self.checkpoints.written
+
+    def _settle_checkpoints(self) -> None:
+        """Wait for a checkpoint still being written. Its failure is said, not raised: this runs as the run stops
+        on another error or signal."""
+        try:
+            self.checkpoints.wait()
+        except Exception as error:
+            _say(f"the checkpoint being written in the background failed ({error}); the last complete one is kept")
+        self._note_written()
 
     def _peak_flops(self) -> float | None:
         """Dense bf16 peak of all the mesh's devices (genolc.train.flops), or None off a GPU in the table."""
@@ -632,7 +655,9 @@ class _Trainer:
                     losses.append(metrics["loss"])
                     done = step + 1
                     if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps:
-                        final = self._save(done)
+                        final = self._save(done, background=done < cfg.steps and self._room_for_snapshot())
+                    self.checkpoints.poll()
+                    self._note_written()
                     bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}",
                                     mem=f"{metrics['memory_gib']:.2f}G", refresh=False)
                     bar.update(1)
@@ -641,16 +666,22 @@ class _Trainer:
                     if self._stop_requested(stop) and done < cfg.steps:
                         if final is None or final.name != ckpt.checkpoint_name(done):
                             final = self._save(done)
+                        self.checkpoints.wait()
                         self._write_summary("interrupted", final, losses)
                         raise TrainingInterrupted.after_step(stop.received, done, cfg.steps, final)
         except KeyboardInterrupt:
-            # A second Ctrl-C (or one outside the main thread): stop at once, keeping what was saved before.
+            # A second Ctrl-C (or one outside the main thread): stop at once, keeping what was saved before (a
+            # checkpoint being written is finished first; another Ctrl-C leaves it half-written, swept at the next
+            # start).
+            self._settle_checkpoints()
             self._write_summary("interrupted", self.last_good, losses)
             raise TrainingInterrupted.during_step(step + 1, self.last_good, where=str(cfg.out)) from None
         except ckpt.NonFiniteLossError:
+            self._settle_checkpoints()
             self._write_summary("diverged", self.last_good, losses)
             raise
         finally:
+            self._settle_checkpoints()
             self.kept_attention.close()
             if warmup is not None:
                 warmup.stop()

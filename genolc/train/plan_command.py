@@ -89,8 +89,11 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
     mfu = measured_utilisation(config) if mfu is None else mfu
     seconds = estimate_step_seconds(config, seq_len=seq_len, tokens_per_step=tokens, mfu=mfu, forwards=forwards,
                                     indexer_passes=passes) / cp
-    # The model is built in fp32 on the host before it moves; a chunked step may keep its DSA forwards there.
+    # The model is built in fp32 on the host before it moves; a chunked step may keep its DSA forwards there; the
+    # checkpoints written in the background (--checkpoint-every) keep the fp32 weights and AdamW's two moments in
+    # host buffers (genolc/train/background_save.py), where the host has room for them.
     host = HOST_RUNTIME_BYTES + 4 * params.total + strategy.kept_attention_bytes
+    checkpoint_buffers = 12 * params.total
     stream_text = "fp32 streams" if common["fp32_streams"] else "bf16 streams"
     device_text = (f"a {gpu_memory:.1f} GiB CUDA device (bf16, {stream_text}, fast kernels)" if cuda else
                    f"the CPU with {gpu_memory:.1f} GiB (fp32, reference ops)")
@@ -102,7 +105,9 @@ def plan_command(model: str, seq: str, chunk: str, micro_batch: int, cp: int, re
                f"{format_gib(fixed)} GiB")
     per_rank = f" on each of the {cp} ranks" if cp > 1 else ""
     click.echo(f"  peak device memory {format_gib(strategy.estimate_bytes)} GiB of {gpu_memory:.1f}{per_rank}")
-    click.echo(f"  peak host memory {format_gib(host)} GiB")
+    click.echo(f"  peak host memory {format_gib(host)} GiB ({format_gib(host + checkpoint_buffers)} GiB with "
+               f"--checkpoint-every: {format_gib(checkpoint_buffers)} GiB of buffers for the checkpoints written in "
+               f"the background)")
     if not cuda:
         click.echo("  step time: estimated only for the H200 (--device cuda); the CPU's reference path was not "
                    "measured")

@@ -10,18 +10,21 @@ A checkpoint is one directory ``<out>/checkpoints/step-NNNNNN`` (``NNNNNN`` = op
 It is built under a temporary name beside its final place and renamed in one step (:func:`genolc.fsutil.atomic_dir`),
 so a crash or a kill during a save leaves either the new checkpoint whole or no trace of it, and the previous one
 untouched; stale temporaries are swept at the next start. Older checkpoints are removed only after the new one is in
-place. RNG states (python, numpy, torch CPU and CUDA) are stored so that anything random in the model or the loop
+place. A save is a snapshot (every tensor copied to host memory, :func:`snapshot_checkpoint`) and its writing
+(:func:`write_snapshot`), so the trainer can write it while training goes on (genolc/train/background_save.py). RNG states (python, numpy, torch CPU and CUDA) are stored so that anything random in the model or the loop
 continues as in an uninterrupted run; the sampler itself draws windows from ``(seed, step, micro)`` alone.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import random
 import re
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -156,12 +159,17 @@ def save_model(model: torch.nn.Module, directory: Path, tokenizer: Any | None) -
     ``save_pretrained`` writes; weights in their training dtype) and genolc's tokenizer.json; any other module a
     flat safetensors of its state_dict.
     """
-    if _is_genome_lm(model):
+    _write_weights(directory, model.state_dict(), model.config if _is_genome_lm(model) else None, tokenizer)
+
+
+def _write_weights(directory: Path, weights: dict[str, torch.Tensor], config: ModelConfig | None,
+                   tokenizer: Any | None) -> None:
+    if config is not None:
         from genolc.model import write_checkpoint
 
-        write_checkpoint(directory, model.config, model.state_dict(), layout="text", max_shard_bytes=5 << 30)
+        write_checkpoint(directory, config, weights, layout="text", max_shard_bytes=5 << 30)
     else:
-        tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
         save_file(tensors, str(directory / WEIGHTS))
     if tokenizer is not None:
         from genolc.tokenize import save_tokenizer
@@ -186,6 +194,52 @@ def load_model_weights(model: torch.nn.Module, directory: Path) -> None:
                          where=str(directory), fix="resume with the model the checkpoint was trained with") from None
 
 
+@dataclass
+class Snapshot:
+    """A checkpoint's contents copied off the live training state (host copies of every tensor), so that it can be
+    written while training goes on (genolc/train/background_save.py)."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+    config: ModelConfig | None              # a GenomeLM's (written in the transformers layout); None: flat weights
+    optimizer: dict[str, Any]
+    trainer_state: dict[str, Any]           # the loop's values, the step and the RNG states: trainer_state.json
+
+
+def _host_copy(value: Any, reuse: Any = None) -> Any:
+    """``value`` with every tensor copied to host memory (into ``reuse``'s tensor at the same place when that has
+    its shape and dtype: the previous snapshot's buffers, whose pages are already mapped) and the rest copied."""
+    if isinstance(value, torch.Tensor):
+        if (isinstance(reuse, torch.Tensor) and reuse.shape == value.shape and reuse.dtype == value.dtype
+                and reuse.device.type == "cpu"):
+            return reuse.copy_(value.detach())
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        previous = reuse if isinstance(reuse, dict) else {}
+        return {key: _host_copy(item, previous.get(key)) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        previous = reuse if isinstance(reuse, (list, tuple)) and len(reuse) == len(value) else [None] * len(value)
+        return type(value)(_host_copy(item, old) for item, old in zip(value, previous))
+    return copy.deepcopy(value)
+
+
+def snapshot_checkpoint(step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        trainer_state: dict[str, Any], reuse: Snapshot | None = None) -> Snapshot:
+    """The checkpoint of ``step`` as it stands now (``trainer_state``: the loop's own resumable values; the step and
+    the RNG states are added here); ``reuse``: an earlier snapshot, already written, whose host buffers to fill."""
+    state = {"version": STATE_VERSION, "step": step, "rng": capture_rng(), **copy.deepcopy(trainer_state)}
+    return Snapshot(step, _host_copy(model.state_dict(), None if reuse is None else reuse.weights),
+                    model.config if _is_genome_lm(model) else None,
+                    _host_copy(optimizer.state_dict(), None if reuse is None else reuse.optimizer), state)
+
+
+def write_snapshot(out: Path, snapshot: Snapshot, *, tokenizer: Any | None, keep: int) -> Path:
+    """Write ``snapshot`` as ``<out>/checkpoints/step-NNNNNN`` atomically, then prune to the newest ``keep``.
+    Returns its path."""
+    return _write(out, snapshot.step, snapshot.weights, snapshot.config, snapshot.optimizer, snapshot.trainer_state,
+                  tokenizer, keep)
+
+
 def save_checkpoint(
     out: Path,
     step: int,
@@ -199,18 +253,25 @@ def save_checkpoint(
     """Write ``<out>/checkpoints/step-NNNNNN`` atomically, then prune to the newest ``keep``. Returns its path.
 
     ``trainer_state`` holds the loop's own resumable values (tokens seen, sampler states, config); the step and the
-    RNG states are added here.
+    RNG states are added here. The tensors go to the files as they are copied off the device (no snapshot of the
+    whole state in host memory: the weights, then the optimizer's state one tensor at a time).
     """
+    state = {"version": STATE_VERSION, "step": step, "rng": capture_rng(), **trainer_state}
+    return _write(out, step, model.state_dict(), model.config if _is_genome_lm(model) else None,
+                  optimizer.state_dict(), state, tokenizer, keep)
+
+
+def _write(out: Path, step: int, weights: dict[str, torch.Tensor], config: ModelConfig | None,
+           optimizer_state: dict[str, Any], trainer_state: dict[str, Any], tokenizer: Any | None, keep: int) -> Path:
     root = checkpoint_root(out)
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     with atomic_dir(final, what="checkpoint directory") as tmp:
-        save_model(model, tmp, tokenizer)
+        _write_weights(tmp, weights, config, tokenizer)
         _written(WEIGHTS)
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_STATE)
+        torch.save(optimizer_state, tmp / OPTIMIZER_STATE)
         _written(OPTIMIZER_STATE)
-        state = {"version": STATE_VERSION, "step": step, "rng": capture_rng(), **trainer_state}
-        atomic_write_json(tmp / TRAINER_STATE, state)
+        atomic_write_json(tmp / TRAINER_STATE, trainer_state)
         _written(TRAINER_STATE)
     for _, old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,110 @@
+"""Checkpoints written in a thread of their own while training goes on.
+
+A save first copies the checkpoint off the live state (genolc.train.state.snapshot_checkpoint: every tensor to host
+memory, the RNG and the loop's values), which is all the training step has to wait for; a thread then writes it as
+``write_snapshot`` does in the foreground (the same atomic directory and pruning, so a kill during the write leaves
+the previous checkpoint whole). One write runs at a time: the next save waits for the one before. Why: a `base`
+checkpoint (23 GB of fp32 weights and AdamW state) took 30.9 s to save on the H200 machine
+(benchmarks/results/finetune_sync_slab_2026-12-04/), two 512k steps; with ``--checkpoint-every 20`` that was about a
+tenth of the run.
+
+The snapshot's host buffers are reused by the next save (their pages already mapped). They cost host memory: 4 bytes
+a parameter for fp32 weights and 8 for AdamW's moments, 23 GB for `base`, held for the run. So the trainer saves in
+the background only where the host has room for them (:func:`host_room_for`, twice their size free); otherwise,
+and for a save in the foreground before any buffers exist, the checkpoint is written as it is copied
+(``state.save_checkpoint``: the weights, then the optimizer's state one tensor at a time).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from genolc.train.state import (Snapshot, checkpoint_name, checkpoint_root, save_checkpoint, snapshot_checkpoint,
+                                write_snapshot)
+
+
+def snapshot_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Host bytes a snapshot of ``model`` and ``optimizer`` takes: every tensor of their state dicts."""
+    tensors = list(model.state_dict().values())
+    for state in optimizer.state.values():
+        tensors.extend(value for value in state.values() if isinstance(value, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def host_room_for(nbytes: int, free_bytes: int) -> bool:
+    """Whether ``free_bytes`` of host memory leave room for ``nbytes`` of snapshot buffers: twice their size, so
+    that what the run allocates later (the eval, the next window's batch, the allocator's slack) still fits."""
+    return free_bytes >= 2 * nbytes
+
+
+class BackgroundCheckpoints:
+    """Saves a run's checkpoints into ``<out>/checkpoints``, each in the background or at once (:meth:`save`).
+
+    ``written`` is the newest checkpoint known to be complete. A write that failed in the background raises its
+    error from the next :meth:`save`, :meth:`poll` or :meth:`wait`."""
+
+    def __init__(self, out: Path, *, tokenizer: Any | None, keep: int) -> None:
+        self.out = Path(out)
+        self.tokenizer = tokenizer
+        self.keep = keep
+        self.written: Path | None = None
+        self._thread: threading.Thread | None = None
+        self._outcome: Path | BaseException | None = None
+        self._buffers: Snapshot | None = None
+
+    def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             trainer_state: dict[str, Any], background: bool) -> Path:
+        """Checkpoint ``step``: its path, written when this returns unless ``background`` (then :attr:`written` names
+        it once its thread is done)."""
+        self.wait()
+        if not background and self._buffers is None:
+            self.written = save_checkpoint(self.out, step, model=model, optimizer=optimizer, tokenizer=self.tokenizer,
+                                           trainer_state=trainer_state, keep=self.keep)
+            return self.written
+        snapshot = snapshot_checkpoint(step, model=model, optimizer=optimizer, trainer_state=trainer_state,
+                                       reuse=self._buffers)
+        self._buffers = snapshot
+        if not background:
+            self.written = write_snapshot(self.out, snapshot, tokenizer=self.tokenizer, keep=self.keep)
+            return self.written
+        # Not a daemon: an interpreter that exits (a second Ctrl-C) still finishes the checkpoint.
+        self._thread = threading.Thread(target=self._write, args=(snapshot,), name=f"genolc checkpoint {step}")
+        self._thread.start()
+        return checkpoint_root(self.out) / checkpoint_name(step)
+
+    @property
+    def pending(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def has_buffers(self) -> bool:
+        """Whether an earlier save left host buffers that the next one fills (it then needs no more memory)."""
+        return self._buffers is not None
+
+    def poll(self) -> Path | None:
+        """The background write's checkpoint if it has finished since the last call, else None."""
+        if self._thread is None or self._thread.is_alive():
+            return None
+        return self.wait()
+
+    def wait(self) -> Path | None:
+        """Wait for the background write, if any: its checkpoint (None when there was none)."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        outcome, self._outcome = self._outcome, None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        self.written = outcome
+        return outcome
+
+    def _write(self, snapshot: Snapshot) -> None:
+        try:
+            self._outcome = write_snapshot(self.out, snapshot, tokenizer=self.tokenizer, keep=self.keep)
+        except BaseException as error:          # handed to the training thread, which raises it
+            self._outcome = error

@@ -1,0 +1,168 @@
+"""Checkpoints written in the background (genolc/train/background_save.py): what is written is the state at the save,
+whatever training does meanwhile; a failed write surfaces and leaves the previous checkpoint; buffers are reused."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from genolc.train import background_save
+from genolc.train import state as st
+from genolc.train.background_save import BackgroundCheckpoints
+
+
+def _setup(seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, opt
+
+
+def _train(model, opt, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        loss = model(torch.randn(5, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _held_writes(monkeypatch) -> threading.Event:
+    """Background writes wait for the returned event before writing anything."""
+    release = threading.Event()
+    write = background_save.write_snapshot
+
+    def held(*args, **kwargs):
+        assert release.wait(timeout=60)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(background_save, "write_snapshot", held)
+    return release
+
+
+def test_background_checkpoint_holds_the_state_at_the_save(tmp_path, monkeypatch):
+    model, opt = _setup()
+    _train(model, opt, 2)
+    checkpoints = BackgroundCheckpoints(tmp_path, tokenizer=None, keep=2)
+    release = _held_writes(monkeypatch)
+    path = checkpoints.save(2, model=model, optimizer=opt, trainer_state={"tokens": 7}, background=True)
+    assert path.name == "step-000002" and not path.exists() and checkpoints.pending
+    assert checkpoints.poll() is None and checkpoints.written is None
+    expected = _train(model, opt, 3)            # training goes on while the checkpoint waits to be written
+    release.set()
+    assert checkpoints.wait() == path and checkpoints.written == path and not checkpoints.pending
+
+    model2, opt2 = _setup(seed=99)
+    state = st.load_checkpoint(path, model=model2, optimizer=opt2)
+    assert state["step"] == 2 and state["tokens"] == 7
+    assert _train(model2, opt2, 3) == expected
+
+
+def test_failed_background_write_raises_and_keeps_the_previous(tmp_path, monkeypatch):
+    model, opt = _setup()
+    checkpoints = BackgroundCheckpoints(tmp_path, tokenizer=None, keep=1)
+    first = checkpoints.save(1, model=model, optimizer=opt, trainer_state={}, background=False)
+    _train(model, opt, 1)
+
+    def boom(name):
+        if name == st.OPTIMIZER_STATE:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(st, "after_file_written", boom)
+    checkpoints.save(2, model=model, optimizer=opt, trainer_state={}, background=True)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoints.wait()
+    assert checkpoints.written == first and not checkpoints.pending
+    root = st.checkpoint_root(tmp_path)
+    assert sorted(p.name for p in root.iterdir()) == ["step-000001"]        # no temporary left, step 1 kept
+    monkeypatch.setattr(st, "after_file_written", None)
+    assert checkpoints.save(3, model=model, optimizer=opt, trainer_state={}, background=False).is_dir()
+    assert [s for s, _ in st.list_checkpoints(root)] == [3]
+
+
+def test_a_save_waits_for_the_one_before_and_reuses_its_buffers(tmp_path, monkeypatch):
+    model, opt = _setup()
+    _train(model, opt, 1)
+    checkpoints = BackgroundCheckpoints(tmp_path, tokenizer=None, keep=2)
+    release = _held_writes(monkeypatch)
+    checkpoints.save(1, model=model, optimizer=opt, trainer_state={}, background=True)
+    first = checkpoints._buffers
+    _train(model, opt, 1)
+    saver = threading.Thread(target=checkpoints.save, args=(2,),
+                             kwargs=dict(model=model, optimizer=opt, trainer_state={}, background=True))
+    saver.start()
+    saver.join(timeout=0.5)
+    assert saver.is_alive()                     # the second save waits for the first write
+    release.set()
+    saver.join(timeout=60)
+    assert checkpoints.wait().name == "step-000002"
+    second = checkpoints._buffers
+    weight = "0.weight"
+    assert second.weights[weight].data_ptr() == first.weights[weight].data_ptr()   # the same host buffer, refilled
+    assert torch.equal(second.weights[weight], model.state_dict()[weight])
+    moments = second.optimizer["state"][0]["exp_avg"]
+    assert moments.data_ptr() == first.optimizer["state"][0]["exp_avg"].data_ptr()
+    assert torch.equal(moments, opt.state_dict()["state"][0]["exp_avg"])
+    assert [s for s, _ in st.list_checkpoints(st.checkpoint_root(tmp_path))] == [1, 2]
+
+
+def test_snapshot_copies_everything_off_the_live_state():
+    model, opt = _setup()
+    _train(model, opt, 1)
+    trainer_state = {"samplers": {"64": {"step": 3}}}
+    snapshot = st.snapshot_checkpoint(1, model=model, optimizer=opt, trainer_state=trainer_state)
+    before = {k: v.clone() for k, v in snapshot.weights.items()}
+    lr = snapshot.optimizer["param_groups"][0]["lr"]
+    _train(model, opt, 1)
+    opt.param_groups[0]["lr"] = 5.0
+    trainer_state["samplers"]["64"]["step"] = 9
+    assert all(torch.equal(snapshot.weights[k], v) for k, v in before.items())
+    assert snapshot.optimizer["param_groups"][0]["lr"] == lr
+    assert snapshot.trainer_state["samplers"]["64"]["step"] == 3 and snapshot.trainer_state["step"] == 1
+
+
+def test_host_room_for_twice_the_buffers():
+    model, opt = _setup()
+    _train(model, opt, 1)
+    nbytes = background_save.snapshot_bytes(model, opt)
+    params = list(model.parameters())
+    # fp32 weights and AdamW's two moments, and its step count per parameter tensor.
+    assert nbytes == 3 * 4 * sum(p.numel() for p in params) + 4 * len(params)
+    assert background_save.host_room_for(nbytes, 2 * nbytes) and not background_save.host_room_for(nbytes, nbytes)
+
+
+@pytest.mark.parametrize("free_bytes, expected", [(1 << 50, [True, True, False]), (0, [False, False, False])])
+def test_trainer_writes_checkpoints_but_the_last_in_the_background(tmp_path, monkeypatch, free_bytes, expected):
+    """Where the host has room for the buffers; the last checkpoint, and every one without room, in the foreground."""
+    from click.testing import CliRunner
+
+    from genolc.cli import main as cli
+    from genolc.sample import sample_files
+    from genolc.train import loop
+
+    flags = []
+    save = BackgroundCheckpoints.save
+
+    def spy(self, step, **kwargs):
+        flags.append(kwargs["background"])
+        return save(self, step, **kwargs)
+
+    monkeypatch.setattr(BackgroundCheckpoints, "save", spy)
+    monkeypatch.setattr(loop, "host_free_bytes_per_process", lambda: free_bytes)
+    runner = CliRunner()
+    data, run = tmp_path / "data", tmp_path / "run"
+    prepared = runner.invoke(cli, ["prepare", str(sample_files()[0]), "--out", str(data), "--train", "all",
+                                   "--heldout", "none", "--no-progress"])
+    assert prepared.exit_code == 0, prepared.output
+    trained = runner.invoke(cli, ["finetune", "--data", str(data), "--model", "tiny", "--seq", "128", "--steps", "3",
+                                  "--checkpoint-every", "1", "--keep", "2", "--out", str(run), "--no-progress",
+                                  "--threads", "1"])
+    assert trained.exit_code == 0, trained.output
+    assert flags == expected
+    assert [s for s, _ in st.list_checkpoints(st.checkpoint_root(run))] == [2, 3]
+    assert not any(p.name.startswith(".") for p in st.checkpoint_root(run).iterdir())
