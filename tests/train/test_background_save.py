@@ -7,29 +7,11 @@ import threading
 
 import pytest
 import torch
-from torch import nn
 
 from genolc.train import background_save
 from genolc.train import state as st
 from genolc.train.background_save import BackgroundCheckpoints
-
-
-def _setup(seed: int = 0):
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    return model, opt
-
-
-def _train(model, opt, steps: int) -> list[float]:
-    losses = []
-    for _ in range(steps):
-        loss = model(torch.randn(5, 8)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+from tests.train.test_train_state import _setup, _train
 
 
 def _held_writes(monkeypatch) -> threading.Event:
