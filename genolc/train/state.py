@@ -10,9 +10,10 @@ A checkpoint is one directory ``<out>/checkpoints/step-NNNNNN`` (``NNNNNN`` = op
 It is built under a temporary name beside its final place and renamed in one step (:func:`genolc.fsutil.atomic_dir`),
 so a crash or a kill during a save leaves either the new checkpoint whole or no trace of it, and the previous one
 untouched; stale temporaries are swept at the next start. Older checkpoints are removed only after the new one is in
-place. A save is a snapshot (every tensor copied to host memory, :func:`snapshot_checkpoint`) and its writing
-(:func:`write_snapshot`), so the trainer can write it while training goes on (genolc/train/background_save.py). RNG states (python, numpy, torch CPU and CUDA) are stored so that anything random in the model or the loop
-continues as in an uninterrupted run; the sampler itself draws windows from ``(seed, step, micro)`` alone.
+place. A save can be a snapshot (every tensor copied to host memory, :func:`snapshot_checkpoint`) and its writing
+(:func:`write_snapshot`), so that the trainer writes it while training goes on (genolc/train/background_save.py).
+RNG states (python, numpy, torch CPU and CUDA) are stored so that anything random in the model or the loop continues
+as in an uninterrupted run; the sampler itself draws windows from ``(seed, step, micro)`` alone.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ stage (190 at three, 255 at three or four with the tile in registers), its backw
 and 202; the DSA Triton forward 128 and 28 bytes spilled, its backward 164; no other spill. 2026-12-03: the
 indexer's scoring kernel 255 and 2,568 bytes spilled with its head loop unrolled, 255 and none rolled. KDA's
 convolution kernels (genolc/model/ops/kda/conv_triton.py): forward 64, backward 128, no spill; the backward's first
-form, which recomputed gm at four shifts of a 32 x 128 tile, 255 and 544 bytes spilled. 2026-12-04 (Triton 3.9.0 here): the
-merge forward 143, its backward 241; the pool mass 168 (`small`) and 100 (`base`); no spill.)
+form, which recomputed gm at four shifts of a 32 x 128 tile, 255 and 544 bytes spilled. 2026-12-04 (Triton 3.9.0
+here): the merge forward 143, its backward 241; the pool mass 168 (`small`) and 100 (`base`); no spill.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -48,8 +48,9 @@ from genolc.model.ops.moe import triton as moe
 
 ARCH = 90
 BLOCKS = {"ROWS": moe.ROWS, "COLUMNS": moe.COLUMNS}
-INTS = ("rows", "dim", "n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len", "first_query", "kpool",
-        "keep", "q0", "n_queries", "n_pools", "length", "padded_length", "channels", "part_width")
+INTS = ("rows", "dim", "n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len",
+        "first_query", "kpool", "keep", "q0", "n_queries", "n_pools", "length", "padded_length", "channels",
+        "part_width")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
 
