@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from genolc.errors import GenolcError
 from genolc.train.state import (Snapshot, checkpoint_name, checkpoint_root, save_checkpoint, snapshot_checkpoint,
                                 write_snapshot)
 
@@ -57,6 +58,7 @@ class BackgroundCheckpoints:
         self._thread: threading.Thread | None = None
         self._outcome: Path | BaseException | None = None
         self._buffers: Snapshot | None = None
+        self._writing_step = 0
 
     def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              trainer_state: dict[str, Any], background: bool) -> Path:
@@ -94,19 +96,37 @@ class BackgroundCheckpoints:
         return self.wait()
 
     def wait(self) -> Path | None:
-        """Wait for the background write, if any: its checkpoint (None when there was none)."""
+        """Wait for the background write, if any: its checkpoint (None when there was none). A write that failed
+        raises :class:`CheckpointWriteError` (a user's error, such as a full disk, in one line) or its own error."""
         if self._thread is None:
             return None
         self._thread.join()
-        self._thread = None
-        outcome, self._outcome = self._outcome, None
+        outcome = self._outcome
+        if isinstance(outcome, Path):
+            self.written = outcome              # first: an interrupt past this line cannot lose the finished write
+        self._thread, self._outcome = None, None
+        if isinstance(outcome, OSError):
+            raise CheckpointWriteError(self._writing_step, outcome, self.written, self.out) from outcome
         if isinstance(outcome, BaseException):
             raise outcome
-        self.written = outcome
         return outcome
 
     def _write(self, snapshot: Snapshot) -> None:
+        self._writing_step = snapshot.step
         try:
             self._outcome = write_snapshot(self.out, snapshot, tokenizer=self.tokenizer, keep=self.keep)
         except BaseException as error:          # handed to the training thread, which raises it
             self._outcome = error
+
+
+class CheckpointWriteError(GenolcError):
+    """A checkpoint written in the background could not be written (a full disk, a folder gone): the run stops."""
+
+    def __init__(self, step: int, error: OSError, kept: Path | None, out: Path) -> None:
+        reason = error.strerror or str(error)
+        kept_text = (f"the last complete checkpoint is {kept}" if kept is not None
+                     else "no complete checkpoint is left")
+        super().__init__(f"could not write the checkpoint of step {step} ({reason}); {kept_text}",
+                         where=str(checkpoint_root(out)),
+                         fix="free space there (or move the run), then continue with the same command plus --resume"
+                         if kept is not None else "free space there (or choose another --out) and run again")

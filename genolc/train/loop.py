@@ -96,7 +96,8 @@ class TrainHooks:
     """Callbacks for tests and experiments; the loop runs the same without them.
 
     ``on_loss(step, micro, loss) -> loss`` sees (and may replace) each micro-batch's loss before backward;
-    ``on_step_end(step, metrics)`` runs after a step is logged and checkpointed (``step`` = steps completed).
+    ``on_step_end(step, metrics)`` runs after a step is logged and its checkpoint, if one is due, saved or being
+    written in the background (``step`` = steps completed).
     """
 
     on_loss: Callable[[int, int, torch.Tensor], torch.Tensor] | None = None
@@ -671,8 +672,8 @@ class _Trainer:
                         raise TrainingInterrupted.after_step(stop.received, done, cfg.steps, final)
         except KeyboardInterrupt:
             # A second Ctrl-C (or one outside the main thread): stop at once, keeping what was saved before (a
-            # checkpoint being written is finished first; another Ctrl-C leaves it half-written, swept at the next
-            # start).
+            # checkpoint being written is finished first: another Ctrl-C skips the summary, and the process still
+            # ends only once the write does).
             self._settle_checkpoints()
             self._write_summary("interrupted", self.last_good, losses)
             raise TrainingInterrupted.during_step(step + 1, self.last_good, where=str(cfg.out)) from None

@@ -10,7 +10,7 @@ import torch
 
 from genolc.train import background_save
 from genolc.train import state as st
-from genolc.train.background_save import BackgroundCheckpoints
+from genolc.train.background_save import BackgroundCheckpoints, CheckpointWriteError
 from tests.train.test_train_state import _setup, _train
 
 
@@ -57,7 +57,8 @@ def test_failed_background_write_raises_and_keeps_the_previous(tmp_path, monkeyp
 
     monkeypatch.setattr(st, "after_file_written", boom)
     checkpoints.save(2, model=model, optimizer=opt, trainer_state={}, background=True)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(CheckpointWriteError, match="checkpoint of step 2 .No space left on device.; the last complete "
+                                                   "checkpoint is .*step-000001"):
         checkpoints.wait()
     assert checkpoints.written == first and not checkpoints.pending
     root = st.checkpoint_root(tmp_path)
@@ -148,3 +149,31 @@ def test_trainer_writes_checkpoints_but_the_last_in_the_background(tmp_path, mon
     assert flags == expected
     assert [s for s, _ in st.list_checkpoints(st.checkpoint_root(run))] == [2, 3]
     assert not any(p.name.startswith(".") for p in st.checkpoint_root(run).iterdir())
+
+
+def test_a_failed_background_write_stops_the_run_in_one_line(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from genolc.cli import main as cli
+    from genolc.sample import sample_files
+
+    def full_disk(name):
+        if name == st.OPTIMIZER_STATE and threading.current_thread().name == "genolc checkpoint 2":
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(st, "after_file_written", full_disk)
+    runner = CliRunner()
+    data, run = tmp_path / "data", tmp_path / "run"
+    prepared = runner.invoke(cli, ["prepare", str(sample_files()[0]), "--out", str(data), "--train", "all",
+                                   "--heldout", "none", "--no-progress"])
+    assert prepared.exit_code == 0, prepared.output
+    trained = runner.invoke(cli, ["finetune", "--data", str(data), "--model", "tiny", "--seq", "128", "--steps", "6",
+                                  "--checkpoint-every", "1", "--keep", "2", "--out", str(run), "--no-progress",
+                                  "--threads", "1"])
+    assert trained.exit_code == 2, trained.output
+    errors = [line for line in trained.output.splitlines() if line.startswith("genolc: error:")]
+    assert len(errors) == 1 and "could not write the checkpoint of step 2 (No space left on device)" in errors[0]
+    assert "step-000001" in errors[0] and "--resume" in errors[0]
+    root = st.checkpoint_root(run)
+    assert [s for s, _ in st.list_checkpoints(root)] == [1]
+    assert not any(p.name.startswith(".") for p in root.iterdir())
