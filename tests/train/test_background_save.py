@@ -177,3 +177,45 @@ def test_a_failed_background_write_stops_the_run_in_one_line(tmp_path, monkeypat
     root = st.checkpoint_root(run)
     assert [s for s, _ in st.list_checkpoints(root)] == [1]
     assert not any(p.name.startswith(".") for p in root.iterdir())
+
+
+def test_a_stop_waits_for_the_checkpoint_being_written(tmp_path, monkeypatch):
+    """A stop right after a background save: the run ends once that checkpoint is whole, and names it."""
+    import json
+    import signal
+
+    from genolc.data.prepare import PrepareConfig, prepare
+    from genolc.sample import sample_files
+    from genolc.train import loop
+    from genolc.train.config import TrainConfig
+
+    data = prepare(PrepareConfig(genomes=(sample_files()[0],), out=tmp_path / "data", train="all", heldout=(),
+                                 progress=False))
+    release = _held_writes(monkeypatch)
+
+    def ctrl_c_while_writing(self, stop):
+        # A Ctrl-C that arrives while the first checkpoint is still being written.
+        if self.checkpoints.pending:
+            stop.received = signal.SIGINT
+        return stop.received is not None
+
+    monkeypatch.setattr(loop._Trainer, "_stop_requested", ctrl_c_while_writing)
+    summarised = []
+    write_summary = loop._Trainer._write_summary
+
+    def summary_of_whole_checkpoints(self, status, final, losses):
+        summarised.append(final is not None and (final / st.TRAINER_STATE).is_file())
+        return write_summary(self, status, final, losses)
+
+    monkeypatch.setattr(loop._Trainer, "_write_summary", summary_of_whole_checkpoints)
+    threading.Timer(0.5, release.set).start()
+    config = TrainConfig(data=data, out=tmp_path / "run", model="tiny", seq_len=128, steps=6, checkpoint_every=2,
+                         progress=False)
+    with pytest.raises(loop.TrainingInterrupted, match="after step 2 of 6; saved .*step-000002"):
+        loop.finetune(config)
+    root = st.checkpoint_root(tmp_path / "run")
+    assert [s for s, _ in st.list_checkpoints(root)] == [2] and release.is_set()
+    assert not any(p.name.startswith(".") for p in root.iterdir())
+    assert summarised == [True]             # the summary named a checkpoint already whole
+    summary = json.loads((tmp_path / "run" / loop.SUMMARY).read_text())
+    assert summary["status"] == "interrupted" and summary["final_checkpoint"].endswith("step-000002")
