@@ -119,13 +119,26 @@ def test_host_room_for_twice_the_buffers():
     assert background_save.host_room_for(nbytes, 2 * nbytes) and not background_save.host_room_for(nbytes, nbytes)
 
 
-@pytest.mark.parametrize("free_bytes, expected", [(1 << 50, [True, True, False]), (0, [False, False, False])])
-def test_trainer_writes_checkpoints_but_the_last_in_the_background(tmp_path, monkeypatch, free_bytes, expected):
-    """Where the host has room for the buffers; the last checkpoint, and every one without room, in the foreground."""
+def _finetune_cli(tmp_path, steps: int):
+    """`genolc finetune` of `tiny` on the sample DNA, a checkpoint every step (two kept): its result and run folder."""
     from click.testing import CliRunner
 
     from genolc.cli import main as cli
     from genolc.sample import sample_files
+
+    runner = CliRunner()
+    data, run = tmp_path / "data", tmp_path / "run"
+    prepared = runner.invoke(cli, ["prepare", str(sample_files()[0]), "--out", str(data), "--train", "all",
+                                   "--heldout", "none", "--no-progress"])
+    assert prepared.exit_code == 0, prepared.output
+    return runner.invoke(cli, ["finetune", "--data", str(data), "--model", "tiny", "--seq", "128", "--steps",
+                               str(steps), "--checkpoint-every", "1", "--keep", "2", "--out", str(run),
+                               "--no-progress", "--threads", "1"]), run
+
+
+@pytest.mark.parametrize("free_bytes, expected", [(1 << 50, [True, True, False]), (0, [False, False, False])])
+def test_trainer_writes_checkpoints_but_the_last_in_the_background(tmp_path, monkeypatch, free_bytes, expected):
+    """Where the host has room for the buffers; the last checkpoint, and every one without room, in the foreground."""
     from genolc.train import loop
 
     flags = []
@@ -137,14 +150,7 @@ def test_trainer_writes_checkpoints_but_the_last_in_the_background(tmp_path, mon
 
     monkeypatch.setattr(BackgroundCheckpoints, "save", spy)
     monkeypatch.setattr(loop, "host_free_bytes_per_process", lambda: free_bytes)
-    runner = CliRunner()
-    data, run = tmp_path / "data", tmp_path / "run"
-    prepared = runner.invoke(cli, ["prepare", str(sample_files()[0]), "--out", str(data), "--train", "all",
-                                   "--heldout", "none", "--no-progress"])
-    assert prepared.exit_code == 0, prepared.output
-    trained = runner.invoke(cli, ["finetune", "--data", str(data), "--model", "tiny", "--seq", "128", "--steps", "3",
-                                  "--checkpoint-every", "1", "--keep", "2", "--out", str(run), "--no-progress",
-                                  "--threads", "1"])
+    trained, run = _finetune_cli(tmp_path, steps=3)
     assert trained.exit_code == 0, trained.output
     assert flags == expected
     assert [s for s, _ in st.list_checkpoints(st.checkpoint_root(run))] == [2, 3]
@@ -152,24 +158,12 @@ def test_trainer_writes_checkpoints_but_the_last_in_the_background(tmp_path, mon
 
 
 def test_a_failed_background_write_stops_the_run_in_one_line(tmp_path, monkeypatch):
-    from click.testing import CliRunner
-
-    from genolc.cli import main as cli
-    from genolc.sample import sample_files
-
     def full_disk(name):
         if name == st.OPTIMIZER_STATE and threading.current_thread().name == "genolc checkpoint 2":
             raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(st, "after_file_written", full_disk)
-    runner = CliRunner()
-    data, run = tmp_path / "data", tmp_path / "run"
-    prepared = runner.invoke(cli, ["prepare", str(sample_files()[0]), "--out", str(data), "--train", "all",
-                                   "--heldout", "none", "--no-progress"])
-    assert prepared.exit_code == 0, prepared.output
-    trained = runner.invoke(cli, ["finetune", "--data", str(data), "--model", "tiny", "--seq", "128", "--steps", "6",
-                                  "--checkpoint-every", "1", "--keep", "2", "--out", str(run), "--no-progress",
-                                  "--threads", "1"])
+    trained, run = _finetune_cli(tmp_path, steps=6)
     assert trained.exit_code == 2, trained.output
     errors = [line for line in trained.output.splitlines() if line.startswith("genolc: error:")]
     assert len(errors) == 1 and "could not write the checkpoint of step 2 (No space left on device)" in errors[0]
