@@ -8,8 +8,10 @@ one by one, and at 512k the profiled steps were busy only 53 % (`small`) and 71 
 (benchmarks/results/profile_chunked_*_512k_2026-12-02*.json). After a warm-up step (compiles), one step runs under
 ``torch.cuda.set_sync_debug_mode("warn")``; every sync's Python stack is kept and counted by the innermost frame in
 genolc (and by the innermost frame overall). Syncs inside autograd's backward surface at the ``backward`` call.
-Steps without the debug mode (``--timed``) give the wall time. JSON (command, git SHA, device) goes to $OUT or
-benchmarks/results/.
+Steps without the debug mode (``--timed``) give the wall time. ``--routing`` runs the recorded step as `finetune`
+runs its steps, with every MoE layer's routing tallied for the metrics (genolc.routing.capture_routing, read after
+the step), and the timed steps alternate without and with it, in one process. JSON (command, git SHA, device) goes
+to $OUT or benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from profile_chunked_step import timed_step  # noqa: E402
 from genolc.model import build_model, preset  # noqa: E402
 from genolc.train.apply import apply_compile, apply_recompute, apply_stream_dtype  # noqa: E402
 from genolc.errors import ConfigError  # noqa: E402
+from genolc.routing import capture_routing, routing_summary  # noqa: E402
 from genolc.units import parse_length  # noqa: E402
 
 SYNC_WARNING = "synchronizing CUDA operation"
@@ -62,7 +65,17 @@ def sync_sites(stacks: list[list[traceback.FrameSummary]]) -> dict:
             "by_innermost_line": [{"site": k, "count": v} for k, v in by_innermost.most_common(40)]}
 
 
-def _recorded_step(model, length: int, chunk: int) -> tuple[dict, list]:
+def _step(model, length: int, chunk: int, routing: bool) -> dict:
+    """One timed step; with ``routing`` under finetune's routing tallies, their figures read after it."""
+    if not routing:
+        return {**timed_step(model, length, chunk), "routing": False}
+    with capture_routing(model, training=True) as tallies:
+        row = timed_step(model, length, chunk)
+    summary = routing_summary(tallies)
+    return {**row, "routing": True, "routed_layers": len(summary)}
+
+
+def _recorded_step(model, length: int, chunk: int, routing: bool) -> tuple[dict, list]:
     stacks: list[list[traceback.FrameSummary]] = []
     shown = warnings.showwarning
 
@@ -77,7 +90,7 @@ def _recorded_step(model, length: int, chunk: int) -> tuple[dict, list]:
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            row = timed_step(model, length, chunk)
+            row = _step(model, length, chunk, routing)
         finally:
             torch.cuda.set_sync_debug_mode("default")
             warnings.showwarning = shown
@@ -96,6 +109,8 @@ def main() -> None:
     parser.add_argument("--stream-dtype", default="bfloat16", choices=("float32", "bfloat16"),
                         help="mHC's residual streams (finetune's --stream-dtype; bfloat16 as its default on CUDA)")
     parser.add_argument("--no-record", action="store_true", help="time the steps only (no step in the debug mode)")
+    parser.add_argument("--routing", action="store_true", help="tally the MoE routing as finetune does: the "
+                        "recorded step with it, the timed steps alternately without and with it")
     parser.add_argument("--name", default="", help="suffix of the result file")
     args = parser.parse_args()
     try:
@@ -110,7 +125,8 @@ def main() -> None:
     path = out_dir / f"host_syncs_{args.model}_{args.seq}{'_' + args.name if args.name else ''}.json"
     record = {"command": "python benchmarks/host_syncs.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
-              "compile": args.compile, "recompute": args.recompute, "stream_dtype": args.stream_dtype, "steps": []}
+              "compile": args.compile, "recompute": args.recompute, "stream_dtype": args.stream_dtype,
+              "routing": args.routing, "steps": []}
     torch.manual_seed(0)
     model = build_model(preset(args.model), device="cuda")
     if args.recompute:
@@ -119,13 +135,13 @@ def main() -> None:
         apply_stream_dtype(model, torch.bfloat16)
     if args.compile:
         apply_compile(model)
-    record["steps"].append({"phase": "warm-up", **timed_step(model, warmup_seq, chunk)})
+    record["steps"].append({"phase": "warm-up", **_step(model, warmup_seq, chunk, args.routing)})
     stacks: list = []
     if not args.no_record:
-        row, stacks = _recorded_step(model, seq, chunk)
+        row, stacks = _recorded_step(model, seq, chunk, args.routing)
         record["steps"].append({"phase": "recorded (sync debug mode)", **row})
-    for _ in range(args.timed):
-        record["steps"].append({"phase": "timed", **timed_step(model, seq, chunk)})
+    for index in range(args.timed):
+        record["steps"].append({"phase": "timed", **_step(model, seq, chunk, args.routing and index % 2 == 1)})
     if not args.no_record:
         record.update(sync_sites(stacks))
     record["chunks"] = -(-seq // chunk)

@@ -51,6 +51,27 @@ def test_tally_cuts_calls_into_dispatch_groups_in_routing_order():
     assert summary["router_entropy"] == pytest.approx(np.log(4))
 
 
+def test_tally_read_back_between_calls_changes_nothing():
+    """Counts are read back only when a summary or a merge asks, so a summary in the middle of a group (a training
+    step's end) and more calls after it must add up as if read once."""
+    generator = torch.Generator().manual_seed(0)
+    calls = [(torch.randint(0, 6, (n, 2), generator=generator), torch.rand(n, 6, generator=generator))
+             for n in (5, 9, 2, 14, 7)]
+    once, often = RoutingTally(n_experts=6, top_k=2, group_tokens=8), RoutingTally(n_experts=6, top_k=2, group_tokens=8)
+    for ids, scores in calls:
+        once.add(ids, scores)
+        often.add(ids, scores)
+        often.summary()
+    assert once.summary() == often.summary()
+    assert [g.tolist() for g in once.groups] == [g.tolist() for g in often.groups]
+    assert sum(g.sum() for g in once.groups) + once._open.sum() == 2 * sum(n for n in (5, 9, 2, 14, 7))
+    # Merged into a run's tally the open groups close at the step's end, whether read before or not.
+    run = RoutingTally(n_experts=6, top_k=2, group_tokens=8)
+    run.merge(once)
+    assert run.summary()["tokens"] == 37 and run.summary()["groups"] == 5
+    assert run.summary()["tokens_per_expert"] == once.summary()["tokens_per_expert"]
+
+
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory):
     from conftest import shared_file
