@@ -223,6 +223,7 @@ class _Trainer:
         self.last_good: Path | None = self.resume_from
         # Checkpoints before the last are written in the background (genolc/train/background_save.py).
         self.checkpoints = BackgroundCheckpoints(config.out, tokenizer=self.tokenizer, keep=config.keep_checkpoints)
+        self._checkpoint_seconds, self._checkpoints_in_background = 0.0, 0     # what the saves kept training waiting
         self._peak_ranks: list[float] | None = None     # every rank's peak memory so far (distributed runs)
         self._host_peak_ranks: list[float] | None = None  # every rank's peak host RSS so far (distributed runs)
 
@@ -535,8 +536,11 @@ class _Trainer:
         trainer_state = {"tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
                          "config": self.config.to_dict(),
                          "samplers": {str(n): s.state_dict() for n, s in self.samplers.items()}}
+        started = time.monotonic()
         path = self.checkpoints.save(step, model=self.model, optimizer=self.optimizer, trainer_state=trainer_state,
                                      background=background)
+        self._checkpoint_seconds += time.monotonic() - started
+        self._checkpoints_in_background += int(background)
         self._note_written()
         self._barrier()
         return path
@@ -797,6 +801,10 @@ class _Trainer:
             "mfu": (self._model_flops / self._step_seconds / self._peak_flops()
                     if self._step_seconds and self._peak_flops() else None),
             "first_step_seconds": self._first_step_seconds,
+            # Training waited this long for its checkpoints: foreground writes, copies of the background ones, and a
+            # background write still running when the next save came.
+            "checkpoint_seconds": self._checkpoint_seconds,
+            "checkpoints_in_background": self._checkpoints_in_background,
             "tokens_per_s_after_first_step": self._later_tokens / self._later_seconds if self._later_seconds else None,
             "peak_memory_gib": self._memory_gib(), "peak_memory_gib_ranks": self._peak_ranks,
             "peak_host_memory_gib": _host_peak_gib(), "peak_host_memory_gib_ranks": self._host_peak_ranks,

@@ -3,6 +3,7 @@ whatever training does meanwhile; a failed write surfaces and leaves the previou
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -153,6 +154,8 @@ def test_trainer_writes_checkpoints_but_the_last_in_the_background(tmp_path, mon
     trained, run = _finetune_cli(tmp_path, steps=3)
     assert trained.exit_code == 0, trained.output
     assert flags == expected
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["checkpoints_in_background"] == sum(expected) and summary["checkpoint_seconds"] > 0
     assert [s for s, _ in st.list_checkpoints(st.checkpoint_root(run))] == [2, 3]
     assert not any(p.name.startswith(".") for p in st.checkpoint_root(run).iterdir())
 
@@ -175,7 +178,6 @@ def test_a_failed_background_write_stops_the_run_in_one_line(tmp_path, monkeypat
 
 def test_a_stop_waits_for_the_checkpoint_being_written(tmp_path, monkeypatch):
     """A stop right after a background save: the run ends once that checkpoint is whole, and names it."""
-    import json
     import signal
 
     from genolc.data.prepare import PrepareConfig, prepare
