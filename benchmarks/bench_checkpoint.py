@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from gpu_bench_common import print_table, write_results
+from genolc.errors import GenolcError
 from genolc.model import build_model, preset
 from genolc.train import state as ckpt
 from genolc.train.background_save import BackgroundCheckpoints, snapshot_bytes
@@ -60,7 +61,8 @@ def bench_preset(name: str, device: str, root: Path) -> list[dict]:
     def row(form: str, seconds: float, written: Path | None = None) -> None:
         entry = {"preset": name, "form": form, "seconds": round(seconds, 3), "state_gb": round(nbytes / 1e9, 2)}
         if written is not None:
-            entry["written_gb"] = round(_folder_bytes(written) / 1e9, 2)
+            entry["written_bytes"] = _folder_bytes(written)
+            entry["written_gb"] = round(entry["written_bytes"] / 1e9, 2)
         rows.append(entry)
 
     out = root / f"{name}-foreground"
@@ -90,6 +92,8 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     try:
         rows = [row for name in args.presets.split(",") for row in bench_preset(name, device, root)]
+    except GenolcError as error:
+        sys.exit(f"bench_checkpoint: {error}")
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

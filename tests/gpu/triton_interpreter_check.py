@@ -1,8 +1,9 @@
 """TRITON_INTERPRET=1 PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_interpreter_check.py
 
-Runs genolc's Triton kernels (mHC's merge, forward and backward, alone with the argument ``merge``; the DSA pool mass, the indexer loss's target, alone with the argument ``pool_mass``; KDA's
-short convolution, forward and backward, alone with ``conv``; the routed experts' glue, alone with ``moe``; mHC mixing
-logits and mixing matrix; indexer scoring and top-k; DSA latent sparse attention forward, lse and backward) on CPU
+Runs genolc's Triton kernels (mHC's merge, forward and backward; the DSA pool mass, the indexer loss's target; KDA's
+short convolution, forward and backward; the routed experts' glue; mHC mixing logits and mixing matrix; indexer
+scoring and top-k; DSA latent sparse attention forward, lse and backward; the groups ``merge``, ``pool_mass``,
+``conv``, ``moe``, ``mhc``, ``comb``, ``top_pools``, ``indexer``, ``dsa``, given as arguments, run alone) on CPU
 tensors under Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37, 77,
 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a head count that needs
 two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit
@@ -381,156 +382,124 @@ def check_kda_conv(batch, length, channels, taps, dtype, parts, config) -> list[
     return problems
 
 
+MERGE_CASES = [
+    # leading dims, N, D, dtype, tokens a program, columns a block: D off the block (masked columns), tokens
+    # off the program's rows, one stream, eight streams, bf16, a column block wider than D, transposed inputs,
+    # no tokens, no columns (zero inner products)
+    ((2, 37), 4, 100, torch.float32, 4, 32),
+    ((1, 77), 4, 256, torch.bfloat16, 4, 64),
+    ((101,), 1, 48, torch.float32, 2, 16),
+    ((1, 13), 8, 40, torch.bfloat16, 1, 64),
+    ((3, 5), 2, 24, torch.float32, 8, 128),
+    ((2, 9), 4, 33, torch.bfloat16, 4, 32, True),
+    ((1, 0), 4, 16, torch.float32, 4, 16),
+    ((1, 3), 4, 0, torch.float32, 4, 16),
+]
+POOL_MASS_CASES = [
+    # batch, length, heads, rank, topk, kpool, index dtype: pools past one slot block, 40 heads (two head
+    # blocks), one head, single-token pools, kpool 16, no tail (W = topk)
+    (2, 203, 3, 24, 64, 4, torch.int32),
+    (1, 101, 40, 20, 32, 4, torch.int64),
+    (1, 77, 3, 72, 96, 4, torch.int32),
+    (1, 203, 1, 8, 8, 1, torch.int32),
+    (2, 203, 2, 32, 64, 16, torch.int64),
+]
+CONV_CASES = [
+    # batch, L, C, K, dtype, parts, config: one row; rows and channels off the tile grid; several segment
+    # groups and segments that end past the rows; K = 3 and K = 1 (missing taps); two and three parts
+    (1, 1, 5, 4, torch.float32, 1, kda_conv_triton.ConvKernelConfig(segment_rows=4, segments=2,
+        block_channels=16)),
+    (2, 77, 40, 4, torch.float32, 1, kda_conv_triton.ConvKernelConfig(segment_rows=8, segments=4,
+        block_channels=32)),
+    (2, 130, 48, 3, torch.bfloat16, 3, kda_conv_triton.ConvKernelConfig(segment_rows=12, segments=2,
+        block_channels=16)),
+    (1, 57, 16, 1, torch.float32, 2, kda_conv_triton.ConvKernelConfig(segment_rows=4, segments=8,
+        block_channels=8)),
+    (1, 203, 130, 4, torch.bfloat16, 1, kda_conv_triton.DEFAULT_CONFIG),
+    (1, 203, 384, 4, torch.bfloat16, 3, kda_conv_triton.DEFAULT_CONFIG),
+]
+MOE_CASES = [
+    # tokens, K, D, I, dtype, seed: one token; rows off the 16-row tile; D and I off the 256-column step
+    (1, 1, 40, 24, torch.float32, 0),
+    (37, 2, 300, 200, torch.float32, 1),
+    (37, 2, 300, 200, torch.bfloat16, 1),
+    (21, 4, 512, 256, torch.bfloat16, 2),
+]
+INDEXER_CASES = [
+    # batch, length, heads, dim, topk, kpool, tail, dtype, query_chunk, out_dtype
+    (2, 37, 3, 24, 16, 4, True, torch.float32, None, torch.int64),
+    (2, 203, 3, 24, 32, 4, True, torch.float32, 64, torch.int32),
+    (2, 203, 4, 16, 64, 16, True, torch.float32, 50, torch.int64),
+    (2, 203, 2, 16, 32, 16, False, torch.float32, None, torch.int64),
+    (1, 203, 2, 32, 8, 1, False, torch.float32, 70, torch.int64),
+    (2, 37, 2, 16, 16, 16, True, torch.float32, None, torch.int64),
+    # [, offset]: the queries of one chunk of a window (offsets off the pool grid and the query-chunk grid)
+    (2, 203, 3, 24, 32, 4, True, torch.float32, 64, torch.int32, 97),
+    (1, 203, 2, 16, 32, 16, False, torch.float32, None, torch.int64, 130),
+]
+DSA_CASES = [
+    # batch, length, heads, rank, topk, kpool, index dtype[, strided indices]
+    (2, 37, 3, 24, 16, 4, torch.int64),
+    (2, 203, 2, 32, 64, 4, torch.int32),
+    (2, 203, 12, 48, 64, 16, torch.int64, True),
+    (1, 203, 1, 8, 8, 1, torch.int32),
+    (2, 37, 2, 16, 16, 16, torch.int64),
+    (1, 101, 40, 20, 32, 4, torch.int32),       # 40 heads: two head blocks, the second partly padded
+    (1, 77, 3, 72, 96, 4, torch.int64),         # W = 99 > one slot block; R = 72 pads to 128
+]
+MHC_CASES = [
+    # rows, K, logits, x dtype, block rows, block K, backward rows per program: rows and K off the tile grid,
+    # one row, W not a power of 2, several row groups with a partial last one
+    (37, 96, 24, torch.float32, 16, 32, 16),
+    (203, 200, 24, torch.float32, 64, 64, 128),
+    (1, 72, 24, torch.float32, 16, 64, 32),
+    (77, 128, 40, torch.bfloat16, 32, 32, 32),
+]
+COMB_CASES = [
+    # rows, N, Sinkhorn iterations: rows off the 64-token block, N off a power of two (its padding's gradient
+    # grew by 1 / eps a step until it overflowed at 20 iterations, on the H200), one iteration
+    (37, 4, 20),
+    (130, 4, 20),
+    (5, 3, 20),
+    (9, 2, 1),
+]
+TOP_POOLS_CASES = [
+    # rows, cols, first query, kpool, keep: rows that see fewer pools than keep beside rows that see more,
+    # keep not a power of two, rows past the block's columns, candidates over their 1024 slots, two segments
+    (24, 300, 180, 4, 48),
+    (9, 3001, 11990, 4, 64),
+    (5, 2500, 2600, 1, 100),
+    (2, 20000, 79990, 4, 64),
+]
+
+
+# Each group: its name (an argument that runs it alone), its check, its cases, how much of a case a report line
+# shows (None: all of it).
+def case_groups() -> list[tuple[str, object, list[tuple], int | None]]:
+    return [("merge", check_merge, MERGE_CASES, None), ("pool_mass", check_pool_mass, POOL_MASS_CASES, None),
+            ("conv", check_kda_conv, CONV_CASES, 6), ("moe", check_moe, MOE_CASES, None),
+            ("mhc", check_mhc, MHC_CASES, None), ("comb", check_comb, COMB_CASES, None),
+            ("top_pools", check_top_pools, TOP_POOLS_CASES, None), ("indexer", check_indexer, INDEXER_CASES, None),
+            ("dsa", check_dsa, DSA_CASES, None)]
+
+
 def main() -> int:
+    groups = case_groups()
+    names = [name for name, *_ in groups]
+    chosen = sys.argv[1:] or names
+    unknown = [name for name in chosen if name not in names]
+    if unknown:
+        sys.exit(f"unknown group {', '.join(unknown)}: choose from {', '.join(names)} (none: all of them)")
     failures = 0
-    merge_cases = [
-        # leading dims, N, D, dtype, tokens a program, columns a block: D off the block (masked columns), tokens
-        # off the program's rows, one stream, eight streams, bf16, a column block wider than D, transposed inputs,
-        # no tokens, no columns (zero inner products)
-        ((2, 37), 4, 100, torch.float32, 4, 32),
-        ((1, 77), 4, 256, torch.bfloat16, 4, 64),
-        ((101,), 1, 48, torch.float32, 2, 16),
-        ((1, 13), 8, 40, torch.bfloat16, 1, 64),
-        ((3, 5), 2, 24, torch.float32, 8, 128),
-        ((2, 9), 4, 33, torch.bfloat16, 4, 32, True),
-        ((1, 0), 4, 16, torch.float32, 4, 16),
-        ((1, 3), 4, 0, torch.float32, 4, 16),
-    ]
-    for case in merge_cases:
-        start = time.time()
-        problems = check_merge(*case)
-        failures += bool(problems)
-        print(f"merge {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
-    if sys.argv[1:] == ["merge"]:
-        print("all ok" if failures == 0 else f"{failures} case(s) failed")
-        return 1 if failures else 0
-    pool_mass_cases = [
-        # batch, length, heads, rank, topk, kpool, index dtype: pools past one slot block, 40 heads (two head
-        # blocks), one head, single-token pools, kpool 16, no tail (W = topk)
-        (2, 203, 3, 24, 64, 4, torch.int32),
-        (1, 101, 40, 20, 32, 4, torch.int64),
-        (1, 77, 3, 72, 96, 4, torch.int32),
-        (1, 203, 1, 8, 8, 1, torch.int32),
-        (2, 203, 2, 32, 64, 16, torch.int64),
-    ]
-    for case in pool_mass_cases:
-        start = time.time()
-        problems = check_pool_mass(*case)
-        failures += bool(problems)
-        print(f"pool_mass {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
-    if sys.argv[1:] == ["pool_mass"]:
-        print("all ok" if failures == 0 else f"{failures} case(s) failed")
-        return 1 if failures else 0
-    conv_cases = [
-        # batch, L, C, K, dtype, parts, config: one row; rows and channels off the tile grid; several segment
-        # groups and segments that end past the rows; K = 3 and K = 1 (missing taps); two and three parts
-        (1, 1, 5, 4, torch.float32, 1, kda_conv_triton.ConvKernelConfig(segment_rows=4, segments=2,
-                                                                        block_channels=16)),
-        (2, 77, 40, 4, torch.float32, 1, kda_conv_triton.ConvKernelConfig(segment_rows=8, segments=4,
-                                                                         block_channels=32)),
-        (2, 130, 48, 3, torch.bfloat16, 3, kda_conv_triton.ConvKernelConfig(segment_rows=12, segments=2,
-                                                                            block_channels=16)),
-        (1, 57, 16, 1, torch.float32, 2, kda_conv_triton.ConvKernelConfig(segment_rows=4, segments=8,
-                                                                         block_channels=8)),
-        (1, 203, 130, 4, torch.bfloat16, 1, kda_conv_triton.DEFAULT_CONFIG),
-        (1, 203, 384, 4, torch.bfloat16, 3, kda_conv_triton.DEFAULT_CONFIG),
-    ]
-    for case in conv_cases:
-        start = time.time()
-        problems = check_kda_conv(*case)
-        failures += bool(problems)
-        print(f"kda conv {case[:6]}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} "
-              f"({time.time() - start:.1f}s)")
-    if sys.argv[1:] == ["conv"]:
-        print("all ok" if failures == 0 else f"{failures} case(s) failed")
-        return 1 if failures else 0
-    moe_cases = [
-        # tokens, K, D, I, dtype, seed: one token; rows off the 16-row tile; D and I off the 256-column step
-        (1, 1, 40, 24, torch.float32, 0),
-        (37, 2, 300, 200, torch.float32, 1),
-        (37, 2, 300, 200, torch.bfloat16, 1),
-        (21, 4, 512, 256, torch.bfloat16, 2),
-    ]
-    for case in moe_cases:
-        start = time.time()
-        problems = check_moe(*case)
-        failures += bool(problems)
-        print(f"moe {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
-    if sys.argv[1:] == ["moe"]:
-        print("all ok" if failures == 0 else f"{failures} case(s) failed")
-        return 1 if failures else 0
-    indexer_cases = [
-        # batch, length, heads, dim, topk, kpool, tail, dtype, query_chunk, out_dtype
-        (2, 37, 3, 24, 16, 4, True, torch.float32, None, torch.int64),
-        (2, 203, 3, 24, 32, 4, True, torch.float32, 64, torch.int32),
-        (2, 203, 4, 16, 64, 16, True, torch.float32, 50, torch.int64),
-        (2, 203, 2, 16, 32, 16, False, torch.float32, None, torch.int64),
-        (1, 203, 2, 32, 8, 1, False, torch.float32, 70, torch.int64),
-        (2, 37, 2, 16, 16, 16, True, torch.float32, None, torch.int64),
-        # [, offset]: the queries of one chunk of a window (offsets off the pool grid and the query-chunk grid)
-        (2, 203, 3, 24, 32, 4, True, torch.float32, 64, torch.int32, 97),
-        (1, 203, 2, 16, 32, 16, False, torch.float32, None, torch.int64, 130),
-    ]
-    dsa_cases = [
-        # batch, length, heads, rank, topk, kpool, index dtype[, strided indices]
-        (2, 37, 3, 24, 16, 4, torch.int64),
-        (2, 203, 2, 32, 64, 4, torch.int32),
-        (2, 203, 12, 48, 64, 16, torch.int64, True),
-        (1, 203, 1, 8, 8, 1, torch.int32),
-        (2, 37, 2, 16, 16, 16, torch.int64),
-        (1, 101, 40, 20, 32, 4, torch.int32),       # 40 heads: two head blocks, the second partly padded
-        (1, 77, 3, 72, 96, 4, torch.int64),         # W = 99 > one slot block; R = 72 pads to 128
-    ]
-    mhc_cases = [
-        # rows, K, logits, x dtype, block rows, block K, backward rows per program: rows and K off the tile grid,
-        # one row, W not a power of 2, several row groups with a partial last one
-        (37, 96, 24, torch.float32, 16, 32, 16),
-        (203, 200, 24, torch.float32, 64, 64, 128),
-        (1, 72, 24, torch.float32, 16, 64, 32),
-        (77, 128, 40, torch.bfloat16, 32, 32, 32),
-    ]
-    for case in mhc_cases:
-        start = time.time()
-        problems = check_mhc(*case)
-        failures += bool(problems)
-        print(f"mhc {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
-    comb_cases = [
-        # rows, N, Sinkhorn iterations: rows off the 64-token block, N off a power of two (its padding's gradient
-        # grew by 1 / eps a step until it overflowed at 20 iterations, on the H200), one iteration
-        (37, 4, 20),
-        (130, 4, 20),
-        (5, 3, 20),
-        (9, 2, 1),
-    ]
-    for case in comb_cases:
-        start = time.time()
-        problems = check_comb(*case)
-        failures += bool(problems)
-        print(f"comb {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
-    top_pools_cases = [
-        # rows, cols, first query, kpool, keep: rows that see fewer pools than keep beside rows that see more,
-        # keep not a power of two, rows past the block's columns, candidates over their 1024 slots, two segments
-        (24, 300, 180, 4, 48),
-        (9, 3001, 11990, 4, 64),
-        (5, 2500, 2600, 1, 100),
-        (2, 20000, 79990, 4, 64),
-    ]
-    for case in top_pools_cases:
-        start = time.time()
-        problems = check_top_pools(*case)
-        failures += bool(problems)
-        print(f"top_pools {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} "
-              f"({time.time() - start:.1f}s)")
-    for case in indexer_cases:
-        start = time.time()
-        problems = check_indexer(*case)
-        failures += bool(problems)
-        print(f"indexer {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
-    for case in dsa_cases:
-        start = time.time()
-        problems = check_dsa(*case)
-        failures += bool(problems)
-        print(f"dsa {case}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} ({time.time() - start:.1f}s)")
+    for name, check, cases, shown in groups:
+        if name not in chosen:
+            continue
+        for case in cases:
+            start = time.time()
+            problems = check(*case)
+            failures += bool(problems)
+            print(f"{name} {case[:shown]}: {'FAIL ' + '; '.join(problems) if problems else 'ok'} "
+                  f"({time.time() - start:.1f}s)")
     print("all ok" if failures == 0 else f"{failures} case(s) failed")
     return 1 if failures else 0
 
