@@ -1,15 +1,18 @@
 """python benchmarks/bench_slab_order.py   (on the GPU; carry: [".gpu", ".gpudata"])
 
-The slab-ordered DSA backward groups each index row by key slab before its kernel
-(genolc.model.ops.dsa.tilelang.backward_slabs.slab_order). Its first form sorted the rows' int32 keys, a radix sort
-over 32 bits: 139 ms of `base`'s 512k step and 112 ms of `small`'s (benchmarks/results/kda_conv_2026-12-03/,
-``radixSortKVInPlace``). The present form sorts each slot's slab number (uint8 for up to 255 slabs), stably, and
-gathers the rows in that order. Timed here against the first form (``full_sort``, kept below) at the shapes the
-chunked step runs at 512k and 1M: `base`'s last 32k chunk (16 and 32 slabs of 32k rows) and `small`'s last 64k chunk,
-W = 2,051 slots (512 pools of 4 rows, ascending as the Triton selector writes them, 1 % of the pool slots empty
-where they lie, as its -1 holes, then 3 tail slots). On such rows the two forms must give the same rows and offsets
-(checked; the script exits 1 otherwise). Median of 20 after a warm-up (gpu_bench_common.measure); the kernels of
-one call (torch.profiler). Writes JSON (command, git SHA, device) to $OUT or benchmarks/results/slab_order_<date>.json.
+The slab-ordered DSA backward groups each index row by key slab before its kernel (genolc.model.ops.dsa.slab_order).
+Its first form sorted the rows' int32 keys, a radix sort over 32 bits: 139 ms of `base`'s 512k step and 112 ms of
+`small`'s (benchmarks/results/kda_conv_2026-12-03/, ``radixSortKVInPlace``). The torch form since sorts each slot's
+slab number (uint8 for up to 255 slabs), stably, and gathers the rows in that order (2.33 ms a call for `base`,
+4.62 for `small`; benchmarks/results/finetune_sync_slab_2026-12-04/). The Triton form packs rows whose slabs never
+fall and counting-sorts the others, one program a row. All three are timed here at the shapes the chunked step runs
+at 512k and 1M: `base`'s last 32k chunk (16 and 32 slabs of 32k rows) and `small`'s last 64k chunk, W = 2,051 slots
+(512 pools of 4 rows, ascending as the Triton selector writes them, 1 % of the pool slots empty where they lie, as
+its -1 holes, then 3 tail slots); and `small`'s rows with each row's slots shuffled (``any order``: the Triton
+form's counting sort, the full sort's rows differ there and are not compared). The forms must give the same rows
+and offsets where compared (the script exits 1 otherwise). Median of 20 after a warm-up (gpu_bench_common.measure);
+the kernels of one call (torch.profiler). Writes JSON (command, git SHA, device) to $OUT or
+benchmarks/results/slab_order_<date>.json.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import sys
 import torch
 
 from gpu_bench_common import measure, print_table, profiled_kernels, write_results
-from genolc.model.ops.dsa.tilelang.backward_slabs import DEFAULT_SLAB_ROWS, slab_order
+from genolc.model.ops.dsa.slab_order import slab_order_reference, slab_order_triton
+from genolc.model.ops.dsa.tilelang.backward_slabs import DEFAULT_SLAB_ROWS
 
 _EMPTY = torch.iinfo(torch.int32).max
-SHAPES = (("base", 512 * 1024, 32768), ("base", 1024 * 1024, 32768), ("small", 512 * 1024, 65536))
+SHAPES = (("base", 512 * 1024, 32768, "ascending"), ("base", 1024 * 1024, 32768, "ascending"),
+          ("small", 512 * 1024, 65536, "ascending"), ("small", 512 * 1024, 65536, "any order"))
 
 
 def full_sort(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,15 +57,25 @@ def selector_rows(queries: int, kv_len: int, topk: int = 2048, kpool: int = 4) -
     return torch.cat([tokens.flatten(1), tail], dim=1).to(torch.int32)[None].contiguous()
 
 
-def timed_shape(model: str, kv_len: int, queries: int) -> dict:
-    """Both forms on one shape's rows: whether they agree, their median ms and their kernels."""
+def timed_shape(model: str, kv_len: int, queries: int, order: str) -> dict:
+    """The forms on one shape's rows: whether they agree, their median ms and their kernels."""
     indices = selector_rows(queries, kv_len)
-    new, old = slab_order(indices, DEFAULT_SLAB_ROWS, kv_len), full_sort(indices, DEFAULT_SLAB_ROWS, kv_len)
-    row = {"model": model, "keys": kv_len, "queries": queries, "slabs": new[1].shape[-1] - 1,
-           "same": torch.equal(new[0], old[0]) and torch.equal(new[1], old[1])}
-    for name, function in (("full_sort", full_sort), ("slab_order", slab_order)):
-        def call(function=function):
-            return function(indices, DEFAULT_SLAB_ROWS, kv_len)
+    if order == "any order":
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        shuffle = torch.rand(indices.shape, device="cuda", generator=gen).argsort(dim=-1)
+        indices = torch.gather(indices, -1, shuffle).contiguous()
+    forms = {"slab_number_sort": slab_order_reference, "triton": slab_order_triton}
+    if order == "ascending":
+        forms["full_sort"] = full_sort
+    outputs = {name: form(indices, DEFAULT_SLAB_ROWS, kv_len) for name, form in forms.items()}
+    expected = outputs["slab_number_sort"]
+    row = {"model": model, "keys": kv_len, "queries": queries, "rows": order, "slabs": expected[1].shape[-1] - 1,
+           "same": all(torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+                       for got in outputs.values())}
+    del outputs
+    for name, form in forms.items():
+        def call(form=form):
+            return form(indices, DEFAULT_SLAB_ROWS, kv_len)
 
         timing = measure(call, 20)
         row[f"{name}_ms"], row[f"{name}_ms_all"] = timing["ms"], timing["ms_all"]
@@ -70,15 +85,16 @@ def timed_shape(model: str, kv_len: int, queries: int) -> dict:
 
 def main() -> None:
     rows = []
-    for model, kv_len, queries in SHAPES:
-        rows.append(timed_shape(model, kv_len, queries))
+    for model, kv_len, queries, order in SHAPES:
+        rows.append(timed_shape(model, kv_len, queries, order))
         torch.cuda.empty_cache()
-    mismatched = [f"{row['model']} {row['keys']}" for row in rows if not row["same"]]
-    print_table(rows, ["model", "keys", "queries", "slabs", "same", "full_sort_ms", "slab_order_ms"])
+    mismatched = [f"{row['model']} {row['keys']} {row['rows']}" for row in rows if not row["same"]]
+    print_table(rows, ["model", "keys", "queries", "rows", "slabs", "same", "full_sort_ms", "slab_number_sort_ms",
+                       "triton_ms"])
     path = write_results("slab_order", rows, {"slab_rows": DEFAULT_SLAB_ROWS, "mismatched": mismatched})
     print(f"wrote {path}")
     if mismatched:
-        print(f"slab_order differs from the full sort on {', '.join(mismatched)}", file=sys.stderr)
+        print(f"the forms differ on {', '.join(mismatched)}", file=sys.stderr)
         sys.exit(1)
 
 

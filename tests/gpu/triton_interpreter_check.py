@@ -2,7 +2,8 @@
 
 Runs genolc's Triton kernels (mHC's merge, forward and backward; the DSA pool mass, the indexer loss's target; KDA's
 short convolution, forward and backward; the routed experts' glue; mHC mixing logits and mixing matrix; indexer
-scoring and top-k; DSA latent sparse attention forward, lse and backward; the groups ``merge``, ``pool_mass``,
+scoring and top-k; DSA latent sparse attention forward, lse and backward; the slab order of the DSA backward's
+index rows; the groups ``merge``, ``pool_mass``, ``slab_order``,
 ``conv``, ``moe``, ``mhc``, ``comb``, ``top_pools``, ``indexer``, ``dsa``, given as arguments, run alone) on CPU
 tensors under Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37, 77,
 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a head count that needs
@@ -47,6 +48,7 @@ from genolc.model.ops.moe import triton as moe_triton  # noqa: E402
 from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools  # noqa: E402
 from genolc.model.ops.kda import conv as kda_conv  # noqa: E402
 from genolc.model.ops.kda import conv_triton as kda_conv_triton  # noqa: E402
+from slab_order_check import slab_order_problems  # noqa: E402
 from top_pools_check import overflow_problems, score_blocks, top_pools_problems  # noqa: E402
 
 
@@ -203,6 +205,11 @@ def check_pool_mass(batch, length, heads, rank, topk, kpool, index_dtype) -> lis
         elif rel_err(got, expected) > 1e-5 or (got - expected).abs().max() > 1e-5:
             problems.append(f"{name}: rel err {rel_err(got, expected):.2e}")
     return problems
+
+
+def check_slab_order(batch, length, width, kv_len, slab_rows, order, index_dtype, strided=False) -> list[str]:
+    """The slab order's kernel, into poisoned buffers, against the torch form: the same rows and offsets exactly."""
+    return slab_order_problems(batch, length, width, kv_len, slab_rows, order, index_dtype, strided, device="cpu")
 
 
 def check_merge(lead, n, dim, dtype, rows_per_program, block_d, transposed=False) -> list[str]:
@@ -395,6 +402,17 @@ MERGE_CASES = [
     ((1, 0), 4, 16, torch.float32, 4, 16),
     ((1, 3), 4, 0, torch.float32, 4, 16),
 ]
+SLAB_ORDER_CASES = [
+    (2, 37, 13, 101, 32, "ascending", torch.int32),
+    (2, 37, 13, 101, 32, "any", torch.int32),
+    (2, 77, 2051, 5000, 512, "ascending", torch.int32),
+    (2, 77, 2051, 5000, 512, "any", torch.int64, True),
+    (1, 41, 2051, 5000, 512, "mixed", torch.int32),
+    (2, 23, 200, 255, 1, "ascending", torch.int64),
+    (2, 23, 200, 255, 1, "any", torch.int32),
+    (2, 19, 50, 60, 1000, "any", torch.int32),
+    (1, 9, 1, 3, 2, "ascending", torch.int32),
+]
 POOL_MASS_CASES = [
     # batch, length, heads, rank, topk, kpool, index dtype: pools past one slot block, 40 heads (two head
     # blocks), one head, single-token pools, kpool 16, no tail (W = topk)
@@ -477,6 +495,7 @@ TOP_POOLS_CASES = [
 # shows (None: all of it).
 def case_groups() -> list[tuple[str, object, list[tuple], int | None]]:
     return [("merge", check_merge, MERGE_CASES, None), ("pool_mass", check_pool_mass, POOL_MASS_CASES, None),
+            ("slab_order", check_slab_order, SLAB_ORDER_CASES, None),
             ("conv", check_kda_conv, CONV_CASES, 6), ("moe", check_moe, MOE_CASES, None),
             ("mhc", check_mhc, MHC_CASES, None), ("comb", check_comb, COMB_CASES, None),
             ("top_pools", check_top_pools, TOP_POOLS_CASES, None), ("indexer", check_indexer, INDEXER_CASES, None),

@@ -50,7 +50,7 @@ ARCH = 90
 BLOCKS = {"ROWS": moe.ROWS, "COLUMNS": moe.COLUMNS}
 INTS = ("rows", "dim", "n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len",
         "first_query", "kpool", "keep", "q0", "n_queries", "n_pools", "length", "padded_length", "channels",
-        "part_width")
+        "part_width", "width", "slab_rows", "n_slabs")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
 
@@ -161,6 +161,18 @@ def pool_mass_builds() -> dict[str, Build]:
                                "BLOCK_H": tiles["BLOCK_H"], "BLOCK_R": tiles["BLOCK_R"],
                                "BLOCK_W": tiles["fwd_block_w"], "PRECISION": "tf32"}, warps=tiles["fwd_warps"])
     return found
+
+
+def slab_order_builds() -> dict[str, Build]:
+    """The slab order of the DSA backward's index rows (dsa/slab_order.py) as slab_order_triton launches it for the
+    Triton selector's int32 rows (2,051 slots) at 16 slabs (512k keys in 32k-row slabs) and at its 255-slab limit."""
+    from genolc.model.ops.dsa import slab_order
+
+    kernel = slab_order._kernel()
+    pointers = {"idx_ptr": "*i32", "rows_ptr": "*i32", "offsets_ptr": "*i32"}
+    return {f"DSA slab order ({bins} bins)": Build(kernel, pointers, {"BLOCK": slab_order.BLOCK, "BINS": bins},
+                                                  warps=slab_order.NUM_WARPS)
+            for bins in (32, 256)}
 
 
 def merge_builds() -> dict[str, Build]:
@@ -343,7 +355,7 @@ def _ptxas(ptx: str) -> tuple[int, str | None, int, str]:
 def main() -> int:
     failures = 0
     builds = (moe_builds() | mhc_builds() | merge_builds() | dsa_builds() | pool_mass_builds() | topk_builds()
-              | kda_conv_builds())
+              | slab_order_builds() | kda_conv_builds())
     for name, build in builds.items():
         kernel = build.kernel
         divisible = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kernel.arg_names)

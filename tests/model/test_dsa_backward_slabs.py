@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from genolc.model.ops.dsa import reference
+from genolc.model.ops.dsa import slab_order as slab_order_module
 from genolc.model.ops.dsa.tilelang import backward_slabs
 
 
@@ -19,7 +20,7 @@ def slabbed_backward_reference(q_lat: torch.Tensor, latent: torch.Tensor, indice
     ``slab_order``, per-group ``dQ`` partials summed over the slabs, ``dC`` scattered per group. It tests the
     host side and the decomposition, not the kernel's own details (blocks of ``block_slots``, clamped slot indices,
     the count mask, bf16 P and dS): those are the GPU test's. Slow; for small sizes."""
-    rows, offsets = backward_slabs.slab_order(indices, slab_rows, latent.shape[1])
+    rows, offsets = slab_order_module.slab_order(indices, slab_rows, latent.shape[1])
     q, c, o, do = (x.double() for x in (q_lat, latent, out, d_out))
     delta = (o * do).sum(-1)
     d_q = torch.zeros_like(q)
@@ -60,7 +61,7 @@ def test_slab_order_matches_a_per_row_loop(slab_rows, kv_len):
     gen = torch.Generator().manual_seed(slab_rows)
     indices = torch.randint(-1, kv_len, (2, 9, 13), generator=gen, dtype=torch.int32)
     indices[1, 4] = -1                                        # a row with no valid slot
-    rows, offsets = backward_slabs.slab_order(indices, slab_rows, kv_len)
+    rows, offsets = slab_order_module.slab_order(indices, slab_rows, kv_len)
     expected_rows, expected_offsets = naive_slab_order(indices, slab_rows, kv_len)
     assert rows.dtype == offsets.dtype == torch.int32
     assert torch.equal(rows, expected_rows)
@@ -71,19 +72,37 @@ def test_slab_order_matches_a_per_row_loop(slab_rows, kv_len):
 
 def test_slab_order_takes_int64_rows_and_rejects_bad_sizes():
     indices = torch.tensor([[[5, -1, 0, 3]]], dtype=torch.int64)
-    rows, offsets = backward_slabs.slab_order(indices, 4, 6)
+    rows, offsets = slab_order_module.slab_order(indices, 4, 6)
     assert rows.tolist() == [[[0, 3, 5, -1]]]
     assert offsets.tolist() == [[[0, 2, 3]]]
     # Grouped by slab, each slab's slots in their row's order (ascending rows stay ascending).
-    rows, offsets = backward_slabs.slab_order(torch.tensor([[[5, 3, -1, 0, 4]]]), 4, 6)
+    rows, offsets = slab_order_module.slab_order(torch.tensor([[[5, 3, -1, 0, 4]]]), 4, 6)
     assert rows.tolist() == [[[3, 0, 5, 4, -1]]]
     assert offsets.tolist() == [[[0, 2, 4]]]
     with pytest.raises(ValueError, match="slab_rows"):
-        backward_slabs.slab_order(indices, 0, 6)
+        slab_order_module.slab_order(indices, 0, 6)
     with pytest.raises(ValueError, match="kv_len"):
-        backward_slabs.slab_order(indices, 4, 2 ** 31)
+        slab_order_module.slab_order(indices, 4, 2 ** 31)
     with pytest.raises(ValueError, match="use slab_rows >= 2"):
-        backward_slabs.slab_order(indices, 1, backward_slabs.MAX_SLABS + 1)
+        slab_order_module.slab_order(indices, 1, slab_order_module.MAX_SLABS + 1)
+
+
+def test_slab_order_kernel_takes_what_it_can_and_the_torch_form_runs_on_cpu():
+    indices = torch.tensor([[[5, -1, 0, 3]]], dtype=torch.int32)
+    assert slab_order_module.kernel_unsupported(indices, 16) is None
+    assert slab_order_module.kernel_unsupported(indices, 255) is None
+    assert "256 slabs" in slab_order_module.kernel_unsupported(indices, 256)
+    assert "int32/int64" in slab_order_module.kernel_unsupported(indices.float(), 2)
+    strided = torch.zeros(1, 2, 8, dtype=torch.int32)[..., ::2]
+    assert "contiguous last dimension" in slab_order_module.kernel_unsupported(strided, 2)
+    # On CPU slab_order is the torch form (the kernel needs CUDA, or Triton's interpreter in tests/gpu/).
+    assert slab_order_module.slab_order(indices, 4, 6)[0].tolist() == [[[0, 3, 5, -1]]]
+    # The kernel's wrapper refuses before it would import Triton.
+    with pytest.raises(ValueError, match="does not take 256 slabs.*use slab_order_reference"):
+        slab_order_module.slab_order_triton(indices, 1, 256)
+    with pytest.raises(ValueError, match="out buffers must be contiguous int32"):
+        slab_order_module.slab_order_triton(indices, 4, 6, out=(torch.empty(1, 1, 4, dtype=torch.int32),
+                                                                 torch.empty(1, 1, 2, dtype=torch.int32)))
 
 
 def test_row_dot_is_the_fp32_row_sum_in_pieces():

@@ -10,7 +10,7 @@ each query's ``W`` rows of ``dC`` (fp32 atomics) anywhere in ``[0, S)``, so at 5
 Here the keys are cut into slabs of ``slab_rows`` rows, and one block handles one (query, slab) pair: the query's
 slots that fall in that slab. The grid is (query, slab, batch) with the query fastest, so the blocks resident at any
 moment mostly scatter into one slab, which can stay in L2. To find a query's slots in a slab, each index row is
-grouped by slab (empty slots last) and cut at the slab boundaries (:func:`slab_order`, pure torch). The price:
+grouped by slab (empty slots last) and cut at the slab boundaries (``genolc.model.ops.dsa.slab_order``). The price:
 
 - each block loads its query's Q and dO rows again (once per slab that holds one of its slots);
 - ``dQ`` is summed over the slabs: each block adds its ``[H, R]`` partial into an fp32 buffer with vector atomics
@@ -41,6 +41,7 @@ import dataclasses
 
 import torch
 
+from genolc.model.ops.dsa.slab_order import slab_order
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
 from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, EMPTY_ROW_LSE, BackwardConfig,
                                                            check_backward_inputs, default_backward_config,
@@ -49,8 +50,6 @@ from genolc.model.ops.dsa.tilelang.forward import LOG2_E, SUPPORTED_DTYPES, padd
 
 # 32k rows: d_latent's fp32 slab is 48 MiB at R = 384 and 32 MiB at R = 256, the sizes measured above.
 DEFAULT_SLAB_ROWS = 32768
-_INT32_MAX = torch.iinfo(torch.int32).max        # rows are int32: every latent row index must fit
-MAX_SLABS = 65535          # CUDA's limit on gridDim.y
 
 
 def default_slabbed_config(rank: int) -> BackwardConfig:
@@ -58,41 +57,6 @@ def default_slabbed_config(rank: int) -> BackwardConfig:
     count only without software pipelining (two stages fail in CUDA codegen), and in the one-block-per-query kernel
     one stage timed the same as two (79.64 against 79.61 ms, dsa_backward_configs_2026-12-02.json)."""
     return dataclasses.replace(default_backward_config(rank), num_stages=1)
-
-
-def slab_order(indices: torch.Tensor, slab_rows: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each index row grouped by key slab (a stable sort on the slab number) and cut at the slab boundaries.
-
-    Args:
-        indices: ``[B, T, W]`` int32/int64 latent rows, -1 for an empty slot.
-        slab_rows: rows per slab (positive).
-        kv_len: S, the number of latent rows (every valid index is below it).
-
-    Returns:
-        ``rows [B, T, W]`` int32: each row's slots by slab, in the order they had within a slab (the Triton
-        selector's ascending rows stay ascending), its empty slots (negative, as given) last; and
-        ``offsets [B, T, n + 1]`` int32 with ``n = ceil(S / slab_rows)`` (at least 1): query t's slots in slab s are
-        ``rows[b, t, offsets[b, t, s]:offsets[b, t, s + 1]]``, and ``offsets[..., n]`` is its count of valid slots.
-    """
-    if slab_rows < 1:
-        raise ValueError(f"slab_rows must be positive, got {slab_rows}")
-    if kv_len >= _INT32_MAX:
-        raise ValueError(f"kv_len {kv_len} does not fit the int32 rows")
-    n_slabs = max(1, -(-kv_len // slab_rows))
-    if n_slabs > MAX_SLABS:
-        raise ValueError(f"{n_slabs} slabs of {slab_rows} rows over {kv_len} keys: at most {MAX_SLABS} (the grid's "
-                         f"second dimension); use slab_rows >= {-(-kv_len // MAX_SLABS)}")
-    # The slab number (n_slabs for an empty slot) as the sort key, in the narrowest dtype that holds it: the row
-    # sort's passes go by the key's bits, and 16 slabs (`base` at 512k) need 8 of them where the row's int32 keys
-    # took 32. An index at or past S breaks the contract here as in the forward kernel, which reads its row unchecked
-    # (a check would read the indices back to the host).
-    key_dtype = torch.uint8 if n_slabs <= 255 else torch.int32
-    slabs = torch.where(indices < 0, n_slabs, torch.div(indices, slab_rows, rounding_mode="floor")).to(key_dtype)
-    keys, order = slabs.sort(dim=-1, stable=True)
-    rows = torch.gather(indices, -1, order).to(torch.int32)
-    bounds = torch.arange(n_slabs + 1, device=indices.device).to(key_dtype)
-    offsets = torch.searchsorted(keys, bounds.expand(*keys.shape[:-1], n_slabs + 1).contiguous(), out_int32=True)
-    return rows.contiguous(), offsets.contiguous()
 
 
 def row_dot(out: torch.Tensor, d_out: torch.Tensor, rows_per_step: int = 4096) -> torch.Tensor:
