@@ -11,8 +11,9 @@ at 512k and 1M: `base`'s last 32k chunk (16 and 32 slabs of 32k rows) and `small
 its -1 holes, then 3 tail slots); and `small`'s rows with each row's slots shuffled (``any order``: the Triton
 form's counting sort, the full sort's rows differ there and are not compared). The forms must give the same rows
 and offsets where compared (the script exits 1 otherwise). Median of 20 after a warm-up (gpu_bench_common.measure);
-the kernels of one call (torch.profiler). Writes JSON (command, git SHA, device) to $OUT or
-benchmarks/results/slab_order_<date>.json.
+the kernels of one call (torch.profiler). Then the backward's other input, the row dot rowsum(O * dO) in fp32
+(genolc.model.ops.dsa.row_dot), in torch and in Triton, at `base`'s 32k chunk (12 heads x 384) and `small`'s 64k
+chunk (8 x 256), bf16. Writes JSON (command, git SHA, device) to $OUT or benchmarks/results/slab_order_<date>.json.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import torch
 
 from gpu_bench_common import measure, print_table, profiled_kernels, write_results
+from genolc.model.ops.dsa.row_dot import row_dot_reference, row_dot_triton
 from genolc.model.ops.dsa.slab_order import slab_order_reference, slab_order_triton
 from genolc.model.ops.dsa.tilelang.backward_slabs import DEFAULT_SLAB_ROWS
 
@@ -83,6 +85,22 @@ def timed_shape(model: str, kv_len: int, queries: int, order: str) -> dict:
     return row
 
 
+def timed_row_dot(model: str, queries: int, heads: int, rank: int) -> dict:
+    """Both row dots on one chunk's o_lat and its gradient: their largest difference, median ms and kernels."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out, d_out = (torch.randn(1, queries, heads, rank, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    row = {"model": model, "queries": queries, "heads": heads, "rank": rank,
+           "max_abs_diff": float((row_dot_triton(out, d_out) - row_dot_reference(out, d_out)).abs().max())}
+    for name, form in (("torch", row_dot_reference), ("triton", row_dot_triton)):
+        def call(form=form):
+            return form(out, d_out)
+
+        timing = measure(call, 20)
+        row[f"{name}_ms"], row[f"{name}_ms_all"] = timing["ms"], timing["ms_all"]
+        row[f"{name}_kernels"] = profiled_kernels(call)
+    return row
+
+
 def main() -> None:
     rows = []
     for model, kv_len, queries, order in SHAPES:
@@ -91,7 +109,10 @@ def main() -> None:
     mismatched = [f"{row['model']} {row['keys']} {row['rows']}" for row in rows if not row["same"]]
     print_table(rows, ["model", "keys", "queries", "rows", "slabs", "same", "full_sort_ms", "slab_number_sort_ms",
                        "triton_ms"])
-    path = write_results("slab_order", rows, {"slab_rows": DEFAULT_SLAB_ROWS, "mismatched": mismatched})
+    dots = [timed_row_dot("base", 32768, 12, 384), timed_row_dot("small", 65536, 8, 256)]
+    print_table(dots, ["model", "queries", "heads", "rank", "max_abs_diff", "torch_ms", "triton_ms"])
+    path = write_results("slab_order", rows, {"slab_rows": DEFAULT_SLAB_ROWS, "mismatched": mismatched,
+                                              "row_dot": dots})
     print(f"wrote {path}")
     if mismatched:
         print(f"the forms differ on {', '.join(mismatched)}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """Index rows that reach both paths of the DSA slab order's kernel (genolc.model.ops.dsa.slab_order: ascending rows
 packed, rows in any order counting-sorted), and the check of its output against the torch form. Shared by
-test_slab_order_triton.py (CUDA) and triton_interpreter_check.py (CPU, Triton's interpreter); pytest does not
+test_dsa_slab_inputs_triton.py (CUDA) and triton_interpreter_check.py (CPU, Triton's interpreter); pytest does not
 collect this file.
 """
 

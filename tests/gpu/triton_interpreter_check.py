@@ -3,8 +3,7 @@
 Runs genolc's Triton kernels (mHC's merge, forward and backward; the DSA pool mass, the indexer loss's target; KDA's
 short convolution, forward and backward; the routed experts' glue; mHC mixing logits and mixing matrix; indexer
 scoring and top-k; DSA latent sparse attention forward, lse and backward; the slab order of the DSA backward's
-index rows; the groups ``merge``, ``pool_mass``, ``slab_order``,
-``conv``, ``moe``, ``mhc``, ``comb``, ``top_pools``, ``indexer``, ``dsa``, given as arguments, run alone) on CPU
+index rows and its row dot; the groups ``merge``, ``pool_mass``, ``slab_order``, ``row_dot``, ``conv``, ``moe``, ``mhc``, ``comb``, ``top_pools``, ``indexer``, ``dsa``, given as arguments, run alone) on CPU
 tensors under Triton's interpreter and compares them with the pure-torch references at small odd shapes: T = 37, 77,
 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of two (and a head count that needs
 two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit
@@ -35,6 +34,7 @@ import torch  # noqa: E402
 
 from genolc.model.ops.dsa import triton as dsa_triton  # noqa: E402
 from genolc.model.ops.dsa import reference as dsa_reference  # noqa: E402
+from genolc.model.ops.dsa import row_dot as dsa_row_dot  # noqa: E402
 from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer import layout as indexer_layout  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
@@ -210,6 +210,19 @@ def check_pool_mass(batch, length, heads, rank, topk, kpool, index_dtype) -> lis
 def check_slab_order(batch, length, width, kv_len, slab_rows, order, index_dtype, strided=False) -> list[str]:
     """The slab order's kernel, into poisoned buffers, against the torch form: the same rows and offsets exactly."""
     return slab_order_problems(batch, length, width, kv_len, slab_rows, order, index_dtype, strided, device="cpu")
+
+
+def check_row_dot(batch, length, heads, rank, dtype) -> list[str]:
+    """The slab backward's row dot, rowsum(O * dO) in fp32: the kernel against float64 and the torch form."""
+    gen = torch.Generator().manual_seed(length + rank)
+    out, d_out = (torch.randn(batch, length, heads, rank, generator=gen).to(dtype) for _ in range(2))
+    expected = (out.double() * d_out.double()).sum(-1)
+    got = dsa_row_dot.row_dot_triton(out, d_out)
+    if got.shape != expected.shape or got.dtype != torch.float32:
+        return [f"{tuple(got.shape)} {got.dtype} vs {tuple(expected.shape)}"]
+    torch_error = (dsa_row_dot.row_dot_reference(out, d_out).double() - expected).abs().max()
+    error = (got.double() - expected).abs().max()
+    return [] if error <= max(2 * torch_error, 1e-6) else [f"max error {error:.2e}, the torch form's {torch_error:.2e}"]
 
 
 def check_merge(lead, n, dim, dtype, rows_per_program, block_d, transposed=False) -> list[str]:
@@ -413,6 +426,12 @@ SLAB_ORDER_CASES = [
     (2, 19, 50, 60, 1000, "any", torch.int32),
     (1, 9, 1, 3, 2, "ascending", torch.int32),
 ]
+ROW_DOT_CASES = [
+    (2, 37, 8, 256, torch.bfloat16),
+    (1, 77, 12, 384, torch.bfloat16),
+    (2, 13, 3, 40, torch.float32),
+    (1, 5, 1, 1, torch.float16),
+]
 POOL_MASS_CASES = [
     # batch, length, heads, rank, topk, kpool, index dtype: pools past one slot block, 40 heads (two head
     # blocks), one head, single-token pools, kpool 16, no tail (W = topk)
@@ -495,7 +514,7 @@ TOP_POOLS_CASES = [
 # shows (None: all of it).
 def case_groups() -> list[tuple[str, object, list[tuple], int | None]]:
     return [("merge", check_merge, MERGE_CASES, None), ("pool_mass", check_pool_mass, POOL_MASS_CASES, None),
-            ("slab_order", check_slab_order, SLAB_ORDER_CASES, None),
+            ("slab_order", check_slab_order, SLAB_ORDER_CASES, None), ("row_dot", check_row_dot, ROW_DOT_CASES, None),
             ("conv", check_kda_conv, CONV_CASES, 6), ("moe", check_moe, MOE_CASES, None),
             ("mhc", check_mhc, MHC_CASES, None), ("comb", check_comb, COMB_CASES, None),
             ("top_pools", check_top_pools, TOP_POOLS_CASES, None), ("indexer", check_indexer, INDEXER_CASES, None),

@@ -50,7 +50,7 @@ ARCH = 90
 BLOCKS = {"ROWS": moe.ROWS, "COLUMNS": moe.COLUMNS}
 INTS = ("rows", "dim", "n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len",
         "first_query", "kpool", "keep", "q0", "n_queries", "n_pools", "length", "padded_length", "channels",
-        "part_width", "width", "slab_rows", "n_slabs")
+        "part_width", "width", "slab_rows", "n_slabs", "n_rows")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
 
@@ -164,15 +164,24 @@ def pool_mass_builds() -> dict[str, Build]:
 
 
 def slab_order_builds() -> dict[str, Build]:
-    """The slab order of the DSA backward's index rows (dsa/slab_order.py) as slab_order_triton launches it for the
-    Triton selector's int32 rows (2,051 slots) at 16 slabs (512k keys in 32k-row slabs) and at its 255-slab limit."""
+    """The slab backward's preparations: the slab order of the index rows (dsa/slab_order.py) as slab_order_triton
+    launches it for the Triton selector's int32 rows (2,051 slots) at 16 slabs (512k keys in 32k-row slabs) and at
+    its 255-slab limit, and the row dot (dsa/row_dot.py) at both presets' heads x rank, bf16."""
     from genolc.model.ops.dsa import slab_order
 
     kernel = slab_order._kernel()
     pointers = {"idx_ptr": "*i32", "rows_ptr": "*i32", "offsets_ptr": "*i32"}
-    return {f"DSA slab order ({bins} bins)": Build(kernel, pointers, {"BLOCK": slab_order.BLOCK, "BINS": bins},
-                                                  warps=slab_order.NUM_WARPS)
-            for bins in (32, 256)}
+    found = {f"DSA slab order ({bins} bins)": Build(kernel, pointers, {"BLOCK": slab_order.BLOCK, "BINS": bins},
+                                                   warps=slab_order.NUM_WARPS)
+             for bins in (32, 256)}
+    from genolc.model.ops.dsa import row_dot
+
+    pointers = {"out_ptr": BF16, "d_out_ptr": BF16, "delta_ptr": "*fp32"}
+    for preset, rank, block_r in (("small", 256, 256), ("base", 384, 512)):
+        found[f"DSA row dot ({preset})"] = Build(row_dot._kernel(), pointers,
+                                                 {"RANK": rank, "ROWS": row_dot.ROWS, "BLOCK_R": block_r},
+                                                 warps=row_dot.NUM_WARPS)
+    return found
 
 
 def merge_builds() -> dict[str, Build]:

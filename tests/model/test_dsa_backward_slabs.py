@@ -1,14 +1,15 @@
 """The slab-ordered DSA backward's torch side (genolc.model.ops.dsa.tilelang.backward_slabs) on CPU: the sort and cut
-of the index rows, the row dot, the slab split of the math in fp64 (per (query, slab) groups, dQ summed over the
-slabs) against autograd through the reference, and which backward the TileLang op runs. The TileLang kernel itself
-needs CUDA (tests/gpu/test_dsa_tilelang.py; benchmarks/bench_dsa_backward_configs.py times it)."""
+of the index rows (genolc.model.ops.dsa.slab_order), the row dot (row_dot.py), the slab split of the math in fp64 (per
+(query, slab) groups, dQ summed over the slabs) against autograd through the reference, and which backward the
+TileLang op runs. The TileLang kernel itself needs CUDA (tests/gpu/test_dsa_tilelang.py;
+benchmarks/bench_dsa_backward_configs.py times it)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from genolc.model.ops.dsa import reference
+from genolc.model.ops.dsa import reference, row_dot
 from genolc.model.ops.dsa import slab_order as slab_order_module
 from genolc.model.ops.dsa.tilelang import backward_slabs
 
@@ -109,9 +110,15 @@ def test_row_dot_is_the_fp32_row_sum_in_pieces():
     gen = torch.Generator().manual_seed(0)
     out = torch.randn(2, 11, 3, 8, generator=gen).bfloat16()
     d_out = torch.randn(2, 11, 3, 8, generator=gen).bfloat16()
-    delta = backward_slabs.row_dot(out, d_out, rows_per_step=4)
+    delta = row_dot.row_dot_reference(out, d_out, rows_per_step=4)
     assert delta.dtype == torch.float32 and delta.shape == (2, 11, 3)
     torch.testing.assert_close(delta, (out.float() * d_out.float()).sum(-1), rtol=0, atol=0)
+    assert torch.equal(row_dot.row_dot(out, d_out), row_dot.row_dot_reference(out, d_out))   # CPU: the torch form
+    assert row_dot.kernel_unsupported(out, d_out) is None
+    assert "one dtype" in row_dot.kernel_unsupported(out, d_out.float())
+    assert "non-contiguous" in row_dot.kernel_unsupported(out.transpose(1, 2), d_out.transpose(1, 2))
+    with pytest.raises(ValueError, match="does not take rank 1025.*use row_dot_reference"):
+        row_dot.row_dot_triton(torch.zeros(1, 1, 1, 1025), torch.zeros(1, 1, 1, 1025))
 
 
 def _forward_lse(q_lat, latent, indices, scale):

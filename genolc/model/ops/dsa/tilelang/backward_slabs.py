@@ -41,6 +41,7 @@ import dataclasses
 
 import torch
 
+from genolc.model.ops.dsa.row_dot import row_dot
 from genolc.model.ops.dsa.slab_order import slab_order
 from genolc.model.ops.dsa.tilelang import forward as tilelang_forward
 from genolc.model.ops.dsa.tilelang.backward_config import (ATOMIC_VECTOR, EMPTY_ROW_LSE, BackwardConfig,
@@ -57,16 +58,6 @@ def default_slabbed_config(rank: int) -> BackwardConfig:
     count only without software pipelining (two stages fail in CUDA codegen), and in the one-block-per-query kernel
     one stage timed the same as two (79.64 against 79.61 ms, dsa_backward_configs_2026-12-02.json)."""
     return dataclasses.replace(default_backward_config(rank), num_stages=1)
-
-
-def row_dot(out: torch.Tensor, d_out: torch.Tensor, rows_per_step: int = 4096) -> torch.Tensor:
-    """``delta [B, T, H]`` fp32 = rowsum(O * dO), products and sums in fp32, a few thousand queries at a time (no
-    full fp32 copies of O and dO)."""
-    delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
-    for t0 in range(0, out.shape[1], rows_per_step):
-        t1 = min(out.shape[1], t0 + rows_per_step)
-        delta[:, t0:t1] = (out[:, t0:t1].float() * d_out[:, t0:t1].float()).sum(-1)
-    return delta
 
 
 def build_slabbed_backward_prim_func(heads: int, rank: int, width: int, dtype: str, softmax_scale: float,
