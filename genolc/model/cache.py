@@ -108,17 +108,20 @@ def chunk_bounds(length: int, chunk: int) -> list[tuple[int, int]]:
 
 
 def append_rows(past: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
-    """``past [B, n, X]`` followed by ``rows [B, m, X]`` along dim 1 (``rows`` alone when there is no past)."""
+    """``past [B, n, X]`` followed by ``rows [B, m, X]`` along dim 1 in the past's dtype (``rows`` alone when there is
+    no past): a window's rows stay in the dtype it keeps them in (:class:`WindowCache`'s ``row_dtypes``)."""
     if past is None or past.shape[1] == 0:
         return rows
-    return torch.cat([past.to(rows.dtype), rows], dim=1)
+    return torch.cat([past, rows.to(past.dtype)], dim=1)
 
 
 class RowStore:
     """One row entry of a whole window (e.g. a DSA layer's latent rows), appended chunk by chunk into a buffer that
-    grows to the window's size once (its final length is extrapolated from the first chunks)."""
+    grows to the window's size once (its final length is extrapolated from the first chunks). ``dtype``: the
+    buffer's (None: that of the first rows appended)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
         self.buffer: torch.Tensor | None = None
         self.length = 0
 
@@ -127,7 +130,8 @@ class RowStore:
         needed = self.length + rows.shape[1]
         if self.buffer is None or needed > self.buffer.shape[1]:
             capacity = max(needed, int(needed / max(progress, 1e-9)) + 1)
-            grown = rows.new_empty((rows.shape[0], capacity, *rows.shape[2:]))
+            dtype = self.dtype or (rows.dtype if self.buffer is None else self.buffer.dtype)
+            grown = rows.new_empty((rows.shape[0], capacity, *rows.shape[2:]), dtype=dtype)
             if self.buffer is not None:
                 grown[:, : self.length] = self.buffer[:, : self.length]
             self.buffer = grown
@@ -147,13 +151,19 @@ class WindowCache:
     ``cache = window.chunk(start, stop)`` gives the :class:`ChunkCache` for the next chunk, ``window.commit(cache)``
     takes in what it left (detached copies: a present is often a view of a chunk-sized tensor). With
     ``keep_selections`` the DSA layers' chosen pools are kept too, for :meth:`selection` to hand to a later pass.
+    ``row_dtypes`` names row entries kept in another dtype than the layers write them in (the chunked training step
+    keeps the DSA latent rows in the compute dtype); later chunks read them in it (:func:`append_rows`).
     """
 
     def __init__(self, num_layers: int, window_len: int, *, keep_selections: bool = False,
-                 filled_len: int | None = None) -> None:
+                 filled_len: int | None = None, row_dtypes: dict[str, torch.dtype] | None = None) -> None:
+        unknown = set(row_dtypes or {}) - ROW_ENTRIES
+        if unknown:
+            raise ValueError(f"row_dtypes names {sorted(unknown)}, not row entries ({sorted(ROW_ENTRIES)})")
         self.num_layers = num_layers
         self.window_len = window_len
         self.keep_selections = keep_selections
+        self.row_dtypes = dict(row_dtypes or {})
         # How far the committed chunks will reach (the whole window unless a caller stops short): sizes the rows'
         # buffers.
         self.filled_len = window_len if filled_len is None else filled_len
@@ -190,7 +200,9 @@ class WindowCache:
                     if self.keep_selections:
                         self.selections.setdefault(layer, RowStore()).append(value, stop / self.filled_len)
                 elif name in ROW_ENTRIES:
-                    self.rows.setdefault((layer, name), RowStore()).append(value, stop / self.filled_len)
+                    if (layer, name) not in self.rows:
+                        self.rows[(layer, name)] = RowStore(self.row_dtypes.get(name))
+                    self.rows[(layer, name)].append(value, stop / self.filled_len)
                 else:
                     carried[(layer, name)] = value.detach().clone()
         self.carried = carried
@@ -201,10 +213,10 @@ class WindowCache:
         selections are not copied: they belong to a pass over this window's own chunks."""
         if window_len < max((store.length for store in self.rows.values()), default=0):
             raise ValueError(f"a fork's window ({window_len}) must hold the prefix it continues")
-        fork = WindowCache(self.num_layers, window_len)
+        fork = WindowCache(self.num_layers, window_len, row_dtypes=self.row_dtypes)
         fork.carried = {key: value.index_select(0, batch_rows.to(value.device)) for key, value in self.carried.items()}
         for key, store in self.rows.items():
-            copy = RowStore()
+            copy = RowStore(store.dtype)
             copy.buffer = store.prefix().index_select(0, batch_rows.to(store.buffer.device))
             copy.length = store.length
             fork.rows[key] = copy

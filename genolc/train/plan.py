@@ -80,6 +80,9 @@ The chunk-recurrent step (genolc/train/chunked.py, ``--chunk``) keeps one chunk'
 
     DSA latent rows   B T R (10 n_dsa + 10)      per layer: the rows (fp32), their fp32 gradient, the kernel's bf16
                                                  copy; one layer's backward adds its leaf's and the kernel's gradient
+                                                 (on CUDA under autocast the rows are kept in bf16 since 2026-12-04,
+                                                 genolc.train.chunked.compute_dtype_rows: 8 n_dsa + 8 by this count,
+                                                 not yet measured; the measured count stays)
     pool keys         B T / kpool * Di * 8 n_dsa  rows and their gradient
     chosen pools      B T (topk / kpool) 4 n_idx  kept from the first pass for the second (n_idx: DSA layers with an
                                                  indexer), unless the strategy chose them again
@@ -328,7 +331,9 @@ def chunked_cache_bytes(config: ModelConfig, *, seq_len: int, chunk: int, window
     n_dsa = len(c.dsa_layers)
     n_kda = c.num_hidden_layers - n_dsa
     # Per DSA layer: the latent rows (fp32: an fp32-weighted RMSNorm's output), their fp32 gradient and the kernel's
-    # bf16 copy of the rows up to the chunk; one layer's backward adds its leaf gradient and the kernel's.
+    # bf16 copy of the rows up to the chunk; one layer's backward adds its leaf gradient and the kernel's. On CUDA
+    # under autocast the rows are now kept in bf16 (genolc.train.chunked.compute_dtype_rows), 2 B T R (n_dsa + 1)
+    # less (about 2 GiB at `base` 512k); the count stays at the measured H200 peaks' until a device measures the new.
     latent = tokens * c.kv_lora_rank * (10 * n_dsa + 10)
     pools = tokens // c.index_kpool * c.index_head_dim * 8 * n_dsa
     n_indexed = sum(c.indexer_types[layer] == "full" for layer in c.dsa_layers)

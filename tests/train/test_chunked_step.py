@@ -16,6 +16,7 @@ import torch
 
 from genolc.model.cache import ChunkCache, WindowCache, chunk_bounds
 from genolc.model.layers.dsa import DSAAttention
+from genolc.model.ops.dsa import reference
 from genolc.train.apply import apply_recompute
 from genolc.train.chunked import chunked_forward_backward
 from genolc.train.kept_attention import KeptAttention
@@ -119,6 +120,83 @@ def test_the_window_cache_sizes_its_rows_for_the_chunks_it_will_hold():
             buffers.add(id(window.rows[(0, "latent")].buffer))
         capacity = window.rows[(0, "latent")].buffer.shape[1]
         assert len(buffers) == 1 and smallest <= capacity <= smallest + 1, (filled_len, capacity)
+
+
+def test_the_window_keeps_rows_in_the_dtype_it_is_given():
+    """``row_dtypes``: a row entry's buffer takes that dtype from its first chunk on and keeps it when it grows and
+    in a fork; later chunks read the rows in it (append_rows casts the new rows to the past's dtype)."""
+    from genolc.model.cache import append_rows
+
+    window = WindowCache(1, 1000, row_dtypes={"latent": torch.bfloat16}, filled_len=300)
+    for stop in (200, 400, 600):                          # the third chunk outgrows the sized buffer
+        cache = ChunkCache.empty(1, start=stop - 200, window_len=1000)
+        cache.layers[0].present["latent"] = torch.randn(1, 200, 8)
+        cache.layers[0].present["pooled"] = torch.randn(1, 50, 4)
+        window.commit(cache, stop)
+    assert window.rows[(0, "latent")].buffer.dtype == torch.bfloat16
+    assert window.rows[(0, "pooled")].buffer.dtype == torch.float32
+    assert window.fork(torch.tensor([0]), 1000).rows[(0, "latent")].prefix().dtype == torch.bfloat16
+    past = window.chunk(600).layers[0].past["latent"]
+    rows = torch.randn(1, 3, 8)
+    joined = append_rows(past, rows)
+    assert joined.dtype == torch.bfloat16 and torch.equal(joined[:, 600:], rows.bfloat16())
+    with pytest.raises(ValueError, match="not row entries"):
+        WindowCache(1, 1000, row_dtypes={"state": torch.bfloat16})
+
+
+class _KernelLikeAttention(torch.autograd.Function):
+    """The fused kernels' numerics in torch: bf16 operands, fp32 math, one rounding of the output and of each
+    gradient (the latent rows' gradient summed over queries in fp32)."""
+
+    @staticmethod
+    def forward(ctx, q_lat, latent, indices, scale):
+        ctx.save_for_backward(q_lat, latent, indices)
+        ctx.scale = scale
+        with torch.autocast("cpu", enabled=False):
+            return reference.sparse_latent_attention(q_lat.float(), latent.float(), indices, scale).to(q_lat.dtype)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q_lat, latent, indices = ctx.saved_tensors
+        q32, c32 = q_lat.float().requires_grad_(), latent.float().requires_grad_()
+        with torch.enable_grad(), torch.autocast("cpu", enabled=False):
+            out = reference.sparse_latent_attention(q32, c32, indices, ctx.scale)
+            d_q, d_c = torch.autograd.grad(out, (q32, c32), d_out.float())
+        return d_q.to(q_lat.dtype), d_c.to(latent.dtype), None, None
+
+
+def _kernel_like_attention(q_lat, latent, indices, scale, **_):
+    q_lat, latent = q_lat.bfloat16(), latent.bfloat16()    # the kernels' operands (dsa.triton.prepare_inputs)
+    return _KernelLikeAttention.apply(q_lat.contiguous(), latent.contiguous(), indices, scale)
+
+
+def test_latent_rows_kept_in_bf16_train_as_rows_kept_in_fp32(dna_window, one_thread, monkeypatch):
+    """On CUDA under autocast the window keeps the DSA latent rows in bf16 (chunked.compute_dtype_rows): every
+    reader casts them to bf16 anyway and the kernels sum their gradient in fp32. With attention of the kernels'
+    numerics (bf16 operands, fp32 sums, one rounding) in CPU autocast, rows kept in bf16 give the same loss and the
+    same gradients as rows kept in fp32, bit for bit. (The CPU reference alone sums a bf16 gather's gradient in bf16, hence
+    fp32 rows off CUDA.)"""
+    from genolc.train import chunked
+
+    ids, weights = dna_window
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
+                      indexer_mode=None)
+    assert chunked.compute_dtype_rows(lambda: torch.autocast("cpu", dtype=torch.bfloat16), ids.device) == {}
+    results = {}
+    for rows_dtype in (torch.float32, torch.bfloat16):
+        model = _model(False)
+        for module in model.modules():
+            if isinstance(module, DSAAttention):
+                module.sparse_attention_op = _kernel_like_attention
+        monkeypatch.setattr(chunked, "compute_dtype_rows", lambda autocast, device: {"latent": rows_dtype})
+        result = chunked_forward_backward(model, ids, weights, terms, 1000,
+                                          lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        results[rows_dtype] = result, _grads(model)
+    (kept32, grads32), (kept16, grads16) = results[torch.float32], results[torch.bfloat16]
+    assert float(kept16.lm) == float(kept32.lm)
+    assert set(grads16) == set(grads32)
+    for name, grad in grads32.items():
+        torch.testing.assert_close(grads16[name], grad, rtol=0, atol=0, msg=name)
 
 
 def _count_calls(owner, name: str, counts: dict, key: str) -> None:
