@@ -135,8 +135,10 @@ def chunked_forward_backward(model: torch.nn.Module, ids: torch.Tensor, weights:
                                          kept_attention, keep_kda_intermediates)
 
 
-def compute_dtype_rows(autocast: Callable[[], AbstractContextManager], device: torch.device) -> dict[str, torch.dtype]:
-    """The row entries the window keeps in the chunks' compute dtype: on CUDA under autocast, the DSA latent rows.
+def compute_dtype_rows(autocast: Callable[[], AbstractContextManager], device: torch.device, *,
+                       sharded: bool = False) -> dict[str, torch.dtype]:
+    """The row entries the window keeps in the chunks' compute dtype: on CUDA under autocast, the DSA latent rows,
+    unless the process holds a shard of each chunk.
 
     They come out of an fp32-weighted RMSNorm in fp32, but there every reader takes them in the compute dtype (the
     sparse-attention kernels and the indexer loss's target cast them, a dense attention's key/value projection too),
@@ -145,8 +147,10 @@ def compute_dtype_rows(autocast: Callable[[], AbstractContextManager], device: t
     to fp32: some 18 bytes a row element more traffic per DSA layer and chunk, and twice the rows' memory. The
     values are the same (the cast of the concatenation is the concatenation of the casts; the kernels sum the
     rows' gradient in fp32 and round it once either way, and the window adds it up in fp32). Off CUDA the reference
-    attention would sum that gradient in the rows' own dtype, so there they stay as written."""
-    if device.type != "cuda":
+    attention would sum that gradient in the rows' own dtype, so there they stay as written. On a shard (context
+    parallel, genolc/parallel/dsa_cp.py) a rank's two zigzag pieces both read the window's rows, and autograd would
+    add their two gradients in the rows' dtype: there too they stay fp32."""
+    if device.type != "cuda" or sharded:
         return {}
     with autocast():
         if torch.is_autocast_enabled(device.type):
@@ -175,7 +179,7 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
     # layers choose per piece (genolc/parallel/dsa_cp.py) and keep none.
     window = WindowCache(model.config.num_hidden_layers, window_len, keep_selections=keep_selections and shard is None,
                          filled_len=filled[-1][1] if filled else window_len,
-                         row_dtypes=compute_dtype_rows(autocast, ids.device))
+                         row_dtypes=compute_dtype_rows(autocast, ids.device, sharded=shard is not None))
     carried: list[dict[EntryKey, torch.Tensor]] = []      # the carried entries at each chunk's start
     row_starts: list[dict[EntryKey, int]] = []            # each row entry's length at each chunk's start
     counts: dict[int, torch.Tensor] = {}

@@ -14,7 +14,8 @@ from genolc.model.ops.dsa import slab_order
 def slab_test_rows(batch: int, length: int, width: int, kv_len: int, order: str, seed: int) -> torch.Tensor:
     """``[batch, length, width]`` int64 rows of distinct latent rows below ``kv_len`` (``width <= kv_len``):
     ``ascending`` as the Triton selector writes them (holes anywhere), ``any`` order (the reference selector's are
-    best first), or ``mixed`` (every third row in any order). 20 % holes, one wholly empty row and one with none."""
+    best first), or ``mixed`` (every third row in any order). 20 % holes, a quarter of them -3 rather than -1 (any
+    negative entry is an empty slot, kept as given), one wholly empty row and one with none."""
     gen = torch.Generator().manual_seed(seed)
     rows = torch.stack([torch.randperm(kv_len, generator=gen)[:width] for _ in range(batch * length)])
     ascending = rows.sort(dim=-1).values
@@ -24,7 +25,8 @@ def slab_test_rows(batch: int, length: int, width: int, kv_len: int, order: str,
         rows = torch.where((torch.arange(batch * length) % 3 != 0)[:, None], ascending, rows)
     elif order != "any":
         raise ValueError(f"order must be ascending, any or mixed, got {order!r}")
-    rows = rows.masked_fill(torch.rand(rows.shape, generator=gen) < 0.2, -1).reshape(batch, length, width)
+    holes = torch.rand(rows.shape, generator=gen)
+    rows = rows.masked_fill(holes < 0.2, -1).masked_fill(holes < 0.05, -3).reshape(batch, length, width)
     rows[0, length // 2] = -1
     rows[batch - 1, length - 1] = ascending[-1]
     return rows

@@ -1,10 +1,9 @@
 """PYTHONPATH=. /tmp/tri/bin/python tests/gpu/triton_lowering_check.py
 
 Compiles genolc's routed-experts glue kernels (genolc/model/ops/moe/triton.py), mHC mixing and merge kernels
-(genolc/model/ops/mhc/triton.py, merge_kernels.py), DSA Triton pair and pool-mass kernel (genolc/model/ops/dsa/), the
-indexer's scoring and top-k kernels (genolc/model/ops/indexer/) and KDA's convolution kernels
-(genolc/model/ops/kda/conv_kernels.py) for sm_90 on
-a machine without a GPU, with the dtypes, block sizes and divisibility the ops launch them with, through Triton's own
+(genolc/model/ops/mhc/triton.py, merge_kernels.py), DSA Triton pair, pool-mass, slab-order and row-dot kernels
+(genolc/model/ops/dsa/), the indexer's scoring and top-k kernels (genolc/model/ops/indexer/) and KDA's convolution
+kernels (genolc/model/ops/kda/conv_kernels.py) for sm_90 on a machine without a GPU, with the dtypes, block sizes and divisibility the ops launch them with, through Triton's own
 pipeline and its bundled ``ptxas -v``: it catches what fails to build before a device call is spent on it, prints each
 kernel's registers and spill bytes, and checks that the SwiGLU kernels' clamps compile to NaN-propagating min/max
 (``.NaN`` in the PTX), as torch's clamp propagates NaN.
@@ -23,7 +22,9 @@ and 202; the DSA Triton forward 128 and 28 bytes spilled, its backward 164; no o
 indexer's scoring kernel 255 and 2,568 bytes spilled with its head loop unrolled, 255 and none rolled. KDA's
 convolution kernels (genolc/model/ops/kda/conv_triton.py): forward 64, backward 128, no spill; the backward's first
 form, which recomputed gm at four shifts of a 32 x 128 tile, 255 and 544 bytes spilled. 2026-12-04 (Triton 3.9.0
-here): the merge forward 143, its backward 241; the pool mass 168 (`small`) and 100 (`base`); no spill.)
+here): the merge forward 143, its backward 241; the pool mass 168 (`small`) and 100 (`base`); no spill. Later that
+day: the slab order 72 registers (30 for 16-slot rows), 20 bytes spilled at 256 bins; the row dot 69 (`small`) and
+107 (`base`), no spill.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -50,7 +51,7 @@ ARCH = 90
 BLOCKS = {"ROWS": moe.ROWS, "COLUMNS": moe.COLUMNS}
 INTS = ("rows", "dim", "n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_cols", "n_logits", "seq_len",
         "first_query", "kpool", "keep", "q0", "n_queries", "n_pools", "length", "padded_length", "channels",
-        "part_width", "width", "slab_rows", "n_slabs", "n_rows")
+        "part_width", "width", "slab_rows", "n_slabs")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
 
@@ -174,6 +175,11 @@ def slab_order_builds() -> dict[str, Build]:
     found = {f"DSA slab order ({bins} bins)": Build(kernel, pointers, {"BLOCK": slab_order.BLOCK, "BINS": bins},
                                                    warps=slab_order.NUM_WARPS)
              for bins in (32, 256)}
+    # Rows narrower than the block's threads (16 slots: each held by several threads), int64 rows.
+    found["DSA slab order (16 slots, 16 bins)"] = Build(kernel, pointers, {"BLOCK": 16, "BINS": 16},
+                                                        warps=slab_order.NUM_WARPS)
+    found["DSA slab order (int64 rows)"] = Build(kernel, {**pointers, "idx_ptr": "*i64"},
+                                                 {"BLOCK": slab_order.BLOCK, "BINS": 32}, warps=slab_order.NUM_WARPS)
     from genolc.model.ops.dsa import row_dot
 
     pointers = {"out_ptr": BF16, "d_out_ptr": BF16, "delta_ptr": "*fp32"}

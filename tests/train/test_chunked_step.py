@@ -10,6 +10,7 @@ per-layer recompute inside the chunks. "Equal" means fp32 rounding: each gradien
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import pytest
 import torch
@@ -165,35 +166,45 @@ class _KernelLikeAttention(torch.autograd.Function):
         return d_q.to(q_lat.dtype), d_c.to(latent.dtype), None, None
 
 
-def _kernel_like_attention(q_lat, latent, indices, scale, **_):
+def _kernel_like_attention(q_lat, latent, indices, scale, *, seen_dtypes: list, **_):
+    seen_dtypes.append((latent.shape[1], latent.dtype))
     q_lat, latent = q_lat.bfloat16(), latent.bfloat16()    # the kernels' operands (dsa.triton.prepare_inputs)
     return _KernelLikeAttention.apply(q_lat.contiguous(), latent.contiguous(), indices, scale)
 
 
-def test_latent_rows_kept_in_bf16_train_as_rows_kept_in_fp32(dna_window, one_thread, monkeypatch):
+@pytest.mark.parametrize("mode", [None, "sparse"])
+def test_latent_rows_kept_in_bf16_train_as_rows_kept_in_fp32(dna_window, one_thread, monkeypatch, mode):
     """On CUDA under autocast the window keeps the DSA latent rows in bf16 (chunked.compute_dtype_rows): every
     reader casts them to bf16 anyway and the kernels sum their gradient in fp32. With attention of the kernels'
     numerics (bf16 operands, fp32 sums, one rounding) in CPU autocast, rows kept in bf16 give the same loss and the
-    same gradients as rows kept in fp32, bit for bit. (The CPU reference alone sums a bf16 gather's gradient in bf16, hence
-    fp32 rows off CUDA.)"""
+    same gradients as rows kept in fp32, bit for bit (one thread: with several, two fp32 runs already differ).
+    The CPU reference alone sums a bf16 gather's gradient in bf16, hence fp32 rows off CUDA, and so does autograd
+    where two pieces of a context-parallel rank read the same rows, hence fp32 rows on a shard."""
     from genolc.train import chunked
 
     ids, weights = dna_window
     terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.05, indexer_kl_coef=1.0,
-                      indexer_mode=None)
-    assert chunked.compute_dtype_rows(lambda: torch.autocast("cpu", dtype=torch.bfloat16), ids.device) == {}
+                      indexer_mode=mode)
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    assert chunked.compute_dtype_rows(bf16, ids.device) == {}
+    assert chunked.compute_dtype_rows(bf16, torch.device("cuda"), sharded=True) == {}
     results = {}
     for rows_dtype in (torch.float32, torch.bfloat16):
         model = _model(False)
+        seen: list[tuple[int, torch.dtype]] = []
         for module in model.modules():
             if isinstance(module, DSAAttention):
-                module.sparse_attention_op = _kernel_like_attention
-        monkeypatch.setattr(chunked, "compute_dtype_rows", lambda autocast, device: {"latent": rows_dtype})
-        result = chunked_forward_backward(model, ids, weights, terms, 1000,
-                                          lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+                module.sparse_attention_op = functools.partial(_kernel_like_attention, seen_dtypes=seen)
+        monkeypatch.setattr(chunked, "compute_dtype_rows", lambda autocast, device, sharded: {"latent": rows_dtype})
+        result = chunked_forward_backward(model, ids, weights, terms, 1000, bf16)
+        # The first chunk's rows are the layer's own (fp32, in both passes); every later chunk's come joined to the
+        # window's, in the window's dtype.
+        assert {dtype for rows, dtype in seen if rows <= 1000} == {torch.float32}, seen
+        assert {dtype for rows, dtype in seen if rows > 1000} == {rows_dtype}, seen
         results[rows_dtype] = result, _grads(model)
     (kept32, grads32), (kept16, grads16) = results[torch.float32], results[torch.bfloat16]
     assert float(kept16.lm) == float(kept32.lm)
+    assert {name: float(v) for name, v in kept16.aux.items()} == {name: float(v) for name, v in kept32.aux.items()}
     assert set(grads16) == set(grads32)
     for name, grad in grads32.items():
         torch.testing.assert_close(grads16[name], grad, rtol=0, atol=0, msg=name)

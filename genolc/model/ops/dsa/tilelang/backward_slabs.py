@@ -174,10 +174,11 @@ def sparse_latent_attention_backward_slabs(q_lat: torch.Tensor, latent: torch.Te
     if seq_len > 0 and batch > 0:
         if latent.shape[1] == 0:
             raise ValueError("latent has no rows (S = 0) but indices has rows to attend")
-        rows, offsets = slab_order(indices, slab_rows, latent.shape[1])
-        delta = row_dot(out, d_out)
         kernel = compiled_slabbed_backward_kernel(heads, rank, indices.shape[2], SUPPORTED_DTYPES[q_lat.dtype],
                                                   float(softmax_scale), config)
+        # Triton launches on the current device: the slab order's and the row dot's kernels too.
         with torch.cuda.device(q_lat.device):
+            rows, offsets = slab_order(indices, slab_rows, latent.shape[1])
+            delta = row_dot(out, d_out)
             kernel(q_lat, latent, rows, offsets, lse, delta, d_out, d_q, d_latent)
     return d_q.to(q_lat.dtype), d_latent.to(latent.dtype)
