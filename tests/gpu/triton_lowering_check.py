@@ -3,10 +3,10 @@
 Compiles genolc's routed-experts glue kernels (genolc/model/ops/moe/triton.py), mHC mixing and merge kernels
 (genolc/model/ops/mhc/triton.py, merge_kernels.py), DSA Triton pair, pool-mass, slab-order and row-dot kernels
 (genolc/model/ops/dsa/), the indexer's scoring and top-k kernels (genolc/model/ops/indexer/) and KDA's convolution
-kernels (genolc/model/ops/kda/conv_kernels.py) for sm_90 on a machine without a GPU, with the dtypes, block sizes and divisibility the ops launch them with, through Triton's own
-pipeline and its bundled ``ptxas -v``: it catches what fails to build before a device call is spent on it, prints each
-kernel's registers and spill bytes, and checks that the SwiGLU kernels' clamps compile to NaN-propagating min/max
-(``.NaN`` in the PTX), as torch's clamp propagates NaN.
+kernels (genolc/model/ops/kda/conv_kernels.py) for sm_90 on a machine without a GPU, with the dtypes, block sizes and
+divisibility the ops launch them with, through Triton's own pipeline and its bundled ``ptxas -v``: it catches what
+fails to build before a device call is spent on it, prints each kernel's registers and spill bytes, and checks that
+the SwiGLU kernels' clamps compile to NaN-propagating min/max (``.NaN`` in the PTX), as torch's clamp propagates NaN.
 
 It also reads each kernel's loops in the TTGIR for a shared-memory buffer that an asynchronous wgmma reads and
 that the loop writes while that wgmma may still be running (:func:`refill_races`). The mHC forward with fp32
