@@ -20,6 +20,8 @@ import functools
 
 import torch
 
+from genolc.model.ops.dsa.triton import next_power_of_2
+
 ROWS = 16                  # (query, head) rows a program
 NUM_WARPS = 4
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -78,7 +80,7 @@ def row_dot_triton(out: torch.Tensor, d_out: torch.Tensor) -> torch.Tensor:
     if n_rows:
         rank = out.shape[-1]
         _kernel()[(-(-n_rows // ROWS),)](out, d_out, delta, n_rows, RANK=rank, ROWS=ROWS,
-                                         BLOCK_R=max(16, 1 << max(0, rank - 1).bit_length()), num_warps=NUM_WARPS)
+                                         BLOCK_R=max(16, next_power_of_2(rank)), num_warps=NUM_WARPS)
     return delta
 
 

@@ -33,6 +33,8 @@ import functools
 
 import torch
 
+from genolc.model.ops.dsa.triton import next_power_of_2
+
 _INT32_MAX = torch.iinfo(torch.int32).max        # rows are int32: every latent row index must fit
 MAX_SLABS = 65535          # CUDA's limit on gridDim.y, the slab-ordered backward's slab axis
 MAX_KERNEL_SLABS = 255     # the kernel's per-slab counts, in a register tile of 256 bins
@@ -81,10 +83,6 @@ def kernel_unsupported(indices: torch.Tensor, n_slabs: int) -> str | None:
     return None
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 @functools.cache
 def _kernel():
     from genolc.model.ops.dsa import slab_order_kernel
@@ -114,7 +112,7 @@ def slab_order_triton(indices: torch.Tensor, slab_rows: int, kv_len: int, *,
         bins = 1 << n_slabs.bit_length()                  # a power of two above n_slabs: the empty slots' key fits
         _kernel()[(seq_len, batch)](
             indices, rows, offsets, seq_len, width, slab_rows, n_slabs, indices.stride(0), indices.stride(1),
-            BLOCK=min(BLOCK, max(16, _next_power_of_2(width))), BINS=max(bins, 16), num_warps=NUM_WARPS)
+            BLOCK=min(BLOCK, max(16, next_power_of_2(width))), BINS=max(bins, 16), num_warps=NUM_WARPS)
     return rows, offsets
 
 

@@ -137,14 +137,15 @@ def _kernels():
     return latent_fwd_kernel, latent_bwd_kernel
 
 
-def _next_power_of_2(n: int) -> int:
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two at or above ``n`` (1 for ``n <= 1``): the kernels' tile extents."""
     return 1 << max(0, (n - 1).bit_length())
 
 
 def tile_sizes(heads: int, rank: int) -> dict[str, int]:
     """The launch's tiles for H heads and latent rank R (see the module docstring for why these)."""
-    block_h = min(MAX_BLOCK_H, max(16, _next_power_of_2(heads)))
-    block_r = max(16, _next_power_of_2(rank))
+    block_h = min(MAX_BLOCK_H, max(16, next_power_of_2(heads)))
+    block_r = max(16, next_power_of_2(rank))
     return {"BLOCK_H": block_h, "BLOCK_R": block_r,
             "fwd_block_w": 64 if block_r <= 256 else 32, "fwd_warps": 4 if block_r <= 256 else 8,
             "bwd_block_w": 32 if block_r <= 256 else 16, "bwd_warps": 8}
