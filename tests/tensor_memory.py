@@ -70,13 +70,14 @@ def use_fast_kernel_stand_ins(model) -> None:
 
 def use_cuda_mhc_ops(model) -> None:
     """Run ``model``'s hyper-connections through the custom ops CUDA dispatches to (genolc.model.ops.mhc.op: the fused
-    mixing logits and comb weights, whose autograd saves what the CUDA kernels' does) on their CPU paths."""
+    mixing logits with the block input, and the comb weights, whose autograd saves what the CUDA kernels' does) on their
+    CPU paths."""
     from genolc.model.layers.mhc import HyperConnection
     from genolc.model.ops.mhc import op as mhc_op
 
     for module in model.modules():
         if isinstance(module, HyperConnection):
-            module.mixing_op = mhc_op.mixing_logits
+            module.input_op = mhc_op.block_input
             module.comb_op = mhc_op.comb_weights_op
 
 

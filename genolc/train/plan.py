@@ -36,7 +36,8 @@ save: with bf16 streams the norm hands them one bf16 input, x = 1 (the router re
 the shared expert does); with fp32 streams each casts the fp32 norm output on its own, x = 2 in DSA and the dense
 MLP, 2 (n_shared + 1) in MoE, and 1 in KDA, whose six projections are one product)::
 
-    2 x mHC           s n d + 8 n^2 + 20 n + 4     the streams, the fused mixing op's fp32 logits, rstd and weights
+    2 x mHC           s n d + 8 n^2 + 12 n + 4     the streams, the fused block-input op's fp32 logits and rstd, the
+                                                   weights
     2 x RMSNorm       (4 + s) d + 4                input, fp32 normalised value, rstd
     2 x stream merge  (s + 2) d + 8 n (n + 1)      both merges together: the block output, post and comb
     KDA token mixer   a (x d + 16 W + 2 Dk + 3 H)  input, conv in/out, q k v, the raw gate and the gated norm's
@@ -54,7 +55,7 @@ measured on CPU as the growth between two lengths of what autograd saves, with t
 around stand-in kernels, the mHC ops on their CPU paths and a grouped GEMM that saves its two inputs, as CUDA's
 derivative does: exact with bf16 streams and within 2.5 % with fp32 ones for `tiny` and `tiny` with other widths,
 stream counts, heads and experts (tests/train/test_train_plan.py), and exact for three layers of `small`'s
-dimensions (76,988 / 69,312 / 104,576 bytes a token in a KDA+MoE, DSA+MoE and KDA+dense layer, routed experts
+dimensions (76,924 / 69,248 / 104,512 bytes a token in a KDA+MoE, DSA+MoE and KDA+dense layer, routed experts
 checkpointed). The table of 2026-11-30, from before the fused mHC ops and the bf16 streams, counted 177-200 KB for
 those layers and left the routed experts out.
 
@@ -227,7 +228,7 @@ def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: boo
     # fp32 streams reach the token mixer and the feed-forward as an fp32 norm output, which every projection casts
     # to bf16 and saves on its own; bf16 streams hand them one bf16 input that all of them share.
     own_casts = s > a
-    hyper = s * n * d + 8 * n * n + 20 * n + 4
+    hyper = s * n * d + 8 * n * n + 12 * n + 4
     norm = (4 + s) * d + 4
     merges = (s + 2) * d + 8 * n * (n + 1)
     routed = 0 if routed_experts_checkpointed(windows * seq_len, bf16) else routed_expert_bytes_per_token(c, bf16)

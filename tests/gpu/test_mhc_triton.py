@@ -1,5 +1,5 @@
-"""The fused mHC mixing-logits kernel (genolc/model/ops/mhc/triton.py) and its custom op on CUDA against the
-pure-torch reference in fp64. Needs CUDA."""
+"""The fused mHC kernels (genolc/model/ops/mhc/triton.py: the mixing logits, the block input; comb_triton.py: the
+mixing matrix) and their custom ops on CUDA against the pure-torch reference in fp64. Needs CUDA."""
 
 from __future__ import annotations
 
@@ -214,3 +214,62 @@ def _with_reference_comb(connection, streams):
         return connection.forward(streams)
     finally:
         connection.comb_op = dispatch.mhc_comb_weights
+
+
+def _block_input_operands(rows: int, dim: int, dtype: torch.dtype, n: int = 4):
+    gen = torch.Generator(device="cuda").manual_seed(rows + dim)
+    x = torch.randn(rows, n * dim, generator=gen, device="cuda") * torch.rand(rows, 1, generator=gen, device="cuda")
+    weight = torch.randn((2 + n) * n, n * dim, generator=gen, device="cuda") * 0.02
+    scale = torch.rand(3, generator=gen, device="cuda") + 0.5
+    base = torch.randn((2 + n) * n, generator=gen, device="cuda") * 0.5
+    return [t.requires_grad_() for t in (x.mul(4).to(dtype), weight, scale, base)]
+
+
+@pytest.mark.parametrize("rows, dim, dtype, compiled", [
+    (3001, 1024, torch.bfloat16, False),      # `small`'s streams, the trainer's dtype
+    (3001, 1024, torch.bfloat16, True),
+    (517, 1536, torch.float32, False),        # `base`'s width, --stream-dtype float32
+    (77, 40, torch.bfloat16, False),          # a stream's columns ending inside the backward's 64-column tile
+])
+def test_block_input_op_matches_fp64_autograd(rows, dim, dtype, compiled, monkeypatch):
+    """The hyper-connection's block input as the model calls it (dispatch.mhc_block_input under bf16 autocast; all
+    three of its kernels must run), eagerly and compiled, against fp64 autograd of the reference."""
+    calls = []
+    for name in ("weighted_streams", "weighted_streams_backward", "fused_mixing_logits_backward"):
+        kernel = getattr(mhc_triton, name)
+        monkeypatch.setattr(mhc_triton, name, lambda *args, kernel=kernel, name=name, **kwargs:
+                            calls.append((name, "grad_block" in kwargs)) or kernel(*args, **kwargs))
+    leaves = _block_input_operands(rows, dim, dtype)
+    grad_logits = torch.randn(rows, 24, device="cuda")
+    grad_block = torch.randn(rows, dim, device="cuda").to(dtype)
+    function = torch.compile(dispatch.mhc_block_input, dynamic=False) if compiled else dispatch.mhc_block_input
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits, block = function(*leaves, EPS, 1e-6, 4)
+    mine = torch.autograd.grad([logits, block], leaves, [grad_logits, grad_block])
+    exact_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    exact_logits, exact_block = reference.block_input(*exact_leaves, EPS, 1e-6, 4)
+    exact = torch.autograd.grad([exact_logits, exact_block], exact_leaves,
+                                [grad_logits.double(), grad_block.double()])
+    assert set(calls) == {("weighted_streams", False), ("weighted_streams_backward", False),
+                          ("fused_mixing_logits_backward", True)}
+    assert logits.dtype == torch.float32 and block.dtype == dtype
+    # TF32 products (~2^-11 an operand); bf16 outputs rounded once (2^-9 relative on average).
+    assert _relative(logits, exact_logits) < 2e-3 and _relative(block, exact_block) < 4e-3
+    assert [g.dtype for g in mine] == [dtype, torch.float32, torch.float32, torch.float32]
+    for name, got, truth in zip(("x", "weight", "scale", "base"), mine, exact):
+        assert _relative(got, truth) < 4e-3, name
+
+
+def test_block_input_dispatch_sends_what_the_kernels_do_not_take_to_the_reference(monkeypatch):
+    calls = []
+    monkeypatch.setattr(op, "block_input", lambda *args: calls.append(args) or reference.block_input(*args))
+    x, weight, scale, base = (t.detach() for t in _block_input_operands(37, 64, torch.float32))
+    x64 = x.double()
+    expected = reference.block_input(x64, weight.double(), scale.double(), base.double(), EPS, 1e-6, 4)
+    got = dispatch.mhc_block_input(x64, weight.double(), scale.double(), base.double(), EPS, 1e-6, 4)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    three = torch.randn(37, 3 * 64, device="cuda")                 # 3 streams: not a power of two
+    dispatch.mhc_block_input(three, torch.randn(15, 3 * 64, device="cuda"), scale, base[:15], EPS, 1e-6, 3)
+    assert not calls
+    dispatch.mhc_block_input(x, weight, scale, base, EPS, 1e-6, 4)
+    assert len(calls) == 1

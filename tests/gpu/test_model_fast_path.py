@@ -88,8 +88,8 @@ def _use_reference_ops(model, monkeypatch):
             module.kda_op = kda_reference.chunk_kda
         if hasattr(module, "sparse_attention_op"):
             module.sparse_attention_op = dsa_reference.sparse_latent_attention
-        if hasattr(module, "mixing_op"):
-            module.mixing_op = mhc_reference.mixing_logits
+        if hasattr(module, "input_op"):
+            module.input_op = mhc_reference.block_input
         if hasattr(module, "comb_op"):
             module.comb_op = mhc_reference.comb_weights
     monkeypatch.setattr(moe_layer, "routed_experts", moe_reference.routed_experts)

@@ -3,12 +3,12 @@
 Runs genolc's Triton kernels (mHC's merge, forward and backward; the DSA pool mass, the indexer loss's target; KDA's
 short convolution, forward and backward; the routed experts' glue; mHC mixing logits and mixing matrix; indexer
 scoring and top-k; DSA latent sparse attention forward, lse and backward; the slab order of the DSA backward's index
-rows and its row dot; the groups ``merge``, ``pool_mass``, ``slab_order``, ``row_dot``, ``conv``, ``moe``, ``mhc``,
-``comb``, ``top_pools``, ``indexer``, ``dsa``, given as arguments, run alone) on CPU tensors under Triton's
-interpreter and compares them with the pure-torch references at small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16,
-batch 2, head counts and latent ranks that are not powers of two (and a head count that needs two head blocks), index
-rows with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit status 0 when everything
-matches.
+rows and its row dot; the hyper-connection's block input; the groups ``merge``, ``pool_mass``, ``slab_order``,
+``row_dot``, ``conv``, ``moe``, ``mhc``, ``block_input``, ``comb``, ``top_pools``, ``indexer``, ``dsa``, given as
+arguments, run alone) on CPU tensors under Triton's interpreter and compares them with the pure-torch references at
+small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of
+two (and a head count that needs two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64
+indices, strided index rows. Exit status 0 when everything matches.
 
 Not part of the CI suite (pytest collects ``test_*.py`` only): it needs Triton, which genolc does not depend on on
 CPU. Use a throwaway venv, never the project's:
@@ -311,6 +311,43 @@ def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) 
     return problems
 
 
+def check_block_input(rows, n, dim, dtype, block_rows, block_k, rows_per_program) -> list[str]:
+    """The hyper-connection's block input (genolc/model/ops/mhc/op.py ``block_input_forward`` and
+    ``block_input_gradients`` on their kernels' path: the weighted sum of the streams, its gradient's reduction, and
+    the mixing-logits backward adding the block input's share to x's gradient) against fp64 autograd of the
+    reference, and against the op's torch formulas."""
+    gen = torch.Generator().manual_seed(rows * 11 + n * dim)
+    cols, width = n * dim, (2 + n) * n
+    x = (torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen) * 4).to(dtype)
+    weight = torch.randn(width, cols, generator=gen) * 0.05
+    scale = torch.rand(3, generator=gen) + 0.5
+    base = torch.randn(width, generator=gen) * 0.5
+    grad_logits = torch.randn(rows, width, generator=gen)
+    grad_block = torch.randn(rows, dim, generator=gen).to(dtype)
+    logits, rstd, block = mhc_op.block_input_forward(x, weight, scale, base, 1e-6, 1e-6, n, False, kernels=True)
+    leaves = [t.double().requires_grad_() for t in (x, weight, scale, base)]
+    exact_logits, exact_block = mhc_reference.block_input(*leaves, 1e-6, 1e-6, n)
+    exact = torch.autograd.grad([exact_logits, exact_block], leaves, [grad_logits.double(), grad_block.double()])
+    # bf16: the interpreter truncates fp32 -> bf16 (check_mhc's note), twice the rounding's error.
+    tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-5
+    problems = []
+    if block.dtype != dtype or rel_err(block, exact_block) > tolerance:
+        problems.append(f"block input rel err {rel_err(block, exact_block):.2e} ({block.dtype})")
+    if rel_err(logits, exact_logits) > 1e-5:
+        problems.append(f"logits rel err {rel_err(logits, exact_logits):.2e}")
+    config = mhc_triton.BackwardConfig(rows_per_program=rows_per_program, block_rows=block_rows, block_k=block_k)
+    grads = mhc_op.block_input_gradients(grad_logits, grad_block, x, weight, scale, base, logits, rstd, 1e-6, False,
+                                         kernels=True, backward_config=config)
+    formulas = mhc_op.block_input_gradients(grad_logits, grad_block, x, weight, scale, base, logits, rstd, 1e-6,
+                                            False, kernels=False)
+    for name, got, written, truth in zip(("dx", "dweight", "dscale", "dbase"), grads, formulas, exact):
+        limit = tolerance if name == "dx" else 1e-5
+        if got.dtype != written.dtype or rel_err(got, truth) > limit or rel_err(got, written) > limit:
+            problems.append(f"{name} rel err {rel_err(got, truth):.2e} (the op's formulas: "
+                            f"{rel_err(got, written):.2e}, {got.dtype})")
+    return problems
+
+
 def check_comb(rows, n, iterations) -> list[str]:
     """mHC's mixing-matrix kernels (softmax and Sinkhorn; the forward into a NaN-filled output) against fp64
     autograd of the reference, and the reference's written-out backward against the same."""
@@ -493,6 +530,16 @@ MHC_CASES = [
     (1, 72, 24, torch.float32, 16, 64, 32),
     (77, 128, 40, torch.bfloat16, 32, 32, 32),
 ]
+BLOCK_INPUT_CASES = [
+    # rows, N, D, x dtype, block rows, block K, backward rows per program: a stream's columns ending inside a column
+    # tile (D = 24, 40 against tiles of 32, 64), rows off the tiles, one row, two streams, D past the weighted sum's
+    # 256-column block, several row groups with a partial last one
+    (37, 4, 24, torch.float32, 16, 32, 16),
+    (203, 4, 64, torch.float32, 64, 64, 128),
+    (1, 2, 40, torch.float32, 16, 64, 32),
+    (77, 4, 32, torch.bfloat16, 32, 32, 32),
+    (45, 4, 300, torch.float32, 32, 64, 64),
+]
 COMB_CASES = [
     # rows, N, Sinkhorn iterations: rows off the 64-token block, N off a power of two (its padding's gradient
     # grew by 1 / eps a step until it overflowed at 20 iterations, on the H200), one iteration
@@ -517,7 +564,8 @@ def case_groups() -> list[tuple[str, object, list[tuple], int | None]]:
     return [("merge", check_merge, MERGE_CASES, None), ("pool_mass", check_pool_mass, POOL_MASS_CASES, None),
             ("slab_order", check_slab_order, SLAB_ORDER_CASES, None), ("row_dot", check_row_dot, ROW_DOT_CASES, None),
             ("conv", check_kda_conv, CONV_CASES, 6), ("moe", check_moe, MOE_CASES, None),
-            ("mhc", check_mhc, MHC_CASES, None), ("comb", check_comb, COMB_CASES, None),
+            ("mhc", check_mhc, MHC_CASES, None), ("block_input", check_block_input, BLOCK_INPUT_CASES, None),
+            ("comb", check_comb, COMB_CASES, None),
             ("top_pools", check_top_pools, TOP_POOLS_CASES, None), ("indexer", check_indexer, INDEXER_CASES, None),
             ("dsa", check_dsa, DSA_CASES, None)]
 

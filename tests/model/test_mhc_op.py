@@ -71,6 +71,70 @@ def test_ops_registration_passes_torch_opcheck():
                                                          False))
 
 
+def _block_input_operands(rows: int, dtype: torch.dtype, n: int = 4, dim: int = 24):
+    torch.manual_seed(rows + n)
+    x = (torch.randn(rows, n * dim) * torch.rand(rows, 1) * 5).to(dtype).requires_grad_()
+    weight = (torch.randn((2 + n) * n, n * dim) * 0.1).requires_grad_()
+    scale = (torch.rand(3) + 0.5).requires_grad_()
+    base = (torch.randn((2 + n) * n) * 0.5).requires_grad_()
+    return x, weight, scale, base
+
+
+@pytest.mark.parametrize("rows, dtype, n", [(37, torch.float32, 4), (1, torch.float32, 4), (53, torch.bfloat16, 4),
+                                            (29, torch.float32, 2)])
+def test_block_input_backward_matches_autograd_of_the_reference(rows, dtype, n):
+    """The op's written-out backward (the formulas its CUDA path runs in kernels) against autograd of
+    reference.block_input: the gradients of the streams, the weight, ``scale`` and ``base``."""
+    x, weight, scale, base = _block_input_operands(rows, dtype, n)
+    grad_logits = torch.randn(rows, weight.shape[0])
+    grad_block = torch.randn(rows, x.shape[1] // n).to(dtype)
+
+    logits, block = op.block_input(x, weight, scale, base, 1e-6, 1e-6, n)
+    torch.autograd.backward([logits, block], [grad_logits, grad_block])
+    mine = [t.grad.clone() for t in (x, weight, scale, base)]
+    for t in (x, weight, scale, base):
+        t.grad = None
+    expected_logits, expected_block = reference.block_input(x, weight, scale, base, 1e-6, 1e-6, n)
+    torch.autograd.backward([expected_logits, expected_block], [grad_logits, grad_block])
+
+    assert torch.equal(logits, expected_logits) and torch.equal(block, expected_block) and block.dtype == dtype
+    assert [g.dtype for g in mine] == [dtype, torch.float32, torch.float32, torch.float32]
+    # bf16 streams: dx is rounded to bf16 from fp32 sums taken in another order.
+    tolerances = [4e-3 if dtype == torch.bfloat16 else 1e-6, 1e-6, 1e-5, 1e-5]
+    for name, got, tolerance, t in zip(("x", "weight", "scale", "base"), mine, tolerances, (x, weight, scale, base)):
+        assert _relative(got, t.grad) < tolerance, name
+    # Within the op, only the pre weights' parts of scale and base are read (the hyper-connection uses the rest).
+    assert mine[2][0] != 0 and not mine[2][1:].any() and mine[3][:n].all() and not mine[3][n:].any()
+
+
+def test_block_input_gradient_through_one_output_only():
+    x, weight, scale, base = _block_input_operands(11, torch.float32)
+    for pick in (0, 1):
+        outputs = op.block_input(x, weight, scale, base, 1e-6, 1e-6, 4)
+        outputs[pick].square().sum().backward()
+        mine = [t.grad.clone() for t in (x, weight, scale, base)]
+        for t in (x, weight, scale, base):
+            t.grad = None
+        reference.block_input(x, weight, scale, base, 1e-6, 1e-6, 4)[pick].square().sum().backward()
+        for got, t in zip(mine, (x, weight, scale, base)):
+            # The reference leaves scale and base without a gradient when only the logits are used; the op's are 0.
+            expected = torch.zeros_like(got) if t.grad is None else t.grad
+            assert (_relative(got, expected) < 1e-5) if expected.any() else not got.any()
+        for t in (x, weight, scale, base):
+            t.grad = None
+
+
+def test_block_input_ops_pass_torch_opcheck():
+    x, weight, scale, base = (t.detach() for t in _block_input_operands(13, torch.float32))
+    torch.library.opcheck(op.block_input_op, (x.requires_grad_(), weight.requires_grad_(), scale.requires_grad_(),
+                                              base.requires_grad_(), 1e-6, 1e-6, 4, False))
+    logits, rstd, _ = op.block_input_op(x.detach(), weight.detach(), scale.detach(), base.detach(), 1e-6, 1e-6, 4,
+                                        False)
+    torch.library.opcheck(op.block_input_backward_op, (torch.randn(13, 24), torch.randn(13, 24), x.detach(),
+                                                       weight.detach(), scale.detach(), base.detach(), logits, rstd,
+                                                       1e-6, False))
+
+
 def test_hyper_connection_with_the_op_compiled_matches_the_reference():
     """The tiny model's first hyper-connection, once with its default ops (the references on CPU) eagerly and once
     with the custom ops under torch.compile: same outputs and gradients (what the GPU path runs, minus the kernel)."""
@@ -82,10 +146,11 @@ def test_hyper_connection_with_the_op_compiled_matches_the_reference():
     def run():
         post, comb, block_input = connection(streams)
         loss = (post.square().sum() + comb.square().sum() + block_input.square().sum())
-        return [t.detach() for t in (post, comb, block_input)], torch.autograd.grad(loss, [streams, connection.fn])
+        return [t.detach() for t in (post, comb, block_input)], torch.autograd.grad(
+            loss, [streams, connection.fn, connection.scale, connection.base])
 
     expected_outputs, expected_grads = run()
-    connection.mixing_op = op.mixing_logits
+    connection.input_op = op.block_input
     connection.comb_op = op.comb_weights_op
     connection.forward = torch.compile(connection.forward, fullgraph=True, dynamic=False)
     outputs, grads = run()

@@ -528,14 +528,14 @@ def test_auto_chunk_takes_the_longest_recomputed_chunk_when_nothing_else_fits():
 
 
 def test_context_parallel_auto_chunk_takes_the_longest_recomputed_chunk_when_nothing_else_fits():
-    """`small` at 8M over 4 GPUs of 120 GiB: no chunk fits a rank without recompute and 32k chunks with it do not
-    either."""
+    """`small` at 4M over 2 GPUs of 66 GiB: no chunk fits a rank without recompute and 32k chunks with it do not
+    either (67.3 GiB planned; 16k chunks 65.2)."""
     from genolc.model import preset
     from genolc.train.strategy import choose_context_parallel_strategy
 
     chosen = choose_context_parallel_strategy(
-        preset("small"), seq_len=1 << 23, cp=4, pieces=8, windows=1, chunk=None, recompute=False, bf16=True,
-        fast_kernels=True, budget_bytes=int(120 * GIB), multiple=64, where="test", auto_recompute=True)
+        preset("small"), seq_len=1 << 22, cp=2, pieces=4, windows=1, chunk=None, recompute=False, bf16=True,
+        fast_kernels=True, budget_bytes=int(66 * GIB), multiple=64, where="test", auto_recompute=True)
     assert (chosen.chunk, chosen.recompute) == (16 * 1024, True)
     assert "recompute added because no chunk fits without it" in chosen.describe()
 

@@ -12,9 +12,10 @@ computes, per token and from all N streams, three sets of weights with a one-lay
 Then ``new_streams = post ⊗ block_out + comb^T @ streams`` (:func:`merge_streams`). After the last layer the
 streams are averaged (:func:`collapse_streams`). Parameter names (``fn``, ``base``, ``scale``) match transformers.
 
-The perceptron's logits, the RMS-normed streams projected by ``fn``, come from the module attribute ``mixing_op``
-(``genolc.model.ops.dispatch.mhc_mixing_logits``: the pure-torch reference on CPU, a fused kernel on CUDA), and
-``comb`` from ``comb_op`` (``mhc_comb_weights``: softmax and Sinkhorn, one kernel each way on CUDA).
+The perceptron's logits, the RMS-normed streams projected by ``fn``, and the block's input come from the module
+attribute ``input_op`` (``genolc.model.ops.dispatch.mhc_block_input``: the pure-torch reference on CPU, fused kernels
+on CUDA whose backward writes the streams' gradient once), and ``comb`` from ``comb_op`` (``mhc_comb_weights``:
+softmax and Sinkhorn, one kernel each way on CUDA).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from genolc.model.config import ModelConfig
-from genolc.model.ops.dispatch import mhc_comb_weights, mhc_merge, mhc_mixing_logits
+from genolc.model.ops.dispatch import mhc_block_input, mhc_comb_weights, mhc_merge
 
 
 class HyperConnection(nn.Module):
@@ -41,7 +42,7 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.zeros(width, dtype=torch.float32))
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
         nn.init.normal_(self.fn, std=0.02)
-        self.mixing_op = mhc_mixing_logits
+        self.input_op = mhc_block_input
         self.comb_op = mhc_comb_weights
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -49,17 +50,17 @@ class HyperConnection(nn.Module):
             raise ValueError(f"streams must be [B, T, {self.n_streams}, D]; got {tuple(streams.shape)}")
         n = self.n_streams
         batch, length = streams.shape[:2]
-        mixed = self.mixing_op(streams.reshape(batch * length, -1), self.fn, self.norm_eps).view(batch, length, -1)
-        pre_logit, post_logit, comb_logit = mixed.split([n, n, n * n], dim=-1)
-        pre_bias, post_bias, comb_bias = self.base.split([n, n, n * n])
-        pre_scale, post_scale, comb_scale = self.scale.unbind(0)
+        # The pre weights (sigmoid(pre logits * scale[0] + base[:N]) + eps) are the op's: reference.block_input.
+        mixed, block_input = self.input_op(streams.reshape(batch * length, -1), self.fn, self.scale, self.base,
+                                           self.norm_eps, self.eps, n)
+        _, post_logit, comb_logit = mixed.view(batch, length, -1).split([n, n, n * n], dim=-1)
+        _, post_bias, comb_bias = self.base.split([n, n, n * n])
+        _, post_scale, comb_scale = self.scale.unbind(0)
 
-        pre = torch.sigmoid(pre_logit * pre_scale + pre_bias) + self.eps
         post = 2 * torch.sigmoid(post_logit * post_scale + post_bias)
         comb_logit = comb_logit.view(batch, length, n, n) * comb_scale + comb_bias.view(n, n)
         comb = self.comb_op(comb_logit, self.sinkhorn_iters, self.eps)
-        block_input = (pre.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype)
-        return post, comb, block_input
+        return post, comb, block_input.view(batch, length, -1)
 
     def merge(self, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
               streams: torch.Tensor) -> torch.Tensor:

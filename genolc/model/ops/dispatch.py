@@ -10,6 +10,8 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     sparse_pool_mass         genolc.model.ops.dsa.triton (two passes a query, no gather)    | ops.dsa.reference
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
     mhc_mixing_logits        genolc.model.ops.mhc.op (custom ops, Triton fwd and bwd)        | ops.mhc.reference
+    mhc_block_input          genolc.model.ops.mhc.op (custom ops: the mixing logits and the  | ops.mhc.reference
+                             block's input, x's gradient in one kernel)
     mhc_comb_weights         genolc.model.ops.mhc.op (custom ops, comb_triton fwd and bwd)   | ops.mhc.reference
     mhc_merge                genolc.model.ops.mhc.op (custom ops, merge_triton fwd and bwd)  | ops.mhc.reference
 
@@ -170,6 +172,24 @@ def mhc_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
             x = x if x.stride(-1) == 1 else x.contiguous()
             return mhc_op.mixing_logits(x, weight if weight.stride(-1) == 1 else weight.contiguous(), eps)
     return mhc_reference.mixing_logits(x, weight, eps)
+
+
+def mhc_block_input(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                    norm_eps: float, hc_eps: float, n_streams: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A hyper-connection's reading of its streams ``x [M, N * D]``: (the mixing logits ``[M, W]``, the block's input
+    ``[M, D]``); see ``genolc.model.ops.mhc.reference.block_input``. On CUDA, where the kernels take the operands (N a
+    power of two), one custom op whose backward writes x's gradient once: the mixing logits' share and the block
+    input's in one kernel, where autograd of two ops would add them in a further pass over the streams. Elsewhere the
+    reference, with :func:`mhc_mixing_logits` making the logits."""
+    if x.is_cuda:
+        from genolc.model.ops.mhc import op as mhc_op, triton as mhc_triton
+
+        streams_ok = n_streams > 0 and not n_streams & (n_streams - 1) and x.shape[-1] % n_streams == 0
+        if streams_ok and mhc_triton.unsupported_reason(x, weight) is None:
+            x = x if x.stride(-1) == 1 else x.contiguous()
+            return mhc_op.block_input(x, weight if weight.stride(-1) == 1 else weight.contiguous(), scale, base,
+                                      norm_eps, hc_eps, n_streams)
+    return mhc_reference.block_input(x, weight, scale, base, norm_eps, hc_eps, n_streams, mixing=mhc_mixing_logits)
 
 
 def mhc_comb_weights(logits: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:

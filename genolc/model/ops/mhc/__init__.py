@@ -1,3 +1,4 @@
-"""mHC's mixing logits (the RMS-normed streams projected onto the ``(2 + N) * N`` pre/post/comb logits):
-``reference.py`` (pure torch), ``op.py`` (the forward and backward custom ops, ``genolc::mhc_mixing_logits`` and
-``genolc::mhc_mixing_logits_backward``), ``triton.py`` (the fused kernels those ops run on CUDA)."""
+"""mHC's ops: the mixing logits (the RMS-normed streams projected onto the ``(2 + N) * N`` pre/post/comb logits) and
+the block's input they weight, the mixing matrix (softmax and Sinkhorn) and the merge. ``reference.py`` (pure torch),
+``op.py`` (the forward and backward custom ops), ``triton.py`` (the mixing logits' and block input's kernels),
+``comb_triton.py`` and ``merge_triton.py`` (the other kernels those ops run on CUDA)."""

@@ -1,4 +1,4 @@
-"""mHC's three custom-op pairs with their backward written out.
+"""mHC's four custom-op pairs with their backward written out.
 
 The mixing logits, ``genolc::mhc_mixing_logits`` and ``genolc::mhc_mixing_logits_backward``: on CUDA the fused
 kernels of ``triton.py`` (one pass over the streams each way, the RMS norm folded out of the product); elsewhere the
@@ -11,6 +11,15 @@ same formulas in torch, so that the CPU tests check the backward against autogra
 The forward also returns ``r`` (``[M]`` fp32), so that the backward reads the streams once. Saved for the backward:
 ``x`` (which the hyper-connection keeps alive anyway), the weight, the ``[M, W]`` logits and ``r``; the path before
 these ops kept a normed bf16 copy of the streams as well.
+
+The hyper-connection's reading of its streams, ``genolc::mhc_block_input`` and
+``genolc::mhc_block_input_backward``: the mixing logits as above, then the block's input ``sum_n pre_n * stream_n``
+with ``pre = sigmoid(logits[:, :N] * scale[0] + base[:N]) + eps`` (``reference.block_input``). What the model calls
+(ops.dispatch.mhc_block_input). As two ops (the mixing logits, then the weighted sum compiled by inductor) the
+streams' gradient came in two shares that a compiled pass added, a read and a write of the streams more; here the
+backward reduces the block input's gradient against the streams for ``pre`` (one kernel), and the mixing-logits
+backward kernel adds ``pre[m, n] * g_block[m]`` to stream n's columns before it writes x's gradient. Saved for the
+backward: ``x``, the weight, ``scale``, ``base``, the logits and ``r``; ``pre`` is formed again from the logits.
 
 The mixing matrix from its logits (softmax and Sinkhorn), ``genolc::mhc_comb_weights`` and
 ``genolc::mhc_comb_weights_backward``: on CUDA the kernels of ``comb_triton.py``; elsewhere the reference and its
@@ -98,6 +107,134 @@ def mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     """``[M, W]`` logits of the op, with ``tf32`` as autocast implies: under autocast the reference's product runs
     in bf16, so TF32 is already more exact; without autocast the products stay IEEE fp32."""
     return mixing_logits_op(x, weight, eps, torch.is_autocast_enabled(x.device.type))[0]
+
+
+def block_input_forward(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                        norm_eps: float, hc_eps: float, n_streams: int, tf32: bool, *, kernels: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The body of :func:`block_input_op`: with ``kernels`` the Triton kernels (triton.py), else the reference's
+    formulas in fp32. A function of its own so that tests/gpu/triton_interpreter_check.py runs the kernels' path on
+    CPU tensors."""
+    with torch.autocast(x.device.type, enabled=False):
+        if kernels:
+            from genolc.model.ops.mhc import triton as mhc_triton
+
+            logits, rstd = mhc_triton.fused_mixing_logits(x, weight, norm_eps, tf32=tf32)
+            pre = reference.pre_weights(logits, scale, base, n_streams, hc_eps)
+            return logits, rstd, mhc_triton.weighted_streams(x, pre)
+        logits, rstd = reference.mixing_logits_and_rstd(x, weight, norm_eps)
+        pre = reference.pre_weights(logits, scale, base, n_streams, hc_eps)
+        return logits, rstd, reference.weighted_streams(x, pre)
+
+
+@torch.library.custom_op("genolc::mhc_block_input", mutates_args=())
+def block_input_op(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, norm_eps: float,
+                   hc_eps: float, n_streams: int, tf32: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``reference.block_input`` with the mixing op's logits: (``[M, W]`` fp32 logits, ``[M]`` rstd, the block's
+    input ``[M, D]`` in x's dtype) from ``x [M, N * D]``."""
+    return block_input_forward(x, weight, scale, base, norm_eps, hc_eps, n_streams, tf32, kernels=x.is_cuda)
+
+
+@block_input_op.register_fake
+def _block_input_shapes(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                        norm_eps: float, hc_eps: float, n_streams: int, tf32: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows = x.shape[0]
+    return (x.new_empty((rows, weight.shape[0]), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32),
+            x.new_empty((rows, x.shape[1] // n_streams)))
+
+
+def block_input_gradients(grad_logits: torch.Tensor, grad_block: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                          scale: torch.Tensor, base: torch.Tensor, logits: torch.Tensor, rstd: torch.Tensor,
+                          hc_eps: float, tf32: bool, *, kernels: bool, backward_config=None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(``dx, dweight, dscale, dbase``) of :func:`block_input_op`, each in its input's dtype; with ``kernels`` the
+    Triton kernels' path (see :func:`block_input_forward`), the mixing backward's tiles from ``backward_config``
+    (triton.BackwardConfig; None: its default).
+
+    With ``z = logits[:, :N] * scale[0] + base[:N]`` and ``pre = sigmoid(z) + eps``: ``dpre[m, n] = <g_block[m],
+    x[m, n]>``, ``dz = dpre * sigmoid(z) (1 - sigmoid(z))``; ``dz * scale[0]`` joins the logits' gradient, whose
+    backward (:func:`mixing_logits_backward_op`'s formulas) then gives ``dx`` with ``pre[m, n] * g_block[m]`` added to
+    stream n's columns: with the kernels inside the same kernel, so x's gradient is written once."""
+    n_streams = x.shape[1] // grad_block.shape[1]
+    with torch.autocast(x.device.type, enabled=False):
+        z = logits[:, :n_streams] * scale[0] + base[:n_streams]
+        sig = torch.sigmoid(z)
+        pre = sig + hc_eps
+        if kernels:
+            from genolc.model.ops.mhc import triton as mhc_triton
+
+            d_pre = mhc_triton.weighted_streams_backward(x, grad_block)
+        else:
+            d_pre = (grad_block.float().unsqueeze(1) * x.float().view(x.shape[0], n_streams, -1)).sum(-1)
+        dz = d_pre * sig * (1 - sig)
+        grad32 = grad_logits.float().clone()
+        grad32[:, :n_streams] += dz * scale[0]
+        d_scale = torch.zeros_like(scale, dtype=torch.float32)
+        d_scale[0] = (dz * logits[:, :n_streams]).sum()
+        d_base = torch.zeros_like(base, dtype=torch.float32)
+        d_base[:n_streams] = dz.sum(0)
+        scaled = grad32 * rstd[:, None]
+        coef = rstd.square() / x.shape[-1] * (grad32 * logits).sum(-1)
+        if kernels:
+            tiles = {} if backward_config is None else {"config": backward_config}
+            dx, d_weight = mhc_triton.fused_mixing_logits_backward(scaled, coef, x, weight, tf32=tf32, pre=pre,
+                                                                   grad_block=grad_block, **tiles)
+        else:
+            x32 = x.float()
+            spread = (pre.unsqueeze(-1) * grad_block.float().unsqueeze(1)).reshape(x.shape)
+            dx = (scaled @ weight.float() - coef[:, None] * x32 + spread).to(x.dtype)
+            d_weight = (scaled.t() @ x32).to(weight.dtype)
+    return dx, d_weight, d_scale.to(scale.dtype), d_base.to(base.dtype)
+
+
+@torch.library.custom_op("genolc::mhc_block_input_backward", mutates_args=())
+def block_input_backward_op(grad_logits: torch.Tensor, grad_block: torch.Tensor, x: torch.Tensor,
+                            weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, logits: torch.Tensor,
+                            rstd: torch.Tensor, hc_eps: float, tf32: bool
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`block_input_gradients`, with the kernels for CUDA tensors."""
+    return block_input_gradients(grad_logits, grad_block, x, weight, scale, base, logits, rstd, hc_eps, tf32,
+                                 kernels=x.is_cuda)
+
+
+@block_input_backward_op.register_fake
+def _block_input_backward_shapes(grad_logits: torch.Tensor, grad_block: torch.Tensor, x: torch.Tensor,
+                                 weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, logits: torch.Tensor,
+                                 rstd: torch.Tensor, hc_eps: float, tf32: bool
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, weight, scale, base))
+
+
+def _save_block_input(ctx, inputs, output) -> None:
+    x, weight, scale, base, _, hc_eps, n_streams, tf32 = inputs
+    logits, rstd, _ = output
+    ctx.save_for_backward(x, weight, scale, base, logits, rstd)
+    ctx.mark_non_differentiable(rstd)
+    ctx.hc_eps, ctx.n_streams, ctx.tf32 = hc_eps, n_streams, tf32
+
+
+def _block_input_backward(ctx, grad_logits: torch.Tensor | None, grad_rstd: torch.Tensor | None,
+                          grad_block: torch.Tensor | None):
+    x, weight, scale, base, logits, rstd = ctx.saved_tensors
+    if grad_logits is None:
+        grad_logits = torch.zeros_like(logits)
+    if grad_block is None:
+        grad_block = x.new_zeros((x.shape[0], x.shape[1] // ctx.n_streams))
+    grads = block_input_backward_op(grad_logits, grad_block, x, weight, scale, base, logits, rstd, ctx.hc_eps,
+                                    ctx.tf32)
+    return (*grads, None, None, None, None)
+
+
+block_input_op.register_autograd(_block_input_backward, setup_context=_save_block_input)
+
+
+def block_input(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, norm_eps: float,
+                hc_eps: float, n_streams: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``[M, W]`` logits, ``[M, D]`` block input) of the op, with ``tf32`` as :func:`mixing_logits` sets it."""
+    logits, _, block = block_input_op(x, weight, scale, base, norm_eps, hc_eps, n_streams,
+                                      torch.is_autocast_enabled(x.device.type))
+    return logits, block
 
 
 @torch.library.custom_op("genolc::mhc_comb_weights", mutates_args=())

@@ -21,6 +21,28 @@ def mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     return mixing_logits_and_rstd(x, weight, eps)[0]
 
 
+def pre_weights(logits: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n_streams: int,
+                eps: float) -> torch.Tensor:
+    """``pre [M, N] = sigmoid(logits[:, :N] * scale[0] + base[:N]) + eps``: how much of each stream goes into the
+    block's input, from the mixing logits ``[M, W]`` and the hyper-connection's ``scale [3]`` and ``base [W]``."""
+    return torch.sigmoid(logits[:, :n_streams] * scale[0] + base[:n_streams]) + eps
+
+
+def weighted_streams(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """The block's input ``sum_n pre[:, n] * stream_n`` ``[M, D]`` in x's dtype, from ``x [M, N * D]`` (the streams side
+    by side) and ``pre [M, N]``; the products and their sum in pre's dtype (fp32)."""
+    rows, n_streams = pre.shape
+    return (pre.unsqueeze(-1) * x.view(rows, n_streams, -1)).sum(dim=1).to(x.dtype)
+
+
+def block_input(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, norm_eps: float,
+                hc_eps: float, n_streams: int, *, mixing=mixing_logits) -> tuple[torch.Tensor, torch.Tensor]:
+    """A hyper-connection's reading of its streams ``x [M, N * D]``: (the mixing logits ``[M, W]``, the block's input
+    ``[M, D]`` in x's dtype) with the ``pre`` weights of :func:`pre_weights`; ``mixing`` makes the logits."""
+    logits = mixing(x, weight, norm_eps)
+    return logits, weighted_streams(x, pre_weights(logits, scale, base, n_streams, hc_eps))
+
+
 def sinkhorn(matrix: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:
     """Normalise the positive ``[..., N, N]`` matrix's columns, then ``iterations - 1`` times rows and columns."""
     matrix = matrix / (matrix.sum(dim=-2, keepdim=True) + eps)

@@ -1,5 +1,5 @@
-"""The mHC mixing logits in two Triton kernels: the forward ``out = rsqrt(mean(x^2) + eps) * (x @ weight^T)`` and
-its backward (op.py has the formulas), each one pass over the streams.
+"""The mHC mixing logits in two Triton kernels, and the block input's two. The logits' forward ``out = rsqrt(mean(x^2)
++ eps) * (x @ weight^T)`` and its backward (op.py has the formulas) are each one pass over the streams.
 
 Each program takes ``BLOCK_ROWS`` tokens and walks their ``K = N * D`` stream values once, summing the squares and
 the ``W`` products (a ``[BLOCK_ROWS, BLOCK_K] x [BLOCK_K, BLOCK_W]`` dot per step) side by side; the norm is folded
@@ -12,6 +12,11 @@ by default, or pipelined with the streams' tile in registers (:class:`KernelConf
 The backward kernel takes ``block_k`` columns of ``rows_per_program`` tokens per program: it writes those
 columns of ``dx`` and keeps their share of ``dweight`` in registers, so the streams are read once and ``dx``
 written once; the per-group partial sums of ``dweight`` are added afterwards in a fixed order.
+
+The block's input ``sum_n pre_n * stream_n`` (``weighted_streams``, one read of the streams) and its gradient for
+``pre`` (``weighted_streams_backward``) are two small kernels of their own; the backward kernel above adds the block
+input's share of x's gradient, ``pre[m, n] * g_block[m]``, when given ``pre`` and ``grad_block`` (op.py's
+``genolc::mhc_block_input``).
 
 The products: TF32 (``tf32=True``, what the op asks for under autocast: more bits than autocast's bf16 Linear) or
 IEEE fp32. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py).
@@ -127,15 +132,21 @@ def _backward_kernel():
     import triton.language as tl
 
     @triton.jit
-    def mixing_logits_backward_kernel(scaled_ptr, coef_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, n_rows, n_cols, n_logits,
+    def mixing_logits_backward_kernel(scaled_ptr, coef_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, pre_ptr, g_block_ptr,
+                                      n_rows, n_cols, n_logits, dim,
                                       stride_sm, stride_xm, stride_wn, stride_dxm, stride_dwg, stride_dwn,
+                                      stride_pm, stride_gm,
                                       ROWS_PER_PROGRAM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                                      BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, PRECISION: tl.constexpr):
+                                      BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, PRECISION: tl.constexpr,
+                                      ADD_BLOCK_INPUT: tl.constexpr, TILE_IN_ONE_STREAM: tl.constexpr):
         cols = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
         group = tl.program_id(1)
         logits = tl.arange(0, BLOCK_W)
         col_ok = cols < n_cols
         logit_ok = logits < n_logits
+        # Column k of the streams is stream k // dim, channel k % dim (used with ADD_BLOCK_INPUT only).
+        stream_of_col = cols // dim
+        channel_of_col = cols - stream_of_col * dim
         w = tl.load(w_ptr + logits[:, None] * stride_wn + cols[None, :], mask=logit_ok[:, None] & col_ok[None, :],
                     other=0.0).to(tl.float32)                                                  # [W, K]
         dw = tl.zeros((BLOCK_W, BLOCK_K), dtype=tl.float32)
@@ -149,6 +160,19 @@ def _backward_kernel():
             x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=tile_ok,
                         other=0.0).to(tl.float32)                                               # [M, K]
             dx = tl.dot(scaled, w, input_precision=PRECISION) - coef[:, None] * x
+            if ADD_BLOCK_INPUT:
+                # The block input's share, pre[m, n] * g_block[m, d]: x's gradient is written once.
+                if TILE_IN_ONE_STREAM:
+                    # dim is a multiple of BLOCK_K: one weight a token (a [BLOCK_ROWS, BLOCK_K] gather of them took
+                    # the fp32-streams build past 255 registers).
+                    pre = tl.load(pre_ptr + rows.to(tl.int64) * stride_pm + (tl.program_id(0) * BLOCK_K) // dim,
+                                  mask=row_ok, other=0.0)[:, None]
+                else:
+                    pre = tl.load(pre_ptr + rows.to(tl.int64)[:, None] * stride_pm + stream_of_col[None, :],
+                                  mask=tile_ok, other=0.0)
+                g_block = tl.load(g_block_ptr + rows.to(tl.int64)[:, None] * stride_gm + channel_of_col[None, :],
+                                  mask=tile_ok, other=0.0).to(tl.float32)
+                dx += pre * g_block
             tl.store(dx_ptr + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :],
                      dx.to(dx_ptr.dtype.element_ty), mask=tile_ok)
             dw = tl.dot(tl.trans(scaled), x, dw, input_precision=PRECISION)
@@ -214,12 +238,18 @@ def fused_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float, *, tf
 
 
 def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                                 *, tf32: bool, config: BackwardConfig = DEFAULT_BACKWARD_CONFIG
+                                 *, tf32: bool, pre: torch.Tensor | None = None,
+                                 grad_block: torch.Tensor | None = None,
+                                 config: BackwardConfig = DEFAULT_BACKWARD_CONFIG
                                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``dx = scaled @ weight - coef * x`` (in x's dtype) and ``dweight = scaled^T @ x`` (in weight's dtype) in one
     pass over ``x``: ``scaled [M, W]`` fp32 (the logits' gradient times each token's rstd), ``coef [M]`` fp32 (see
     ``op.py``). Each program keeps its ``[W, block_k]`` share of ``dweight`` for ``rows_per_program`` tokens; the
-    per-group partial sums are added in a fixed order (deterministic, no atomics)."""
+    per-group partial sums are added in a fixed order (deterministic, no atomics).
+
+    With ``pre [M, N]`` fp32 and ``grad_block [M, D]`` (the gradient of :func:`weighted_streams`'s output, ``K = N *
+    D``), ``dx`` also gets ``pre[m, n] * grad_block[m]`` in stream n's columns, the block input's share of x's
+    gradient, added in fp32 before dx is rounded."""
     import triton
 
     check_kernel_inputs(x, weight)
@@ -228,6 +258,11 @@ def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: to
             or coef.dtype != torch.float32:
         raise ValueError(f"scaled must be float32 [{rows}, {logits}] and coef float32 [{rows}]; got "
                          f"{scaled.dtype} {tuple(scaled.shape)} and {coef.dtype} {tuple(coef.shape)}")
+    if (pre is None) != (grad_block is None):
+        raise ValueError("pass pre and grad_block together (the block input's share of dx), or neither")
+    if pre is not None:
+        _check_block_input(x, pre, grad_block, "grad_block")
+        pre, grad_block = pre.contiguous(), grad_block.contiguous()
     if config.rows_per_program % config.block_rows:
         raise ValueError(f"rows_per_program ({config.rows_per_program}) must be a multiple of block_rows "
                          f"({config.block_rows})")
@@ -238,10 +273,116 @@ def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: to
     groups = triton.cdiv(rows, config.rows_per_program)
     partial = torch.empty((groups, logits, cols), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(cols, config.block_k), groups)
-    _backward_kernel()[grid](scaled, coef, x, weight, dx, partial, rows, cols, logits,
+    adds_block_input = pre is not None
+    # Without the block input's share the kernel never reads these pointers; x stands in for them.
+    pre_arg, grad_block_arg = (pre, grad_block) if adds_block_input else (x, x)
+    dim = grad_block.shape[1] if adds_block_input else cols
+    _backward_kernel()[grid](scaled, coef, x, weight, dx, partial, pre_arg, grad_block_arg, rows, cols, logits, dim,
                              scaled.stride(0), x.stride(0), weight.stride(0), dx.stride(0), partial.stride(0),
-                             partial.stride(1), ROWS_PER_PROGRAM=config.rows_per_program,
+                             partial.stride(1), pre_arg.stride(0), grad_block_arg.stride(0),
+                             ROWS_PER_PROGRAM=config.rows_per_program,
                              BLOCK_ROWS=config.block_rows, BLOCK_K=config.block_k,
                              BLOCK_W=max(16, triton.next_power_of_2(logits)), PRECISION="tf32" if tf32 else "ieee",
-                             num_warps=config.num_warps, num_stages=config.num_stages)
+                             ADD_BLOCK_INPUT=adds_block_input, TILE_IN_ONE_STREAM=dim % config.block_k == 0,
+                             num_warps=config.num_warps,
+                             num_stages=config.num_stages)
     return dx, partial.sum(0).to(weight.dtype)
+
+
+def _check_block_input(x: torch.Tensor, pre: torch.Tensor, other: torch.Tensor, other_name: str) -> None:
+    rows, cols = x.shape
+    n_streams = pre.shape[-1] if pre.dim() == 2 else 0
+    if pre.shape != (rows, n_streams) or pre.dtype != torch.float32 or not n_streams or cols % n_streams:
+        raise ValueError(f"pre must be float32 [{rows}, N] with N dividing x's {cols} columns; got {pre.dtype} "
+                         f"{tuple(pre.shape)}")
+    if n_streams & (n_streams - 1):
+        raise ValueError(f"the block-input kernels take a power-of-two number of streams, got {n_streams}; use "
+                         "genolc.model.ops.mhc.reference.weighted_streams")
+    if other.shape != (rows, cols // n_streams) or other.dtype not in KERNEL_DTYPES or other.device != x.device:
+        raise ValueError(f"{other_name} must be [{rows}, {cols // n_streams}] of one of {KERNEL_DTYPES} on {x.device};"
+                         f" got {other.dtype} {tuple(other.shape)} on {other.device}")
+
+
+WEIGHTED_ROWS = 4
+WEIGHTED_BLOCK_D = 256
+WEIGHTED_WARPS = 4
+
+
+@functools.cache
+def _weighted_kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def weighted_streams_kernel(x_ptr, pre_ptr, out_ptr, n_rows, dim, stride_xm, stride_om,
+                                N: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        live = row < n_rows
+        row64 = row.to(tl.int64)
+        streams = tl.arange(0, N)
+        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        inside = live[:, None] & (cols < dim)[None, :]
+        pre = tl.load(pre_ptr + row64[:, None] * N + streams[None, :], mask=live[:, None], other=0.0)
+        x = tl.load(x_ptr + row64[:, None, None] * stride_xm + streams[None, :, None] * dim + cols[None, None, :],
+                    mask=inside[:, None, :], other=0.0).to(tl.float32)
+        out = tl.sum(pre[:, :, None] * x, axis=1)
+        tl.store(out_ptr + row64[:, None] * stride_om + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def weighted_streams_backward_kernel(x_ptr, g_ptr, d_pre_ptr, n_rows, dim, stride_xm, stride_gm,
+                                         N: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        live = row < n_rows
+        row64 = row.to(tl.int64)
+        streams = tl.arange(0, N)
+        d_pre = tl.zeros([ROWS, N], tl.float32)
+        for start in range(0, dim, BLOCK_D):
+            cols = start + tl.arange(0, BLOCK_D)
+            inside = live[:, None] & (cols < dim)[None, :]
+            g = tl.load(g_ptr + row64[:, None] * stride_gm + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + row64[:, None, None] * stride_xm + streams[None, :, None] * dim + cols[None, None, :],
+                        mask=inside[:, None, :], other=0.0).to(tl.float32)
+            d_pre += tl.sum(x * g[:, None, :], axis=2)
+        tl.store(d_pre_ptr + row64[:, None] * N + streams[None, :], d_pre, mask=live[:, None])
+
+    return weighted_streams_kernel, weighted_streams_backward_kernel
+
+
+def weighted_streams(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """``reference.weighted_streams`` in one pass over ``x [M, N * D]`` (a contiguous last dimension): ``sum_n pre[:,
+    n] * stream_n`` in fp32, rounded to x's dtype once; ``pre [M, N]`` fp32, N a power of two."""
+    import triton
+
+    _check_block_input(x, pre, x.new_empty((x.shape[0], x.shape[1] // max(1, pre.shape[-1]))), "out")
+    if x.stride(-1) != 1:
+        raise ValueError(f"weighted_streams: x needs a contiguous last dimension; got strides {x.stride()}")
+    rows, n_streams = pre.shape
+    dim = x.shape[1] // n_streams
+    pre = pre.contiguous()
+    out = torch.empty((rows, dim), dtype=x.dtype, device=x.device)
+    if rows:
+        grid = (triton.cdiv(rows, WEIGHTED_ROWS), triton.cdiv(dim, WEIGHTED_BLOCK_D))
+        _weighted_kernels()[0][grid](x, pre, out, rows, dim, x.stride(0), out.stride(0), N=n_streams,
+                                     ROWS=WEIGHTED_ROWS, BLOCK_D=WEIGHTED_BLOCK_D, num_warps=WEIGHTED_WARPS)
+    return out
+
+
+def weighted_streams_backward(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``dpre [M, N]`` fp32 of :func:`weighted_streams`: ``<grad[m], stream_n[m]>``, summed in fp32, from ``x [M, N *
+    D]`` and ``grad [M, D]``."""
+    import triton
+
+    rows, cols = x.shape
+    if grad.dim() != 2 or grad.shape[0] != rows or not grad.shape[1] or cols % grad.shape[1]:
+        raise ValueError(f"grad must be [{rows}, D] with D dividing x's {cols} columns; got {tuple(grad.shape)}")
+    n_streams = cols // grad.shape[1]
+    _check_block_input(x, x.new_empty((rows, n_streams), dtype=torch.float32), grad, "grad")
+    if x.stride(-1) != 1:
+        raise ValueError(f"weighted_streams_backward: x needs a contiguous last dimension; got strides {x.stride()}")
+    grad = grad.contiguous()
+    d_pre = torch.empty((rows, n_streams), dtype=torch.float32, device=x.device)
+    if rows:
+        _weighted_kernels()[1][(triton.cdiv(rows, WEIGHTED_ROWS),)](
+            x, grad, d_pre, rows, grad.shape[1], x.stride(0), grad.stride(0), N=n_streams, ROWS=WEIGHTED_ROWS,
+            BLOCK_D=WEIGHTED_BLOCK_D, num_warps=WEIGHTED_WARPS)
+    return d_pre
