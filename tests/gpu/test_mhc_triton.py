@@ -235,7 +235,7 @@ def test_block_input_op_matches_fp64_autograd(rows, dim, dtype, compiled, monkey
     """The hyper-connection's block input as the model calls it (dispatch.mhc_block_input under bf16 autocast; all
     three of its kernels must run), eagerly and compiled, against fp64 autograd of the reference."""
     calls = []
-    for name in ("weighted_streams", "weighted_streams_backward", "fused_mixing_logits_backward"):
+    for name in ("block_input", "block_input_backward", "fused_mixing_logits_backward"):
         kernel = getattr(mhc_triton, name)
         monkeypatch.setattr(mhc_triton, name, lambda *args, kernel=kernel, name=name, **kwargs:
                             calls.append((name, "grad_block" in kwargs)) or kernel(*args, **kwargs))
@@ -250,7 +250,7 @@ def test_block_input_op_matches_fp64_autograd(rows, dim, dtype, compiled, monkey
     exact_logits, exact_block = reference.block_input(*exact_leaves, EPS, 1e-6, 4)
     exact = torch.autograd.grad([exact_logits, exact_block], exact_leaves,
                                 [grad_logits.double(), grad_block.double()])
-    assert set(calls) == {("weighted_streams", False), ("weighted_streams_backward", False),
+    assert set(calls) == {("block_input", False), ("block_input_backward", False),
                           ("fused_mixing_logits_backward", True)}
     assert logits.dtype == torch.float32 and block.dtype == dtype
     # TF32 products (~2^-11 an operand); bf16 outputs rounded once (2^-9 relative on average).

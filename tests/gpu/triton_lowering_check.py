@@ -24,9 +24,9 @@ convolution kernels (genolc/model/ops/kda/conv_triton.py): forward 64, backward 
 form, which recomputed gm at four shifts of a 32 x 128 tile, 255 and 544 bytes spilled. 2026-12-04 (Triton 3.9.0
 here): the merge forward 143, its backward 241; the pool mass 168 (`small`) and 100 (`base`); no spill. Later that
 day: the slab order 72 registers (30 for 16-slot rows), 20 bytes spilled at 256 bins; the row dot 69 (`small`) and
-107 (`base`), no spill. 2026-12-05, the fused block input: the mHC backward adding its share 238 registers with bf16 streams (226
-without), 255 and 80 bytes spilled with fp32 ones (244 without; 216 bytes when it gathered a weight per column);
-the weighted sum 48 and its backward 56, no spill.)
+107 (`base`), no spill. 2026-12-05, the fused block input: the mHC backward adding its share 238 registers with
+bf16 streams (226 without), 255 and 80 bytes spilled with fp32 ones (244 without; 216 bytes when it gathered a
+weight per column); the block input's forward 48 and its backward's first pass 72 (bf16), no spill.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -132,16 +132,18 @@ def mhc_builds() -> dict[str, Build]:
                 divisible=("scaled_ptr", "coef_ptr", "x_ptr", "w_ptr", "dx_ptr", "dw_ptr", "pre_ptr", "g_block_ptr",
                            "n_rows", "n_cols", "dim", "stride_xm", "stride_wn", "stride_dxm", "stride_dwg",
                            "stride_dwn", "stride_gm"))
-        weighted, weighted_backward = mhc._weighted_kernels()
-        tiles = {"N": 4, "ROWS": mhc.WEIGHTED_ROWS, "BLOCK_D": mhc.WEIGHTED_BLOCK_D}
+        forward_kernel, backward_kernel = mhc._block_input_kernels()
+        tiles = {"N": 4, "ROWS": mhc.BLOCK_INPUT_ROWS, "BLOCK_D": mhc.BLOCK_INPUT_BLOCK_D}
         found[f"mHC block input ({dtype} streams)"] = Build(
-            weighted, {"x_ptr": f"*{dtype}", "pre_ptr": "*fp32", "out_ptr": f"*{dtype}"}, tiles,
-            warps=mhc.WEIGHTED_WARPS, divisible=("x_ptr", "pre_ptr", "out_ptr", "n_rows", "dim", "stride_xm",
-                                                 "stride_om"))
+            forward_kernel, {"x_ptr": f"*{dtype}", "logits_ptr": "*fp32", "scale_ptr": "*fp32", "base_ptr": "*fp32",
+                             "out_ptr": f"*{dtype}"}, tiles, warps=mhc.BLOCK_INPUT_WARPS,
+            divisible=("x_ptr", "out_ptr", "n_rows", "dim", "stride_xm", "stride_om"))
         found[f"mHC block input backward ({dtype} streams)"] = Build(
-            weighted_backward, {"x_ptr": f"*{dtype}", "g_ptr": f"*{dtype}", "d_pre_ptr": "*fp32"}, tiles,
-            warps=mhc.WEIGHTED_WARPS, divisible=("x_ptr", "g_ptr", "d_pre_ptr", "n_rows", "dim", "stride_xm",
-                                                 "stride_gm"))
+            backward_kernel, {"x_ptr": f"*{dtype}", "g_ptr": f"*{dtype}", "grad_logits_ptr": "*fp32",
+                              "logits_ptr": "*fp32", "rstd_ptr": "*fp32", "scale_ptr": "*fp32", "base_ptr": "*fp32",
+                              "scaled_ptr": "*fp32", "coef_ptr": "*fp32", "pre_ptr": "*fp32", "partial_ptr": "*fp32"},
+            {**tiles, "BLOCK_W": logits}, warps=mhc.BLOCK_INPUT_WARPS,
+            divisible=("x_ptr", "g_ptr", "n_rows", "dim", "n_cols", "stride_xm", "stride_gm"))
     fp32_forward = found["mHC forward (fp32 streams)"]
     untouched = {**fp32_forward.constexprs, "TILE_IN_REGISTERS": False}
     found["mHC forward, fp32, three stages (the race, expected)"] = replace(

@@ -120,8 +120,7 @@ def block_input_forward(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
             from genolc.model.ops.mhc import triton as mhc_triton
 
             logits, rstd = mhc_triton.fused_mixing_logits(x, weight, norm_eps, tf32=tf32)
-            pre = reference.pre_weights(logits, scale, base, n_streams, hc_eps)
-            return logits, rstd, mhc_triton.weighted_streams(x, pre)
+            return logits, rstd, mhc_triton.block_input(x, logits, scale, base, hc_eps, n_streams)
         logits, rstd = reference.mixing_logits_and_rstd(x, weight, norm_eps)
         pre = reference.pre_weights(logits, scale, base, n_streams, hc_eps)
         return logits, rstd, reference.weighted_streams(x, pre)
@@ -158,29 +157,30 @@ def block_input_gradients(grad_logits: torch.Tensor, grad_block: torch.Tensor, x
     stream n's columns: with the kernels inside the same kernel, so x's gradient is written once."""
     n_streams = x.shape[1] // grad_block.shape[1]
     with torch.autocast(x.device.type, enabled=False):
-        z = logits[:, :n_streams] * scale[0] + base[:n_streams]
-        sig = torch.sigmoid(z)
-        pre = sig + hc_eps
         if kernels:
             from genolc.model.ops.mhc import triton as mhc_triton
 
-            d_pre = mhc_triton.weighted_streams_backward(x, grad_block)
-        else:
-            d_pre = (grad_block.float().unsqueeze(1) * x.float().view(x.shape[0], n_streams, -1)).sum(-1)
-        dz = d_pre * sig * (1 - sig)
-        grad32 = grad_logits.float().clone()
-        grad32[:, :n_streams] += dz * scale[0]
-        d_scale = torch.zeros_like(scale, dtype=torch.float32)
-        d_scale[0] = (dz * logits[:, :n_streams]).sum()
-        d_base = torch.zeros_like(base, dtype=torch.float32)
-        d_base[:n_streams] = dz.sum(0)
-        scaled = grad32 * rstd[:, None]
-        coef = rstd.square() / x.shape[-1] * (grad32 * logits).sum(-1)
-        if kernels:
+            # One kernel forms pre, dz, the logits' gradient with dz's share and the mixing backward's operands.
+            scaled, coef, pre, sums = mhc_triton.block_input_backward(x, grad_block, grad_logits, logits, rstd,
+                                                                      scale, base, hc_eps)
+            d_scale = torch.nn.functional.pad(sums[n_streams:], (0, scale.numel() - 1))
+            d_base = torch.nn.functional.pad(sums[:n_streams], (0, base.numel() - n_streams))
             tiles = {} if backward_config is None else {"config": backward_config}
             dx, d_weight = mhc_triton.fused_mixing_logits_backward(scaled, coef, x, weight, tf32=tf32, pre=pre,
                                                                    grad_block=grad_block, **tiles)
         else:
+            sig = torch.sigmoid(logits[:, :n_streams] * scale[0] + base[:n_streams])
+            pre = sig + hc_eps
+            d_pre = (grad_block.float().unsqueeze(1) * x.float().view(x.shape[0], n_streams, -1)).sum(-1)
+            dz = d_pre * sig * (1 - sig)
+            grad32 = grad_logits.float().clone()
+            grad32[:, :n_streams] += dz * scale[0]
+            d_scale = torch.zeros_like(scale, dtype=torch.float32)
+            d_scale[0] = (dz * logits[:, :n_streams]).sum()
+            d_base = torch.zeros_like(base, dtype=torch.float32)
+            d_base[:n_streams] = dz.sum(0)
+            scaled = grad32 * rstd[:, None]
+            coef = rstd.square() / x.shape[-1] * (grad32 * logits).sum(-1)
             x32 = x.float()
             spread = (pre.unsqueeze(-1) * grad_block.float().unsqueeze(1)).reshape(x.shape)
             dx = (scaled @ weight.float() - coef[:, None] * x32 + spread).to(x.dtype)

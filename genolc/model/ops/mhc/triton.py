@@ -13,9 +13,11 @@ The backward kernel takes ``block_k`` columns of ``rows_per_program`` tokens per
 columns of ``dx`` and keeps their share of ``dweight`` in registers, so the streams are read once and ``dx``
 written once; the per-group partial sums of ``dweight`` are added afterwards in a fixed order.
 
-The block's input ``sum_n pre_n * stream_n`` (``weighted_streams``, one read of the streams) and its gradient for
-``pre`` (``weighted_streams_backward``) are two small kernels of their own; the backward kernel above adds the block
-input's share of x's gradient, ``pre[m, n] * g_block[m]``, when given ``pre`` and ``grad_block`` (op.py's
+The block's input ``sum_n pre_n * stream_n`` (``block_input``: one read of the streams, ``pre`` formed from the
+logits inside) and its backward's first pass (``block_input_backward``: ``pre``'s gradient, one read of the streams
+and of the block input's gradient, then per token the logits' gradient with pre's share and the mixing backward's
+operands) are kernels of their own (block_input_kernels.py); the mixing backward kernel above adds the block input's
+share of x's gradient, ``pre[m, n] * g_block[m]``, when given ``pre`` and ``grad_block`` (op.py's
 ``genolc::mhc_block_input``).
 
 The products: TF32 (``tf32=True``, what the op asks for under autocast: more bits than autocast's bf16 Linear) or
@@ -247,7 +249,7 @@ def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: to
     ``op.py``). Each program keeps its ``[W, block_k]`` share of ``dweight`` for ``rows_per_program`` tokens; the
     per-group partial sums are added in a fixed order (deterministic, no atomics).
 
-    With ``pre [M, N]`` fp32 and ``grad_block [M, D]`` (the gradient of :func:`weighted_streams`'s output, ``K = N *
+    With ``pre [M, N]`` fp32 and ``grad_block [M, D]`` (the gradient of :func:`block_input`'s output, ``K = N *
     D``), ``dx`` also gets ``pre[m, n] * grad_block[m]`` in stream n's columns, the block input's share of x's
     gradient, added in fp32 before dx is rounded."""
     import triton
@@ -261,7 +263,7 @@ def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: to
     if (pre is None) != (grad_block is None):
         raise ValueError("pass pre and grad_block together (the block input's share of dx), or neither")
     if pre is not None:
-        _check_block_input(x, pre, grad_block, "grad_block")
+        _check_block_share(x, pre, grad_block)
         pre, grad_block = pre.contiguous(), grad_block.contiguous()
     if config.rows_per_program % config.block_rows:
         raise ValueError(f"rows_per_program ({config.rows_per_program}) must be a multiple of block_rows "
@@ -289,100 +291,101 @@ def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: to
     return dx, partial.sum(0).to(weight.dtype)
 
 
-def _check_block_input(x: torch.Tensor, pre: torch.Tensor, other: torch.Tensor, other_name: str) -> None:
+def _check_block_share(x: torch.Tensor, pre: torch.Tensor, grad_block: torch.Tensor) -> None:
     rows, cols = x.shape
     n_streams = pre.shape[-1] if pre.dim() == 2 else 0
     if pre.shape != (rows, n_streams) or pre.dtype != torch.float32 or not n_streams or cols % n_streams:
         raise ValueError(f"pre must be float32 [{rows}, N] with N dividing x's {cols} columns; got {pre.dtype} "
                          f"{tuple(pre.shape)}")
-    if n_streams & (n_streams - 1):
-        raise ValueError(f"the block-input kernels take a power-of-two number of streams, got {n_streams}; use "
-                         "genolc.model.ops.mhc.reference.weighted_streams")
-    if other.shape != (rows, cols // n_streams) or other.dtype not in KERNEL_DTYPES or other.device != x.device:
-        raise ValueError(f"{other_name} must be [{rows}, {cols // n_streams}] of one of {KERNEL_DTYPES} on {x.device};"
-                         f" got {other.dtype} {tuple(other.shape)} on {other.device}")
+    dim = cols // n_streams
+    if grad_block.shape != (rows, dim) or grad_block.dtype not in KERNEL_DTYPES or grad_block.device != x.device:
+        raise ValueError(f"grad_block must be [{rows}, {dim}] of one of {KERNEL_DTYPES} on {x.device}; got "
+                         f"{grad_block.dtype} {tuple(grad_block.shape)} on {grad_block.device}")
 
 
-WEIGHTED_ROWS = 4
-WEIGHTED_BLOCK_D = 256
-WEIGHTED_WARPS = 4
+BLOCK_INPUT_ROWS = 4
+BLOCK_INPUT_BLOCK_D = 256
+BLOCK_INPUT_WARPS = 4
 
 
 @functools.cache
-def _weighted_kernels():
-    import triton
-    import triton.language as tl
+def _block_input_kernels():
+    from genolc.model.ops.mhc import block_input_kernels
 
-    @triton.jit
-    def weighted_streams_kernel(x_ptr, pre_ptr, out_ptr, n_rows, dim, stride_xm, stride_om,
-                                N: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        live = row < n_rows
-        row64 = row.to(tl.int64)
-        streams = tl.arange(0, N)
-        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        inside = live[:, None] & (cols < dim)[None, :]
-        pre = tl.load(pre_ptr + row64[:, None] * N + streams[None, :], mask=live[:, None], other=0.0)
-        x = tl.load(x_ptr + row64[:, None, None] * stride_xm + streams[None, :, None] * dim + cols[None, None, :],
-                    mask=inside[:, None, :], other=0.0).to(tl.float32)
-        out = tl.sum(pre[:, :, None] * x, axis=1)
-        tl.store(out_ptr + row64[:, None] * stride_om + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=inside)
-
-    @triton.jit
-    def weighted_streams_backward_kernel(x_ptr, g_ptr, d_pre_ptr, n_rows, dim, stride_xm, stride_gm,
-                                         N: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        live = row < n_rows
-        row64 = row.to(tl.int64)
-        streams = tl.arange(0, N)
-        d_pre = tl.zeros([ROWS, N], tl.float32)
-        for start in range(0, dim, BLOCK_D):
-            cols = start + tl.arange(0, BLOCK_D)
-            inside = live[:, None] & (cols < dim)[None, :]
-            g = tl.load(g_ptr + row64[:, None] * stride_gm + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-            x = tl.load(x_ptr + row64[:, None, None] * stride_xm + streams[None, :, None] * dim + cols[None, None, :],
-                        mask=inside[:, None, :], other=0.0).to(tl.float32)
-            d_pre += tl.sum(x * g[:, None, :], axis=2)
-        tl.store(d_pre_ptr + row64[:, None] * N + streams[None, :], d_pre, mask=live[:, None])
-
-    return weighted_streams_kernel, weighted_streams_backward_kernel
+    return block_input_kernels.block_input_kernel, block_input_kernels.block_input_backward_kernel
 
 
-def weighted_streams(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-    """``reference.weighted_streams`` in one pass over ``x [M, N * D]`` (a contiguous last dimension): ``sum_n pre[:,
-    n] * stream_n`` in fp32, rounded to x's dtype once; ``pre [M, N]`` fp32, N a power of two."""
+def _check_pre_operands(x: torch.Tensor, logits: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                        n_streams: int) -> int:
+    """``D`` after checking ``x [M, N * D]``, fp32 ``logits [M, >= N]``, ``scale [>= 1]`` and ``base [>= N]`` for the
+    block-input kernels (N a power of two)."""
+    rows, cols = x.shape
+    if n_streams < 1 or n_streams & (n_streams - 1) or cols % n_streams:
+        raise ValueError(f"the block-input kernels take a power-of-two number of streams dividing x's {cols} "
+                         f"columns, got {n_streams}; use genolc.model.ops.mhc.reference.block_input")
+    if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] < n_streams or logits.dtype != torch.float32:
+        raise ValueError(f"logits must be float32 [{rows}, >= {n_streams}], got {logits.dtype} {tuple(logits.shape)}")
+    if scale.numel() < 1 or base.numel() < n_streams or scale.dtype not in KERNEL_DTYPES \
+            or base.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"scale and base must be of {KERNEL_DTYPES} with at least 1 and {n_streams} values; got "
+                         f"{scale.dtype} {tuple(scale.shape)} and {base.dtype} {tuple(base.shape)}")
+    if x.stride(-1) != 1 or logits.stride(-1) != 1:
+        raise ValueError(f"the block-input kernels need x and logits with a contiguous last dimension; got strides "
+                         f"{x.stride()} and {logits.stride()}")
+    if any(t.device != x.device for t in (logits, scale, base)):
+        raise ValueError(f"x, logits, scale and base must be on one device; x is on {x.device}")
+    return cols // n_streams
+
+
+def block_input(x: torch.Tensor, logits: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, eps: float,
+                n_streams: int) -> torch.Tensor:
+    """``reference.weighted_streams(x, reference.pre_weights(logits, scale, base, N, eps))`` in one pass over ``x [M,
+    N * D]``: the block's input ``[M, D]`` in x's dtype, its pre weights formed in the kernel from the fp32
+    ``logits``."""
     import triton
 
-    _check_block_input(x, pre, x.new_empty((x.shape[0], x.shape[1] // max(1, pre.shape[-1]))), "out")
-    if x.stride(-1) != 1:
-        raise ValueError(f"weighted_streams: x needs a contiguous last dimension; got strides {x.stride()}")
-    rows, n_streams = pre.shape
-    dim = x.shape[1] // n_streams
-    pre = pre.contiguous()
+    dim = _check_pre_operands(x, logits, scale, base, n_streams)
+    rows = x.shape[0]
+    scale, base = scale.contiguous(), base.contiguous()
     out = torch.empty((rows, dim), dtype=x.dtype, device=x.device)
     if rows:
-        grid = (triton.cdiv(rows, WEIGHTED_ROWS), triton.cdiv(dim, WEIGHTED_BLOCK_D))
-        _weighted_kernels()[0][grid](x, pre, out, rows, dim, x.stride(0), out.stride(0), N=n_streams,
-                                     ROWS=WEIGHTED_ROWS, BLOCK_D=WEIGHTED_BLOCK_D, num_warps=WEIGHTED_WARPS)
+        grid = (triton.cdiv(rows, BLOCK_INPUT_ROWS), triton.cdiv(dim, BLOCK_INPUT_BLOCK_D))
+        _block_input_kernels()[0][grid](x, logits, scale, base, out, rows, dim, eps, x.stride(0), logits.stride(0),
+                                        out.stride(0), N=n_streams, ROWS=BLOCK_INPUT_ROWS,
+                                        BLOCK_D=BLOCK_INPUT_BLOCK_D, num_warps=BLOCK_INPUT_WARPS)
     return out
 
 
-def weighted_streams_backward(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """``dpre [M, N]`` fp32 of :func:`weighted_streams`: ``<grad[m], stream_n[m]>``, summed in fp32, from ``x [M, N *
-    D]`` and ``grad [M, D]``."""
+def block_input_backward(x: torch.Tensor, grad_block: torch.Tensor, grad_logits: torch.Tensor, logits: torch.Tensor,
+                         rstd: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, eps: float
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass over ``x [M, N * D]`` and ``grad_block [M, D]`` for the backward of the block input and of the logits
+    before their kernel: (``scaled [M, W]``, ``coef [M]``: :func:`fused_mixing_logits_backward`'s operands for the
+    logits' gradient with the pre weights' share added; ``pre [M, N]``; ``[N + 1]`` sums: ``sum(dz)`` per stream,
+    base's gradient, then ``sum(dz * logits[:, :N])``, scale[0]'s), all fp32 (op.py's formulas)."""
     import triton
 
     rows, cols = x.shape
-    if grad.dim() != 2 or grad.shape[0] != rows or not grad.shape[1] or cols % grad.shape[1]:
-        raise ValueError(f"grad must be [{rows}, D] with D dividing x's {cols} columns; got {tuple(grad.shape)}")
-    n_streams = cols // grad.shape[1]
-    _check_block_input(x, x.new_empty((rows, n_streams), dtype=torch.float32), grad, "grad")
-    if x.stride(-1) != 1:
-        raise ValueError(f"weighted_streams_backward: x needs a contiguous last dimension; got strides {x.stride()}")
-    grad = grad.contiguous()
-    d_pre = torch.empty((rows, n_streams), dtype=torch.float32, device=x.device)
+    if grad_block.dim() != 2 or grad_block.shape[0] != rows or not grad_block.shape[1] or cols % grad_block.shape[1]:
+        raise ValueError(f"grad_block must be [{rows}, D] with D dividing x's {cols} columns; got "
+                         f"{tuple(grad_block.shape)}")
+    n_streams = cols // grad_block.shape[1]
+    dim = _check_pre_operands(x, logits, scale, base, n_streams)
+    n_logits = logits.shape[1]
+    if grad_logits.shape != logits.shape or rstd.shape != (rows,) or n_logits > MAX_LOGITS:
+        raise ValueError(f"grad_logits must be {tuple(logits.shape)} and rstd [{rows}], at most {MAX_LOGITS} logits; "
+                         f"got {tuple(grad_logits.shape)} and {tuple(rstd.shape)}")
+    grad_block, grad_logits, rstd = grad_block.contiguous(), grad_logits.contiguous(), rstd.contiguous()
+    scale, base = scale.contiguous(), base.contiguous()
+    scaled = torch.empty((rows, n_logits), dtype=torch.float32, device=x.device)
+    coef = torch.empty(rows, dtype=torch.float32, device=x.device)
+    pre = torch.empty((rows, n_streams), dtype=torch.float32, device=x.device)
+    programs = triton.cdiv(rows, BLOCK_INPUT_ROWS)
+    partial = torch.zeros((max(programs, 1), n_streams + 1), dtype=torch.float32, device=x.device)
     if rows:
-        _weighted_kernels()[1][(triton.cdiv(rows, WEIGHTED_ROWS),)](
-            x, grad, d_pre, rows, grad.shape[1], x.stride(0), grad.stride(0), N=n_streams, ROWS=WEIGHTED_ROWS,
-            BLOCK_D=WEIGHTED_BLOCK_D, num_warps=WEIGHTED_WARPS)
-    return d_pre
+        _block_input_kernels()[1][(programs,)](
+            x, grad_block, grad_logits, logits, rstd, scale, base, scaled, coef, pre, partial, rows, dim, cols,
+            n_logits, eps, x.stride(0), grad_block.stride(0), grad_logits.stride(0), logits.stride(0),
+            scaled.stride(0), N=n_streams, ROWS=BLOCK_INPUT_ROWS, BLOCK_D=BLOCK_INPUT_BLOCK_D,
+            BLOCK_W=max(16, triton.next_power_of_2(n_logits)), num_warps=BLOCK_INPUT_WARPS)
+    return scaled, coef, pre, partial.sum(0)
