@@ -33,7 +33,7 @@ INDEXER_LOSS_MODES = (None, "dense", "sparse")
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor                                                     # [B, T, V]
+    logits: torch.Tensor | None                                              # [B, T, V]; None if not asked for
     aux_losses: dict[str, torch.Tensor] = field(default_factory=dict)        # 'moe_balance', 'indexer_kl'
     tokens_per_expert: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [E] long
 
@@ -70,7 +70,11 @@ class DecoderLayer(nn.Module):
         self.ffn_hc = HyperConnection(config)
 
     def forward(self, streams: torch.Tensor, shared_indices: torch.Tensor | None = None,
-                indexer_loss: str | None = None, cache: LayerCache | None = None):
+                indexer_loss: str | None = None, cache: LayerCache | None = None, routing_only: bool = False):
+        """``routing_only``: the layer's output is not read (the last layer of a chunked step's fill pass). It runs
+        its token mixer (whose cache entries later chunks read) and stops at its feed-forward's router, whose counts
+        the window's balance loss needs: the streams it returns are those after the token mixer, and a MoE layer's
+        output holds only its counts."""
         post, comb, block_in = self.attn_hc(streams)
         block_in = self.input_layernorm(block_in)
         indices = indexer_kl = None
@@ -81,9 +85,13 @@ class DecoderLayer(nn.Module):
                                  indexer_loss=indexer_loss, cache=cache)
             block_out, indices, indexer_kl = dsa.hidden, dsa.indices, dsa.indexer_kl
         streams = self.attn_hc.merge(block_out, post, comb, streams)
+        if routing_only and self.mlp_type != "sparse":
+            return streams, indices, indexer_kl, None
 
         post, comb, block_in = self.ffn_hc(streams)
         block_in = self.post_attention_layernorm(block_in)
+        if routing_only:
+            return streams, indices, indexer_kl, self.mlp.routing_counts(block_in)
         moe_out = None
         if self.mlp_type == "sparse":
             moe_out = self.mlp(block_in, cache=cache)
@@ -95,7 +103,7 @@ class DecoderLayer(nn.Module):
 
 
 class GenomeLM(nn.Module):
-    """``forward(input_ids [B, T], *, indexer_loss=None, cache=None) -> ModelOutput``.
+    """``forward(input_ids [B, T], *, indexer_loss=None, cache=None, logits=True) -> ModelOutput``.
 
     ``cache`` (:class:`genolc.model.cache.ChunkCache`): ``input_ids`` are positions ``cache.start ..`` of a longer
     window; the logits equal those positions' logits of the whole window, and each auxiliary loss is this chunk's
@@ -105,6 +113,10 @@ class GenomeLM(nn.Module):
     ``"sparse"`` (sparse attention, indexer KL with the indexer detached from the LM loss); the modes are the DSA
     layer's. ``aux_losses['moe_balance']`` and ``aux_losses['indexer_kl']`` are means over the layers that have
     them (absent when no layer does); coefficients belong to the trainer.
+
+    ``logits=False`` (a chunked step's fill pass, genolc/train/chunked.py, which keeps only what the chunk leaves in
+    ``cache`` and its MoE counts): no logits (``ModelOutput.logits`` None), and the last layer stops at its router,
+    its experts, merge and the LM head not run.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -118,7 +130,7 @@ class GenomeLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, *, indexer_loss: str | None = None,
-                cache: ChunkCache | None = None) -> ModelOutput:
+                cache: ChunkCache | None = None, logits: bool = True) -> ModelOutput:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T]; got {tuple(input_ids.shape)}")
         if indexer_loss not in INDEXER_LOSS_MODES:
@@ -131,10 +143,13 @@ class GenomeLM(nn.Module):
         streams = expand_streams(self.embed_tokens(input_ids), self.config.hc_mult)
         full_indices = None
         balance, indexer_kls, tokens_per_expert = [], [], {}
+        last = len(self.layers) - 1
         for layer in self.layers:
+            # Without logits nothing reads the last layer's output: it stops at its router (DecoderLayer.forward).
+            stops = {} if logits or layer.layer_idx != last else {"routing_only": True}
             streams, indices, indexer_kl, moe_out = layer(
                 streams, shared_indices=full_indices, indexer_loss=indexer_loss,
-                cache=None if cache is None else cache.layers[layer.layer_idx])
+                cache=None if cache is None else cache.layers[layer.layer_idx], **stops)
             if indices is not None and not layer.shares_indices:
                 full_indices = indices
             if indexer_kl is not None:
@@ -143,13 +158,13 @@ class GenomeLM(nn.Module):
                 if moe_out.balance_loss is not None:
                     balance.append(moe_out.balance_loss)
                 tokens_per_expert[layer.layer_idx] = moe_out.tokens_per_expert
-        logits = self.lm_head(self.norm(collapse_streams(streams)))
         aux_losses = {}
         if balance:
             aux_losses["moe_balance"] = torch.stack(balance).mean()
         if indexer_kls:
             aux_losses["indexer_kl"] = torch.stack(indexer_kls).mean()
-        return ModelOutput(logits=logits, aux_losses=aux_losses, tokens_per_expert=tokens_per_expert)
+        output = self.lm_head(self.norm(collapse_streams(streams))) if logits else None
+        return ModelOutput(logits=output, aux_losses=aux_losses, tokens_per_expert=tokens_per_expert)
 
 
 def init_weights(model: GenomeLM) -> None:

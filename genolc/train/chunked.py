@@ -9,7 +9,8 @@ tokens trains in chunks of ``C`` with exactly the whole window's gradients (to r
    the balance loss needs each layer's share of token slots per expert over the window before a chunk's backward,
    and the last chunk, whose forward runs first in pass 2, adds its own slots to these in its MoE layers. The DSA
    layers' chosen pools are kept (int32, ``topk // kpool`` per token and layer) unless the step strategy says not
-   to (``keep_selections``, genolc/train/strategy.py) or the process holds only a shard of each chunk.
+   to (``keep_selections``, genolc/train/strategy.py) or the process holds only a shard of each chunk. Nothing reads
+   these forwards' outputs, so they make no logits and their last layer stops at its router (``logits=False``).
 2. Backward, chunks last to first: chunk j's forward runs again with grad (the last chunk's for the first time:
    nothing later reads what it leaves, so a pass 1 forward of it would be thrown away), its past entries as leaves
    that require grad, attending to the pools pass 1 chose where they were kept (choosing again scores every earlier
@@ -193,7 +194,7 @@ def _chunked_forward_backward(model, ids, weights, terms, chunk, autocast, on_lo
             for layer_cache in cache.layers:
                 layer_cache.keep_attention = kept_attention is not None
             with autocast():
-                out = model(part(inputs, start, stop), indexer_loss=mode, cache=cache)
+                out = model(part(inputs, start, stop), indexer_loss=mode, cache=cache, logits=False)
             add_expert_counts(counts, out.tokens_per_expert)
             if kept_attention is not None:
                 for layer, layer_cache in enumerate(cache.layers):

@@ -411,6 +411,33 @@ def test_chunked_forward_gives_the_whole_windows_logits(dna_window, one_thread):
     assert torch.allclose(torch.cat(pieces, dim=1), whole, atol=1e-5, rtol=1e-5)
 
 
+def test_a_fill_forward_leaves_what_the_whole_forward_leaves(dna_window, one_thread):
+    """``logits=False`` (the fill pass's forward): no logits, and its last layer stops at its router, yet the chunk
+    leaves the same cache entries and MoE counts as a whole forward of it, bit for bit."""
+    ids = dna_window[0][:, :WINDOW]
+    model = _model(False).eval()
+    assert model.layers[-1].mlp_type == "sparse"
+    results = []
+    for logits in (True, False):
+        with torch.no_grad():
+            first = ChunkCache.empty(model.config.num_hidden_layers, start=0, window_len=WINDOW, aux=False)
+            model(ids[:, :1000], cache=first)
+            cache = ChunkCache.empty(model.config.num_hidden_layers, start=1000, window_len=WINDOW, aux=False)
+            for layer, layer_cache in enumerate(first.layers):
+                cache.layers[layer].past.update(layer_cache.present)
+            out = model(ids[:, 1000:2000], cache=cache, logits=logits)
+        results.append((out, [layer_cache.present for layer_cache in cache.layers]))
+    (whole, whole_entries), (fill, fill_entries) = results
+    assert whole.logits is not None and fill.logits is None
+    assert whole.tokens_per_expert.keys() == fill.tokens_per_expert.keys()
+    for layer, counts in whole.tokens_per_expert.items():
+        assert torch.equal(counts, fill.tokens_per_expert[layer])
+    assert [entries.keys() for entries in whole_entries] == [entries.keys() for entries in fill_entries]
+    for entries, others in zip(whole_entries, fill_entries):
+        for name, value in entries.items():
+            assert torch.equal(value, others[name]), name
+
+
 def test_a_chunk_cache_must_fit_its_window():
     model = _model(False)
     with pytest.raises(ValueError, match="start inside its window"):
