@@ -45,7 +45,8 @@ and up another, and the MoE router's with its shared expert's projections a thir
     DSA token mixer   a (x d + 2 H R + H (d_qk + d_v) + r_q + r_kv) + 6 (r_q + r_kv) + 4 H + 8
                       + 4 W_idx when T > index_topk   q_lat and o_lat (R = kv_lora_rank), lse, int32 rows
     dense MLP         a (d + 6 I)
-    MoE               a (d + 6 n_shared I_moe + 2 E) + 12 k + 4    shared expert, router, routing weights
+    MoE               a (d + 6 n_shared I_moe + 2 E) + 12 k + 4    shared expert, router, routing weights (E for
+                                                                  the router without a shared expert)
       routed experts  k (a (2 d + 3 I_moe) + 8)    grouped GEMM inputs, the SwiGLU's gate/up, the combine's rows and
                                                    slot positions: saved when a forward has at most 64k tokens (one
                                                    expert chunk); longer ones checkpoint them per 64k tokens, one
@@ -236,12 +237,13 @@ def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: boo
     for attn, mlp in zip(c.layer_types, c.mlp_layer_types):
         layer_bytes = 2 * hyper + 2 * norm + merges
         # One product for the dense MLP's gate and up, and one for the router's and the shared expert's projections
-        # (SwiGLUMLP.forward, MoE.forward): one cast of x either way. The router's logits are columns of that
-        # product, which the shared expert's saved gate and up keep alive (2 E beside the scores' E).
+        # (SwiGLUMLP.forward, MoE.route): one cast of x either way. The router's logits are columns of that product,
+        # which the shared expert's saved gate and up keep alive (2 E beside the scores' E; E without a shared one).
         if mlp == "dense":
             layer_bytes += a * (d + 6 * c.intermediate_size)
         else:
-            layer_bytes += (a * (d + 6 * c.n_shared_experts * c.moe_intermediate_size + 2 * c.n_routed_experts)
+            router = 2 * c.n_routed_experts if c.n_shared_experts else c.n_routed_experts
+            layer_bytes += (a * (d + 6 * c.n_shared_experts * c.moe_intermediate_size + router)
                             + 12 * c.num_experts_per_tok + 4 + routed)
         if attn == "linear_attention":
             width = c.linear_num_heads * c.linear_head_dim

@@ -270,6 +270,7 @@ def test_block_input_dispatch_sends_what_the_kernels_do_not_take_to_the_referenc
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     three = torch.randn(37, 3 * 64, device="cuda")                 # 3 streams: not a power of two
     dispatch.mhc_block_input(three, torch.randn(15, 3 * 64, device="cuda"), scale, base[:15], EPS, 1e-6, 3)
+    dispatch.mhc_block_input(x, weight, scale.double(), base, EPS, 1e-6, 4)       # an fp64 scale
     assert not calls
     dispatch.mhc_block_input(x, weight, scale, base, EPS, 1e-6, 4)
     assert len(calls) == 1

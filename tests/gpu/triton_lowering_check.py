@@ -26,7 +26,8 @@ here): the merge forward 143, its backward 241; the pool mass 168 (`small`) and 
 day: the slab order 72 registers (30 for 16-slot rows), 20 bytes spilled at 256 bins; the row dot 69 (`small`) and
 107 (`base`), no spill. 2026-12-05, the fused block input: the mHC backward adding its share 238 registers with
 bf16 streams (226 without), 255 and 80 bytes spilled with fp32 ones (244 without; 216 bytes when it gathered a
-weight per column); the block input's forward 48 and its backward's first pass 72 (bf16), no spill.)
+weight per column, as it still does when D is not a multiple of the 64-column tile: 255 and 284 bytes with bf16
+streams, no preset's D); the block input's forward 48 and its backward's first pass 72 (bf16), no spill.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -132,6 +133,11 @@ def mhc_builds() -> dict[str, Build]:
                 divisible=("scaled_ptr", "coef_ptr", "x_ptr", "w_ptr", "dx_ptr", "dw_ptr", "pre_ptr", "g_block_ptr",
                            "n_rows", "n_cols", "dim", "stride_xm", "stride_wn", "stride_dxm", "stride_dwg",
                            "stride_dwn", "stride_gm"))
+        # D not a multiple of the column tile (no preset's): a weight gathered per column.
+        share = found[f"mHC backward ({dtype} streams, with the block input's share)"]
+        found[f"mHC backward ({dtype} streams, with the block input's share, D off the tiles)"] = replace(
+            share, constexprs={**share.constexprs, "TILE_IN_ONE_STREAM": False},
+            divisible=tuple(name for name in share.divisible if name != "dim"))
         forward_kernel, backward_kernel = mhc._block_input_kernels()
         tiles = {"N": 4, "ROWS": mhc.BLOCK_INPUT_ROWS, "BLOCK_D": mhc.BLOCK_INPUT_BLOCK_D}
         found[f"mHC block input ({dtype} streams)"] = Build(

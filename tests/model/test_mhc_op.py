@@ -294,3 +294,13 @@ def test_merge_kernels_refuse_what_they_cannot_take():
         merge_triton.merge(*three)
     with pytest.raises(ValueError, match="block_d must be a power of two"):
         merge_triton.merge(block_out, post, comb, streams, block_d=96)
+
+
+def test_block_input_kernels_refuse_what_they_do_not_take():
+    """What the dispatch sends to the reference instead (pure torch: no Triton needed to ask)."""
+    x, weight, scale, base = (t.detach() for t in _block_input_operands(5, torch.float32))
+    assert mhc_triton.block_input_unsupported_reason(x, weight, scale, base, 4) is None
+    assert "power of two" in mhc_triton.block_input_unsupported_reason(x, weight, scale, base, 3)
+    assert "scale" in mhc_triton.block_input_unsupported_reason(x, weight, scale.double(), base, 4)
+    assert "base" in mhc_triton.block_input_unsupported_reason(x, weight, scale, base[:3], 4)
+    assert "must each be one of" in mhc_triton.block_input_unsupported_reason(x.double(), weight, scale, base, 4)

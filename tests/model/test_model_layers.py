@@ -237,3 +237,40 @@ def test_swiglu_mlp_one_product_matches_two():
     theirs = torch.autograd.grad(expected.square().sum(), [x, mlp.gate_proj.weight, mlp.up_proj.weight])
     for got, want in zip(mine, theirs):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_a_counting_pass_routes_from_the_forwards_scores(autocast):
+    """MoE.routing_counts (the fill pass's last layer) routes from the very scores MoE.forward routes from: a
+    router product of another width rounds otherwise, and near-tied experts would be chosen differently."""
+    moe = _random_moe(small_config())
+    x = torch.randn(2, 29, moe.gate.weight.shape[1])
+    seen = []
+    moe.gate.register_forward_hook(lambda module, inputs, routing: seen.append(routing))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        counts = moe(x).tokens_per_expert
+        counted = moe.routing_counts(x)
+    assert counted.hidden is None and torch.equal(counted.tokens_per_expert, counts)
+    assert torch.equal(seen[0].scores, seen[1].scores) and torch.equal(seen[0].expert_ids, seen[1].expert_ids)
+
+
+def test_a_forward_without_logits_stops_a_dense_last_layer_after_its_token_mixer():
+    from genolc.model.cache import ChunkCache
+
+    config = preset("tiny").replace(mlp_layer_types=("dense", "sparse", "sparse", "dense"))
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 300))
+    results = []
+    for logits in (True, False):
+        cache = ChunkCache.empty(config.num_hidden_layers, start=0, window_len=600, aux=False)
+        with torch.no_grad():
+            out = model(ids, cache=cache, logits=logits)
+        results.append((out, [layer.present for layer in cache.layers]))
+    (whole, whole_entries), (fill, fill_entries) = results
+    assert fill.logits is None and whole.logits is not None
+    assert list(fill.tokens_per_expert) == list(whole.tokens_per_expert) == [1, 2]
+    for entries, others in zip(whole_entries, fill_entries):
+        assert entries.keys() == others.keys()
+        for name, value in entries.items():
+            assert torch.equal(value, others[name]), name

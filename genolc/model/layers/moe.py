@@ -167,17 +167,11 @@ class MoE(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"MoE input must be [B, T, D]; got {tuple(x.shape)}")
         flat = x.reshape(-1, x.shape[-1])
+        routing, shared_inputs = self.route(flat)
         shared = self.shared_experts
-        if shared is not None and self._one_product(flat):
-            # The router's and the shared expert's projections of x in one product: x's gradient is one GEMM
-            # instead of three and two additions, and x is read once.
-            widths = [self.num_experts, shared.gate_proj.out_features, shared.up_proj.out_features]
-            product = F.linear(flat, torch.cat([self.gate.weight, shared.gate_proj.weight, shared.up_proj.weight]))
-            logits, gate, up = product.split(widths, dim=-1)
-            routing = self.gate(flat, logits=logits)
-            shared_out = shared.output(gate, up).view_as(x)
+        if shared_inputs is not None:
+            shared_out = shared.output(*shared_inputs).view_as(x)
         else:
-            routing = self.gate(flat)
             shared_out = None if shared is None else shared(x)
         routed, tokens_per_expert = self.experts(flat, routing.expert_ids, routing.weights)
         out = routed.view_as(x)
@@ -199,10 +193,25 @@ class MoE(nn.Module):
                                    total_tokens=x.shape[0] * cache.window_len)
         return MoEOutput(hidden=out, tokens_per_expert=tokens_per_expert, balance_loss=balance)
 
+    def route(self, flat: torch.Tensor) -> tuple[Routing, tuple[torch.Tensor, torch.Tensor] | None]:
+        """The routing of ``flat [N, D]``, and the shared expert's gate and up projections when they came from the
+        router's product (else None). Every pass that routes a chunk calls this, so that a pass which only counts
+        (the fill pass, a context-parallel rank's count) chooses from bit-equal scores: a router product of another
+        width rounds otherwise, and near-tied experts would then be chosen differently."""
+        shared = self.shared_experts
+        if shared is None or not self._one_product(flat):
+            return self.gate(flat), None
+        # The router's and the shared expert's projections of x in one product: x's gradient is one GEMM instead of
+        # three and two additions, and x is read once.
+        widths = [self.num_experts, shared.gate_proj.out_features, shared.up_proj.out_features]
+        product = F.linear(flat, torch.cat([self.gate.weight, shared.gate_proj.weight, shared.up_proj.weight]))
+        logits, gate, up = product.split(widths, dim=-1)
+        return self.gate(flat, logits=logits), (gate, up)
+
     def routing_counts(self, x: torch.Tensor) -> MoEOutput:
         """Only what a pass that discards the layer's output needs of it: its token slots per expert (``hidden`` is
         None). Run by the last layer of a chunked step's fill pass (``GenomeLM.forward(..., logits=False)``)."""
-        routing = self.gate(x.reshape(-1, x.shape[-1]))
+        routing, _ = self.route(x.reshape(-1, x.shape[-1]))
         counts = count_per_expert(routing.expert_ids.reshape(-1), self.num_experts)
         return MoEOutput(hidden=None, tokens_per_expert=counts, balance_loss=None)
 

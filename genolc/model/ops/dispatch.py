@@ -184,8 +184,7 @@ def mhc_block_input(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     if x.is_cuda:
         from genolc.model.ops.mhc import op as mhc_op, triton as mhc_triton
 
-        streams_ok = n_streams > 0 and not n_streams & (n_streams - 1) and x.shape[-1] % n_streams == 0
-        if streams_ok and mhc_triton.unsupported_reason(x, weight) is None:
+        if mhc_triton.block_input_unsupported_reason(x, weight, scale, base, n_streams) is None:
             x = x if x.stride(-1) == 1 else x.contiguous()
             return mhc_op.block_input(x, weight if weight.stride(-1) == 1 else weight.contiguous(), scale, base,
                                       norm_eps, hc_eps, n_streams)

@@ -197,6 +197,22 @@ def unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     return None
 
 
+def block_input_unsupported_reason(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                                   n_streams: int) -> str | None:
+    """Why the block-input kernels cannot take these operands (:func:`unsupported_reason`'s, N not a power of two
+    dividing x's columns, scale or base of another dtype or device, too few of their values), or None."""
+    reason = unsupported_reason(x, weight)
+    if reason is not None:
+        return reason
+    if n_streams < 1 or n_streams & (n_streams - 1) or x.shape[-1] % n_streams:
+        return f"{n_streams} streams: the block-input kernels take a power of two dividing x's {x.shape[-1]} columns"
+    for name, tensor, least in (("scale", scale, 1), ("base", base, n_streams)):
+        if tensor.dtype not in KERNEL_DTYPES or tensor.device != x.device or tensor.numel() < least:
+            return (f"{name} is {tensor.dtype} with {tensor.numel()} values on {tensor.device}; the kernels take "
+                    f"one of {KERNEL_DTYPES} with at least {least} on {x.device}")
+    return None
+
+
 def check_kernel_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
     """ValueError unless the kernel takes ``x [M, K]`` and ``weight [W, K]``: float dtypes of ``KERNEL_DTYPES``,
     contiguous last dimensions, one device, ``W <= MAX_LOGITS`` (:func:`unsupported_reason`)."""
