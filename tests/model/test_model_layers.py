@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +15,10 @@ from genolc.model.layers.moe import MoE, balance_loss, clamped_swiglu
 from genolc.model.ops.mhc.reference import sinkhorn
 
 from glm5_reference import small_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+# The form before one product, as benchmarks/bench_moe_product.py times it against MoE.forward.
+from bench_moe_product import separate as separate_products  # noqa: E402
 
 
 def _random_moe(config, seed=0):
@@ -165,16 +172,6 @@ def test_router_under_autocast_is_bit_equal_to_the_fp32_copy_it_no_longer_makes(
     torch.testing.assert_close(plain.scores, torch.sigmoid(x.detach().float() @ moe.gate.weight.T))
 
 
-def _separate_products(moe, x):
-    """MoE.forward with the router and the shared expert each making their own product, as before they shared one."""
-    flat = x.reshape(-1, x.shape[-1])
-    routing = moe.gate(flat)
-    routed, _ = moe.experts(flat, routing.expert_ids, routing.weights)
-    shared = moe.shared_experts
-    gate, up = F.linear(x, shared.gate_proj.weight), F.linear(x, shared.up_proj.weight)
-    return routed.view_as(x) + shared.down_proj(clamped_swiglu(gate, up, shared.swiglu_limit))
-
-
 def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.double() - expected.double()).norm() / expected.double().norm())
 
@@ -189,13 +186,13 @@ def test_moe_one_product_matches_the_separate_products(autocast):
     grad = torch.randn_like(x)
     leaves = [x, *moe.parameters()]
     results = []
-    for run in (lambda: moe(x).hidden, lambda: _separate_products(moe, x)):
+    for run in (lambda: moe(x).hidden, lambda: separate_products(moe, x)):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             out = run()
         results.append([out, *torch.autograd.grad(out, leaves, grad.to(out.dtype), allow_unused=True)])
     exact_moe = _random_moe(small_config()).double()
     exact_x = x.detach().double().requires_grad_()
-    exact_out = _separate_products(exact_moe, exact_x)
+    exact_out = separate_products(exact_moe, exact_x)
     exact = [exact_out, *torch.autograd.grad(exact_out, [exact_x, *exact_moe.parameters()], grad.double(),
                                              allow_unused=True)]
     compared = 0
