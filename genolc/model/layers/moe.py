@@ -45,7 +45,7 @@ class SwiGLUMLP(nn.Module):
         return self.down_proj(clamped_swiglu(gate, up, self.swiglu_limit))
 
 
-def autocast_on(x: torch.Tensor) -> bool:
+def _autocast_on(x: torch.Tensor) -> bool:
     device = x.device.type
     return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
 
@@ -82,7 +82,7 @@ class TopKRouter(nn.Module):
             # Under autocast the product runs in the autocast dtype whatever it is handed, so x goes in as it is: an
             # fp32 copy of a bf16 x would be cast straight back, bit for bit (the H200 profile of issue 14: about
             # 0.3 ms per MoE layer and 32k chunk of `base`, with the cast in its backward).
-            inputs = x if autocast_on(x) else x.float()
+            inputs = x if _autocast_on(x) else x.float()
             logits = F.linear(inputs, self.weight.float())
         scores = logits.sigmoid()
         choice = scores + self.e_score_correction_bias.float()
@@ -218,7 +218,7 @@ class MoE(nn.Module):
     def _one_product(self, flat: torch.Tensor) -> bool:
         """Whether the router's product may share the shared expert's: under autocast both run in its dtype; without
         it the router's runs in fp32, so only when x and the shared expert's weights are fp32 too."""
-        if autocast_on(flat):
+        if _autocast_on(flat):
             return True
         shared = self.shared_experts
         return all(t.dtype == torch.float32 for t in (flat, shared.gate_proj.weight, shared.up_proj.weight,

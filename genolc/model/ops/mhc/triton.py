@@ -397,7 +397,9 @@ def block_input_backward(x: torch.Tensor, grad_block: torch.Tensor, grad_logits:
     coef = torch.empty(rows, dtype=torch.float32, device=x.device)
     pre = torch.empty((rows, n_streams), dtype=torch.float32, device=x.device)
     programs = triton.cdiv(rows, BLOCK_INPUT_ROWS)
-    partial = torch.zeros((max(programs, 1), n_streams + 1), dtype=torch.float32, device=x.device)
+    # Every program writes its row of sums; only a launch of none needs a zero row.
+    partial = torch.empty((programs, n_streams + 1), dtype=torch.float32, device=x.device) if rows else \
+        torch.zeros((1, n_streams + 1), dtype=torch.float32, device=x.device)
     if rows:
         _block_input_kernels()[1][(programs,)](
             x, grad_block, grad_logits, logits, rstd, scale, base, scaled, coef, pre, partial, rows, dim, cols,
