@@ -3,17 +3,20 @@
 A hyper-connection's glue around its block, as a decoder layer runs it on CUDA with bf16 streams under bf16 autocast:
 the hyper-connection's forward compiled (as genolc/train/apply.py compiles it), a stand-in block
 (``block_out = 2 * block_input``), then the merge (the fused fp32 op). Timed forward and forward + backward for one
-chunk of ``--tokens`` with `small`'s (D = 1024) and `base`'s (D = 1536) widths, two ways of reading the streams:
+chunk of ``--tokens`` with `small`'s (D = 1024) and `base`'s (D = 1536) widths, three ways of reading the streams:
 
 - ``two_ops``: what genolc ran until the fused block input: the mixing-logits op, then the pre weights and the
   weighted sum of the streams compiled by inductor. In the backward, inductor reduces the block input's gradient
   against the streams (for the pre weights), the mixing op's kernel writes its share of the streams' gradient, and
   a compiled element-wise pass adds the block input's share to it.
-- ``fused``: ``genolc.model.ops.dispatch.mhc_block_input``, one custom op (genolc/model/ops/mhc/op.py): the weighted
-  sum in a kernel of its own, and a backward whose mixing kernel adds the block input's share before it writes the
-  streams' gradient, so that gradient is written once.
+- ``fused_merge_apart``: the fused custom op (genolc/model/ops/mhc/op.py) as session 36 ran it: the weighted sum in a
+  kernel of its own, and a backward whose mixing kernel adds the block input's share before it writes the streams'
+  gradient; the merge reads the streams directly, so autograd adds the merge's share of their gradient in a pass
+  of its own.
+- ``fused``: ``genolc.model.ops.dispatch.mhc_block_input`` as the model calls it now: the merge reads the op's alias
+  of the streams (op.BlockInputPassingStreams), and the mixing kernel adds the merge's share as well.
 
-Both ways end with autograd adding the merge's share of the streams' gradient, as in the step. Per way: median of 20
+Per way: median of 20
 after a warm-up (gpu_bench_common.measure), the gradients' error against fp64 autograd of the reference, and the
 kernels of one forward and backward. Writes JSON (command, git SHA, device) to $OUT or
 benchmarks/results/mhc_block_input_<date>.json.
@@ -32,14 +35,20 @@ from genolc.model import build_model, preset
 from genolc.model.ops import dispatch
 from genolc.model.ops.mhc import reference
 
+def fused_merge_apart(x, *args):
+    """The fused op, with the merge reading the streams themselves rather than the op's alias of them."""
+    logits, block_input, _ = dispatch.mhc_block_input(x, *args)
+    return logits, block_input, x
+
+
 WAYS = {"two_ops": functools.partial(reference.block_input, mixing=dispatch.mhc_mixing_logits),
-        "fused": dispatch.mhc_block_input}
+        "fused_merge_apart": fused_merge_apart, "fused": dispatch.mhc_block_input}
 
 
 def glue(connection, streams):
     """The layer's glue around a stand-in block: the hyper-connection's forward, then the merge in fp32."""
-    post, comb, block_input = connection(streams)
-    return dispatch.mhc_merge(2 * block_input, post, comb, streams, compute_dtype=torch.float32)
+    post, comb, block_input, for_merge = connection(streams)
+    return dispatch.mhc_merge(2 * block_input, post, comb, for_merge, compute_dtype=torch.float32)
 
 
 def exact_glue(connection, streams):
@@ -48,8 +57,8 @@ def exact_glue(connection, streams):
                                                                        connection.base))
     n = connection.n_streams
     batch, length = streams.shape[:2]
-    mixed, block_input = reference.block_input(streams.reshape(batch * length, -1), fn, scale, base,
-                                               connection.norm_eps, connection.eps, n)
+    mixed, block_input, _ = reference.block_input(streams.reshape(batch * length, -1), fn, scale, base,
+                                                  connection.norm_eps, connection.eps, n)
     _, post_logit, comb_logit = mixed.view(batch, length, -1).split([n, n, n * n], dim=-1)
     _, post_bias, comb_bias = base.split([n, n, n * n])
     post = 2 * torch.sigmoid(post_logit * scale[1] + post_bias)

@@ -72,7 +72,7 @@ def main() -> None:
 
             def forward_backward():
                 with torch.autocast("cuda", dtype=torch.bfloat16):
-                    post, comb, block_input = compiled(connection, streams)
+                    post, comb, block_input, _ = compiled(connection, streams)
                 loss = post.float().sum() + comb.float().square().sum() + block_input.float().square().sum()
                 return comb.detach(), torch.autograd.grad(loss, streams)[0]
 

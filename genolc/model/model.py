@@ -75,7 +75,7 @@ class DecoderLayer(nn.Module):
         its token mixer (whose cache entries later chunks read) and stops at its feed-forward's router, whose counts
         the window's balance loss needs: the streams it returns are those after the token mixer, and a MoE layer's
         output holds only its counts."""
-        post, comb, block_in = self.attn_hc(streams)
+        post, comb, block_in, streams = self.attn_hc(streams)
         block_in = self.input_layernorm(block_in)
         indices = indexer_kl = None
         if self.attention_type == "linear_attention":
@@ -88,7 +88,7 @@ class DecoderLayer(nn.Module):
         if routing_only and self.mlp_type != "sparse":
             return streams, indices, indexer_kl, None
 
-        post, comb, block_in = self.ffn_hc(streams)
+        post, comb, block_in, streams = self.ffn_hc(streams)
         block_in = self.post_attention_layernorm(block_in)
         if routing_only:
             return streams, indices, indexer_kl, self.mlp.routing_counts(block_in)

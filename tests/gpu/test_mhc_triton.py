@@ -233,25 +233,30 @@ def _block_input_operands(rows: int, dim: int, dtype: torch.dtype, n: int = 4):
 ])
 def test_block_input_op_matches_fp64_autograd(rows, dim, dtype, compiled, monkeypatch):
     """The hyper-connection's block input as the model calls it (dispatch.mhc_block_input under bf16 autocast; all
-    three of its kernels must run), eagerly and compiled, against fp64 autograd of the reference."""
+    three of its kernels must run, the last one given the merge's share of x's gradient through the op's third
+    output), eagerly and compiled, against fp64 autograd of the reference."""
     calls = []
     for name in ("block_input", "block_input_backward", "fused_mixing_logits_backward"):
         kernel = getattr(mhc_triton, name)
-        monkeypatch.setattr(mhc_triton, name, lambda *args, kernel=kernel, name=name, **kwargs:
-                            calls.append((name, "grad_block" in kwargs)) or kernel(*args, **kwargs))
+        monkeypatch.setattr(mhc_triton, name, lambda *args, kernel=kernel, name=name, **kwargs: calls.append(
+            (name, "grad_block" in kwargs, kwargs.get("grad_x") is not None)) or kernel(*args, **kwargs))
     leaves = _block_input_operands(rows, dim, dtype)
     grad_logits = torch.randn(rows, 24, device="cuda")
     grad_block = torch.randn(rows, dim, device="cuda").to(dtype)
+    grad_merge = torch.randn(rows, 4 * dim, device="cuda").to(dtype)
     function = torch.compile(dispatch.mhc_block_input, dynamic=False) if compiled else dispatch.mhc_block_input
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits, block = function(*leaves, EPS, 1e-6, 4)
-    mine = torch.autograd.grad([logits, block], leaves, [grad_logits, grad_block])
+        outputs = function(*leaves, EPS, 1e-6, 4)
+    logits, block, for_merge = outputs
+    assert for_merge.data_ptr() == leaves[0].data_ptr()
+    mine = torch.autograd.grad(outputs, leaves, [grad_logits, grad_block, grad_merge])
     exact_leaves = [t.detach().double().requires_grad_() for t in leaves]
-    exact_logits, exact_block = reference.block_input(*exact_leaves, EPS, 1e-6, 4)
-    exact = torch.autograd.grad([exact_logits, exact_block], exact_leaves,
-                                [grad_logits.double(), grad_block.double()])
-    assert set(calls) == {("block_input", False), ("block_input_backward", False),
-                          ("fused_mixing_logits_backward", True)}
+    exact_outputs = reference.block_input(*exact_leaves, EPS, 1e-6, 4)
+    exact_logits, exact_block, _ = exact_outputs
+    exact = torch.autograd.grad(exact_outputs, exact_leaves,
+                                [grad_logits.double(), grad_block.double(), grad_merge.double()])
+    assert set(calls) == {("block_input", False, False), ("block_input_backward", False, False),
+                          ("fused_mixing_logits_backward", True, True)}
     assert logits.dtype == torch.float32 and block.dtype == dtype
     # TF32 products (~2^-11 an operand); bf16 outputs rounded once (2^-9 relative on average).
     assert _relative(logits, exact_logits) < 2e-3 and _relative(block, exact_block) < 4e-3

@@ -311,11 +311,11 @@ def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) 
     return problems
 
 
-def check_block_input(rows, n, dim, dtype, block_rows, block_k, rows_per_program) -> list[str]:
+def check_block_input(rows, n, dim, dtype, block_rows, block_k, rows_per_program, merge_share) -> list[str]:
     """The hyper-connection's block input (genolc/model/ops/mhc/op.py ``block_input_forward`` and
     ``block_input_gradients`` on their kernels' path: the weighted sum of the streams, its gradient's reduction, and
-    the mixing-logits backward adding the block input's share to x's gradient) against fp64 autograd of the
-    reference, and against the op's torch formulas."""
+    the mixing-logits backward adding the block input's share to x's gradient and, with ``merge_share``, a gradient
+    of x from the merge, ``grad_x``) against fp64 autograd of the reference, and against the op's torch formulas."""
     gen = torch.Generator().manual_seed(rows * 11 + n * dim)
     cols, width = n * dim, (2 + n) * n
     x = (torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen) * 4).to(dtype)
@@ -324,10 +324,14 @@ def check_block_input(rows, n, dim, dtype, block_rows, block_k, rows_per_program
     base = torch.randn(width, generator=gen) * 0.5
     grad_logits = torch.randn(rows, width, generator=gen)
     grad_block = torch.randn(rows, dim, generator=gen).to(dtype)
+    grad_x = (torch.randn(rows, cols, generator=gen) * 3).to(dtype) if merge_share else None
     logits, rstd, block = mhc_op.block_input_forward(x, weight, scale, base, 1e-6, 1e-6, n, False, kernels=True)
     leaves = [t.double().requires_grad_() for t in (x, weight, scale, base)]
-    exact_logits, exact_block = mhc_reference.block_input(*leaves, 1e-6, 1e-6, n)
-    exact = torch.autograd.grad([exact_logits, exact_block], leaves, [grad_logits.double(), grad_block.double()])
+    exact_outputs = mhc_reference.block_input(*leaves, 1e-6, 1e-6, n)
+    exact_logits, exact_block = exact_outputs[:2]
+    upstream = [grad_logits.double(), grad_block.double()]
+    exact = torch.autograd.grad(exact_outputs if merge_share else exact_outputs[:2], leaves,
+                                upstream + [grad_x.double()] if merge_share else upstream)
     # bf16: the interpreter truncates fp32 -> bf16 (check_mhc's note), twice the rounding's error.
     tolerance = 8e-3 if dtype == torch.bfloat16 else 1e-5
     problems = []
@@ -337,9 +341,9 @@ def check_block_input(rows, n, dim, dtype, block_rows, block_k, rows_per_program
         problems.append(f"logits rel err {rel_err(logits, exact_logits):.2e}")
     config = mhc_triton.BackwardConfig(rows_per_program=rows_per_program, block_rows=block_rows, block_k=block_k)
     grads = mhc_op.block_input_gradients(grad_logits, grad_block, x, weight, scale, base, logits, rstd, 1e-6, False,
-                                         kernels=True, backward_config=config)
+                                         grad_x, kernels=True, backward_config=config)
     formulas = mhc_op.block_input_gradients(grad_logits, grad_block, x, weight, scale, base, logits, rstd, 1e-6,
-                                            False, kernels=False)
+                                            False, grad_x, kernels=False)
     for name, got, written, truth in zip(("dx", "dweight", "dscale", "dbase"), grads, formulas, exact):
         limit = tolerance if name == "dx" else 1e-5
         if got.dtype != written.dtype or rel_err(got, truth) > limit or rel_err(got, written) > limit:
@@ -531,14 +535,16 @@ MHC_CASES = [
     (77, 128, 40, torch.bfloat16, 32, 32, 32),
 ]
 BLOCK_INPUT_CASES = [
-    # rows, N, D, x dtype, block rows, block K, backward rows per program: a stream's columns ending inside a column
-    # tile (D = 24, 40 against tiles of 32, 64), rows off the tiles, one row, two streams, D past the weighted sum's
-    # 256-column block, several row groups with a partial last one
-    (37, 4, 24, torch.float32, 16, 32, 16),
-    (203, 4, 64, torch.float32, 64, 64, 128),
-    (1, 2, 40, torch.float32, 16, 64, 32),
-    (77, 4, 32, torch.bfloat16, 32, 32, 32),
-    (45, 4, 300, torch.float32, 32, 64, 64),
+    # rows, N, D, x dtype, block rows, block K, backward rows per program, the merge's share of x's gradient: a
+    # stream's columns ending inside a column tile (D = 24, 40 against tiles of 32, 64), rows off the tiles, one row,
+    # two streams, D past the weighted sum's 256-column block, several row groups with a partial last one
+    (37, 4, 24, torch.float32, 16, 32, 16, False),
+    (37, 4, 24, torch.float32, 16, 32, 16, True),
+    (203, 4, 64, torch.float32, 64, 64, 128, True),
+    (1, 2, 40, torch.float32, 16, 64, 32, True),
+    (77, 4, 32, torch.bfloat16, 32, 32, 32, True),
+    (77, 4, 32, torch.bfloat16, 32, 32, 32, False),
+    (45, 4, 300, torch.float32, 32, 64, 64, False),
 ]
 COMB_CASES = [
     # rows, N, Sinkhorn iterations: rows off the 64-token block, N off a power of two (its padding's gradient

@@ -27,7 +27,11 @@ day: the slab order 72 registers (30 for 16-slot rows), 20 bytes spilled at 256 
 107 (`base`), no spill. 2026-12-05, the fused block input: the mHC backward adding its share 238 registers with
 bf16 streams (226 without), 255 and 80 bytes spilled with fp32 ones (244 without; 216 bytes when it gathered a
 weight per column, as it still does when D is not a multiple of the 64-column tile: 255 and 284 bytes with bf16
-streams, no preset's D); the block input's forward 48 and its backward's first pass 72 (bf16), no spill.)
+streams, no preset's D); the block input's forward 48 and its backward's first pass 72 (bf16), no spill. Later, the
+mHC backward adding the merge's share of x's gradient as well, with the product accumulated onto the other shares:
+220 registers with bf16 streams, 212 with fp32 ones (210 and 240 with the block input's share alone, 218 and 200
+with neither), 254 and 250 with D off the tiles; no spill. Adding the merge's share after the product instead:
+254 with bf16, 255 and 148 bytes spilled with fp32.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -122,20 +126,23 @@ def mhc_builds() -> dict[str, Build]:
              "TILE_IN_REGISTERS": config.tile_in_registers},
             warps=config.num_warps, stages=config.stages,
             divisible=("x_ptr", "w_ptr", "out_ptr", "rstd_ptr", "n_rows", "n_cols", "stride_xm", "stride_wn"))
-        for adds, what in ((False, ""), (True, ", with the block input's share")):
+        for adds, merge_share, what in ((False, False, ""), (True, False, ", with the block input's share"),
+                                        (True, True, ", with the block input's and the merge's shares")):
             found[f"mHC backward ({dtype} streams{what})"] = Build(
                 backward, {"scaled_ptr": "*fp32", "coef_ptr": "*fp32", "x_ptr": f"*{dtype}", "w_ptr": "*fp32",
                            "dx_ptr": f"*{dtype}", "dw_ptr": "*fp32",
-                           "pre_ptr": "*fp32" if adds else f"*{dtype}", "g_block_ptr": f"*{dtype}"},
+                           "pre_ptr": "*fp32" if adds else f"*{dtype}", "g_block_ptr": f"*{dtype}",
+                           "g_x_ptr": f"*{dtype}"},
                 {"ROWS_PER_PROGRAM": back.rows_per_program, "BLOCK_ROWS": back.block_rows, "BLOCK_K": back.block_k,
-                 "BLOCK_W": logits, "PRECISION": "tf32", "ADD_BLOCK_INPUT": adds, "TILE_IN_ONE_STREAM": True},
+                 "BLOCK_W": logits, "PRECISION": "tf32", "ADD_BLOCK_INPUT": adds, "TILE_IN_ONE_STREAM": True,
+                 "ADD_GRAD_X": merge_share},
                 warps=back.num_warps, stages=back.num_stages,
                 divisible=("scaled_ptr", "coef_ptr", "x_ptr", "w_ptr", "dx_ptr", "dw_ptr", "pre_ptr", "g_block_ptr",
-                           "n_rows", "n_cols", "dim", "stride_xm", "stride_wn", "stride_dxm", "stride_dwg",
-                           "stride_dwn", "stride_gm"))
+                           "g_x_ptr", "n_rows", "n_cols", "dim", "stride_xm", "stride_wn", "stride_dxm",
+                           "stride_dwg", "stride_dwn", "stride_gm", "stride_gxm"))
         # D not a multiple of the column tile (no preset's): a weight gathered per column.
-        share = found[f"mHC backward ({dtype} streams, with the block input's share)"]
-        found[f"mHC backward ({dtype} streams, with the block input's share, D off the tiles)"] = replace(
+        share = found[f"mHC backward ({dtype} streams, with the block input's and the merge's shares)"]
+        found[f"mHC backward ({dtype} streams, with both shares, D off the tiles)"] = replace(
             share, constexprs={**share.constexprs, "TILE_IN_ONE_STREAM": False},
             divisible=tuple(name for name in share.divisible if name != "dim"))
         forward_kernel, backward_kernel = mhc._block_input_kernels()

@@ -89,12 +89,12 @@ def test_block_input_backward_matches_autograd_of_the_reference(rows, dtype, n):
     grad_logits = torch.randn(rows, weight.shape[0])
     grad_block = torch.randn(rows, x.shape[1] // n).to(dtype)
 
-    logits, block = op.block_input(x, weight, scale, base, 1e-6, 1e-6, n)
+    logits, block, _ = op.block_input(x, weight, scale, base, 1e-6, 1e-6, n)
     torch.autograd.backward([logits, block], [grad_logits, grad_block])
     mine = [t.grad.clone() for t in (x, weight, scale, base)]
     for t in (x, weight, scale, base):
         t.grad = None
-    expected_logits, expected_block = reference.block_input(x, weight, scale, base, 1e-6, 1e-6, n)
+    expected_logits, expected_block, _ = reference.block_input(x, weight, scale, base, 1e-6, 1e-6, n)
     torch.autograd.backward([expected_logits, expected_block], [grad_logits, grad_block])
 
     assert torch.equal(logits, expected_logits) and torch.equal(block, expected_block) and block.dtype == dtype
@@ -105,6 +105,36 @@ def test_block_input_backward_matches_autograd_of_the_reference(rows, dtype, n):
         assert _relative(got, t.grad) < tolerance, name
     # Within the op, only the pre weights' parts of scale and base are read (the hyper-connection uses the rest).
     assert mine[2][0] != 0 and not mine[2][1:].any() and mine[3][:n].all() and not mine[3][n:].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_merges_share_of_the_streams_gradient_joins_the_ops_backward(dtype, monkeypatch):
+    """The op's third output is x for the merge: a gradient arriving there is added inside the op's backward (which
+    gets it as grad_x; on CUDA the mixing kernel adds it), not by autograd beside it. Its x gradient against autograd
+    of the reference with a merge reading x, and the alias's values and storage."""
+    x, weight, scale, base = _block_input_operands(41, dtype)
+    grads = [torch.randn(41, weight.shape[0]), torch.randn(41, x.shape[1] // 4).to(dtype),
+             torch.randn(41, x.shape[1]).to(dtype)]
+    seen = []
+    backward_op = op.block_input_backward_op
+    monkeypatch.setattr(op, "block_input_backward_op", lambda *args: seen.append(args[-1]) or backward_op(*args))
+
+    outputs = op.block_input(x, weight, scale, base, 1e-6, 1e-6, 4)
+    assert torch.equal(outputs[2], x) and outputs[2].data_ptr() == x.data_ptr() and outputs[2] is not x
+    mine = torch.autograd.grad(outputs, [x, weight, scale, base], grads)
+    assert len(seen) == 1 and seen[0] is not None and torch.equal(seen[0], grads[2])
+    expected = torch.autograd.grad(reference.block_input(x, weight, scale, base, 1e-6, 1e-6, 4), [x, weight, scale,
+                                                                                                   base], grads)
+    # bf16 streams: the op adds the three shares in fp32 and rounds once, autograd rounds the first two first.
+    tolerance = 4e-3 if dtype == torch.bfloat16 else 1e-6
+    assert mine[0].dtype == dtype and _relative(mine[0], expected[0]) < tolerance
+    for got, want in zip(mine[1:], expected[1:]):
+        assert _relative(got, want) < 1e-5
+    # Only the alias read: the op's backward still runs (its logits and block input take no gradient) and gives x
+    # exactly what arrived there.
+    seen.clear()
+    (only,) = torch.autograd.grad(op.block_input(x, weight, scale, base, 1e-6, 1e-6, 4)[2], [x], grads[2])
+    assert len(seen) == 1 and _relative(only, grads[2]) < (4e-3 if dtype == torch.bfloat16 else 1e-6)
 
 
 def test_block_input_gradient_through_one_output_only():
@@ -130,32 +160,52 @@ def test_block_input_ops_pass_torch_opcheck():
                                               base.requires_grad_(), 1e-6, 1e-6, 4, False))
     logits, rstd, _ = op.block_input_op(x.detach(), weight.detach(), scale.detach(), base.detach(), 1e-6, 1e-6, 4,
                                         False)
-    torch.library.opcheck(op.block_input_backward_op, (torch.randn(13, 24), torch.randn(13, 24), x.detach(),
-                                                       weight.detach(), scale.detach(), base.detach(), logits, rstd,
-                                                       1e-6, False))
+    for grad_x in (None, torch.randn(13, 96)):
+        torch.library.opcheck(op.block_input_backward_op, (torch.randn(13, 24), torch.randn(13, 24), x.detach(),
+                                                           weight.detach(), scale.detach(), base.detach(), logits,
+                                                           rstd, 1e-6, False, grad_x))
 
 
 def test_hyper_connection_with_the_op_compiled_matches_the_reference():
-    """The tiny model's first hyper-connection, once with its default ops (the references on CPU) eagerly and once
-    with the custom ops under torch.compile: same outputs and gradients (what the GPU path runs, minus the kernel)."""
+    """The tiny model's first hyper-connection and its merge around a stand-in block, once with the default ops (the
+    references on CPU) eagerly and once with the custom ops, forward and merge compiled as genolc/train/apply.py
+    compiles them: same outputs and gradients (what the GPU path runs, minus the kernels), and the merge's share of
+    the streams' gradient reaches the op's backward inside the compiled forward too: the alias the merge reads hangs
+    off the op's autograd node (traced, AOTAutograd would make it a view of the compiled graph's input, hand the
+    op's backward a zero tensor and leave the sum to autograd)."""
     torch.manual_seed(0)
     connection = build_model(preset("tiny")).layers[0].attn_hc
     assert isinstance(connection, HyperConnection)
     streams = torch.randn(2, 19, 4, 64, requires_grad=True)
+    merge_inputs = []
 
     def run():
-        post, comb, block_input = connection(streams)
-        loss = (post.square().sum() + comb.square().sum() + block_input.square().sum())
-        return [t.detach() for t in (post, comb, block_input)], torch.autograd.grad(
+        post, comb, block_input, for_merge = connection(streams)
+        merge_inputs.append(for_merge)
+        new = connection.merge(torch.tanh(block_input), post, comb, for_merge)
+        loss = new.square().sum() + post.square().sum() + comb.square().sum() + block_input.square().sum()
+        return [t.detach() for t in (post, comb, block_input, new)], torch.autograd.grad(
             loss, [streams, connection.fn, connection.scale, connection.base])
 
     expected_outputs, expected_grads = run()
+    assert torch.equal(merge_inputs[0], streams) and merge_inputs[0].data_ptr() == streams.data_ptr()
     connection.input_op = op.block_input
     connection.comb_op = op.comb_weights_op
-    connection.forward = torch.compile(connection.forward, fullgraph=True, dynamic=False)
+    connection.forward = torch.compile(connection.forward, dynamic=False)
+    connection.merge = torch.compile(connection.merge, dynamic=False)
     outputs, grads = run()
+    assert _autograd_nodes_reached(merge_inputs[1].grad_fn, depth=2) & {"BlockInputPassingStreamsBackward"}
     for mine, theirs in zip(outputs + list(grads), expected_outputs + list(expected_grads)):
         assert _relative(mine, theirs) < 1e-5
+
+
+def _autograd_nodes_reached(node, depth: int) -> set[str]:
+    """Names of the autograd nodes within ``depth`` steps of ``node``."""
+    names, frontier = set(), [node]
+    for _ in range(depth + 1):
+        names |= {type(n).__name__ for n in frontier if n is not None}
+        frontier = [nxt for n in frontier if n is not None for nxt, _ in n.next_functions]
+    return names
 
 
 def test_a_pipelined_forward_config_needs_the_tile_in_registers():

@@ -82,8 +82,10 @@ def test_sinkhorn_makes_mixing_doubly_stochastic():
     assert torch.allclose(mixed.sum(-1), torch.ones(5, 4), atol=1e-3)
     assert torch.allclose(mixed.sum(-2), torch.ones(5, 4), atol=1e-3)
     hc = HyperConnection(small_config())
-    post, comb, block_in = hc(torch.randn(2, 3, 4, 32))
+    streams = torch.randn(2, 3, 4, 32)
+    post, comb, block_in, for_merge = hc(streams)
     assert post.shape == (2, 3, 4) and comb.shape == (2, 3, 4, 4) and block_in.shape == (2, 3, 32)
+    assert torch.equal(for_merge, streams)
     with pytest.raises(ValueError, match="streams must be"):
         hc(torch.randn(2, 3, 32))
 

@@ -181,6 +181,42 @@ def test_compiled_chunked_step_with_recompute_equals_eager(monkeypatch, tmp_path
 
 
 @pytest.mark.slow
+def test_compiled_chunked_step_with_the_cuda_mhc_ops_equals_eager(monkeypatch, tmp_path):
+    """The hyper-connections as CUDA runs them (genolc/model/ops/mhc/op.py's custom ops on their CPU formulas),
+    compiled and recomputed, against the eager reference model: the same loss and gradients, and every merge's share
+    of the streams' gradient handed to its block-input op's backward (op.BlockInputPassingStreams) rather than added
+    by autograd, in the compiled methods and their recompute replays too."""
+    from tensor_memory import use_cuda_mhc_ops
+    from genolc.model.ops.mhc import op as mhc_op
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    eager = build_model(preset("tiny"))
+    compiled = copy.deepcopy(eager)
+    use_cuda_mhc_ops(compiled)
+    apply_compile(compiled)
+    apply_recompute(compiled)
+    merge_shares = []
+    backward_op = mhc_op.block_input_backward_op
+    monkeypatch.setattr(mhc_op, "block_input_backward_op",
+                        lambda *args: merge_shares.append(args[-1] is not None) or backward_op(*args))
+    length = 301
+    ids = torch.randint(0, 4, (1, length + 1), generator=torch.Generator().manual_seed(1))
+    weights = torch.ones(1, length)
+    terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=0.01, indexer_kl_coef=1.0,
+                      indexer_mode=None)
+    results = [chunked_forward_backward(model, ids, weights, terms, 128, contextlib.nullcontext)
+               for model in (eager, compiled)]
+    layers = len(compiled.layers)
+    assert len(merge_shares) == 2 * layers * 3 and all(merge_shares)       # two connections a layer, three chunks
+    assert float(results[1].lm) == pytest.approx(float(results[0].lm), rel=1e-6)
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
+        assert (p_eager.grad is None) == (p_compiled.grad is None), name
+        if p_eager.grad is not None:
+            torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
 def test_compiled_whole_window_with_recompute_equals_eager(lambda_data, tmp_path, monkeypatch):
     # Whole windows with per-layer recompute: each norm's graph must be the one its replay runs again (static
     # shapes), and a window not a multiple of the pool size gives the compiler an odd shape.

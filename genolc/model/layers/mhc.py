@@ -14,8 +14,8 @@ streams are averaged (:func:`collapse_streams`). Parameter names (``fn``, ``base
 
 The perceptron's logits, the RMS-normed streams projected by ``fn``, and the block's input come from the module
 attribute ``input_op`` (``genolc.model.ops.dispatch.mhc_block_input``: the pure-torch reference on CPU, fused kernels
-on CUDA whose backward writes the streams' gradient once), and ``comb`` from ``comb_op`` (``mhc_comb_weights``:
-softmax and Sinkhorn, one kernel each way on CUDA).
+on CUDA whose backward writes the streams' gradient once, the merge's share included), and ``comb`` from ``comb_op``
+(``mhc_comb_weights``: softmax and Sinkhorn, one kernel each way on CUDA).
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ from genolc.model.ops.dispatch import mhc_block_input, mhc_comb_weights, mhc_mer
 
 
 class HyperConnection(nn.Module):
-    """``forward(streams [B, T, N, D]) -> (post [B, T, N], comb [B, T, N, N], block_input [B, T, D])``."""
+    """``forward(streams [B, T, N, D]) -> (post [B, T, N], comb [B, T, N, N], block_input [B, T, D], streams)``.
+
+    The streams it returns hold the same values and are what :meth:`merge` must read: on CUDA they carry the merge's
+    share of the streams' gradient into the block-input op's backward kernel, which adds it where it writes the
+    streams' gradient (ops.mhc.op.BlockInputPassingStreams); elsewhere they are the input itself."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -45,14 +49,14 @@ class HyperConnection(nn.Module):
         self.input_op = mhc_block_input
         self.comb_op = mhc_comb_weights
 
-    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         if streams.dim() != 4 or streams.shape[2] != self.n_streams:
             raise ValueError(f"streams must be [B, T, {self.n_streams}, D]; got {tuple(streams.shape)}")
         n = self.n_streams
         batch, length = streams.shape[:2]
         # The pre weights (sigmoid(pre logits * scale[0] + base[:N]) + eps) are the op's: reference.block_input.
-        mixed, block_input = self.input_op(streams.reshape(batch * length, -1), self.fn, self.scale, self.base,
-                                           self.norm_eps, self.eps, n)
+        mixed, block_input, for_merge = self.input_op(streams.reshape(batch * length, -1), self.fn, self.scale,
+                                                      self.base, self.norm_eps, self.eps, n)
         _, post_logit, comb_logit = mixed.view(batch, length, -1).split([n, n, n * n], dim=-1)
         _, post_bias, comb_bias = self.base.split([n, n, n * n])
         _, post_scale, comb_scale = self.scale.unbind(0)
@@ -60,7 +64,7 @@ class HyperConnection(nn.Module):
         post = 2 * torch.sigmoid(post_logit * post_scale + post_bias)
         comb_logit = comb_logit.view(batch, length, n, n) * comb_scale + comb_bias.view(n, n)
         comb = self.comb_op(comb_logit, self.sinkhorn_iters, self.eps)
-        return post, comb, block_input.view(batch, length, -1)
+        return post, comb, block_input.view(batch, length, -1), for_merge.view(streams.shape)
 
     def merge(self, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
               streams: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@ streams' gradient came in two shares that a compiled pass added, a read and a wr
 backward reduces the block input's gradient against the streams for ``pre`` (one kernel), and the mixing-logits
 backward kernel adds ``pre[m, n] * g_block[m]`` to stream n's columns before it writes x's gradient. Saved for the
 backward: ``x``, the weight, ``scale``, ``base``, the logits and ``r``; ``pre`` is formed again from the logits.
+The model reaches it through :class:`BlockInputPassingStreams` (:func:`block_input`), which also hands the merge
+its alias of x, so that the merge's share of x's gradient is added in the same kernel.
 
 The mixing matrix from its logits (softmax and Sinkhorn), ``genolc::mhc_comb_weights`` and
 ``genolc::mhc_comb_weights_backward``: on CUDA the kernels of ``comb_triton.py``; elsewhere the reference and its
@@ -145,8 +147,8 @@ def _block_input_shapes(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
 
 def block_input_gradients(grad_logits: torch.Tensor, grad_block: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                           scale: torch.Tensor, base: torch.Tensor, logits: torch.Tensor, rstd: torch.Tensor,
-                          hc_eps: float, tf32: bool, *, kernels: bool, backward_config=None
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                          hc_eps: float, tf32: bool, grad_x: torch.Tensor | None = None, *, kernels: bool,
+                          backward_config=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(``dx, dweight, dscale, dbase``) of :func:`block_input_op`, each in its input's dtype; with ``kernels`` the
     Triton kernels' path (see :func:`block_input_forward`), the mixing backward's tiles from ``backward_config``
     (triton.BackwardConfig; None: its default).
@@ -154,7 +156,9 @@ def block_input_gradients(grad_logits: torch.Tensor, grad_block: torch.Tensor, x
     With ``z = logits[:, :N] * scale[0] + base[:N]`` and ``pre = sigmoid(z) + eps``: ``dpre[m, n] = <g_block[m],
     x[m, n]>``, ``dz = dpre * sigmoid(z) (1 - sigmoid(z))``; ``dz * scale[0]`` joins the logits' gradient, whose
     backward (:func:`mixing_logits_backward_op`'s formulas) then gives ``dx`` with ``pre[m, n] * g_block[m]`` added to
-    stream n's columns: with the kernels inside the same kernel, so x's gradient is written once."""
+    stream n's columns: with the kernels inside the same kernel, so x's gradient is written once. ``grad_x`` (x's
+    gradient from its other reader, the merge: :class:`BlockInputPassingStreams`) is added there too, in fp32 before
+    dx is rounded."""
     n_streams = x.shape[1] // grad_block.shape[1]
     with torch.autocast(x.device.type, enabled=False):
         if kernels:
@@ -167,7 +171,7 @@ def block_input_gradients(grad_logits: torch.Tensor, grad_block: torch.Tensor, x
             d_base = torch.nn.functional.pad(sums[:n_streams], (0, base.numel() - n_streams))
             tiles = {} if backward_config is None else {"config": backward_config}
             dx, d_weight = mhc_triton.fused_mixing_logits_backward(scaled, coef, x, weight, tf32=tf32, pre=pre,
-                                                                   grad_block=grad_block, **tiles)
+                                                                   grad_block=grad_block, grad_x=grad_x, **tiles)
         else:
             sig = torch.sigmoid(logits[:, :n_streams] * scale[0] + base[:n_streams])
             pre = sig + hc_eps
@@ -183,7 +187,8 @@ def block_input_gradients(grad_logits: torch.Tensor, grad_block: torch.Tensor, x
             coef = rstd.square() / x.shape[-1] * (grad32 * logits).sum(-1)
             x32 = x.float()
             spread = (pre.unsqueeze(-1) * grad_block.float().unsqueeze(1)).reshape(x.shape)
-            dx = (scaled @ weight.float() - coef[:, None] * x32 + spread).to(x.dtype)
+            dx = scaled @ weight.float() - coef[:, None] * x32 + spread
+            dx = (dx if grad_x is None else dx + grad_x.float()).to(x.dtype)
             d_weight = (scaled.t() @ x32).to(weight.dtype)
     return dx, d_weight, d_scale.to(scale.dtype), d_base.to(base.dtype)
 
@@ -191,17 +196,17 @@ def block_input_gradients(grad_logits: torch.Tensor, grad_block: torch.Tensor, x
 @torch.library.custom_op("genolc::mhc_block_input_backward", mutates_args=())
 def block_input_backward_op(grad_logits: torch.Tensor, grad_block: torch.Tensor, x: torch.Tensor,
                             weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, logits: torch.Tensor,
-                            rstd: torch.Tensor, hc_eps: float, tf32: bool
+                            rstd: torch.Tensor, hc_eps: float, tf32: bool, grad_x: torch.Tensor | None
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`block_input_gradients`, with the kernels for CUDA tensors."""
-    return block_input_gradients(grad_logits, grad_block, x, weight, scale, base, logits, rstd, hc_eps, tf32,
+    return block_input_gradients(grad_logits, grad_block, x, weight, scale, base, logits, rstd, hc_eps, tf32, grad_x,
                                  kernels=x.is_cuda)
 
 
 @block_input_backward_op.register_fake
 def _block_input_backward_shapes(grad_logits: torch.Tensor, grad_block: torch.Tensor, x: torch.Tensor,
                                  weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, logits: torch.Tensor,
-                                 rstd: torch.Tensor, hc_eps: float, tf32: bool
+                                 rstd: torch.Tensor, hc_eps: float, tf32: bool, grad_x: torch.Tensor | None
                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, weight, scale, base))
 
@@ -214,27 +219,56 @@ def _save_block_input(ctx, inputs, output) -> None:
     ctx.hc_eps, ctx.n_streams, ctx.tf32 = hc_eps, n_streams, tf32
 
 
-def _block_input_backward(ctx, grad_logits: torch.Tensor | None, grad_rstd: torch.Tensor | None,
-                          grad_block: torch.Tensor | None):
+def _block_input_grads(ctx, grad_logits: torch.Tensor | None, grad_block: torch.Tensor | None,
+                       grad_x: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     x, weight, scale, base, logits, rstd = ctx.saved_tensors
     if grad_logits is None:
         grad_logits = torch.zeros_like(logits)
     if grad_block is None:
         grad_block = x.new_zeros((x.shape[0], x.shape[1] // ctx.n_streams))
-    grads = block_input_backward_op(grad_logits, grad_block, x, weight, scale, base, logits, rstd, ctx.hc_eps,
-                                    ctx.tf32)
-    return (*grads, None, None, None, None)
+    return block_input_backward_op(grad_logits, grad_block, x, weight, scale, base, logits, rstd, ctx.hc_eps,
+                                   ctx.tf32, grad_x)
+
+
+def _block_input_backward(ctx, grad_logits: torch.Tensor | None, grad_rstd: torch.Tensor | None,
+                          grad_block: torch.Tensor | None):
+    return (*_block_input_grads(ctx, grad_logits, grad_block, None), None, None, None, None)
 
 
 block_input_op.register_autograd(_block_input_backward, setup_context=_save_block_input)
 
 
+class BlockInputPassingStreams(torch.autograd.Function):
+    """:func:`block_input_op` that also returns ``x`` itself, for the merge to read: (logits, block input, x).
+
+    x has two readers, this op and the merge (``new = post * block_out + comb^T @ streams``). Were both to read it
+    directly, autograd would add their shares of x's gradient in a pass of its own: two reads and a write of the
+    ``[M, N * D]`` streams per hyper-connection. Through this function the merge reads x's alias, its share arrives
+    here as the third output's gradient, and the backward's kernel adds it where it writes dx (one read more).
+
+    Called eagerly, also inside a compiled method (:func:`block_input` is dynamo-disabled): traced, AOTAutograd
+    would hand the alias out as a view of the compiled graph's input, and the merge's share would go around this
+    function again, with a zero tensor passed in its place."""
+
+    @staticmethod
+    def forward(ctx, x, weight, scale, base, norm_eps, hc_eps, n_streams, tf32):
+        logits, rstd, block = block_input_op(x, weight, scale, base, norm_eps, hc_eps, n_streams, tf32)
+        ctx.save_for_backward(x, weight, scale, base, logits, rstd)
+        ctx.hc_eps, ctx.n_streams, ctx.tf32 = hc_eps, n_streams, tf32
+        return logits, block, x
+
+    @staticmethod
+    def backward(ctx, grad_logits, grad_block, grad_x):
+        return (*_block_input_grads(ctx, grad_logits, grad_block, grad_x), None, None, None, None)
+
+
+@torch._dynamo.disable
 def block_input(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, norm_eps: float,
-                hc_eps: float, n_streams: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``[M, W]`` logits, ``[M, D]`` block input) of the op, with ``tf32`` as :func:`mixing_logits` sets it."""
-    logits, _, block = block_input_op(x, weight, scale, base, norm_eps, hc_eps, n_streams,
-                                      torch.is_autocast_enabled(x.device.type))
-    return logits, block
+                hc_eps: float, n_streams: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(``[M, W]`` logits, ``[M, D]`` block input, x for the merge) of :class:`BlockInputPassingStreams`, with
+    ``tf32`` as :func:`mixing_logits` sets it."""
+    return BlockInputPassingStreams.apply(x, weight, scale, base, norm_eps, hc_eps, n_streams,
+                                          torch.is_autocast_enabled(x.device.type))
 
 
 @torch.library.custom_op("genolc::mhc_comb_weights", mutates_args=())

@@ -36,11 +36,14 @@ def weighted_streams(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 
 
 def block_input(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, norm_eps: float,
-                hc_eps: float, n_streams: int, *, mixing=mixing_logits) -> tuple[torch.Tensor, torch.Tensor]:
+                hc_eps: float, n_streams: int, *, mixing=mixing_logits
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A hyper-connection's reading of its streams ``x [M, N * D]``: (the mixing logits ``[M, W]``, the block's input
-    ``[M, D]`` in x's dtype) with the ``pre`` weights of :func:`pre_weights`; ``mixing`` makes the logits."""
+    ``[M, D]`` in x's dtype, x for the merge) with the ``pre`` weights of :func:`pre_weights`; ``mixing`` makes the
+    logits. The third is x itself here; the fused op (op.BlockInputPassingStreams) returns an alias of x through
+    which the merge's share of x's gradient reaches its backward."""
     logits = mixing(x, weight, norm_eps)
-    return logits, weighted_streams(x, pre_weights(logits, scale, base, n_streams, hc_eps))
+    return logits, weighted_streams(x, pre_weights(logits, scale, base, n_streams, hc_eps)), x
 
 
 def sinkhorn(matrix: torch.Tensor, iterations: int, eps: float) -> torch.Tensor:

@@ -18,7 +18,9 @@ logits inside) and its backward's first pass (``block_input_backward``: ``pre``'
 and of the block input's gradient, then per token the logits' gradient with pre's share and the mixing backward's
 operands) are kernels of their own (block_input_kernels.py); the mixing backward kernel above adds the block input's
 share of x's gradient, ``pre[m, n] * g_block[m]``, when given ``pre`` and ``grad_block`` (op.py's
-``genolc::mhc_block_input``).
+``genolc::mhc_block_input``), and the merge's share when given ``grad_x`` (op.py's ``BlockInputPassingStreams``):
+the shares other than the product are summed first and the product is accumulated onto them, which keeps the
+kernel within 255 registers without spilling (tests/gpu/triton_lowering_check.py).
 
 The products: TF32 (``tf32=True``, what the op asks for under autocast: more bits than autocast's bf16 Linear) or
 IEEE fp32. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py).
@@ -135,12 +137,13 @@ def _backward_kernel():
 
     @triton.jit
     def mixing_logits_backward_kernel(scaled_ptr, coef_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, pre_ptr, g_block_ptr,
-                                      n_rows, n_cols, n_logits, dim,
+                                      g_x_ptr, n_rows, n_cols, n_logits, dim,
                                       stride_sm, stride_xm, stride_wn, stride_dxm, stride_dwg, stride_dwn,
-                                      stride_pm, stride_gm,
+                                      stride_pm, stride_gm, stride_gxm,
                                       ROWS_PER_PROGRAM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                                       BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr, PRECISION: tl.constexpr,
-                                      ADD_BLOCK_INPUT: tl.constexpr, TILE_IN_ONE_STREAM: tl.constexpr):
+                                      ADD_BLOCK_INPUT: tl.constexpr, TILE_IN_ONE_STREAM: tl.constexpr,
+                                      ADD_GRAD_X: tl.constexpr):
         cols = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
         group = tl.program_id(1)
         logits = tl.arange(0, BLOCK_W)
@@ -161,7 +164,8 @@ def _backward_kernel():
             tile_ok = row_ok[:, None] & col_ok[None, :]
             x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=tile_ok,
                         other=0.0).to(tl.float32)                                               # [M, K]
-            dx = tl.dot(scaled, w, input_precision=PRECISION) - coef[:, None] * x
+            # The shares that are not the product first, then the product accumulated onto them.
+            dx = -coef[:, None] * x
             if ADD_BLOCK_INPUT:
                 # The block input's share, pre[m, n] * g_block[m, d]: x's gradient is written once.
                 if TILE_IN_ONE_STREAM:
@@ -175,6 +179,12 @@ def _backward_kernel():
                 g_block = tl.load(g_block_ptr + rows.to(tl.int64)[:, None] * stride_gm + channel_of_col[None, :],
                                   mask=tile_ok, other=0.0).to(tl.float32)
                 dx += pre * g_block
+            if ADD_GRAD_X:
+                # x's gradient from its other reader (the merge), added before dx is rounded: autograd's sum of
+                # the two shares would read both and write a third tensor.
+                dx += tl.load(g_x_ptr + rows.to(tl.int64)[:, None] * stride_gxm + cols[None, :], mask=tile_ok,
+                              other=0.0).to(tl.float32)
+            dx = tl.dot(scaled, w, dx, input_precision=PRECISION)
             tl.store(dx_ptr + rows.to(tl.int64)[:, None] * stride_dxm + cols[None, :],
                      dx.to(dx_ptr.dtype.element_ty), mask=tile_ok)
             dw = tl.dot(tl.trans(scaled), x, dw, input_precision=PRECISION)
@@ -257,7 +267,7 @@ def fused_mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float, *, tf
 
 def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                                  *, tf32: bool, pre: torch.Tensor | None = None,
-                                 grad_block: torch.Tensor | None = None,
+                                 grad_block: torch.Tensor | None = None, grad_x: torch.Tensor | None = None,
                                  config: BackwardConfig = DEFAULT_BACKWARD_CONFIG
                                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``dx = scaled @ weight - coef * x`` (in x's dtype) and ``dweight = scaled^T @ x`` (in weight's dtype) in one
@@ -267,7 +277,8 @@ def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: to
 
     With ``pre [M, N]`` fp32 and ``grad_block [M, D]`` (the gradient of :func:`block_input`'s output, ``K = N *
     D``), ``dx`` also gets ``pre[m, n] * grad_block[m]`` in stream n's columns, the block input's share of x's
-    gradient, added in fp32 before dx is rounded."""
+    gradient, added in fp32 before dx is rounded. ``grad_x [M, K]`` (any of ``KERNEL_DTYPES``): a gradient of x
+    from elsewhere, added in fp32 before dx is rounded as well."""
     import triton
 
     check_kernel_inputs(x, weight)
@@ -281,6 +292,11 @@ def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: to
     if pre is not None:
         _check_block_share(x, pre, grad_block)
         pre, grad_block = pre.contiguous(), grad_block.contiguous()
+    if grad_x is not None:
+        if grad_x.shape != x.shape or grad_x.dtype not in KERNEL_DTYPES or grad_x.device != x.device:
+            raise ValueError(f"grad_x must be {tuple(x.shape)} of one of {KERNEL_DTYPES} on {x.device}; got "
+                             f"{grad_x.dtype} {tuple(grad_x.shape)} on {grad_x.device}")
+        grad_x = grad_x if grad_x.stride(-1) == 1 else grad_x.contiguous()
     if config.rows_per_program % config.block_rows:
         raise ValueError(f"rows_per_program ({config.rows_per_program}) must be a multiple of block_rows "
                          f"({config.block_rows})")
@@ -292,17 +308,18 @@ def fused_mixing_logits_backward(scaled: torch.Tensor, coef: torch.Tensor, x: to
     partial = torch.empty((groups, logits, cols), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(cols, config.block_k), groups)
     adds_block_input = pre is not None
-    # Without the block input's share the kernel never reads these pointers; x stands in for them.
+    # Pointers the kernel never reads (no block input's share, no grad_x): x stands in for them.
     pre_arg, grad_block_arg = (pre, grad_block) if adds_block_input else (x, x)
+    grad_x_arg = x if grad_x is None else grad_x
     dim = grad_block.shape[1] if adds_block_input else cols
-    _backward_kernel()[grid](scaled, coef, x, weight, dx, partial, pre_arg, grad_block_arg, rows, cols, logits, dim,
-                             scaled.stride(0), x.stride(0), weight.stride(0), dx.stride(0), partial.stride(0),
-                             partial.stride(1), pre_arg.stride(0), grad_block_arg.stride(0),
-                             ROWS_PER_PROGRAM=config.rows_per_program,
+    _backward_kernel()[grid](scaled, coef, x, weight, dx, partial, pre_arg, grad_block_arg, grad_x_arg, rows, cols,
+                             logits, dim, scaled.stride(0), x.stride(0), weight.stride(0), dx.stride(0),
+                             partial.stride(0), partial.stride(1), pre_arg.stride(0), grad_block_arg.stride(0),
+                             grad_x_arg.stride(0), ROWS_PER_PROGRAM=config.rows_per_program,
                              BLOCK_ROWS=config.block_rows, BLOCK_K=config.block_k,
                              BLOCK_W=max(16, triton.next_power_of_2(logits)), PRECISION="tf32" if tf32 else "ieee",
                              ADD_BLOCK_INPUT=adds_block_input, TILE_IN_ONE_STREAM=dim % config.block_k == 0,
-                             num_warps=config.num_warps,
+                             ADD_GRAD_X=grad_x is not None, num_warps=config.num_warps,
                              num_stages=config.num_stages)
     return dx, partial.sum(0).to(weight.dtype)
 
