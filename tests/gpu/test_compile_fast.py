@@ -65,8 +65,8 @@ def test_hyper_connection_and_merge(length):
     block_out = torch.randn(1, length, 1024, device="cuda", dtype=torch.bfloat16)
 
     def outputs_of(module, streams, block_out):
-        post, comb, block_input = module(streams)
-        return [post, comb, block_input, module.merge(block_out, post, comb, streams)]
+        post, comb, block_input, for_merge = module(streams)
+        return [post, comb, block_input, module.merge(block_out, post, comb, for_merge)]
 
     _compare(hc, [streams, block_out], outputs_of, BF16_TOLERANCE)
 
