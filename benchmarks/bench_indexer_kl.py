@@ -1,4 +1,5 @@
 """python benchmarks/bench_indexer_kl.py [--sizes 64k,512k] [--presets small,base] [--chunk 32768] [--mode sparse]
+                                       [--sides fused,reference]
 
 The DSA indexer's KL loss (genolc.model.indexer_loss.indexer_kl_loss), what `finetune --indexer sparse` (or
 dense) adds to each DSA layer with an indexer: forward alone, and forward + backward, for one chunk of queries — the
@@ -7,18 +8,22 @@ last ``--chunk`` queries of a window of ``--sizes`` keys, as the chunked step ca
 shapes in bf16: q_lat ``[1, C, H, R]``, the latent as one shared key head ``[1, S, 1, R]``, indexer queries, head
 weights and pool keys with gradients. Index rows hold ``topk // kpool`` distinct random causal pools per query plus
 its tail (uniform over the visible pools: no two neighbours share more than chance, so the gathers find less in L2
-than a trained model's would). The kernels of one forward + backward are listed (torch.profiler). Writes
+than a trained model's would). The kernels of one forward + backward are listed (torch.profiler). ``--sides``: the
+sparse mode's indexer side as the trainer runs it on CUDA (``fused``: genolc/model/ops/indexer_kl/triton.py, no
+checkpoint) and as it ran before (``reference``: the torch formula, checkpointed per chunk of queries). Writes
 benchmarks/results/indexer_kl_<date>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 
 from gpu_bench_common import SIZES, git_sha, measure, profiled_kernels, write_results
 from genolc.model.indexer_loss import indexer_kl_loss, window_kl_rows
+from genolc.model.ops import dispatch
 from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows
 from genolc.model.presets import PRESETS, preset
 
@@ -73,7 +78,11 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=32768, help="queries per call (the window's last ones)")
     parser.add_argument("--mode", default="sparse", choices=("sparse", "dense"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sides", default="fused,reference", help="the sparse mode's indexer side: fused, reference")
     args = parser.parse_args()
+    sides = args.sides.split(",")
+    if any(side not in ("fused", "reference") for side in sides):
+        parser.error(f"--sides takes fused and/or reference, got {args.sides!r}")
     unknown = [size for size in args.sizes.split(",") if size not in LENGTHS]
     if unknown or args.chunk < 1:
         parser.error(f"--sizes from {', '.join(LENGTHS)} and a positive --chunk, got {args.sizes!r}, {args.chunk}")
@@ -83,8 +92,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (it times the kernels the model runs there)")
     rows = []
-    for name in args.presets.split(","):
-        for size in args.sizes.split(","):
+    for name, size, side in ((n, z, d) for n in args.presets.split(",") for z in args.sizes.split(",")
+                             for d in (sides if args.mode == "sparse" else ["reference"])):
+        with _indexer_side(side):
             keys = LENGTHS[size]
             queries = min(keys, args.chunk)
             tensors, indices, scales, window, kpool, topk = inputs(name, keys, queries)
@@ -101,7 +111,7 @@ def main() -> None:
             def forward_backward():
                 torch.autograd.grad(loss(), leaves)
 
-            row = {"preset": name, "keys": size, "queries": queries, "mode": args.mode}
+            row = {"preset": name, "keys": size, "queries": queries, "mode": args.mode, "side": side}
             try:
                 row["forward"] = measure(forward, args.repeats)
                 row["forward_backward"] = measure(forward_backward, args.repeats)
@@ -115,6 +125,18 @@ def main() -> None:
             rows.append(row)
             print({k: v for k, v in row.items() if k != "kernels"}, flush=True)
             write_results(RESULT_NAME, rows, {"git_sha": git_sha(), "chunk": args.chunk})
+
+
+@contextlib.contextmanager
+def _indexer_side(side: str):
+    """``reference``: the dispatch's fused sparse indexer KL turned off, as before it existed."""
+    fused = dispatch.fused_indexer_kl
+    if side == "reference":
+        dispatch.fused_indexer_kl = lambda *operands: False
+    try:
+        yield
+    finally:
+        dispatch.fused_indexer_kl = fused
 
 
 if __name__ == "__main__":

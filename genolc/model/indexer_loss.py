@@ -38,7 +38,10 @@ side (``[B, chunk, P, Di]`` gathered pool keys and ``[B, chunk, Hi, P]`` scores,
 heads, the DSA layer's sparse path) is ``genolc.model.ops.dispatch.sparse_pool_mass``: on CUDA a Triton kernel that
 gathers nothing into memory. Otherwise the target is taken in pieces whose logits or gathered keys hold about
 ``TARGET_BUDGET_ELEMENTS`` (``[B, piece, H, T]`` dense, ``[B, piece, W, H, D]`` or ``[B, piece, W, D]`` sparse).
-The working set is about those budgets (at least one query each) plus the kept sparse targets. (Until 2026-12-04
+The working set is about those budgets (at least one query each) plus the kept sparse targets. The sparse mode's
+indexer side is ``genolc.model.ops.dispatch.sparse_indexer_kl``: on CUDA one fused Triton program per query each
+way, which gathers nothing into memory, keeps 12 bytes a row for its backward and needs no checkpoint; elsewhere
+the reference (``genolc.model.ops.indexer_kl.reference``), checkpointed. (Until 2026-12-04
 one checkpointed chunk held both sides in either mode: the sparse mode took queries in pieces of ~62 at `small`'s
 shapes, gathered their keys in torch and computed each target twice.)
 """
@@ -51,6 +54,7 @@ from torch.utils.checkpoint import checkpoint
 from genolc.model.ops import dispatch
 from genolc.model.ops.indexer.layout import complete_pools_visible, selected_pools
 from genolc.model.ops.indexer.reference import pool_scores
+from genolc.model.ops.indexer_kl.reference import kl_rows
 
 INDEXER_LOSS_MODES = ("dense", "sparse")
 # 128M elements: at `small`'s and `base`'s shapes ~2,900 queries a chunk. With 1 << 25 (~745) the sparse loss's
@@ -58,21 +62,6 @@ INDEXER_LOSS_MODES = ("dense", "sparse")
 # benchmarks/results/indexer_kl_2026-12-04/).
 CHUNK_BUDGET_ELEMENTS = 1 << 27
 TARGET_BUDGET_ELEMENTS = 1 << 26
-LOG_EPS = 1e-10
-
-
-def _kl_rows(pool_mass: torch.Tensor, index_scores: torch.Tensor,
-             candidate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of KL(t) over rows and the number of rows with a candidate. All inputs ``[B, C, P]``."""
-    has_candidate = candidate.any(dim=-1)
-    target = pool_mass.masked_fill(~candidate, 0.0)
-    target = target / target.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(target.dtype).tiny)
-    logits = index_scores.masked_fill(~candidate, float("-inf"))
-    # A row without candidates would softmax to NaN; give it finite logits, its target is all zero anyway.
-    logits = logits.masked_fill(~has_candidate[..., None], 0.0)
-    index_probs = logits.softmax(dim=-1)
-    kl = target * (torch.log(target + LOG_EPS) - torch.log(index_probs + LOG_EPS))
-    return kl.masked_fill(~candidate, 0.0).sum(), has_candidate.sum()
 
 
 def _dense_pool_mass(query_start: int, main_q: torch.Tensor, main_k: torch.Tensor, softmax_scale: float,
@@ -136,7 +125,8 @@ def _dense_chunk(query_start: int, main_q: torch.Tensor, main_k: torch.Tensor, i
     visible = complete_pools_visible(positions, kpool)
     candidate = torch.arange(n_pools, device=index_q.device)[None, :] < visible[:, None]
     scores = pool_scores(index_q, head_weights, pooled[:, :n_pools], index_softmax_scale)
-    return _kl_rows(pool_mass, scores, candidate.expand(batch, -1, -1))
+    kl, has_candidate = kl_rows(pool_mass, scores, candidate.expand(batch, -1, -1))
+    return kl.sum(), has_candidate.sum()
 
 
 def _sparse_chunk(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
@@ -144,11 +134,9 @@ def _sparse_chunk(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: 
                   topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """KL of one chunk's queries over the pools in their index rows ``indices [B, C, W]``; ``pool_mass``
     ``[B, C, topk // kpool]`` from :func:`_sparse_pool_mass`."""
-    pools = selected_pools(indices, topk, kpool)  # [B, C, K]
-    pool_batch_ids = torch.arange(pools.shape[0], device=index_q.device)[:, None, None]
-    chosen_keys = pooled[pool_batch_ids, pools.clamp_min(0)]  # [B, C, K, D]
-    scores = pool_scores(index_q, head_weights, chosen_keys, index_softmax_scale)
-    return _kl_rows(pool_mass, scores, pools >= 0)
+    kl, has_pool = dispatch.sparse_indexer_kl(pool_mass, index_q, head_weights, pooled,
+                                              selected_pools(indices, topk, kpool), index_softmax_scale)
+    return kl.sum(), has_pool.sum()
 
 
 def default_chunks(mode: str, batch: int, keys_len: int, heads: int, qk_dim: int, key_heads: int,
@@ -232,11 +220,15 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
     default_chunk, default_piece = default_chunks(mode, batch, keys_len, heads, qk_dim, main_k.shape[2],
                                                   index_q.shape[2], index_q.shape[3], kpool,
                                                   topk if indices is None else indices.shape[-1])
-    query_chunk = default_chunk if query_chunk is None else query_chunk
+    # The fused sparse op keeps 2 KiB of scores a query (and its backward forms them again from the inputs, so a
+    # checkpoint would only run its forward twice): one call for all queries.
+    fused = mode == "sparse" and dispatch.fused_indexer_kl(index_q, head_weights, pooled)
+    query_chunk = (max(seq_len, 1) if fused else default_chunk) if query_chunk is None else query_chunk
     target_piece = default_piece if target_piece is None else target_piece
     if query_chunk < 1 or target_piece < 1:
         raise ValueError(f"query_chunk and target_piece must be positive, got {query_chunk} and {target_piece}")
-    recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (index_q, head_weights, pooled))
+    recompute = not fused and torch.is_grad_enabled() and any(t.requires_grad for t in (index_q, head_weights,
+                                                                                        pooled))
 
     total = torch.zeros((), dtype=torch.float32, device=main_q.device)
     rows = torch.zeros((), dtype=torch.long, device=main_q.device)

@@ -4,8 +4,8 @@ Runs genolc's Triton kernels (mHC's merge, forward and backward; the DSA pool ma
 short convolution, forward and backward; the routed experts' glue; mHC mixing logits and mixing matrix; indexer
 scoring and top-k; DSA latent sparse attention forward, lse and backward; the slab order of the DSA backward's index
 rows and its row dot; the hyper-connection's block input; the groups ``merge``, ``pool_mass``, ``slab_order``,
-``row_dot``, ``conv``, ``moe``, ``mhc``, ``block_input``, ``comb``, ``top_pools``, ``indexer``, ``dsa``, given as
-arguments, run alone) on CPU tensors under Triton's interpreter and compares them with the pure-torch references at
+``row_dot``, ``conv``, ``moe``, ``mhc``, ``block_input``, ``comb``, ``indexer_kl``, ``top_pools``, ``indexer``,
+``dsa``, given as arguments, run alone; the sparse indexer KL's pair too) on CPU tensors under Triton's interpreter and compares them with the pure-torch references at
 small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of
 two (and a head count that needs two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64
 indices, strided index rows. Exit status 0 when everything matches.
@@ -39,6 +39,8 @@ from genolc.model.ops.dsa import row_dot as dsa_row_dot  # noqa: E402
 from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer import layout as indexer_layout  # noqa: E402
 from genolc.model.ops.indexer import reference as indexer_reference  # noqa: E402
+from genolc.model.ops.indexer_kl import reference as indexer_kl_reference  # noqa: E402
+from genolc.model.ops.indexer_kl import triton as indexer_kl_triton  # noqa: E402
 from genolc.model.ops.mhc import comb_triton  # noqa: E402
 from genolc.model.ops.mhc import merge_triton  # noqa: E402
 from genolc.model.ops.mhc import op as mhc_op  # noqa: E402
@@ -205,6 +207,45 @@ def check_pool_mass(batch, length, heads, rank, topk, kpool, index_dtype) -> lis
             problems.append(f"{name}: {tuple(got.shape)} {got.dtype} vs {tuple(expected.shape)}")
         elif rel_err(got, expected) > 1e-5 or (got - expected).abs().max() > 1e-5:
             problems.append(f"{name}: rel err {rel_err(got, expected):.2e}")
+    return problems
+
+
+def check_indexer_kl(batch, rows, heads, dim, n_pools, slots, empty, q_dtype, pools_dtype, strided) -> list[str]:
+    """The sparse indexer KL per row (genolc/model/ops/indexer_kl/triton.py, forward and backward) against fp64
+    autograd of the reference: the KL, which rows have a pool, and the gradients of the queries, head weights and
+    pool keys; rows with empty slots, a row with none, pools chosen twice in a row, non-contiguous queries and
+    weights (``strided``)."""
+    gen = torch.Generator().manual_seed(rows * 7 + heads * dim)
+    if strided:
+        index_q = torch.randn(batch, rows, 2 * heads, dim, generator=gen)[:, :, ::2].to(q_dtype)
+        head_weights = torch.randn(batch, rows, heads, 3, generator=gen)[..., 1]
+    else:
+        index_q = torch.randn(batch, rows, heads, dim, generator=gen).to(q_dtype)
+        head_weights = torch.randn(batch, rows, heads, generator=gen)
+    pooled = torch.randn(batch, n_pools, dim, generator=gen)
+    pools = torch.randint(0, n_pools, (batch, rows, slots), generator=gen)
+    pools = pools.masked_fill(torch.rand(batch, rows, slots, generator=gen) < empty, -1)
+    pools[0, rows // 2] = -1
+    pools = pools.to(pools_dtype)
+    pool_mass = torch.rand(batch, rows, slots, generator=gen) * (torch.rand(batch, rows, 1, generator=gen) < 0.9)
+    upstream = torch.randn(batch, rows, generator=gen)
+    leaves = [t.requires_grad_() for t in (index_q, head_weights, pooled)]
+    kl, has_pool = indexer_kl_triton.sparse_kl_rows(pool_mass, *leaves, pools, 0.3)
+    grads = torch.autograd.grad((kl * upstream).sum(), leaves)
+    exact_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    exact_kl, exact_has = indexer_kl_reference.sparse_kl_rows(pool_mass.double(), *exact_leaves, pools, 0.3)
+    exact = torch.autograd.grad((exact_kl * upstream.double()).sum(), exact_leaves)
+    problems = []
+    if kl.dtype != torch.float32 or rel_err(kl, exact_kl) > 1e-5 or not torch.equal(has_pool, exact_has):
+        problems.append(f"kl rel err {rel_err(kl, exact_kl):.2e} ({kl.dtype}), rows with a pool "
+                        f"{'equal' if torch.equal(has_pool, exact_has) else 'differ'}")
+    if kl[0, rows // 2] != 0 or has_pool[0, rows // 2]:
+        problems.append("the row without a pool has a KL or a pool")
+    for name, got, leaf, truth in zip(("index_q", "head_weights", "pooled"), grads, leaves, exact):
+        # A bf16 gradient is rounded once; the interpreter truncates (check_mhc's note), twice the rounding's error.
+        limit = 8e-3 if got.dtype == torch.bfloat16 else 1e-5
+        if got.dtype != leaf.dtype or got.shape != leaf.shape or rel_err(got, truth) > limit:
+            problems.append(f"d{name} rel err {rel_err(got, truth):.2e} ({got.dtype})")
     return problems
 
 
@@ -534,6 +575,16 @@ MHC_CASES = [
     (1, 72, 24, torch.float32, 16, 64, 32),
     (77, 128, 40, torch.bfloat16, 32, 32, 32),
 ]
+INDEXER_KL_CASES = [
+    # batch, rows, heads, dim, pools in the window, slots a row, empty slots' share, query dtype, pool ids' dtype,
+    # strided queries and weights: the presets' 8 heads of 64, a head count and width off the tiles (3 of 20), slots
+    # off the 64-slot block (37, 70, 130), more slots than pools (pools chosen twice), bf16 queries (loaded and
+    # taken to fp32, no bf16 product under the interpreter)
+    (2, 7, 8, 64, 50, 37, 0.2, torch.float32, torch.int64, False),
+    (1, 5, 3, 20, 9, 70, 0.5, torch.float32, torch.int32, True),
+    (1, 33, 8, 64, 300, 130, 0.05, torch.bfloat16, torch.int32, False),
+    (3, 4, 16, 32, 64, 64, 0.0, torch.float32, torch.int64, True),
+]
 BLOCK_INPUT_CASES = [
     # rows, N, D, x dtype, block rows, block K, backward rows per program, the merge's share of x's gradient: a
     # stream's columns ending inside a column tile (D = 24, 40 against tiles of 32, 64), rows off the tiles, one row,
@@ -571,7 +622,7 @@ def case_groups() -> list[tuple[str, object, list[tuple], int | None]]:
             ("slab_order", check_slab_order, SLAB_ORDER_CASES, None), ("row_dot", check_row_dot, ROW_DOT_CASES, None),
             ("conv", check_kda_conv, CONV_CASES, 6), ("moe", check_moe, MOE_CASES, None),
             ("mhc", check_mhc, MHC_CASES, None), ("block_input", check_block_input, BLOCK_INPUT_CASES, None),
-            ("comb", check_comb, COMB_CASES, None),
+            ("comb", check_comb, COMB_CASES, None), ("indexer_kl", check_indexer_kl, INDEXER_KL_CASES, None),
             ("top_pools", check_top_pools, TOP_POOLS_CASES, None), ("indexer", check_indexer, INDEXER_CASES, None),
             ("dsa", check_dsa, DSA_CASES, None)]
 

@@ -31,7 +31,8 @@ streams, no preset's D); the block input's forward 48 and its backward's first p
 mHC backward adding the merge's share of x's gradient as well, with the product accumulated onto the other shares:
 220 registers with bf16 streams, 212 with fp32 ones (210 and 240 with the block input's share alone, 218 and 200
 with neither), 254 and 250 with D off the tiles; no spill. Adding the merge's share after the product instead:
-254 with bf16, 255 and 148 bytes spilled with fp32.)
+254 with bf16, 255 and 148 bytes spilled with fp32. The sparse indexer KL: forward 80 registers (64 slots a step),
+backward 168 (32 slots; 250 at 64, 80 at 16); no spill.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -51,6 +52,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from genolc.model.ops.dsa import triton as dsa
+from genolc.model.ops.indexer_kl import triton as indexer_kl
 from genolc.model.ops.mhc import triton as mhc
 from genolc.model.ops.moe import triton as moe
 
@@ -61,6 +63,8 @@ INTS = ("rows", "dim", "n_rows", "inter", "n_tokens", "hidden", "n_slots", "n_co
         "part_width", "width", "slab_rows", "n_slabs")
 FLOATS = ("limit", "eps", "softmax_scale")
 BF16 = "*bf16"
+SHORT_STRIDES = ("scb", "scs", "sib", "sit", "sgb", "sgs", "sgt", "sqb", "sqt", "sqh", "swb", "swt", "spb", "spp",
+                 "smb", "smt", "sdpb", "sdpp")
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ def _signature(kernel, pointers: dict[str, str], constexprs: dict) -> dict[str, 
             signature[name] = pointers[name]
         elif name in FLOATS:
             signature[name] = "fp32"
-        elif name.startswith("stride") or name in INTS or name in ("scb", "scs", "sib", "sit", "sgb", "sgs"):
+        elif name.startswith("stride") or name in INTS or name in SHORT_STRIDES:
             signature[name] = "i32"
         else:
             raise ValueError(f"{kernel.fn.__name__}: no type for argument {name}")
@@ -193,6 +197,21 @@ def pool_mass_builds() -> dict[str, Build]:
                                "BLOCK_H": tiles["BLOCK_H"], "BLOCK_R": tiles["BLOCK_R"],
                                "BLOCK_W": tiles["fwd_block_w"], "PRECISION": "tf32"}, warps=tiles["fwd_warps"])
     return found
+
+
+def indexer_kl_builds() -> dict[str, Build]:
+    """The sparse indexer KL's pair (genolc/model/ops/indexer_kl) as the trainer launches it: bf16 queries, fp32 head
+    weights and pool keys (the key LayerNorm's output under autocast), int32 pool ids, the presets' 8 heads of 64."""
+    forward, backward = indexer_kl._kernels()
+    tiles = {"HEADS": 8, "DIM": 64, "BLOCK_H": 16, "BLOCK_D": 64}
+    operands = {"q_ptr": BF16, "w_ptr": "*fp32", "pooled_ptr": "*fp32", "pools_ptr": "*i32", "mass_ptr": "*fp32",
+                "stats_ptr": "*fp32"}
+    return {"indexer KL forward": Build(forward, {**operands, "scores_ptr": "*fp32", "kl_ptr": "*fp32"},
+                                        {**tiles, "BLOCK_P": indexer_kl.FORWARD_BLOCK_P}, warps=indexer_kl.NUM_WARPS),
+            "indexer KL backward": Build(backward, {**operands, "grad_ptr": "*fp32", "dq_ptr": BF16, "dw_ptr": "*fp32",
+                                                    "dpooled_ptr": "*fp32"},
+                                         {**tiles, "BLOCK_P": indexer_kl.BACKWARD_BLOCK_P},
+                                         warps=indexer_kl.NUM_WARPS)}
 
 
 def slab_order_builds() -> dict[str, Build]:
@@ -401,7 +420,7 @@ def _ptxas(ptx: str) -> tuple[int, str | None, int, str]:
 def main() -> int:
     failures = 0
     builds = (moe_builds() | mhc_builds() | merge_builds() | dsa_builds() | pool_mass_builds() | topk_builds()
-              | slab_order_builds() | kda_conv_builds())
+              | slab_order_builds() | kda_conv_builds() | indexer_kl_builds())
     for name, build in builds.items():
         kernel = build.kernel
         divisible = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kernel.arg_names)

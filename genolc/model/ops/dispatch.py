@@ -8,6 +8,7 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     sparse_latent_attention  genolc.model.ops.dsa.tilelang pair, else dsa.triton (fused)    | ops.dsa.reference
     sparse_latent_attention_forward   the same pair's forward kernel (o_lat and lse)          | ops.dsa.reference
     sparse_pool_mass         genolc.model.ops.dsa.triton (two passes a query, no gather)    | ops.dsa.reference
+    sparse_indexer_kl        genolc.model.ops.indexer_kl.triton (a program a query each way) | ops.indexer_kl.reference
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
     mhc_mixing_logits        genolc.model.ops.mhc.op (custom ops, Triton fwd and bwd)        | ops.mhc.reference
     mhc_block_input          genolc.model.ops.mhc.op (custom ops: the mixing logits and the  | ops.mhc.reference
@@ -33,6 +34,7 @@ import torch
 
 from genolc.model.ops.dsa import reference as dsa_reference
 from genolc.model.ops.indexer import reference as indexer_reference
+from genolc.model.ops.indexer_kl import reference as indexer_kl_reference
 from genolc.model.ops.kda import reference as kda_reference
 from genolc.model.ops.mhc import reference as mhc_reference
 from genolc.model.ops.moe import reference as moe_reference
@@ -148,6 +150,30 @@ def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.T
             return dsa_triton.sparse_pool_mass(*prepared, softmax_scale, kpool=kpool, topk=topk)
     return dsa_reference.sparse_pool_mass(q_lat, latent, indices, softmax_scale, kpool=kpool, topk=topk,
                                           query_chunk=query_chunk)
+
+
+def sparse_indexer_kl(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor,
+                      pooled: torch.Tensor, pools: torch.Tensor, softmax_scale: float
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sparse indexer KL per query row and whether the row has a pool (``[B, C]`` each); see
+    ``genolc.model.ops.indexer_kl.reference.sparse_kl_rows``. CUDA operands the kernels take (:func:`fused_indexer_kl`)
+    run the fused pair, whose backward computes the scores again from the inputs; anything else the reference,
+    which keeps autograd's intermediates (genolc/model/indexer_loss.py checkpoints it)."""
+    if fused_indexer_kl(index_q, head_weights, pooled):
+        from genolc.model.ops.indexer_kl import triton as indexer_kl_triton
+
+        return indexer_kl_triton.sparse_kl_rows(pool_mass, index_q, head_weights, pooled, pools, softmax_scale)
+    return indexer_kl_reference.sparse_kl_rows(pool_mass, index_q, head_weights, pooled, pools, softmax_scale)
+
+
+def fused_indexer_kl(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor) -> bool:
+    """Whether :func:`sparse_indexer_kl` runs the fused kernels for these operands (CUDA, and dtypes and sizes
+    ``indexer_kl.triton.unsupported_reason`` accepts)."""
+    if not index_q.is_cuda:
+        return False
+    from genolc.model.ops.indexer_kl import triton as indexer_kl_triton
+
+    return indexer_kl_triton.unsupported_reason(index_q, head_weights, pooled) is None
 
 
 def routed_experts(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor,
