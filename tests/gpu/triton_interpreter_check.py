@@ -3,12 +3,13 @@
 Runs genolc's Triton kernels (mHC's merge, forward and backward; the DSA pool mass, the indexer loss's target; KDA's
 short convolution, forward and backward; the routed experts' glue; mHC mixing logits and mixing matrix; indexer
 scoring and top-k; DSA latent sparse attention forward, lse and backward; the slab order of the DSA backward's index
-rows and its row dot; the hyper-connection's block input; the groups ``merge``, ``pool_mass``, ``slab_order``,
-``row_dot``, ``conv``, ``moe``, ``mhc``, ``block_input``, ``comb``, ``indexer_kl``, ``top_pools``, ``indexer``,
-``dsa``, given as arguments, run alone; the sparse indexer KL's pair too) on CPU tensors under Triton's interpreter and compares them with the pure-torch references at
-small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2, head counts and latent ranks that are not powers of
-two (and a head count that needs two head blocks), index rows with -1 slots and wholly empty rows, int32 and int64
-indices, strided index rows. Exit status 0 when everything matches.
+rows and its row dot; the hyper-connection's block input; the sparse indexer KL's pair; the groups ``merge``,
+``pool_mass``, ``slab_order``, ``row_dot``, ``conv``, ``moe``, ``mhc``, ``block_input``, ``comb``, ``indexer_kl``,
+``top_pools``, ``indexer``, ``dsa``, given as arguments, run alone) on CPU tensors under Triton's interpreter and
+compares them with the pure-torch references at small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2,
+head counts and latent ranks that are not powers of two (and a head count that needs two head blocks), index rows
+with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit status 0 when everything
+matches.
 
 Not part of the CI suite (pytest collects ``test_*.py`` only): it needs Triton, which genolc does not depend on on
 CPU. Use a throwaway venv, never the project's:
