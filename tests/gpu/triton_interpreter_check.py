@@ -366,7 +366,9 @@ def check_block_input(rows, n, dim, dtype, block_rows, block_k, rows_per_program
     base = torch.randn(width, generator=gen) * 0.5
     grad_logits = torch.randn(rows, width, generator=gen)
     grad_block = torch.randn(rows, dim, generator=gen).to(dtype)
-    grad_x = (torch.randn(rows, cols, generator=gen) * 3).to(dtype) if merge_share else None
+    # "strided": the merge's share as a slice of a wider tensor (a row stride other than x's).
+    grad_x = (torch.randn(rows, cols + 8 * (merge_share == "strided"), generator=gen)[:, :cols] * 3).to(dtype) \
+        if merge_share else None
     logits, rstd, block = mhc_op.block_input_forward(x, weight, scale, base, 1e-6, 1e-6, n, False, kernels=True)
     leaves = [t.double().requires_grad_() for t in (x, weight, scale, base)]
     exact_outputs = mhc_reference.block_input(*leaves, 1e-6, 1e-6, n)
@@ -587,7 +589,8 @@ INDEXER_KL_CASES = [
     (3, 4, 16, 32, 64, 64, 0.0, torch.float32, torch.int64, True),
 ]
 BLOCK_INPUT_CASES = [
-    # rows, N, D, x dtype, block rows, block K, backward rows per program, the merge's share of x's gradient: a
+    # rows, N, D, x dtype, block rows, block K, backward rows per program, the merge's share of x's gradient (or a
+    # strided one): a
     # stream's columns ending inside a column tile (D = 24, 40 against tiles of 32, 64), rows off the tiles, one row,
     # two streams, D past the weighted sum's 256-column block, several row groups with a partial last one
     (37, 4, 24, torch.float32, 16, 32, 16, False),
@@ -597,6 +600,7 @@ BLOCK_INPUT_CASES = [
     (77, 4, 32, torch.bfloat16, 32, 32, 32, True),
     (77, 4, 32, torch.bfloat16, 32, 32, 32, False),
     (45, 4, 300, torch.float32, 32, 64, 64, False),
+    (53, 4, 64, torch.bfloat16, 16, 64, 32, "strided"),
 ]
 COMB_CASES = [
     # rows, N, Sinkhorn iterations: rows off the 64-token block, N off a power of two (its padding's gradient
