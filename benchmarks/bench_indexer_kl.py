@@ -5,8 +5,8 @@ The DSA indexer's KL loss (genolc.model.indexer_loss.indexer_kl_loss), what `fin
 dense) adds to each DSA layer with an indexer: forward alone, and forward + backward, for one chunk of queries — the
 last ``--chunk`` queries of a window of ``--sizes`` keys, as the chunked step calls it (``query_offset``,
 ``row_count`` of the window), or the whole window when the chunk is at least the window. Inputs at the preset's
-shapes in bf16: q_lat ``[1, C, H, R]``, the latent as one shared key head ``[1, S, 1, R]``, indexer queries, head
-weights and pool keys with gradients. Index rows hold ``topk // kpool`` distinct random causal pools per query plus
+shapes in bf16: q_lat ``[1, C, H, R]``, the latent as one shared key head ``[1, S, 1, R]``, indexer queries; head
+weights and pool keys in fp32 (as the indexer hands them under autocast); the last three with gradients. Index rows hold ``topk // kpool`` distinct random causal pools per query plus
 its tail (uniform over the visible pools: no two neighbours share more than chance, so the gathers find less in L2
 than a trained model's would). The kernels of one forward + backward are listed (torch.profiler). ``--sides``: the
 sparse mode's indexer side as the trainer runs it on CUDA (``fused``: genolc/model/ops/indexer_kl/triton.py, no
@@ -55,16 +55,16 @@ def inputs(name: str, keys: int, queries: int):
     offset = keys - queries
     generator = torch.Generator(device="cuda").manual_seed(0)
 
-    def randn(*shape, grad=False):
-        tensor = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+    def randn(*shape, grad=False, dtype=torch.bfloat16):
+        tensor = torch.randn(*shape, device="cuda", dtype=dtype, generator=generator)
         return tensor.requires_grad_(grad)
 
     pools = random_pools(offset, queries, topk // kpool, kpool, generator)
     indices = index_rows(pools, query_offset=offset, kpool=kpool, select_tail=True, dtype=torch.int32)
     tensors = {"main_q": randn(1, queries, heads, rank), "main_k": randn(1, keys, 1, rank),
                "index_q": randn(1, queries, config.index_n_heads, config.index_head_dim, grad=True),
-               "head_weights": randn(1, queries, config.index_n_heads, grad=True),
-               "pooled": randn(1, keys // kpool, config.index_head_dim, grad=True)}
+               "head_weights": randn(1, queries, config.index_n_heads, grad=True, dtype=torch.float32),
+               "pooled": randn(1, keys // kpool, config.index_head_dim, grad=True, dtype=torch.float32)}
     scales = {"softmax_scale": config.qk_head_dim ** -0.5,
               "index_softmax_scale": config.index_head_dim ** -0.5}
     window = {"query_offset": offset, "row_count": window_kl_rows(1, keys, kpool)}

@@ -65,7 +65,7 @@ def nondeterministic_kernels(device_type: str, layer_types: tuple[str, ...]) -> 
     kernels = []
     if "indexed_attention" in layer_types:
         kernels.append("DSA sparse attention backward (genolc's TileLang/Triton kernels add gradient rows with fp32 "
-                       "atomics)")
+                       "atomics; so does the sparse indexer KL's backward, for the pool keys)")
     if "linear_attention" in layer_types:
         kernels.append("KDA (fla's chunk_kda Triton/TileLang kernels promise no determinism, and Triton's autotuner "
                        "picks their block sizes from timings)")

@@ -40,7 +40,7 @@ gathers nothing into memory. Otherwise the target is taken in pieces whose logit
 ``TARGET_BUDGET_ELEMENTS`` (``[B, piece, H, T]`` dense, ``[B, piece, W, H, D]`` or ``[B, piece, W, D]`` sparse).
 The working set is about those budgets (at least one query each) plus the kept sparse targets. The sparse mode's
 indexer side is ``genolc.model.ops.dispatch.sparse_indexer_kl``: on CUDA one fused Triton program per query each
-way, which gathers nothing into memory, keeps 12 bytes a row for its backward and needs no checkpoint; elsewhere
+way, which gathers nothing into memory, keeps 20 bytes a row besides its inputs and needs no checkpoint; elsewhere
 the reference (``genolc.model.ops.indexer_kl.reference``), checkpointed. (Until 2026-12-04
 one checkpointed chunk held both sides in either mode: the sparse mode took queries in pieces of ~62 at `small`'s
 shapes, gathered their keys in torch and computed each target twice.)
@@ -52,7 +52,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from genolc.model.ops import dispatch
-from genolc.model.ops.indexer.layout import complete_pools_visible, selected_pools
+from genolc.model.ops.indexer.layout import complete_pools_visible
 from genolc.model.ops.indexer.reference import pool_scores
 from genolc.model.ops.indexer_kl.reference import kl_rows
 
@@ -62,6 +62,8 @@ INDEXER_LOSS_MODES = ("dense", "sparse")
 # benchmarks/results/indexer_kl_2026-12-04/).
 CHUNK_BUDGET_ELEMENTS = 1 << 27
 TARGET_BUDGET_ELEMENTS = 1 << 26
+# 64k queries: the fused sparse op's scratch of scores is then 128 MiB at 512 pool slots a query.
+FUSED_QUERY_CHUNK = 65536
 
 
 def _dense_pool_mass(query_start: int, main_q: torch.Tensor, main_k: torch.Tensor, softmax_scale: float,
@@ -134,8 +136,8 @@ def _sparse_chunk(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: 
                   topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """KL of one chunk's queries over the pools in their index rows ``indices [B, C, W]``; ``pool_mass``
     ``[B, C, topk // kpool]`` from :func:`_sparse_pool_mass`."""
-    kl, has_pool = dispatch.sparse_indexer_kl(pool_mass, index_q, head_weights, pooled,
-                                              selected_pools(indices, topk, kpool), index_softmax_scale)
+    kl, has_pool = dispatch.sparse_indexer_kl(pool_mass, index_q, head_weights, pooled, indices, index_softmax_scale,
+                                              kpool=kpool, topk=topk)
     return kl.sum(), has_pool.sum()
 
 
@@ -220,10 +222,10 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
     default_chunk, default_piece = default_chunks(mode, batch, keys_len, heads, qk_dim, main_k.shape[2],
                                                   index_q.shape[2], index_q.shape[3], kpool,
                                                   topk if indices is None else indices.shape[-1])
-    # The fused sparse op keeps 2 KiB of scores a query (and its backward forms them again from the inputs, so a
-    # checkpoint would only run its forward twice): one call for all queries.
+    # The fused sparse op's backward forms the scores again from its inputs (a checkpoint would only run its
+    # forward twice), and its scratch is K floats a query: calls of FUSED_QUERY_CHUNK queries.
     fused = mode == "sparse" and dispatch.fused_indexer_kl(index_q, head_weights, pooled)
-    query_chunk = (max(seq_len, 1) if fused else default_chunk) if query_chunk is None else query_chunk
+    query_chunk = (FUSED_QUERY_CHUNK if fused else default_chunk) if query_chunk is None else query_chunk
     target_piece = default_piece if target_piece is None else target_piece
     if query_chunk < 1 or target_piece < 1:
         raise ValueError(f"query_chunk and target_piece must be positive, got {query_chunk} and {target_piece}")

@@ -31,6 +31,13 @@ def _distinct_pools(rows: int, slots: int, n_pools: int, generator: torch.Genera
     return pools[None]
 
 
+def _rows_of(pools: torch.Tensor, kpool: int) -> torch.Tensor:
+    """Index rows holding ``pools`` (each pool's tokens; -1 for an empty slot) and a tail of ``kpool - 1`` tokens."""
+    tokens = (pools[..., None] * kpool + torch.arange(kpool, device="cuda", dtype=pools.dtype)).masked_fill(
+        pools[..., None] < 0, -1).flatten(-2)
+    return torch.cat([tokens, torch.zeros(*tokens.shape[:2], kpool - 1, device="cuda", dtype=pools.dtype)], dim=-1)
+
+
 def _poison_allocator(gib: float = 2.0) -> None:
     """NaN in the blocks the caching allocator hands out next: a kernel that reads a buffer before writing it shows."""
     torch.full((int(gib * 2**28),), float("nan"), device="cuda")
@@ -51,10 +58,14 @@ def test_fused_indexer_kl_matches_fp64_autograd(rows, n_pools, heads, dim):
     upstream = torch.randn(1, rows, device="cuda", generator=generator)
     leaves = [index_q, head_weights, pooled]
     _poison_allocator()
-    kl, has_pool = indexer_kl_triton.sparse_kl_rows(pool_mass, *leaves, pools, dim ** -0.5)
+    indices, shape = _rows_of(pools, 4), {"kpool": 4, "topk": 2048}
+    kl, has_pool = indexer_kl_triton.sparse_kl_rows(pool_mass, *leaves, indices, dim ** -0.5, **shape)
     grads = torch.autograd.grad((kl * upstream).sum(), leaves)
     exact_leaves = [t.detach().double().requires_grad_() for t in leaves]
-    exact_kl, exact_has = reference.sparse_kl_rows(pool_mass.double(), *exact_leaves, pools, dim ** -0.5)
+    q64, w64, pooled64 = exact_leaves
+    chosen = pooled64[0, pools[0].long().clamp_min(0)][None]
+    scores = (w64[..., None] * torch.relu(dim ** -0.5 * torch.einsum("bchd,bcpd->bchp", q64, chosen))).sum(2)
+    exact_kl, exact_has = reference.kl_rows(pool_mass.double(), scores, pools >= 0)
     exact = torch.autograd.grad((exact_kl * upstream.double()).sum(), exact_leaves)
     assert torch.isfinite(kl).all() and torch.equal(has_pool, exact_has) and not has_pool[0, 3]
     assert _relative(kl, exact_kl) < 1e-5
@@ -65,8 +76,9 @@ def test_fused_indexer_kl_matches_fp64_autograd(rows, n_pools, heads, dim):
 
 
 def test_indexer_kl_loss_runs_the_fused_op_and_matches_the_reference_path(monkeypatch):
-    """The sparse loss of the last 3,000 queries of a 16k window (chunked as the trainer's call is, the window's row
-    count as its denominator), fp32 throughout: the fused op, without a checkpoint, against the reference path."""
+    """The sparse loss of the last 3,000 queries of a 16k window (the window's row count as its denominator, the
+    chunks left to indexer_kl_loss as the DSA layer leaves them), fp32 throughout: the fused op, in one call without
+    a checkpoint, against the reference path (checkpointed chunks)."""
     generator = torch.Generator(device="cuda").manual_seed(0)
     keys, queries, heads, rank, kpool, topk = 16384, 3000, 8, 64, 4, 2048
     offset = keys - queries
@@ -85,22 +97,25 @@ def test_indexer_kl_loss_runs_the_fused_op_and_matches_the_reference_path(monkey
     def loss_and_grads():
         inputs = {name: t.detach().requires_grad_() for name, t in leaves.items()}
         loss = indexer_kl_loss("sparse", **tensors, **inputs, softmax_scale=rank ** -0.5, index_softmax_scale=0.125,
-                               kpool=kpool, topk=topk, indices=indices, query_chunk=1100, query_offset=offset,
+                               kpool=kpool, topk=topk, indices=indices, query_offset=offset,
                                row_count=keys - kpool + 1)
         return loss, torch.autograd.grad(loss, list(inputs.values()))
 
     # The reference's products in full fp32, as the kernels' are.
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    checkpoints = []
+    checkpoints, calls = [], []
     monkeypatch.setattr("genolc.model.indexer_loss.checkpoint",
                         lambda *args, **kwargs: checkpoints.append(1) or torch.utils.checkpoint.checkpoint(
                             *args, **kwargs))
+    fused_op = indexer_kl_triton.sparse_kl_rows
+    monkeypatch.setattr(indexer_kl_triton, "sparse_kl_rows",
+                        lambda *args, **kwargs: calls.append(args[1].shape[1]) or fused_op(*args, **kwargs))
     assert dispatch.fused_indexer_kl(*leaves.values())
     fused_loss, fused_grads = loss_and_grads()
-    assert not checkpoints
+    assert not checkpoints and calls == [queries]
     monkeypatch.setattr(dispatch, "fused_indexer_kl", lambda *operands: False)
     reference_loss, reference_grads = loss_and_grads()
-    assert len(checkpoints) == 3                                       # the reference path, chunk by chunk
+    assert checkpoints and calls == [queries]                          # the reference path, chunk by chunk
     assert float(fused_loss) == pytest.approx(float(reference_loss), rel=1e-5)
     for got, truth in zip(fused_grads, reference_grads):
         assert _relative(got, truth) < 1e-4

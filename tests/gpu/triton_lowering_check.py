@@ -31,8 +31,8 @@ streams, no preset's D); the block input's forward 48 and its backward's first p
 mHC backward adding the merge's share of x's gradient as well, with the product accumulated onto the other shares:
 220 registers with bf16 streams, 212 with fp32 ones (210 and 240 with the block input's share alone, 218 and 200
 with neither), 254 and 250 with D off the tiles; no spill. Adding the merge's share after the product instead:
-254 with bf16, 255 and 148 bytes spilled with fp32. The sparse indexer KL: forward 80 registers (64 slots a step),
-backward 168 (32 slots; 250 at 64, 80 at 16); no spill.)
+254 with bf16, 255 and 148 bytes spilled with fp32. The sparse indexer KL at 32 slots a step: forward 56 registers,
+backward 168 at 8 heads of 64 (250 at 64 slots, 80 at 16), 104 and 168 at 16 of 128; no spill.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -201,17 +201,20 @@ def pool_mass_builds() -> dict[str, Build]:
 
 def indexer_kl_builds() -> dict[str, Build]:
     """The sparse indexer KL's pair (genolc/model/ops/indexer_kl) as the trainer launches it: bf16 queries, fp32 head
-    weights and pool keys (the key LayerNorm's output under autocast), int32 pool ids, the presets' 8 heads of 64."""
+    weights and pool keys (the key LayerNorm's output under autocast), int32 index rows, kpool 4, the presets' 8 heads
+    of 64 and the kernels' largest, 16 of 128."""
     forward, backward = indexer_kl._kernels()
-    tiles = {"HEADS": 8, "DIM": 64, "BLOCK_H": 16, "BLOCK_D": 64}
-    operands = {"q_ptr": BF16, "w_ptr": "*fp32", "pooled_ptr": "*fp32", "pools_ptr": "*i32", "mass_ptr": "*fp32",
+    operands = {"q_ptr": BF16, "w_ptr": "*fp32", "pooled_ptr": "*fp32", "idx_ptr": "*i32", "mass_ptr": "*fp32",
                 "stats_ptr": "*fp32"}
-    return {"indexer KL forward": Build(forward, {**operands, "scores_ptr": "*fp32", "kl_ptr": "*fp32"},
-                                        {**tiles, "BLOCK_P": indexer_kl.FORWARD_BLOCK_P}, warps=indexer_kl.NUM_WARPS),
-            "indexer KL backward": Build(backward, {**operands, "grad_ptr": "*fp32", "dq_ptr": BF16, "dw_ptr": "*fp32",
-                                                    "dpooled_ptr": "*fp32"},
-                                         {**tiles, "BLOCK_P": indexer_kl.BACKWARD_BLOCK_P},
-                                         warps=indexer_kl.NUM_WARPS)}
+    found = {}
+    for heads, dim in ((8, 64), (16, 128)):
+        tiles = {"HEADS": heads, "DIM": dim, "KPOOL": 4, "BLOCK_H": 16, "BLOCK_D": dim, "BLOCK_P": indexer_kl.BLOCK_P}
+        found[f"indexer KL forward ({heads} x {dim})"] = Build(
+            forward, {**operands, "scores_ptr": "*fp32", "kl_ptr": "*fp32"}, tiles, warps=indexer_kl.NUM_WARPS)
+        found[f"indexer KL backward ({heads} x {dim})"] = Build(
+            backward, {**operands, "grad_ptr": "*fp32", "dq_ptr": BF16, "dw_ptr": "*fp32", "dpooled_ptr": "*fp32"},
+            {**tiles, "POOLED_GRAD": True}, warps=indexer_kl.NUM_WARPS)
+    return found
 
 
 def slab_order_builds() -> dict[str, Build]:

@@ -153,7 +153,7 @@ def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.T
 
 
 def sparse_indexer_kl(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor,
-                      pooled: torch.Tensor, pools: torch.Tensor, softmax_scale: float
+                      pooled: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *, kpool: int, topk: int
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sparse indexer KL per query row and whether the row has a pool (``[B, C]`` each); see
     ``genolc.model.ops.indexer_kl.reference.sparse_kl_rows``. CUDA operands the kernels take (:func:`fused_indexer_kl`)
@@ -162,8 +162,10 @@ def sparse_indexer_kl(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weigh
     if fused_indexer_kl(index_q, head_weights, pooled):
         from genolc.model.ops.indexer_kl import triton as indexer_kl_triton
 
-        return indexer_kl_triton.sparse_kl_rows(pool_mass, index_q, head_weights, pooled, pools, softmax_scale)
-    return indexer_kl_reference.sparse_kl_rows(pool_mass, index_q, head_weights, pooled, pools, softmax_scale)
+        return indexer_kl_triton.sparse_kl_rows(pool_mass, index_q, head_weights, pooled, indices, softmax_scale,
+                                                kpool=kpool, topk=topk)
+    return indexer_kl_reference.sparse_kl_rows(pool_mass, index_q, head_weights, pooled, indices, softmax_scale,
+                                               kpool=kpool, topk=topk)
 
 
 def fused_indexer_kl(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor) -> bool:
