@@ -1,5 +1,5 @@
 """python benchmarks/bench_indexer_kl.py [--sizes 64k,512k] [--presets small,base] [--chunk 32768] [--mode sparse]
-                                       [--sides fused,reference]
+                                       [--sides fused,reference] [--block-p 32]
 
 The DSA indexer's KL loss (genolc.model.indexer_loss.indexer_kl_loss), what `finetune --indexer sparse` (or
 dense) adds to each DSA layer with an indexer: forward alone, and forward + backward, for one chunk of queries — the
@@ -10,8 +10,9 @@ weights and pool keys in fp32 (as the indexer hands them under autocast); the la
 its tail (uniform over the visible pools: no two neighbours share more than chance, so the gathers find less in L2
 than a trained model's would). The kernels of one forward + backward are listed (torch.profiler). ``--sides``: the
 sparse mode's indexer side as the trainer runs it on CUDA (``fused``: genolc/model/ops/indexer_kl/triton.py, no
-checkpoint) and as it ran before (``reference``: the torch formula, checkpointed per chunk of queries). Writes
-benchmarks/results/indexer_kl_<date>.json.
+checkpoint) and as it ran before (``reference``: the torch formula, checkpointed per chunk of queries); ``--block-p``
+times the fused side at each of these slot steps (genolc/model/ops/indexer_kl/triton.py's ``BLOCK_P``, untimed when
+it was chosen). Writes benchmarks/results/indexer_kl_<date>.json.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from gpu_bench_common import SIZES, git_sha, measure, profiled_kernels, write_results
 from genolc.model.indexer_loss import indexer_kl_loss, window_kl_rows
 from genolc.model.ops import dispatch
+from genolc.model.ops.indexer_kl import triton as indexer_kl_triton
 from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows
 from genolc.model.presets import PRESETS, preset
 
@@ -79,10 +81,20 @@ def main() -> None:
     parser.add_argument("--mode", default="sparse", choices=("sparse", "dense"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sides", default="fused,reference", help="the sparse mode's indexer side: fused, reference")
+    parser.add_argument("--block-p", default=str(indexer_kl_triton.BLOCK_P),
+                        help="the fused side's slot steps to time, powers of two from 16 (comma-separated)")
     args = parser.parse_args()
     sides = args.sides.split(",")
     if any(side not in ("fused", "reference") for side in sides):
         parser.error(f"--sides takes fused and/or reference, got {args.sides!r}")
+    try:
+        steps = [int(step) for step in args.block_p.split(",")]
+    except ValueError:
+        steps = [0]
+    if any(step < 16 or step & (step - 1) for step in steps):
+        parser.error(f"--block-p takes powers of two from 16, got {args.block_p!r}")
+    sides = [side if side == "reference" else f"fused:{step}" for side in sides
+             for step in (steps if side == "fused" else [0])]
     unknown = [size for size in args.sizes.split(",") if size not in LENGTHS]
     if unknown or args.chunk < 1:
         parser.error(f"--sizes from {', '.join(LENGTHS)} and a positive --chunk, got {args.sizes!r}, {args.chunk}")
@@ -111,7 +123,9 @@ def main() -> None:
             def forward_backward():
                 torch.autograd.grad(loss(), leaves)
 
-            row = {"preset": name, "keys": size, "queries": queries, "mode": args.mode, "side": side}
+            row = {"preset": name, "keys": size, "queries": queries, "mode": args.mode, "side": side.split(":")[0]}
+            if side.startswith("fused"):
+                row["block_p"] = indexer_kl_triton.BLOCK_P
             try:
                 row["forward"] = measure(forward, args.repeats)
                 row["forward_backward"] = measure(forward_backward, args.repeats)
@@ -129,14 +143,17 @@ def main() -> None:
 
 @contextlib.contextmanager
 def _indexer_side(side: str):
-    """``reference``: the dispatch's fused sparse indexer KL turned off, as before it existed."""
-    fused = dispatch.fused_indexer_kl
+    """``reference``: the dispatch's fused sparse indexer KL turned off, as before it existed; ``fused:N``: the fused
+    kernels at N slots a step."""
+    fused, block_p = dispatch.fused_indexer_kl, indexer_kl_triton.BLOCK_P
     if side == "reference":
         dispatch.fused_indexer_kl = lambda *operands: False
+    else:
+        indexer_kl_triton.BLOCK_P = int(side.split(":")[1])
     try:
         yield
     finally:
-        dispatch.fused_indexer_kl = fused
+        dispatch.fused_indexer_kl, indexer_kl_triton.BLOCK_P = fused, block_p
 
 
 if __name__ == "__main__":
