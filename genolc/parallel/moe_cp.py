@@ -26,7 +26,7 @@ def moe_forward(layer, context: ContextParallel, x: torch.Tensor, cache=None):
         # The chunk-recurrent step counted the window's load in its first pass (summed over the ranks).
         return MoE.forward(layer, x, cache=cache)
     with torch.no_grad():
-        chosen = layer.route(x.reshape(-1, x.shape[-1]))[0].expert_ids
+        chosen = layer.gate(x.reshape(-1, x.shape[-1])).expert_ids
         counts = count_per_expert(chosen.reshape(-1), layer.num_experts).to(torch.float64)
         dist.all_reduce(counts, group=context.group)
         fraction = (counts / counts.sum().clamp_min(1)).float()

@@ -33,8 +33,8 @@ On CUDA the model runs the fast kernels (``fast_kernels=True``, bf16 autocast) a
 less; ``act(layer)`` is then (bytes per token, ``a`` = 2, ``s`` the residual streams' bytes: 2 for bf16 streams, the
 default under autocast, 4 with ``--stream-dtype float32``; ``x`` the copies of the block's input its projections
 save: with bf16 streams the norm hands them one bf16 input, x = 1; with fp32 streams each product casts the fp32
-norm output on its own, x = 2 in DSA, and 1 elsewhere: KDA's six projections are one product, the dense MLP's gate
-and up another, and the MoE router's with its shared expert's projections a third)::
+norm output on its own, x = 2 in DSA and in MoE (its router's product and its shared expert's gate and up), and 1
+elsewhere: KDA's six projections are one product, the dense MLP's gate and up another)::
 
     2 x mHC           s n d + 8 n^2 + 12 n + 4     the streams, the fused block-input op's fp32 logits and rstd, the
                                                    weights
@@ -45,8 +45,7 @@ and up another, and the MoE router's with its shared expert's projections a thir
     DSA token mixer   a (x d + 2 H R + H (d_qk + d_v) + r_q + r_kv) + 6 (r_q + r_kv) + 4 H + 8
                       + 4 W_idx when T > index_topk   q_lat and o_lat (R = kv_lora_rank), lse, int32 rows
     dense MLP         a (d + 6 I)
-    MoE               a (d + 6 n_shared I_moe + 2 E) + 12 k + 4    shared expert, router, routing weights (E for
-                                                                  the router without a shared expert)
+    MoE               a (x d + 6 n_shared I_moe + E) + 12 k + 4    shared expert, router, routing weights
       routed experts  k (a (2 d + 3 I_moe) + 8)    grouped GEMM inputs, the SwiGLU's gate/up, the combine's rows and
                                                    slot positions: saved when a forward has at most 64k tokens (one
                                                    expert chunk); longer ones checkpoint them per 64k tokens, one
@@ -56,7 +55,7 @@ measured on CPU as the growth between two lengths of what autograd saves, with t
 around stand-in kernels, the mHC ops on their CPU paths and a grouped GEMM that saves its two inputs, as CUDA's
 derivative does: exact with bf16 streams and within 2.5 % with fp32 ones for `tiny` and `tiny` with other widths,
 stream counts, heads and experts (tests/train/test_train_plan.py), and exact for three layers of `small`'s
-dimensions (76,956 / 69,280 / 104,512 bytes a token in a KDA+MoE, DSA+MoE and KDA+dense layer, routed experts
+dimensions (76,924 / 69,248 / 104,512 bytes a token in a KDA+MoE, DSA+MoE and KDA+dense layer, routed experts
 checkpointed). The table of 2026-11-30, from before the fused mHC ops and the bf16 streams, counted 177-200 KB for
 those layers and left the routed experts out.
 
@@ -236,14 +235,13 @@ def fast_activation_bytes_per_token(config: ModelConfig, seq_len: int, bf16: boo
     per_layer = []
     for attn, mlp in zip(c.layer_types, c.mlp_layer_types):
         layer_bytes = 2 * hyper + 2 * norm + merges
-        # One product for the dense MLP's gate and up, and one for the router's and the shared expert's projections
-        # (SwiGLUMLP.forward, MoE.route): one cast of x either way. The router's logits are columns of that product,
-        # which the shared expert's saved gate and up keep alive (2 E beside the scores' E; E without a shared one).
+        # One product for the dense MLP's gate and up (SwiGLUMLP.forward): one cast of x. A MoE layer's router and
+        # shared expert are two products, each casting an fp32 x on its own.
         if mlp == "dense":
             layer_bytes += a * (d + 6 * c.intermediate_size)
         else:
-            router = 2 * c.n_routed_experts if c.n_shared_experts else c.n_routed_experts
-            layer_bytes += (a * (d + 6 * c.n_shared_experts * c.moe_intermediate_size + router)
+            casts = 2 if own_casts and c.n_shared_experts else 1
+            layer_bytes += (a * (casts * d + 6 * c.n_shared_experts * c.moe_intermediate_size + c.n_routed_experts)
                             + 12 * c.num_experts_per_tok + 4 + routed)
         if attn == "linear_attention":
             width = c.linear_num_heads * c.linear_head_dim

@@ -92,8 +92,8 @@ class Decisions:
                 module.select_op = self._select(select_op)
 
     def _router(self, router: TopKRouter):
-        def run(x, logits=None):
-            routing = TopKRouter.forward(router, x, logits)
+        def run(x):
+            routing = TopKRouter.forward(router, x)
             call = self._calls["router"]
             self._calls["router"] += 1
             if not self.replay:

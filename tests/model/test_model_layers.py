@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,10 +12,6 @@ from genolc.model.layers.moe import MoE, balance_loss, clamped_swiglu
 from genolc.model.ops.mhc.reference import sinkhorn
 
 from glm5_reference import small_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-# The form before one product, as benchmarks/bench_moe_product.py times it against MoE.forward.
-from bench_moe_product import separate as separate_products  # noqa: E402
 
 
 def _random_moe(config, seed=0):
@@ -176,51 +169,6 @@ def test_router_under_autocast_is_bit_equal_to_the_fp32_copy_it_no_longer_makes(
 
 def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.double() - expected.double()).norm() / expected.double().norm())
-
-
-@pytest.mark.parametrize("autocast", [False, True])
-def test_moe_one_product_matches_the_separate_products(autocast):
-    """The router's and the shared expert's projections made in one product: the same output and gradients for x
-    and every weight as separate products, in fp32 and under bf16 autocast. Under autocast x's gradient is one fp32
-    sum rounded once, where the separate products' three bf16 gradients were added in bf16: no further from fp64."""
-    moe = _random_moe(small_config())
-    x = torch.randn(2, 29, moe.gate.weight.shape[1], requires_grad=True)
-    grad = torch.randn_like(x)
-    leaves = [x, *moe.parameters()]
-    results = []
-    for run in (lambda: moe(x).hidden, lambda: separate_products(moe, x)):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = run()
-        results.append([out, *torch.autograd.grad(out, leaves, grad.to(out.dtype), allow_unused=True)])
-    exact_moe = _random_moe(small_config()).double()
-    exact_x = x.detach().double().requires_grad_()
-    exact_out = separate_products(exact_moe, exact_x)
-    exact = [exact_out, *torch.autograd.grad(exact_out, [exact_x, *exact_moe.parameters()], grad.double(),
-                                             allow_unused=True)]
-    compared = 0
-    for mine, theirs, truth in zip(*results, exact):
-        if truth is None:
-            continue
-        compared += 1
-        assert _relative(mine, theirs) < (5e-3 if autocast else 1e-6)
-        # fp32: both at fp32's rounding, summed in other orders.
-        assert _relative(mine, truth) <= (_relative(theirs, truth) * 1.05 if autocast else 1e-6)
-    assert compared >= 7
-
-
-def test_moe_without_autocast_keeps_a_bf16_models_router_in_fp32(monkeypatch):
-    """A bf16 model run without autocast: the router's product stays fp32 (x.float()), so the shared expert's
-    projections are made apart from it."""
-    moe = _random_moe(small_config()).to(torch.bfloat16)
-    x = torch.randn(1, 7, moe.gate.weight.shape[1]).to(torch.bfloat16)
-    seen = []
-    original = moe.gate.forward
-    monkeypatch.setattr(moe.gate, "forward", lambda flat, logits=None: seen.append(logits) or original(flat, logits))
-    out = moe(x)
-    assert seen == [None] and out.hidden.dtype == torch.bfloat16
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        moe(x)
-    assert seen[1] is not None and seen[1].dtype == torch.bfloat16
 
 
 def test_swiglu_mlp_one_product_matches_two():

@@ -38,10 +38,6 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # gate and up in one product: x's gradient is one GEMM instead of two and an addition.
         gate, up = F.linear(x, torch.cat([self.gate_proj.weight, self.up_proj.weight])).chunk(2, dim=-1)
-        return self.output(gate, up)
-
-    def output(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        """The MLP's output from its gate and up projections (MoE makes them in one product with its router's)."""
         return self.down_proj(clamped_swiglu(gate, up, self.swiglu_limit))
 
 
@@ -73,18 +69,14 @@ class TopKRouter(nn.Module):
         self.weight = nn.Parameter(torch.zeros(self.num_experts, config.hidden_size, dtype=torch.float32))
         self.register_buffer("e_score_correction_bias", torch.zeros(self.num_experts, dtype=torch.float32))
 
-    def forward(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> Routing:
+    def forward(self, x: torch.Tensor) -> Routing:
         """``x [N, D]`` -> :class:`Routing`. Without autocast the product and its sigmoid run in fp32; under it in
-        autocast's dtype, as before (the expert choice adds the fp32 correction bias either way). ``logits [N, E]``:
-        the product ``x @ weight^T`` already made in that dtype (:class:`MoE` makes it in one product with the shared
-        expert's projections)."""
-        if logits is None:
-            # Under autocast the product runs in the autocast dtype whatever it is handed, so x goes in as it is: an
-            # fp32 copy of a bf16 x would be cast straight back, bit for bit (the H200 profile of issue 14: about
-            # 0.3 ms per MoE layer and 32k chunk of `base`, with the cast in its backward).
-            inputs = x if _autocast_on(x) else x.float()
-            logits = F.linear(inputs, self.weight.float())
-        scores = logits.sigmoid()
+        autocast's dtype, as before (the expert choice adds the fp32 correction bias either way)."""
+        # Under autocast the product runs in the autocast dtype whatever it is handed, so x goes in as it is: an fp32
+        # copy of a bf16 x would be cast straight back, bit for bit (the H200 profile of issue 14: about 0.3 ms per
+        # MoE layer and 32k chunk of `base`, with the cast in its backward).
+        inputs = x if _autocast_on(x) else x.float()
+        scores = F.linear(inputs, self.weight.float()).sigmoid()
         choice = scores + self.e_score_correction_bias.float()
         if self.n_group > 1:
             # Rank groups by the sum of their two best corrected scores; experts outside the kept groups drop out.
@@ -167,16 +159,11 @@ class MoE(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"MoE input must be [B, T, D]; got {tuple(x.shape)}")
         flat = x.reshape(-1, x.shape[-1])
-        routing, shared_inputs = self.route(flat)
-        shared = self.shared_experts
-        if shared_inputs is not None:
-            shared_out = shared.output(*shared_inputs).view_as(x)
-        else:
-            shared_out = None if shared is None else shared(x)
+        routing = self.gate(flat)
         routed, tokens_per_expert = self.experts(flat, routing.expert_ids, routing.weights)
         out = routed.view_as(x)
-        if shared_out is not None:
-            out = out + shared_out
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
         if cache is None:
             balance = balance_loss(routing, self.num_experts)
         elif not cache.aux:
@@ -193,33 +180,9 @@ class MoE(nn.Module):
                                    total_tokens=x.shape[0] * cache.window_len)
         return MoEOutput(hidden=out, tokens_per_expert=tokens_per_expert, balance_loss=balance)
 
-    def route(self, flat: torch.Tensor) -> tuple[Routing, tuple[torch.Tensor, torch.Tensor] | None]:
-        """The routing of ``flat [N, D]``, and the shared expert's gate and up projections when they came from the
-        router's product (else None). Every pass that routes a chunk calls this, so that a pass which only counts
-        (the fill pass, a context-parallel rank's count) chooses from bit-equal scores: a router product of another
-        width rounds otherwise, and near-tied experts would then be chosen differently."""
-        shared = self.shared_experts
-        if shared is None or not self._one_product(flat):
-            return self.gate(flat), None
-        # The router's and the shared expert's projections of x in one product: x's gradient is one GEMM instead of
-        # three and two additions, and x is read once.
-        widths = [self.num_experts, shared.gate_proj.out_features, shared.up_proj.out_features]
-        product = F.linear(flat, torch.cat([self.gate.weight, shared.gate_proj.weight, shared.up_proj.weight]))
-        logits, gate, up = product.split(widths, dim=-1)
-        return self.gate(flat, logits=logits), (gate, up)
-
     def routing_counts(self, x: torch.Tensor) -> MoEOutput:
         """Only what a pass that discards the layer's output needs of it: its token slots per expert (``hidden`` is
         None). Run by the last layer of a chunked step's fill pass (``GenomeLM.forward(..., logits=False)``)."""
-        routing, _ = self.route(x.reshape(-1, x.shape[-1]))
+        routing = self.gate(x.reshape(-1, x.shape[-1]))
         counts = count_per_expert(routing.expert_ids.reshape(-1), self.num_experts)
         return MoEOutput(hidden=None, tokens_per_expert=counts, balance_loss=None)
-
-    def _one_product(self, flat: torch.Tensor) -> bool:
-        """Whether the router's product may share the shared expert's: under autocast both run in its dtype; without
-        it the router's runs in fp32, so only when x and the shared expert's weights are fp32 too."""
-        if _autocast_on(flat):
-            return True
-        shared = self.shared_experts
-        return all(t.dtype == torch.float32 for t in (flat, shared.gate_proj.weight, shared.up_proj.weight,
-                                                      self.gate.weight))
