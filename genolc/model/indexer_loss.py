@@ -62,8 +62,8 @@ INDEXER_LOSS_MODES = ("dense", "sparse")
 # benchmarks/results/indexer_kl_2026-12-04/).
 CHUNK_BUDGET_ELEMENTS = 1 << 27
 TARGET_BUDGET_ELEMENTS = 1 << 26
-# 64k queries: the fused sparse op's scratch of scores is then 128 MiB at 512 pool slots a query.
-FUSED_QUERY_CHUNK = 65536
+# 64k query rows (over the batch): the fused sparse op's scratch of scores is then 128 MiB at 512 pool slots a row.
+FUSED_QUERY_ROWS = 65536
 
 
 def _dense_pool_mass(query_start: int, main_q: torch.Tensor, main_k: torch.Tensor, softmax_scale: float,
@@ -191,8 +191,9 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
         kpool, topk: the indexer's pool size and token budget.
         indices: ``[B, T, W]`` the layer's index rows (layout of ``genolc.model.ops.indexer.reference``, absolute
             positions); required for ``"sparse"``.
-        query_chunk: queries per checkpointed chunk of the indexer's side, target_piece: queries per piece of the
-            no-grad target (defaults: :func:`default_chunks`; a piece never spans two chunks).
+        query_chunk: queries per chunk of the indexer's side (checkpointed on the reference path), target_piece:
+            queries per piece of the no-grad target (defaults: :func:`default_chunks`, and ``FUSED_QUERY_ROWS`` over
+            the batch for the fused sparse op; a piece never spans two chunks).
         query_offset: absolute position of the first query (0 for a whole window).
         row_count: the denominator (default: this call's rows with a candidate).
     """
@@ -223,9 +224,10 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
                                                   index_q.shape[2], index_q.shape[3], kpool,
                                                   topk if indices is None else indices.shape[-1])
     # The fused sparse op's backward forms the scores again from its inputs (a checkpoint would only run its
-    # forward twice), and its scratch is K floats a query: calls of FUSED_QUERY_CHUNK queries.
+    # forward twice), and its scratch is K floats a query row: calls of FUSED_QUERY_ROWS rows.
     fused = mode == "sparse" and dispatch.fused_indexer_kl(index_q, head_weights, pooled)
-    query_chunk = (FUSED_QUERY_CHUNK if fused else default_chunk) if query_chunk is None else query_chunk
+    fused_chunk = max(1, FUSED_QUERY_ROWS // max(batch, 1))
+    query_chunk = (fused_chunk if fused else default_chunk) if query_chunk is None else query_chunk
     target_piece = default_piece if target_piece is None else target_piece
     if query_chunk < 1 or target_piece < 1:
         raise ValueError(f"query_chunk and target_piece must be positive, got {query_chunk} and {target_piece}")

@@ -116,7 +116,7 @@ class GenomeLM(nn.Module):
 
     ``logits=False`` (a chunked step's fill pass, genolc/train/chunked.py, which keeps only what the chunk leaves in
     ``cache`` and its MoE counts): no logits (``ModelOutput.logits`` None), and the last layer stops at its router,
-    its experts, merge and the LM head not run.
+    its experts, merge and the LM head not run; ``aux_losses['moe_balance']`` then leaves that layer out.
     """
 
     def __init__(self, config: ModelConfig) -> None:

@@ -202,15 +202,16 @@ def test_compiled_chunked_step_with_the_cuda_mhc_ops_equals_eager(monkeypatch, t
     apply_compile(compiled)
     apply_recompute(compiled)
     merge_shares = []
-    backward_op = mhc_op.block_input_backward_op
-    monkeypatch.setattr(mhc_op, "block_input_backward_op", lambda *args: merge_shares.append(
-        args[-1] is not None and bool(args[-1].any())) or backward_op(*args))
+    gradients = mhc_op.block_input_gradients
+    monkeypatch.setattr(mhc_op, "block_input_gradients", lambda *args, **kwargs: merge_shares.append(
+        kwargs["grad_x"] is not None and bool(kwargs["grad_x"].any())) or gradients(*args, **kwargs))
     length = 301
     ids = torch.randint(0, 4, (1, length + 1), generator=torch.Generator().manual_seed(1))
     weights = torch.ones(1, length)
     terms = LossTerms(total_weight=float(length), grad_accum=1, moe_balance_coef=0.01, indexer_kl_coef=1.0,
                       indexer_mode=None)
     bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
+    graphs = counters["stats"]["unique_graphs"]
     breaks = dict(counters["graph_break"])
     results = [chunked_forward_backward(model, ids, weights, terms, 128, contextlib.nullcontext)
                for model in (eager, compiled)]
@@ -218,7 +219,8 @@ def test_compiled_chunked_step_with_the_cuda_mhc_ops_equals_eager(monkeypatch, t
     assert len(merge_shares) == 2 * layers * 3 and all(merge_shares)       # two connections a layer, three chunks
     assert counters["aot_autograd"]["autograd_cache_bypass"] == bypassed
     new_breaks = [reason for reason, count in counters["graph_break"].items() if count > breaks.get(reason, 0)]
-    assert all("function block_input" in reason for reason in new_breaks), new_breaks
+    assert counters["stats"]["unique_graphs"] > graphs                                     # really compiled
+    assert new_breaks and all("function block_input" in reason for reason in new_breaks), new_breaks
     assert float(results[1].lm) == pytest.approx(float(results[0].lm), rel=1e-6)
     for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
         assert (p_eager.grad is None) == (p_compiled.grad is None), name

@@ -11,7 +11,7 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     sparse_indexer_kl        genolc.model.ops.indexer_kl.triton (a program a query each way) | ops.indexer_kl.reference
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
     mhc_mixing_logits        genolc.model.ops.mhc.op (custom ops, Triton fwd and bwd)        | ops.mhc.reference
-    mhc_block_input          genolc.model.ops.mhc.op (custom ops: the mixing logits and the  | ops.mhc.reference
+    mhc_block_input          genolc.model.ops.mhc.op (autograd function: the mixing logits,  | ops.mhc.reference
                              block's input; x's gradient, the merge's share too, in one kernel)
     mhc_comb_weights         genolc.model.ops.mhc.op (custom ops, comb_triton fwd and bwd)   | ops.mhc.reference
     mhc_merge                genolc.model.ops.mhc.op (custom ops, merge_triton fwd and bwd)  | ops.mhc.reference
@@ -206,8 +206,8 @@ def mhc_block_input(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
                     norm_eps: float, hc_eps: float, n_streams: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A hyper-connection's reading of its streams ``x [M, N * D]``: (the mixing logits ``[M, W]``, the block's input
     ``[M, D]``, x for the merge to read); see ``genolc.model.ops.mhc.reference.block_input``. On CUDA, where the
-    kernels take the operands (N a power of two), one custom op whose backward writes x's gradient once: the mixing
-    logits' share, the block input's and the merge's (which reaches it through the third output,
+    kernels take the operands (N a power of two), one autograd function whose backward writes x's gradient once: the
+    mixing logits' share, the block input's and the merge's (which reaches it through the third output,
     ``op.BlockInputPassingStreams``) in one kernel, where autograd would add them in further passes over the streams.
     Elsewhere the reference, with :func:`mhc_mixing_logits` making the logits, and x itself as the third."""
     if x.is_cuda:

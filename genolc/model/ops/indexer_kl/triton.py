@@ -2,9 +2,9 @@
 
 Same contract as :func:`genolc.model.ops.indexer_kl.reference.sparse_kl_rows`. The reference gathers every row's
 selected pool keys into a ``[B, C, K, Di]`` fp32 tensor, scores them per head, and autograd keeps the per-head dots
-and the softmax's intermediates; in `small`'s 512k step with ``--indexer sparse`` that side took about 50 of the
-loss's 65 ms per 32k queries and layer, its gather and fp32 copies the largest part (H200,
-benchmarks/results/indexer_kl_2026-12-04/).
+and the softmax's intermediates. On the H200 (benchmarks/results/mhc_alias_indexer_kl_2026-12-05/: 64k queries over
+512k keys at `small`'s shapes) that side took about 84 ms forward and backward; these kernels take 29 ms (11.5 + 17.7),
+and the loss 58.8 ms instead of 114.5 with the target's pool mass.
 
 Forward (:func:`sparse_kl_rows`): the program walks its row's ``K = topk / kpool`` pool slots in blocks, reads
 each slot's pool from its index row (the entry ``j * kpool``, divided by kpool; nothing copied out of the rows),
@@ -44,9 +44,9 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEADS = 16
 MAX_DIM = 128
 # Slots a step, the same both ways (the backward's scores must be the forward's bits). On the H200 (2026-12-05,
-# benchmarks/results/indexer_kl_2026-12-05/, `small`, 64k queries over 512k keys) forward + backward took 29.2 ms at
-# 64 slots, 46.5 at 32 and 46.2 at 16, though sm_90 holds the backward at 250 registers at 64 (168 at 32, 80 at 16;
-# tests/gpu/triton_lowering_check.py), none spilled.
+# benchmarks/results/mhc_alias_indexer_kl_2026-12-05/, `small`, 64k queries over 512k keys) forward + backward took
+# 29.2 ms at 64 slots, 46.5 at 32 and 46.2 at 16, though sm_90 holds the backward at 250 registers at 64
+# (tests/gpu/triton_lowering_check.py builds this step; 168 at 32 and 80 at 16 when it built those), none spilled.
 BLOCK_P = 64
 NUM_WARPS = 4
 STATS = 5

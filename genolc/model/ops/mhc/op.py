@@ -1,4 +1,4 @@
-"""mHC's four custom-op pairs with their backward written out.
+"""mHC's ops with their backward written out: three custom-op pairs, and the block input's autograd function.
 
 The mixing logits, ``genolc::mhc_mixing_logits`` and ``genolc::mhc_mixing_logits_backward``: on CUDA the fused
 kernels of ``triton.py`` (one pass over the streams each way, the RMS norm folded out of the product); elsewhere the
@@ -12,16 +12,16 @@ The forward also returns ``r`` (``[M]`` fp32), so that the backward reads the st
 ``x`` (which the hyper-connection keeps alive anyway), the weight, the ``[M, W]`` logits and ``r``; the path before
 these ops kept a normed bf16 copy of the streams as well.
 
-The hyper-connection's reading of its streams, ``genolc::mhc_block_input`` and
-``genolc::mhc_block_input_backward``: the mixing logits as above, then the block's input ``sum_n pre_n * stream_n``
-with ``pre = sigmoid(logits[:, :N] * scale[0] + base[:N]) + eps`` (``reference.block_input``). What the model calls
-(ops.dispatch.mhc_block_input). As two ops (the mixing logits, then the weighted sum compiled by inductor) the
-streams' gradient came in two shares that a compiled pass added, a read and a write of the streams more; here the
+The hyper-connection's reading of its streams, :class:`BlockInputPassingStreams` (:func:`block_input`): the mixing
+logits as above, then the block's input ``sum_n pre_n * stream_n`` with ``pre = sigmoid(logits[:, :N] * scale[0] +
+base[:N]) + eps`` (``reference.block_input``). What the model calls (ops.dispatch.mhc_block_input). As two ops (the
+mixing logits, then the weighted sum compiled by inductor) the streams' gradient came in two shares that a compiled
+pass added, a read and a write of the streams more; here the
 backward reduces the block input's gradient against the streams for ``pre`` (one kernel), and the mixing-logits
 backward kernel adds ``pre[m, n] * g_block[m]`` to stream n's columns before it writes x's gradient. Saved for the
 backward: ``x``, the weight, ``scale``, ``base``, the logits and ``r``; ``pre`` is formed again from the logits.
-The model reaches it through :class:`BlockInputPassingStreams` (:func:`block_input`), which also hands the merge
-its alias of x, so that the merge's share of x's gradient is added in the same kernel.
+The function also hands the merge its alias of x, so that the merge's share of x's gradient is added in the same
+kernel. It runs eagerly, also inside compiled code (not a custom op: it returns its input, which ops may not).
 
 The mixing matrix from its logits (softmax and Sinkhorn), ``genolc::mhc_comb_weights`` and
 ``genolc::mhc_comb_weights_backward``: on CUDA the kernels of ``comb_triton.py``; elsewhere the reference and its
@@ -33,8 +33,8 @@ comb[n, m] * streams[n]`` in fp32, rounded to the streams' dtype once): on CUDA 
 elsewhere ``reference.merge`` and ``reference.merge_backward``. Saved for the backward: the four inputs, which the
 compiled merge it replaces kept as well.
 
-To torch.compile the ops are opaque (their kernels are not traced) and each backward is an op of its own, so that
-the compiled backward graph can call it.
+To torch.compile the custom ops are opaque (their kernels are not traced) and each backward is an op of its own, so
+that the compiled backward graph can call it.
 """
 
 from __future__ import annotations
@@ -114,9 +114,9 @@ def mixing_logits(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 def block_input_forward(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
                         norm_eps: float, hc_eps: float, n_streams: int, tf32: bool, *, kernels: bool
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The body of :func:`block_input_op`: with ``kernels`` the Triton kernels (triton.py), else the reference's
-    formulas in fp32. A function of its own so that tests/gpu/triton_interpreter_check.py runs the kernels' path on
-    CPU tensors."""
+    """(``[M, W]`` fp32 logits, ``[M]`` rstd, the block's input ``[M, D]`` in x's dtype) from ``x [M, N * D]``: with
+    ``kernels`` the Triton kernels (triton.py; tests/gpu/triton_interpreter_check.py runs them on CPU tensors), else
+    the reference's formulas in fp32."""
     with torch.autocast(x.device.type, enabled=False):
         if kernels:
             from genolc.model.ops.mhc import triton as mhc_triton
@@ -128,28 +128,11 @@ def block_input_forward(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
         return logits, rstd, reference.weighted_streams(x, pre)
 
 
-@torch.library.custom_op("genolc::mhc_block_input", mutates_args=())
-def block_input_op(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, norm_eps: float,
-                   hc_eps: float, n_streams: int, tf32: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``reference.block_input`` with the mixing op's logits: (``[M, W]`` fp32 logits, ``[M]`` rstd, the block's
-    input ``[M, D]`` in x's dtype) from ``x [M, N * D]``."""
-    return block_input_forward(x, weight, scale, base, norm_eps, hc_eps, n_streams, tf32, kernels=x.is_cuda)
-
-
-@block_input_op.register_fake
-def _block_input_shapes(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-                        norm_eps: float, hc_eps: float, n_streams: int, tf32: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows = x.shape[0]
-    return (x.new_empty((rows, weight.shape[0]), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32),
-            x.new_empty((rows, x.shape[1] // n_streams)))
-
-
 def block_input_gradients(grad_logits: torch.Tensor, grad_block: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                           scale: torch.Tensor, base: torch.Tensor, logits: torch.Tensor, rstd: torch.Tensor,
                           hc_eps: float, tf32: bool, grad_x: torch.Tensor | None = None, *, kernels: bool,
                           backward_config=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(``dx, dweight, dscale, dbase``) of :func:`block_input_op`, each in its input's dtype; with ``kernels`` the
+    """(``dx, dweight, dscale, dbase``) of :func:`block_input_forward`, each in its input's dtype; with ``kernels`` the
     Triton kernels' path (see :func:`block_input_forward`), the mixing backward's tiles from ``backward_config``
     (triton.BackwardConfig; None: its default).
 
@@ -193,32 +176,6 @@ def block_input_gradients(grad_logits: torch.Tensor, grad_block: torch.Tensor, x
     return dx, d_weight, d_scale.to(scale.dtype), d_base.to(base.dtype)
 
 
-@torch.library.custom_op("genolc::mhc_block_input_backward", mutates_args=())
-def block_input_backward_op(grad_logits: torch.Tensor, grad_block: torch.Tensor, x: torch.Tensor,
-                            weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, logits: torch.Tensor,
-                            rstd: torch.Tensor, hc_eps: float, tf32: bool, grad_x: torch.Tensor | None
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`block_input_gradients`, with the kernels for CUDA tensors."""
-    return block_input_gradients(grad_logits, grad_block, x, weight, scale, base, logits, rstd, hc_eps, tf32, grad_x,
-                                 kernels=x.is_cuda)
-
-
-@block_input_backward_op.register_fake
-def _block_input_backward_shapes(grad_logits: torch.Tensor, grad_block: torch.Tensor, x: torch.Tensor,
-                                 weight: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, logits: torch.Tensor,
-                                 rstd: torch.Tensor, hc_eps: float, tf32: bool, grad_x: torch.Tensor | None
-                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, weight, scale, base))
-
-
-def _save_block_input(ctx, inputs, output) -> None:
-    x, weight, scale, base, _, hc_eps, n_streams, tf32 = inputs
-    logits, rstd, _ = output
-    ctx.save_for_backward(x, weight, scale, base, logits, rstd)
-    ctx.mark_non_differentiable(rstd)
-    ctx.hc_eps, ctx.n_streams, ctx.tf32 = hc_eps, n_streams, tf32
-
-
 def _block_input_grads(ctx, grad_logits: torch.Tensor | None, grad_block: torch.Tensor | None,
                        grad_x: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     x, weight, scale, base, logits, rstd = ctx.saved_tensors
@@ -226,20 +183,13 @@ def _block_input_grads(ctx, grad_logits: torch.Tensor | None, grad_block: torch.
         grad_logits = torch.zeros_like(logits)
     if grad_block is None:
         grad_block = x.new_zeros((x.shape[0], x.shape[1] // ctx.n_streams))
-    return block_input_backward_op(grad_logits, grad_block, x, weight, scale, base, logits, rstd, ctx.hc_eps,
-                                   ctx.tf32, grad_x)
-
-
-def _block_input_backward(ctx, grad_logits: torch.Tensor | None, grad_rstd: torch.Tensor | None,
-                          grad_block: torch.Tensor | None):
-    return (*_block_input_grads(ctx, grad_logits, grad_block, None), None, None, None, None)
-
-
-block_input_op.register_autograd(_block_input_backward, setup_context=_save_block_input)
+    return block_input_gradients(grad_logits, grad_block, x, weight, scale, base, logits, rstd, ctx.hc_eps, ctx.tf32,
+                                 grad_x=grad_x, kernels=x.is_cuda)
 
 
 class BlockInputPassingStreams(torch.autograd.Function):
-    """:func:`block_input_op` that also returns ``x`` itself, for the merge to read: (logits, block input, x).
+    """The block input (:func:`block_input_forward`, :func:`block_input_gradients`: the kernels on CUDA, their
+    formulas in torch elsewhere) that also returns ``x`` itself, for the merge to read: (logits, block input, x).
 
     x has two readers, this op and the merge (``new = post * block_out + comb^T @ streams``). Were both to read it
     directly, autograd would add their shares of x's gradient in a pass of its own: two reads and a write of the
@@ -252,7 +202,8 @@ class BlockInputPassingStreams(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, scale, base, norm_eps, hc_eps, n_streams, tf32):
-        logits, rstd, block = block_input_op(x, weight, scale, base, norm_eps, hc_eps, n_streams, tf32)
+        logits, rstd, block = block_input_forward(x, weight, scale, base, norm_eps, hc_eps, n_streams, tf32,
+                                                  kernels=x.is_cuda)
         ctx.save_for_backward(x, weight, scale, base, logits, rstd)
         ctx.hc_eps, ctx.n_streams, ctx.tf32 = hc_eps, n_streams, tf32
         # An output no one differentiated reaches the backward as None, not as a zero tensor to read.

@@ -18,7 +18,7 @@ logits inside) and its backward's first pass (``block_input_backward``: ``pre``'
 and of the block input's gradient, then per token the logits' gradient with pre's share and the mixing backward's
 operands) are kernels of their own (block_input_kernels.py); the mixing backward kernel above adds the block input's
 share of x's gradient, ``pre[m, n] * g_block[m]``, when given ``pre`` and ``grad_block`` (op.py's
-``genolc::mhc_block_input``), and the merge's share when given ``grad_x`` (op.py's ``BlockInputPassingStreams``):
+``BlockInputPassingStreams``), and the merge's share when given ``grad_x`` (the same function's third output):
 the shares other than the product are summed first and the product is accumulated onto them, which keeps the
 kernel within 255 registers without spilling (tests/gpu/triton_lowering_check.py).
 
@@ -196,7 +196,8 @@ def _backward_kernel():
 
 def unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     """Why the kernels cannot take ``x`` and ``weight`` (a dtype outside ``KERNEL_DTYPES``, more than ``MAX_LOGITS``
-    logits), or None. ``ops.dispatch.mhc_mixing_logits`` sends those to the reference; layouts are not a reason
+    logits), or None. ``ops.dispatch.mhc_mixing_logits`` (and through :func:`block_input_unsupported_reason`,
+    ``mhc_block_input``) sends those to the reference; layouts are not a reason
     (the dispatch makes the last dimension contiguous). Pure torch: no Triton import."""
     if x.dtype not in KERNEL_DTYPES or weight.dtype not in KERNEL_DTYPES:
         return (f"x ({x.dtype}) and weight ({weight.dtype}) must each be one of {KERNEL_DTYPES}; cast them, or use "
