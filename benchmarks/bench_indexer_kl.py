@@ -6,8 +6,8 @@ dense) adds to each DSA layer with an indexer: forward alone, and forward + back
 last ``--chunk`` queries of a window of ``--sizes`` keys, as the chunked step calls it (``query_offset``,
 ``row_count`` of the window), or the whole window when the chunk is at least the window. Inputs at the preset's
 shapes in bf16: q_lat ``[1, C, H, R]``, the latent as one shared key head ``[1, S, 1, R]``, indexer queries; head
-weights and pool keys in fp32 (as the indexer hands them under autocast); the last three with gradients. Index rows hold ``topk // kpool`` distinct random causal pools per query plus
-its tail (uniform over the visible pools: no two neighbours share more than chance, so the gathers find less in L2
+weights and pool keys in fp32 (as the indexer hands them under autocast); the last three with gradients. Index rows
+hold ``topk // kpool`` distinct random causal pools per query plus its tail (uniform over the visible pools: no two neighbours share more than chance, so the gathers find less in L2
 than a trained model's would). The kernels of one forward + backward are listed (torch.profiler). ``--sides``: the
 sparse mode's indexer side as the trainer runs it on CUDA (``fused``: genolc/model/ops/indexer_kl/triton.py, no
 checkpoint) and as it ran before (``reference``: the torch formula, checkpointed per chunk of queries); ``--block-p``
@@ -22,7 +22,7 @@ import contextlib
 
 import torch
 
-from gpu_bench_common import SIZES, git_sha, measure, profiled_kernels, write_results
+from gpu_bench_common import SIZES, measure, profiled_kernels, write_results
 from genolc.model.indexer_loss import indexer_kl_loss, window_kl_rows
 from genolc.model.ops import dispatch
 from genolc.model.ops.indexer_kl import triton as indexer_kl_triton
@@ -80,13 +80,16 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=32768, help="queries per call (the window's last ones)")
     parser.add_argument("--mode", default="sparse", choices=("sparse", "dense"))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sides", default="fused,reference", help="the sparse mode's indexer side: fused, reference")
+    parser.add_argument("--sides", default=None,
+                        help="the sparse mode's indexer side: fused, reference (default both; dense: reference)")
     parser.add_argument("--block-p", default=str(indexer_kl_triton.BLOCK_P),
                         help="the fused side's slot steps to time, powers of two from 16 (comma-separated)")
     args = parser.parse_args()
-    sides = args.sides.split(",")
+    sides = (args.sides or ("fused,reference" if args.mode == "sparse" else "reference")).split(",")
     if any(side not in ("fused", "reference") for side in sides):
         parser.error(f"--sides takes fused and/or reference, got {args.sides!r}")
+    if args.mode == "dense" and "fused" in sides:
+        parser.error("--mode dense has no fused side: pass --sides reference")
     try:
         steps = [int(step) for step in args.block_p.split(",")]
     except ValueError:
@@ -105,7 +108,7 @@ def main() -> None:
         parser.error("needs a CUDA device (it times the kernels the model runs there)")
     rows = []
     for name, size, side in ((n, z, d) for n in args.presets.split(",") for z in args.sizes.split(",")
-                             for d in (sides if args.mode == "sparse" else ["reference"])):
+                             for d in sides):
         with _indexer_side(side):
             keys = LENGTHS[size]
             queries = min(keys, args.chunk)
@@ -125,6 +128,9 @@ def main() -> None:
 
             row = {"preset": name, "keys": size, "queries": queries, "mode": args.mode, "side": side.split(":")[0]}
             if side.startswith("fused"):
+                if not dispatch.fused_indexer_kl(*leaves):
+                    parser.error(f"--presets {name}: the fused indexer KL does not take its operands "
+                                 f"({indexer_kl_triton.unsupported_reason(*leaves)}); time it with --sides reference")
                 row["block_p"] = indexer_kl_triton.BLOCK_P
             try:
                 row["forward"] = measure(forward, args.repeats)
@@ -138,7 +144,7 @@ def main() -> None:
             torch.cuda.empty_cache()
             rows.append(row)
             print({k: v for k, v in row.items() if k != "kernels"}, flush=True)
-            write_results(RESULT_NAME, rows, {"git_sha": git_sha(), "chunk": args.chunk})
+            write_results(RESULT_NAME, rows, {"chunk": args.chunk})
 
 
 @contextlib.contextmanager

@@ -33,7 +33,8 @@ import torch
 from gpu_bench_common import measure, profiled_kernels, rel_err, write_results
 from genolc.model import build_model, preset
 from genolc.model.ops import dispatch
-from genolc.model.ops.mhc import reference
+from genolc.model.ops.mhc import reference, triton as mhc_triton
+
 
 def fused_merge_apart(x, *args):
     """The fused op, with the merge reading the streams themselves rather than the op's alias of them."""
@@ -72,6 +73,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=32768)
     args = parser.parse_args()
+    if args.tokens < 1:
+        parser.error(f"--tokens must be positive, got {args.tokens}")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (it times the hyper-connection's kernels there)")
     rows = []
@@ -82,6 +85,10 @@ def main() -> None:
         streams = (torch.randn(1, args.tokens, n, dim, device="cuda") * 2).to(torch.bfloat16).requires_grad_()
         grad = torch.randn(1, args.tokens, n, dim, device="cuda").to(torch.bfloat16)
         leaves = [streams, connection.fn, connection.scale, connection.base]
+        reason = mhc_triton.block_input_unsupported_reason(streams.reshape(args.tokens, -1), connection.fn,
+                                                           connection.scale, connection.base, n)
+        if reason is not None:
+            parser.error(f"{name}: the block-input kernels do not take its operands ({reason})")
         exact_streams = streams.detach().double().requires_grad_()
         exact_out, exact_params = exact_glue(connection, exact_streams)
         exact_grads = torch.autograd.grad(exact_out, [exact_streams, *exact_params], grad.double())

@@ -18,6 +18,7 @@ chunk (8 x 256), bf16. Writes JSON (command, git SHA, device) to $OUT or benchma
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -102,6 +103,10 @@ def timed_row_dot(model: str, queries: int, heads: int, rank: int) -> dict:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device (it times the slab order's forms and the row dot there)")
     rows = []
     for model, kv_len, queries, order in SHAPES:
         rows.append(timed_shape(model, kv_len, queries, order))

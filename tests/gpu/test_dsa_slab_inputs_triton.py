@@ -45,11 +45,15 @@ def test_slab_order_runs_the_kernel_on_cuda_and_the_torch_form_past_its_slabs(mo
 
 @pytest.mark.parametrize("batch, length, heads, rank, dtype", [
     (1, 4099, 8, 256, torch.bfloat16), (2, 1001, 12, 384, torch.bfloat16), (1, 333, 5, 40, torch.float32)])
-def test_row_dot_kernel_matches_float64(batch, length, heads, rank, dtype):
+def test_row_dot_kernel_matches_float64(batch, length, heads, rank, dtype, monkeypatch):
     gen = torch.Generator(device="cuda").manual_seed(length)
     out, d_out = (torch.randn(batch, length, heads, rank, device="cuda", generator=gen).to(dtype) for _ in range(2))
     expected = (out.double() * d_out.double()).sum(-1)
+    calls = []
+    kernel = row_dot.row_dot_triton
+    monkeypatch.setattr(row_dot, "row_dot_triton", lambda *args: calls.append(1) or kernel(*args))
     got = row_dot.row_dot(out, d_out)
+    assert calls, "the dispatch ran the torch form, not the kernel"
     assert got.dtype == torch.float32 and got.shape == expected.shape
     torch_error = (row_dot.row_dot_reference(out, d_out).double() - expected).abs().max()
     assert (got.double() - expected).abs().max() <= max(2 * torch_error, 1e-6)
