@@ -44,8 +44,9 @@ def _timed(run) -> float:
     return time.perf_counter() - started
 
 
-def _folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+def _folder_files(path: Path) -> dict[str, int]:
+    """Each file's size under ``path`` by its relative name."""
+    return {str(f.relative_to(path)): f.stat().st_size for f in sorted(path.rglob("*")) if f.is_file()}
 
 
 def bench_preset(name: str, device: str, root: Path) -> list[dict]:
@@ -61,7 +62,8 @@ def bench_preset(name: str, device: str, root: Path) -> list[dict]:
     def row(form: str, seconds: float, written: Path | None = None) -> None:
         entry = {"preset": name, "form": form, "seconds": round(seconds, 3), "state_gb": round(nbytes / 1e9, 2)}
         if written is not None:
-            entry["written_bytes"] = _folder_bytes(written)
+            entry["written_files"] = _folder_files(written)
+            entry["written_bytes"] = sum(entry["written_files"].values())
             entry["written_gb"] = round(entry["written_bytes"] / 1e9, 2)
         rows.append(entry)
 

@@ -19,10 +19,14 @@ def test_every_form_is_timed_and_its_checkpoints_removed(tmp_path):
     assert [row["form"] for row in rows] == ["foreground", "snapshot (new buffers)", "background write",
                                              "snapshot (reused buffers)", "background write"]
     assert all(row["seconds"] >= 0 for row in rows)
-    written = [row["written_bytes"] for row in rows if "written_bytes" in row]
-    assert len(written) == 3 and written[0] > 0
-    # The same files each way, but for the trainer state's RNG and step bytes.
-    assert max(written) - min(written) < 0.01 * written[0]
+    written = [row["written_files"] for row in rows if "written_files" in row]
+    assert len(written) == 3 and sum(written[0].values()) > 0
+    # The same files each way; sizes alike but for a few pickled bytes of the optimizer and trainer state.
+    assert written[0].keys() == written[1].keys() == written[2].keys()
+    for name in written[0]:
+        sizes = [files[name] for files in written]
+        limit = 1024 if name.endswith(("optimizer.pt", "trainer_state.json")) else 0
+        assert max(sizes) - min(sizes) <= limit, (name, sizes)
     assert list(tmp_path.iterdir()) == []
 
 
