@@ -1,5 +1,5 @@
 """python benchmarks/bench_indexer_kl.py [--sizes 64k,512k] [--presets small,base] [--chunk 32768] [--mode sparse]
-                                       [--sides fused,reference] [--block-p 32]
+                                       [--sides fused,reference] [--block-p 32] [--target-lse own,forward]
 
 The DSA indexer's KL loss (genolc.model.indexer_loss.indexer_kl_loss), what `finetune --indexer sparse` (or
 dense) adds to each DSA layer with an indexer: forward alone, and forward + backward, for one chunk of queries — the
@@ -12,7 +12,9 @@ than a trained model's would). The kernels of one forward + backward are listed 
 sparse mode's indexer side as the trainer runs it on CUDA (``fused``: genolc/model/ops/indexer_kl/triton.py, no
 checkpoint) and as it ran before (``reference``: the torch formula, checkpointed per chunk of queries); ``--block-p``
 times the fused side at each of these slot steps (genolc/model/ops/indexer_kl/triton.py's ``BLOCK_P``, untimed when
-it was chosen). Writes benchmarks/results/indexer_kl_<date>.json.
+it was chosen). ``--target-lse``: the sparse target forms its softmax's normaliser itself (``own``, a first pass over
+each row) or reads the attention forward's log-sum-exp (``forward``, what the DSA layer hands it since 2026-12-05;
+that forward runs once, untimed, before the timing). Writes benchmarks/results/indexer_kl_<date>.json.
 """
 
 from __future__ import annotations
@@ -84,7 +86,14 @@ def main() -> None:
                         help="the sparse mode's indexer side: fused, reference (default both; dense: reference)")
     parser.add_argument("--block-p", default=str(indexer_kl_triton.BLOCK_P),
                         help="the fused side's slot steps to time, powers of two from 16 (comma-separated)")
+    parser.add_argument("--target-lse", default=None,
+                        help="the sparse target's normaliser: own and/or forward (default both; dense: own)")
     args = parser.parse_args()
+    lse_sources = (args.target_lse or ("own,forward" if args.mode == "sparse" else "own")).split(",")
+    if not lse_sources or any(source not in ("own", "forward") for source in lse_sources):
+        parser.error(f"--target-lse takes own and/or forward, got {args.target_lse!r}")
+    if args.mode == "dense" and "forward" in lse_sources:
+        parser.error("--mode dense has no sparse attention forward: pass --target-lse own")
     sides = (args.sides or ("fused,reference" if args.mode == "sparse" else "reference")).split(",")
     if any(side not in ("fused", "reference") for side in sides):
         parser.error(f"--sides takes fused and/or reference, got {args.sides!r}")
@@ -107,17 +116,22 @@ def main() -> None:
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (it times the kernels the model runs there)")
     rows = []
-    for name, size, side in ((n, z, d) for n in args.presets.split(",") for z in args.sizes.split(",")
-                             for d in sides):
+    for name, size, side, lse_source in ((n, z, d, e) for n in args.presets.split(",") for z in args.sizes.split(",")
+                                         for d in sides for e in lse_sources):
         with _indexer_side(side):
             keys = LENGTHS[size]
             queries = min(keys, args.chunk)
             tensors, indices, scales, window, kpool, topk = inputs(name, keys, queries)
             leaves = [tensors[key] for key in ("index_q", "head_weights", "pooled")]
+            main_lse = None
+            if lse_source == "forward":
+                _, main_lse = dispatch.sparse_latent_attention_forward(
+                    tensors["main_q"], tensors["main_k"][:, :, 0], indices, scales["softmax_scale"])
 
             def loss():
                 return indexer_kl_loss(args.mode, **tensors, **scales, kpool=kpool, topk=topk,
-                                       indices=indices if args.mode == "sparse" else None, **window)
+                                       indices=indices if args.mode == "sparse" else None, main_lse=main_lse,
+                                       **window)
 
             def forward():
                 with torch.no_grad():
@@ -126,7 +140,8 @@ def main() -> None:
             def forward_backward():
                 torch.autograd.grad(loss(), leaves)
 
-            row = {"preset": name, "keys": size, "queries": queries, "mode": args.mode, "side": side.split(":")[0]}
+            row = {"preset": name, "keys": size, "queries": queries, "mode": args.mode, "side": side.split(":")[0],
+                   "target_lse": lse_source}
             if side.startswith("fused"):
                 if not dispatch.fused_indexer_kl(*leaves):
                     parser.error(f"--presets {name}: the fused indexer KL does not take its operands "

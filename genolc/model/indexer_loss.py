@@ -90,14 +90,15 @@ def _dense_pool_mass(query_start: int, main_q: torch.Tensor, main_k: torch.Tenso
 
 
 def _sparse_pool_mass(main_q: torch.Tensor, main_k: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
-                      kpool: int, topk: int, piece: int) -> torch.Tensor:
+                      kpool: int, topk: int, piece: int, main_lse: torch.Tensor | None = None) -> torch.Tensor:
     """Main attention mass per selected pool slot ``[B, C, topk // kpool]`` of one chunk of queries restricted to
     their index rows ``indices [B, C, W]`` (no autograd). With one key head shared by all query heads (MLA's
-    absorbed form, the DSA layer's sparse path) this is ``dispatch.sparse_pool_mass``, a Triton kernel on CUDA;
-    per-head keys are gathered ``piece`` queries at a time."""
+    absorbed form, the DSA layer's sparse path) this is ``dispatch.sparse_pool_mass``, a Triton kernel on CUDA,
+    which reads the attention's ``main_lse [B, C, H]`` when given; per-head keys are gathered ``piece`` queries at a
+    time."""
     if main_k.shape[2] == 1:
         return dispatch.sparse_pool_mass(main_q, main_k[:, :, 0], indices, softmax_scale, kpool=kpool, topk=topk,
-                                         query_chunk=piece).float()
+                                         query_chunk=piece, lse=main_lse).float()
     batch, chunk = main_q.shape[:2]
     batch_ids = torch.arange(batch, device=main_q.device)[:, None, None]
     masses = []
@@ -168,7 +169,8 @@ def window_kl_rows(batch: int, window_len: int, kpool: int) -> int:
 def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, softmax_scale: float,
                     index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
                     index_softmax_scale: float, kpool: int, topk: int, indices: torch.Tensor | None = None,
-                    query_chunk: int | None = None, target_piece: int | None = None, query_offset: int = 0,
+                    main_lse: torch.Tensor | None = None, query_chunk: int | None = None,
+                    target_piece: int | None = None, query_offset: int = 0,
                     row_count: int | None = None) -> torch.Tensor:
     """The indexer KL loss (see the module docstring for the formula), a scalar fp32 tensor.
 
@@ -191,6 +193,9 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
         kpool, topk: the indexer's pool size and token budget.
         indices: ``[B, T, W]`` the layer's index rows (layout of ``genolc.model.ops.indexer.reference``, absolute
             positions); required for ``"sparse"``.
+        main_lse: ``[B, T, H]`` the main attention's natural-log log-sum-exp over each index row (+inf for a row
+            with none), as its forward returned it; ``"sparse"`` with one key head only. The target then reads it
+            instead of forming the softmax's normaliser again (one pass over the row less on CUDA).
         query_chunk: queries per chunk of the indexer's side (checkpointed on the reference path), target_piece:
             queries per piece of the no-grad target (defaults: :func:`default_chunks`, and ``FUSED_QUERY_ROWS`` over
             the batch for the fused sparse op; a piece never spans two chunks).
@@ -218,6 +223,9 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
         if indices is None or indices.dim() != 3 or indices.shape[:2] != (batch, seq_len) or indices.shape[-1] < topk:
             got = None if indices is None else tuple(indices.shape)
             raise ValueError(f"sparse indexer loss needs indices [B={batch}, T={seq_len}, W >= {topk}], got {got}")
+    if main_lse is not None and (mode != "sparse" or main_k.shape[2] != 1 or main_lse.shape != (batch, seq_len, heads)):
+        raise ValueError(f"main_lse is the sparse attention's [B={batch}, T={seq_len}, H={heads}] log-sum-exp with one "
+                         f"key head; got {tuple(main_lse.shape)} in {mode!r} mode with {main_k.shape[2]} key heads")
     main_q, main_k = main_q.detach(), main_k.detach()
 
     default_chunk, default_piece = default_chunks(mode, batch, keys_len, heads, qk_dim, main_k.shape[2],
@@ -249,7 +257,8 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
             # backward as the checkpoint's input, not computed again there.
             with torch.no_grad():
                 pool_mass = _sparse_pool_mass(main_q[:, q0:q1], main_k, indices[:, q0:q1], softmax_scale, kpool,
-                                              topk, target_piece)
+                                              topk, target_piece,
+                                              None if main_lse is None else main_lse[:, q0:q1].detach())
             args = (pool_mass, index_q[:, q0:q1], head_weights[:, q0:q1], pooled, indices[:, q0:q1],
                     index_softmax_scale, kpool, topk)
             fn = _sparse_chunk

@@ -12,6 +12,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
+from genolc.model.ops import dispatch  # noqa: E402
 from genolc.model.ops.dsa import reference, triton as dsa_triton  # noqa: E402
 from genolc.model.ops.indexer.reference import select_indices  # noqa: E402
 
@@ -135,3 +136,8 @@ def test_pool_mass_matches_reference(length, heads, rank, kpool, poison, rel_err
     assert rel_err(got, expected) < 1e-2
     # Mass is at most the number of heads, all of it when no tail slot is valid.
     assert float(got.sum(-1).max()) <= heads * (1 + 1e-3)
+    # Given the attention forward's lse (the kernels the layer runs), one pass gives the same mass.
+    _, lse = dispatch.sparse_latent_attention_forward(q_lat, latent, indices, scale)
+    given = dsa_triton.sparse_pool_mass(q_lat, latent, indices, scale, kpool=kpool, topk=topk, lse=lse)
+    assert given[0, 17].abs().max() == 0
+    assert rel_err(given, got) < 1e-3 and rel_err(given, expected) < 1e-2

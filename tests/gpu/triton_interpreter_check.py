@@ -197,11 +197,16 @@ def check_pool_mass(batch, length, heads, rank, topk, kpool, index_dtype) -> lis
     gathered = latent[torch.arange(batch)[:, None, None], indices.long().clamp_min(0)].double()
     scores = torch.einsum("bthr,btwr->bthw", q_lat.double(), gathered) * scale
     scores = scores.masked_fill((indices < 0)[:, :, None, :], float("-inf"))
-    probs = (scores - scores.logsumexp(-1, keepdim=True)).exp().nan_to_num(0.0)
+    lse = scores.logsumexp(-1)
+    probs = (scores - lse[..., None]).exp().nan_to_num(0.0)
     expected = probs.sum(2)[..., :topk].reshape(batch, length, topk // kpool, kpool).sum(-1)
+    # The attention forward's form of the log-sum-exp: fp32, +inf for a row with no slot.
+    forward_lse = lse.float().masked_fill(lse == float("-inf"), float("inf"))
     problems = []
     for name, got in (("triton", dsa_triton.sparse_pool_mass(q_lat, latent, indices.contiguous(), scale,
                                                              kpool=kpool, topk=topk)),
+                      ("triton given lse", dsa_triton.sparse_pool_mass(q_lat, latent, indices.contiguous(), scale,
+                                                                       kpool=kpool, topk=topk, lse=forward_lse)),
                       ("reference", dsa_reference.sparse_pool_mass(q_lat, latent, indices, scale, kpool=kpool,
                                                                    topk=topk, query_chunk=13))):
         if got.shape != expected.shape or got.dtype != torch.float32:

@@ -209,6 +209,42 @@ def test_indexer_trains_only_through_its_loss() -> None:
         ours.zero_grad(set_to_none=True)
 
 
+def test_the_sparse_kl_reads_the_attentions_own_log_sum_exp(monkeypatch) -> None:
+    """Under ``indexer_loss="sparse"`` the layer hands the KL's target the attention forward's log-sum-exp (the op
+    then takes that forward as kept): the same output, KL and gradients as the layer without it."""
+    import genolc.model.layers.dsa as dsa_layer
+
+    [(_, ours)] = randomized_layers(hf_config(4), seed=8)
+    hidden = torch.randn(1, 203, 64, requires_grad=True)
+    handed = []
+
+    def spy(mode, **kwargs):
+        handed.append(kwargs["main_lse"])
+        return indexer_kl_loss(mode, **kwargs)
+
+    def without_lse(mode, **kwargs):
+        return indexer_kl_loss(mode, **dict(kwargs, main_lse=None))
+
+    results = []
+    for loss in (spy, without_lse):
+        monkeypatch.setattr(dsa_layer, "indexer_kl_loss", loss)
+        out = ours(hidden, indexer_loss="sparse")
+        (out.hidden.square().sum() + out.indexer_kl).backward()
+        results.append((out.hidden.detach(), out.indexer_kl.detach(), hidden.grad.clone(),
+                        {n: p.grad.clone() for n, p in ours.named_parameters()}))
+        ours.zero_grad(set_to_none=True)
+        hidden.grad = None
+    [lse] = handed
+    assert lse is not None and lse.shape == (1, 203, 2) and lse.dtype == torch.float32
+    (hidden_a, kl_a, grad_a, params_a), (hidden_b, kl_b, grad_b, params_b) = results
+    torch.testing.assert_close(hidden_a, hidden_b, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(kl_a, kl_b, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grad_a, grad_b, atol=1e-6, rtol=1e-6)
+    assert params_a.keys() == params_b.keys()
+    for name in params_a:
+        torch.testing.assert_close(params_a[name], params_b[name], atol=1e-6, rtol=1e-6, msg=name)
+
+
 def test_dense_mode_attends_densely() -> None:
     [(_, ours)] = randomized_layers(hf_config(4), seed=6)
     hidden = torch.randn(1, 203, 64)

@@ -9,6 +9,7 @@ import torch
 
 import genolc.model.indexer_loss as indexer_loss_module
 from genolc.model.indexer_loss import indexer_kl_loss
+from genolc.model.ops.dsa.reference import sparse_latent_attention_forward
 from genolc.model.ops.indexer.pooling import pool_keys
 from genolc.model.ops.indexer.reference import pool_scores, select_indices
 
@@ -181,6 +182,36 @@ def test_bad_arguments_raise_value_error() -> None:
         run_loss("dense", (inputs[0][..., :-1], *inputs[1:]), 4, 8)
     with pytest.raises(ValueError, match="target_piece"):
         run_loss("dense", inputs, 4, 8, target_piece=0)
+
+
+def test_the_sparse_attentions_log_sum_exp_gives_the_same_loss_and_is_refused_elsewhere() -> None:
+    """With one shared key head the sparse target may read the attention forward's ``main_lse``: the same loss and
+    indexer gradients as the target that forms its own, in chunks too. Refused in dense mode, with per-head keys
+    and in the wrong shape."""
+    batch, seq_len, heads, rank = 2, 37, 3, 5
+    _, _, index_q, head_weights, pooled = random_inputs(batch, seq_len, kpool=4, heads=heads, seed=4)
+    generator = torch.Generator().manual_seed(5)
+    q_lat = torch.randn(batch, seq_len, heads, rank, generator=generator)
+    latent = torch.randn(batch, seq_len, rank, generator=generator)
+    indices = selection((q_lat, latent, index_q, head_weights, pooled), 4, 16)
+    _, lse = sparse_latent_attention_forward(q_lat, latent, indices, MAIN_SCALE)
+    arguments = dict(main_q=q_lat, main_k=latent[:, :, None, :], softmax_scale=MAIN_SCALE, index_q=index_q,
+                     head_weights=head_weights, pooled=pooled, index_softmax_scale=INDEX_SCALE, kpool=4, topk=16,
+                     indices=indices)
+    own = indexer_kl_loss("sparse", **arguments)
+    own_grads = torch.autograd.grad(own, (index_q, head_weights, pooled))
+    for query_chunk in (None, 6):
+        read = indexer_kl_loss("sparse", main_lse=lse, query_chunk=query_chunk, **arguments)
+        torch.testing.assert_close(read, own, atol=1e-6, rtol=1e-6)
+        for a, b in zip(torch.autograd.grad(read, (index_q, head_weights, pooled)), own_grads):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="main_lse"):
+        indexer_kl_loss("dense", main_lse=lse, **arguments)
+    with pytest.raises(ValueError, match="main_lse"):
+        indexer_kl_loss("sparse", main_lse=lse[:, 1:], **arguments)
+    per_head = dict(arguments, main_k=latent[:, :, None, :].expand(-1, -1, heads, -1))
+    with pytest.raises(ValueError, match="main_lse"):
+        indexer_kl_loss("sparse", main_lse=lse, **per_head)
 
 
 @pytest.mark.parametrize("mode", ["dense", "sparse"])

@@ -76,3 +76,26 @@ def test_the_triton_kernel_takes_only_what_it_can():
     assert "kpool 128" in pool_mass_unsupported(q_lat, latent, rows, 128)
     assert "dtype" in pool_mass_unsupported(q_lat.double(), latent.double(), rows, 4)
     assert "contiguous" in pool_mass_unsupported(q_lat.transpose(1, 2).contiguous().transpose(1, 2), latent, rows, 4)
+
+
+@pytest.mark.parametrize(("batch", "length", "heads", "rank", "kpool", "topk"), [(2, 45, 3, 8, 4, 16), (1, 29, 2, 5, 1, 8)])
+def test_the_forwards_log_sum_exp_stands_for_the_masss_own(batch, length, heads, rank, kpool, topk):
+    """Given the attention forward's ``lse`` (fp32, +inf for an empty row) the mass is the one the reference forms
+    its own normaliser for, within that lse's fp32 rounding; an empty row still gets none; a wrong lse is refused."""
+    q_lat, latent, indices = inputs(batch, length, heads, rank, kpool, topk, seed=2 * length)
+    _, lse = reference.sparse_latent_attention_forward(q_lat, latent, indices, 0.4)
+    assert torch.isinf(lse[0, length // 2]).all()
+    expected = reference.sparse_pool_mass(q_lat, latent, indices, 0.4, kpool=kpool, topk=topk)
+    for query_chunk in (None, 5):
+        got = reference.sparse_pool_mass(q_lat, latent, indices, 0.4, kpool=kpool, topk=topk,
+                                         query_chunk=query_chunk, lse=lse)
+        torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-6)
+        assert got[0, length // 2].abs().max() == 0
+    torch.testing.assert_close(dispatch.sparse_pool_mass(q_lat, latent, indices, 0.4, kpool=kpool, topk=topk,
+                                                         lse=lse), got)
+    # A normaliser other than the forward's is read, not checked: the mass scales with it.
+    torch.testing.assert_close(reference.sparse_pool_mass(q_lat, latent, indices, 0.4, kpool=kpool, topk=topk,
+                                                          lse=lse - 1.0), got * torch.e)
+    for bad in (lse[:, 1:], lse[..., None], lse.long()):
+        with pytest.raises(ValueError, match=r"lse must be the attention forward's \[B, T, H\]"):
+            reference.sparse_pool_mass(q_lat, latent, indices, 0.4, kpool=kpool, topk=topk, lse=bad)

@@ -258,13 +258,15 @@ def test_the_second_pass_attends_to_the_pools_the_first_chose(dna_window, one_th
         assert float((grad - expected[name]).norm()) <= 1e-4 * float(expected[name].norm()) + 1e-12, name
 
 
-def test_the_second_pass_runs_only_the_kept_forwards_backward(dna_window, one_thread):
+@pytest.mark.parametrize("mode", [None, "sparse"])
+def test_the_second_pass_runs_only_the_kept_forwards_backward(dna_window, one_thread, mode):
     """With a KeptAttention the first pass runs each DSA layer's forward once per chunk (all but the last) and keeps
     it; the second pass and its replay hand it back (``kept=``) and never run the forward again. The last chunk's
-    attention runs with grad in the second pass and again in its replay."""
+    attention runs with grad in the second pass and again in its replay: as one op without the indexer KL, and with
+    it as the forward op, whose log-sum-exp the KL's target reads, handed to the op as kept."""
     ids, weights = dna_window
-    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.0, indexer_kl_coef=1.0,
-                      indexer_mode="sparse")
+    terms = LossTerms(total_weight=float(weights.sum()), grad_accum=1, moe_balance_coef=0.0,
+                      indexer_kl_coef=0.0 if mode is None else 1.0, indexer_mode=mode)
     model = _model(True)
     layers = [m for m in model.modules() if isinstance(m, DSAAttention)]
     calls = {"forward": 0, "kept": 0, "recomputed": 0}
@@ -283,8 +285,10 @@ def test_the_second_pass_runs_only_the_kept_forwards_backward(dna_window, one_th
     store = KeptAttention()
     chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, kept_attention=store)
     chunks = len(chunk_bounds(WINDOW, 1000))
-    assert calls == {"forward": (chunks - 1) * len(layers), "kept": 2 * (chunks - 1) * len(layers),
-                     "recomputed": 2 * len(layers)}
+    last = 2 * len(layers)
+    assert calls == {"forward": (chunks - 1) * len(layers) + (0 if mode is None else last),
+                     "kept": 2 * (chunks - 1) * len(layers) + (0 if mode is None else last),
+                     "recomputed": last if mode is None else 0}
     assert not store._kept and not store._fetched, "every kept forward is handed back once"
     with pytest.raises(ValueError, match="only with the pools"):
         chunked_forward_backward(model, ids, weights, terms, 1000, contextlib.nullcontext, keep_selections=False,

@@ -204,17 +204,24 @@ class DSAAttention(nn.Module):
                           select_tail=self.select_tail, dtype=index_dtype(hidden.device))
 
     def _sparse_attention(self, q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor,
-                          cache: LayerCache | None) -> torch.Tensor:
-        """``o_lat``; with ``cache.attention`` (the forward an earlier pass over this chunk kept) only its gradient
-        is left to compute, and with ``cache.keep_attention`` outside autograd the forward's ``(o_lat, lse)`` go to
-        ``cache.present`` for a later pass."""
+                          cache: LayerCache | None, want_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(o_lat, lse)``, ``lse`` None unless known or ``want_lse``. With ``cache.attention`` (the forward an
+        earlier pass over this chunk kept) only its gradient is left to compute, and with ``cache.keep_attention``
+        outside autograd the forward's ``(o_lat, lse)`` go to ``cache.present`` for a later pass. ``want_lse`` (the
+        sparse indexer loss's target reads it) runs the forward op and hands its outputs to the op as kept: the
+        same kernels, the log-sum-exp in the open."""
         if cache is not None and cache.attention is not None:
-            return self.sparse_attention_op(q_lat, latent, indices, self.softmax_scale, kept=cache.attention)
+            return (self.sparse_attention_op(q_lat, latent, indices, self.softmax_scale, kept=cache.attention),
+                    cache.attention[1])
         if cache is not None and cache.keep_attention and not torch.is_grad_enabled():
             o_lat, lse = self.sparse_attention_forward_op(q_lat, latent, indices, self.softmax_scale)
             cache.present[ATTENTION_OUT], cache.present[ATTENTION_LSE] = o_lat, lse
-            return o_lat
-        return self.sparse_attention_op(q_lat, latent, indices, self.softmax_scale)
+            return o_lat, lse
+        if want_lse:
+            with torch.no_grad():
+                kept = self.sparse_attention_forward_op(q_lat, latent, indices, self.softmax_scale)
+            return self.sparse_attention_op(q_lat, latent, indices, self.softmax_scale, kept=kept), kept[1]
+        return self.sparse_attention_op(q_lat, latent, indices, self.softmax_scale), None
 
     def latent_rows(self, hidden: torch.Tensor) -> torch.Tensor:
         """The normalised latent ``c [B, T, R]`` of ``hidden [B, T, D]``: every key and value of these positions
@@ -282,6 +289,8 @@ class DSAAttention(nn.Module):
                                  f"{tuple(shared_indices.shape)}")
             indices = shared_indices
 
+        wants_kl = features is not None and indexer_loss is not None and (cache is None or cache.aux)
+        main_lse = None
         if indexer_loss == "dense" or selects_all_causal(keys_len, self.topk, self.kpool, self.select_tail):
             kv = self.kv_b_proj(latent).view(batch, keys_len, self.num_heads, -1)
             keys, values = kv.split([self.qk_head_dim, self.v_head_dim], dim=-1)
@@ -290,18 +299,18 @@ class DSAAttention(nn.Module):
         else:
             key_weight, value_weight = self._key_value_weights()
             q_lat = torch.einsum("bthd,hdr->bthr", queries, key_weight)
-            o_lat = self._sparse_attention(q_lat, latent, indices, cache)
+            o_lat, main_lse = self._sparse_attention(q_lat, latent, indices, cache, want_lse=wants_kl)
             attended = torch.einsum("bthr,hvr->bthv", o_lat, value_weight)
             # The KL's scores from the latent as one key head shared by all heads: equal to q . k.
             main_q, main_k = q_lat, latent[:, :, None, :]
         output = self.o_proj(attended.reshape(batch, seq_len, self.num_heads * self.v_head_dim))
 
         kl = None
-        if features is not None and indexer_loss is not None and (cache is None or cache.aux):
+        if wants_kl:
             window = {} if cache is None else {
                 "query_offset": start, "row_count": window_kl_rows(batch, cache.window_len, self.kpool)}
             kl = indexer_kl_loss(indexer_loss, main_q=main_q, main_k=main_k, softmax_scale=self.softmax_scale,
                                  index_q=features.queries, head_weights=features.head_weights,
                                  pooled=features.pooled, index_softmax_scale=self.indexer.softmax_scale,
-                                 kpool=self.kpool, topk=self.topk, indices=indices, **window)
+                                 kpool=self.kpool, topk=self.topk, indices=indices, main_lse=main_lse, **window)
         return DSAOutput(hidden=output, indices=indices, indexer_kl=kl)

@@ -7,7 +7,8 @@ branch only, so importing this module (or calling it on CPU) never imports trito
     select_indices           genolc.model.ops.indexer.triton (Triton scores + top-k)        | ops.indexer.reference
     sparse_latent_attention  genolc.model.ops.dsa.tilelang pair, else dsa.triton (fused)    | ops.dsa.reference
     sparse_latent_attention_forward   the same pair's forward kernel (o_lat and lse)          | ops.dsa.reference
-    sparse_pool_mass         genolc.model.ops.dsa.triton (two passes a query, no gather)    | ops.dsa.reference
+    sparse_pool_mass         genolc.model.ops.dsa.triton (no gather; one pass a query given   | ops.dsa.reference
+                             the forward's lse, else two)
     sparse_indexer_kl        genolc.model.ops.indexer_kl.triton (a program a query each way) | ops.indexer_kl.reference
     routed_experts           genolc.model.ops.moe.grouped_mm (torch._grouped_mm)            | ops.moe.reference
     mhc_mixing_logits        genolc.model.ops.mhc.op (custom ops, Triton fwd and bwd)        | ops.mhc.reference
@@ -138,18 +139,20 @@ def sparse_latent_attention_forward(q_lat: torch.Tensor, latent: torch.Tensor, i
 
 
 def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
-                     kpool: int, topk: int, query_chunk: int | None = None) -> torch.Tensor:
+                     kpool: int, topk: int, query_chunk: int | None = None,
+                     lse: torch.Tensor | None = None) -> torch.Tensor:
     """The sparse attention's mass per selected pool (the indexer loss's target); see
-    ``genolc.model.ops.dsa.reference.sparse_pool_mass``. CUDA operands the Triton kernel does not take (a pool size
-    that is not a power of two, say) go to the reference, which gathers in pieces of ``query_chunk`` queries."""
+    ``genolc.model.ops.dsa.reference.sparse_pool_mass`` (``lse``: the attention forward's, which saves the kernel
+    its first pass). CUDA operands the Triton kernel does not take (a pool size that is not a power of two, say) go
+    to the reference, which gathers in pieces of ``query_chunk`` queries."""
     if q_lat.is_cuda:
         from genolc.model.ops.dsa import triton as dsa_triton
 
         prepared = dsa_triton.prepare_inputs(q_lat, latent, indices)
         if dsa_triton.pool_mass_unsupported(*prepared, kpool) is None:
-            return dsa_triton.sparse_pool_mass(*prepared, softmax_scale, kpool=kpool, topk=topk)
+            return dsa_triton.sparse_pool_mass(*prepared, softmax_scale, kpool=kpool, topk=topk, lse=lse)
     return dsa_reference.sparse_pool_mass(q_lat, latent, indices, softmax_scale, kpool=kpool, topk=topk,
-                                          query_chunk=query_chunk)
+                                          query_chunk=query_chunk, lse=lse)
 
 
 def sparse_indexer_kl(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor,

@@ -20,11 +20,11 @@ def _slot_scores(q, c_ptr, row_ptr, c_offset, scs, slots, limit, ranks, rank_ok,
 
 
 @triton.jit
-def pool_mass_kernel(q_ptr, c_ptr, idx_ptr, out_ptr, softmax_scale,
+def pool_mass_kernel(q_ptr, c_ptr, idx_ptr, lse_ptr, out_ptr, softmax_scale,
                      seq_len, scb, scs, sib, sit,
                      HEADS: tl.constexpr, RANK: tl.constexpr, WIDTH: tl.constexpr, TOPK: tl.constexpr,
                      KPOOL: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     PRECISION: tl.constexpr, HAS_LSE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
     ranks = tl.arange(0, BLOCK_R)
@@ -38,18 +38,22 @@ def pool_mass_kernel(q_ptr, c_ptr, idx_ptr, out_ptr, softmax_scale,
         head_ok = heads < HEADS
         tile = row * HEADS * RANK + heads[:, None].to(tl.int64) * RANK + ranks[None, :]
         q = tl.load(q_ptr + tile, mask=head_ok[:, None] & rank_ok[None, :], other=0.0)
-        m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
-        l = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        for w0 in range(0, WIDTH, BLOCK_W):
-            valid, scores = _slot_scores(q, c_ptr, index_row, b * scb, scs, w0 + tl.arange(0, BLOCK_W), WIDTH, ranks,
-                                         rank_ok, softmax_scale, PRECISION)
-            scores = tl.where(valid[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(scores - m_safe[:, None]), axis=1)
-            m = m_new
-        # +inf for padded heads and empty rows: every probability below is then exp(-inf) = 0.
-        lse = tl.where((l > 0.0) & head_ok, m + tl.log(tl.where(l > 0.0, l, 1.0)), float("inf"))
+        if HAS_LSE:
+            # The attention forward's own log-sum-exp over the row (+inf for an empty row): no first pass.
+            lse = tl.load(lse_ptr + row * HEADS + heads, mask=head_ok, other=float("inf"))
+        else:
+            m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+            l = tl.zeros((BLOCK_H,), dtype=tl.float32)
+            for w0 in range(0, WIDTH, BLOCK_W):
+                valid, scores = _slot_scores(q, c_ptr, index_row, b * scb, scs, w0 + tl.arange(0, BLOCK_W), WIDTH,
+                                             ranks, rank_ok, softmax_scale, PRECISION)
+                scores = tl.where(valid[None, :], scores, float("-inf"))
+                m_new = tl.maximum(m, tl.max(scores, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(scores - m_safe[:, None]), axis=1)
+                m = m_new
+            # +inf for padded heads and empty rows: every probability below is then exp(-inf) = 0.
+            lse = tl.where((l > 0.0) & head_ok, m + tl.log(tl.where(l > 0.0, l, 1.0)), float("inf"))
         for w0 in range(0, TOPK, BLOCK_W):
             valid, scores = _slot_scores(q, c_ptr, index_row, b * scb, scs, w0 + tl.arange(0, BLOCK_W), TOPK, ranks,
                                          rank_ok, softmax_scale, PRECISION)

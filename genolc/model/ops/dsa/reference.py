@@ -287,8 +287,17 @@ class KeptLatentAttention(torch.autograd.Function):
         return d_q, d_latent, None, None, None, None
 
 
+def check_pool_mass_lse(lse: torch.Tensor, q_lat: torch.Tensor) -> None:
+    """ValueError unless ``lse`` can stand for the pool mass's own log-sum-exp: ``[B, T, H]`` of ``q_lat``, on its
+    device, a floating dtype (the attention forward's fp32 natural-log ``lse``)."""
+    if tuple(lse.shape) != tuple(q_lat.shape[:3]) or lse.device != q_lat.device or not lse.is_floating_point():
+        raise ValueError(f"lse must be the attention forward's [B, T, H] = {list(q_lat.shape[:3])} floating tensor on "
+                         f"{q_lat.device}, got {tuple(lse.shape)} {lse.dtype} on {lse.device}")
+
+
 def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
-                     kpool: int, topk: int, query_chunk: int | None = None) -> torch.Tensor:
+                     kpool: int, topk: int, query_chunk: int | None = None,
+                     lse: torch.Tensor | None = None) -> torch.Tensor:
     """The sparse attention's mass on each selected pool, summed over heads, without autograd: the DSA indexer
     loss's target (``genolc.model.indexer_loss``).
 
@@ -301,6 +310,9 @@ def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.T
             ``genolc.model.ops.indexer.layout``: ``topk // kpool`` pools of ``kpool`` slots, then the tail).
         kpool, topk: the indexer's pool size and token budget (``topk`` a multiple of ``kpool``, at most W).
         query_chunk: queries per piece (default :func:`default_latent_query_chunk`).
+        lse: the attention forward's ``[B, T, H]`` natural-log log-sum-exp over each row's valid slots (+inf for a
+            row with none), as :func:`sparse_latent_attention_forward` returns it; given, the softmax's normaliser
+            is read rather than formed again (the Triton kernel then skips its first pass over the row).
 
     Returns:
         ``[B, T, topk // kpool]`` fp32 (fp64 for fp64 inputs), products and sums in at least fp32.
@@ -310,6 +322,8 @@ def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.T
     if kpool < 1 or topk % kpool or not kpool <= topk <= indices.shape[-1]:
         raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool}) and at most the index rows' "
                          f"width {indices.shape[-1]}")
+    if lse is not None:
+        check_pool_mass_lse(lse, q_lat)
     if query_chunk is None:
         query_chunk = default_latent_query_chunk(batch, indices.shape[-1], heads, rank)
     accum = torch.promote_types(torch.promote_types(q_lat.dtype, latent.dtype), torch.float32)
@@ -319,9 +333,13 @@ def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.T
         for q0 in range(0, seq_len, query_chunk):
             q1 = min(seq_len, q0 + query_chunk)
             _, _, scores = _latent_scores(q_lat[:, q0:q1].to(accum), rows_all, indices[:, q0:q1], softmax_scale)
-            lse = scores.logsumexp(dim=-1, keepdim=True)
-            # A row with no valid slot has lse = -inf: its probabilities are set to 0, not exp(nan).
-            probs = torch.where(lse > float("-inf"), (scores - lse).exp(), 0.0)
+            if lse is None:
+                row_lse = scores.logsumexp(dim=-1, keepdim=True)
+            else:
+                row_lse = lse[:, q0:q1, :, None].to(accum)
+            # A row with no valid slot has lse = -inf here, +inf from the forward: its probabilities are set to 0,
+            # not exp(nan).
+            probs = torch.where(row_lse.isfinite(), (scores - row_lse).exp(), 0.0)
             mass = probs.sum(dim=2)[..., :topk]                                              # [B, C, topk]
             masses.append(mass.reshape(batch, q1 - q0, topk // kpool, kpool).sum(dim=-1))
     if not masses:

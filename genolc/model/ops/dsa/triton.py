@@ -39,7 +39,7 @@ import functools
 
 import torch
 
-from genolc.model.ops.dsa.reference import check_kept, check_latent_inputs
+from genolc.model.ops.dsa.reference import check_kept, check_latent_inputs, check_pool_mass_lse
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_BLOCK_H = 32
@@ -324,12 +324,12 @@ def pool_mass_unsupported(q_lat: torch.Tensor, latent: torch.Tensor, indices: to
 
 
 def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
-                     kpool: int, topk: int) -> torch.Tensor:
+                     kpool: int, topk: int, lse: torch.Tensor | None = None) -> torch.Tensor:
     """``reference.sparse_pool_mass`` in one Triton program per (query, batch row): a first pass over the index row
-    finds each head's log-sum-exp as the forward kernel does, a second over the pool slots adds each slot's
-    probability over heads and each pool's ``kpool`` slots. Nothing is gathered into memory (the reference gathers
-    ``[B, C, W, R]`` per piece). Operands as :func:`pool_mass_unsupported` accepts them (ValueError otherwise);
-    returns ``[B, T, topk // kpool]`` fp32."""
+    finds each head's log-sum-exp as the forward kernel does (skipped when the attention forward's ``lse`` is
+    given), a second over the pool slots adds each slot's probability over heads and each pool's ``kpool`` slots.
+    Nothing is gathered into memory (the reference gathers ``[B, C, W, R]`` per piece). Operands as
+    :func:`pool_mass_unsupported` accepts them (ValueError otherwise); returns ``[B, T, topk // kpool]`` fp32."""
     unsupported = pool_mass_unsupported(q_lat, latent, indices, kpool)
     if unsupported:
         raise ValueError(f"the Triton pool mass does not take {unsupported}; use reference.sparse_pool_mass")
@@ -337,14 +337,17 @@ def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.T
         raise ValueError(f"topk ({topk}) must be a positive multiple of kpool ({kpool}) and at most the index rows' "
                          f"width {indices.shape[-1]}")
     batch, seq_len, heads, rank = q_lat.shape
+    if lse is not None:
+        check_pool_mass_lse(lse, q_lat)
+        lse = lse.float().contiguous()
     out = torch.zeros(batch, seq_len, topk // kpool, dtype=torch.float32, device=q_lat.device)
     if seq_len == 0 or batch == 0:
         return out
     tiles = tile_sizes(heads, rank)
     _pool_mass_kernel()[(seq_len, batch)](
-        q_lat, latent, indices, out, softmax_scale, seq_len,
+        q_lat, latent, indices, out if lse is None else lse, out, softmax_scale, seq_len,
         latent.stride(0), latent.stride(1), indices.stride(0), indices.stride(1),
         HEADS=heads, RANK=rank, WIDTH=indices.shape[-1], TOPK=topk, KPOOL=kpool, BLOCK_H=tiles["BLOCK_H"],
         BLOCK_R=tiles["BLOCK_R"], BLOCK_W=tiles["fwd_block_w"], PRECISION=_precision(q_lat.dtype),
-        num_warps=tiles["fwd_warps"])
+        HAS_LSE=lse is not None, num_warps=tiles["fwd_warps"])
     return out
