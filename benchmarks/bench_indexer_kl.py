@@ -1,5 +1,6 @@
 """python benchmarks/bench_indexer_kl.py [--sizes 64k,512k] [--presets small,base] [--chunk 32768] [--mode sparse]
-                                       [--sides fused,reference] [--block-p 32] [--target-lse own,forward]
+                                       [--sides fused,reference] [--block-p 32] [--warps 4,8] [--precision ieee,tf32]
+                                       [--target-lse own,forward]
 
 The DSA indexer's KL loss (genolc.model.indexer_loss.indexer_kl_loss), what `finetune --indexer sparse` (or
 dense) adds to each DSA layer with an indexer: forward alone, and forward + backward, for one chunk of queries — the
@@ -12,7 +13,8 @@ than a trained model's would). The kernels of one forward + backward are listed 
 sparse mode's indexer side as the trainer runs it on CUDA (``fused``: genolc/model/ops/indexer_kl/triton.py, no
 checkpoint) and as it ran before (``reference``: the torch formula, checkpointed per chunk of queries); ``--block-p``
 times the fused side at each of these slot steps (genolc/model/ops/indexer_kl/triton.py's ``BLOCK_P``, untimed when
-it was chosen). ``--target-lse``: the sparse target forms its softmax's normaliser itself (``own``, a first pass over
+it was chosen), ``--warps`` at each of these warp counts (``NUM_WARPS``) and ``--precision`` with each of these
+product precisions (``DOT_PRECISION``: ieee, or tf32 on the tensor cores). ``--target-lse``: the sparse target forms its softmax's normaliser itself (``own``, a first pass over
 each row) or reads the attention forward's log-sum-exp (``forward``, what the DSA layer hands it since 2026-12-05;
 that forward runs once, untimed, before the timing). Writes benchmarks/results/indexer_kl_<date>.json.
 """
@@ -86,6 +88,10 @@ def main() -> None:
                         help="the sparse mode's indexer side: fused, reference (default both; dense: reference)")
     parser.add_argument("--block-p", default=str(indexer_kl_triton.BLOCK_P),
                         help="the fused side's slot steps to time, powers of two from 16 (comma-separated)")
+    parser.add_argument("--warps", default=str(indexer_kl_triton.NUM_WARPS),
+                        help="the fused side's warps a program to time (comma-separated)")
+    parser.add_argument("--precision", default=indexer_kl_triton.DOT_PRECISION,
+                        help="the fused side's product precisions to time: ieee and/or tf32 (comma-separated)")
     parser.add_argument("--target-lse", default=None,
                         help="the sparse target's normaliser: own and/or forward (default both; dense: own)")
     args = parser.parse_args()
@@ -105,8 +111,18 @@ def main() -> None:
         steps = [0]
     if any(step < 16 or step & (step - 1) for step in steps):
         parser.error(f"--block-p takes powers of two from 16, got {args.block_p!r}")
-    sides = [side if side == "reference" else f"fused:{step}" for side in sides
-             for step in (steps if side == "fused" else [0])]
+    try:
+        warps = [int(count) for count in args.warps.split(",")]
+    except ValueError:
+        warps = [0]
+    if any(count not in (1, 2, 4, 8, 16) for count in warps):
+        parser.error(f"--warps takes powers of two from 1 to 16, got {args.warps!r}")
+    precisions = args.precision.split(",")
+    if any(precision not in ("ieee", "tf32") for precision in precisions):
+        parser.error(f"--precision takes ieee and/or tf32, got {args.precision!r}")
+    sides = [side if side == "reference" else f"fused:{step}:{count}:{precision}" for side in sides
+             for step in (steps if side == "fused" else [0]) for count in (warps if side == "fused" else [0])
+             for precision in (precisions if side == "fused" else [""])]
     unknown = [size for size in args.sizes.split(",") if size not in LENGTHS]
     if unknown or args.chunk < 1:
         parser.error(f"--sizes from {', '.join(LENGTHS)} and a positive --chunk, got {args.sizes!r}, {args.chunk}")
@@ -146,7 +162,8 @@ def main() -> None:
                 if not dispatch.fused_indexer_kl(*leaves):
                     parser.error(f"--presets {name}: the fused indexer KL does not take its operands "
                                  f"({indexer_kl_triton.unsupported_reason(*leaves)}); time it with --sides reference")
-                row["block_p"] = indexer_kl_triton.BLOCK_P
+                row.update(block_p=indexer_kl_triton.BLOCK_P, warps=indexer_kl_triton.NUM_WARPS,
+                           precision=indexer_kl_triton.DOT_PRECISION)
             try:
                 row["forward"] = measure(forward, args.repeats)
                 row["forward_backward"] = measure(forward_backward, args.repeats)
@@ -154,6 +171,8 @@ def main() -> None:
                 row["kernels"] = kernels[:12]
                 row["kernel_launches"] = sum(kernel["calls"] for kernel in kernels)
                 row["loss"] = float(loss())
+                # Beside the loss, what the precision does to what the indexer learns from it.
+                row["grad_norms"] = [float(grad.float().norm()) for grad in torch.autograd.grad(loss(), leaves)]
             except torch.cuda.OutOfMemoryError as error:
                 row["error"] = f"OOM: {str(error)[:160]}"
             torch.cuda.empty_cache()
@@ -164,17 +183,21 @@ def main() -> None:
 
 @contextlib.contextmanager
 def _indexer_side(side: str):
-    """``reference``: the dispatch's fused sparse indexer KL turned off, as before it existed; ``fused:N``: the fused
-    kernels at N slots a step."""
-    fused, block_p = dispatch.fused_indexer_kl, indexer_kl_triton.BLOCK_P
+    """``reference``: the dispatch's fused sparse indexer KL turned off, as before it existed; ``fused:N:W:P``: the
+    fused kernels at N slots a step, W warps a program, products in precision P."""
+    kept = (dispatch.fused_indexer_kl, indexer_kl_triton.BLOCK_P, indexer_kl_triton.NUM_WARPS,
+            indexer_kl_triton.DOT_PRECISION)
     if side == "reference":
         dispatch.fused_indexer_kl = lambda *operands: False
     else:
-        indexer_kl_triton.BLOCK_P = int(side.split(":")[1])
+        _, step, warps, precision = side.split(":")
+        indexer_kl_triton.BLOCK_P, indexer_kl_triton.NUM_WARPS = int(step), int(warps)
+        indexer_kl_triton.DOT_PRECISION = precision
     try:
         yield
     finally:
-        dispatch.fused_indexer_kl, indexer_kl_triton.BLOCK_P = fused, block_p
+        (dispatch.fused_indexer_kl, indexer_kl_triton.BLOCK_P, indexer_kl_triton.NUM_WARPS,
+         indexer_kl_triton.DOT_PRECISION) = kept
 
 
 if __name__ == "__main__":

@@ -188,14 +188,16 @@ def dsa_builds() -> dict[str, Build]:
 def pool_mass_builds() -> dict[str, Build]:
     """The indexer KL's target kernel (dsa.sparse_pool_mass) at `small`'s and `base`'s shapes, bf16, kpool 4."""
     kernel = dsa._pool_mass_kernel()
-    pointers = {"q_ptr": BF16, "c_ptr": BF16, "idx_ptr": "*i32", "out_ptr": "*fp32"}
+    pointers = {"q_ptr": BF16, "c_ptr": BF16, "idx_ptr": "*i32", "lse_ptr": "*fp32", "out_ptr": "*fp32"}
     found = {}
     for preset, heads, rank in (("small", 8, 256), ("base", 12, 384)):
         tiles = dsa.tile_sizes(heads, rank)
-        found[f"DSA pool mass ({preset})"] = Build(
-            kernel, pointers, {"HEADS": heads, "RANK": rank, "WIDTH": 2051, "TOPK": 2048, "KPOOL": 4,
-                               "BLOCK_H": tiles["BLOCK_H"], "BLOCK_R": tiles["BLOCK_R"],
-                               "BLOCK_W": tiles["fwd_block_w"], "PRECISION": "tf32"}, warps=tiles["fwd_warps"])
+        for has_lse in (False, True):
+            found[f"DSA pool mass ({preset}{', given lse' if has_lse else ''})"] = Build(
+                kernel, pointers, {"HEADS": heads, "RANK": rank, "WIDTH": 2051, "TOPK": 2048, "KPOOL": 4,
+                                   "BLOCK_H": tiles["BLOCK_H"], "BLOCK_R": tiles["BLOCK_R"],
+                                   "BLOCK_W": tiles["fwd_block_w"], "PRECISION": "tf32", "HAS_LSE": has_lse},
+                warps=tiles["fwd_warps"])
     return found
 
 
@@ -208,7 +210,8 @@ def indexer_kl_builds() -> dict[str, Build]:
                 "stats_ptr": "*fp32"}
     found = {}
     for heads, dim in ((8, 64), (16, 128)):
-        tiles = {"HEADS": heads, "DIM": dim, "KPOOL": 4, "BLOCK_H": 16, "BLOCK_D": dim, "BLOCK_P": indexer_kl.BLOCK_P}
+        tiles = {"HEADS": heads, "DIM": dim, "KPOOL": 4, "BLOCK_H": 16, "BLOCK_D": dim, "BLOCK_P": indexer_kl.BLOCK_P,
+                 "PRECISION": indexer_kl.DOT_PRECISION}
         found[f"indexer KL forward ({heads} x {dim})"] = Build(
             forward, {**operands, "scores_ptr": "*fp32", "kl_ptr": "*fp32"}, tiles, warps=indexer_kl.NUM_WARPS)
         found[f"indexer KL backward ({heads} x {dim})"] = Build(

@@ -26,7 +26,7 @@ def _row_operands(q_ptr, w_ptr, b, t, sqb, sqt, sqh, swb, swt, HEADS: tl.constex
 
 @triton.jit
 def _pool_scores(q, w, pooled_ptr, pooled_row0, stride_pp, idx_row, slots, n_slots, dims, dim_ok, softmax_scale,
-                 KPOOL: tl.constexpr):
+                 KPOOL: tl.constexpr, PRECISION: tl.constexpr):
     """A block of one row's pool slots: the pool each holds (slot j's is its index row's entry ``j * KPOOL``
     divided by KPOOL; -1 for an empty slot, whose key is not read), their keys ``[P, D]`` (fp32), the per-head dots
     ``[H, P]``, the ReLU'd scaled dots (NaN kept) and the scores ``sum_h w[h] relu(scale dot[h])``."""
@@ -35,7 +35,7 @@ def _pool_scores(q, w, pooled_ptr, pooled_row0, stride_pp, idx_row, slots, n_slo
     ids = tl.where(valid, first // KPOOL, 0)
     keys = tl.load(pooled_ptr + pooled_row0 + ids[:, None] * stride_pp + dims[None, :],
                    mask=valid[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
-    dots = tl.dot(q, tl.trans(keys), input_precision="ieee")
+    dots = tl.dot(q, tl.trans(keys), input_precision=PRECISION)
     activated = tl.maximum(dots * softmax_scale, 0.0, propagate_nan=tl.PropagateNan.ALL)
     return valid, ids, keys, dots, activated, tl.sum(w[:, None] * activated, axis=0)
 
@@ -45,7 +45,7 @@ def sparse_kl_forward_kernel(q_ptr, w_ptr, pooled_ptr, idx_ptr, mass_ptr, scores
                              softmax_scale, n_rows, n_slots,
                              sqb, sqt, sqh, swb, swt, spb, spp, sib, sit, smb, smt,
                              HEADS: tl.constexpr, DIM: tl.constexpr, KPOOL: tl.constexpr, BLOCK_H: tl.constexpr,
-                             BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
+                             BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PRECISION: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
     q, w, heads, dims, head_ok, dim_ok = _row_operands(q_ptr, w_ptr, b, t, sqb, sqt, sqh, swb, swt, HEADS, DIM,
@@ -60,7 +60,7 @@ def sparse_kl_forward_kernel(q_ptr, w_ptr, pooled_ptr, idx_ptr, mass_ptr, scores
     for p0 in range(0, n_slots, BLOCK_P):
         slots = p0 + tl.arange(0, BLOCK_P)
         valid, _, _, _, _, scores = _pool_scores(q, w, pooled_ptr, b * spb, spp, idx_row, slots, n_slots, dims,
-                                                 dim_ok, softmax_scale, KPOOL)
+                                                 dim_ok, softmax_scale, KPOOL, PRECISION)
         # The row's scores go to a scratch row that this program reads back (from L2) in its second pass.
         tl.store(scores_row + slots, scores, mask=slots < n_slots)
         mass_sum += tl.sum(tl.load(mass_row + slots, mask=valid, other=0.0))
@@ -101,7 +101,8 @@ def sparse_kl_backward_kernel(grad_ptr, q_ptr, w_ptr, pooled_ptr, idx_ptr, mass_
                               dq_ptr, dw_ptr, dpooled_ptr, softmax_scale, n_rows, n_slots,
                               sqb, sqt, sqh, swb, swt, spb, spp, sib, sit, smb, smt, sgb, sgt, sdpb, sdpp,
                               HEADS: tl.constexpr, DIM: tl.constexpr, KPOOL: tl.constexpr, BLOCK_H: tl.constexpr,
-                              BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, POOLED_GRAD: tl.constexpr):
+                              BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, PRECISION: tl.constexpr,
+                              POOLED_GRAD: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
     q, w, heads, dims, head_ok, dim_ok = _row_operands(q_ptr, w_ptr, b, t, sqb, sqt, sqh, swb, swt, HEADS, DIM,
@@ -120,16 +121,17 @@ def sparse_kl_backward_kernel(grad_ptr, q_ptr, w_ptr, pooled_ptr, idx_ptr, mass_
         slots = p0 + tl.arange(0, BLOCK_P)
         # The forward's blocks of slots, so the scores come out bit for bit as they did there.
         valid, ids, keys, dots, activated, scores = _pool_scores(q, w, pooled_ptr, b * spb, spp, idx_row, slots,
-                                                                 n_slots, dims, dim_ok, softmax_scale, KPOOL)
+                                                                 n_slots, dims, dim_ok, softmax_scale, KPOOL,
+                                                                 PRECISION)
         target = tl.where(valid, tl.load(mass_row + slots, mask=valid, other=0.0) / mass_norm, 0.0)
         probs = tl.where(valid, tl.exp((scores - m) - log_l), 0.0)
         # d KL / d score_p = probs_p * sum_q u_q - u_p with u = target * probs / (probs + eps) (eps of the logs).
         d_scores = grad * (probs * spread - target * probs / (probs + LOG_EPS))
         dw += tl.sum(activated * d_scores[None, :], axis=1)
         d_dots = tl.where(dots * softmax_scale > 0.0, w[:, None] * d_scores[None, :] * softmax_scale, 0.0)
-        dq += tl.dot(d_dots, keys, input_precision="ieee")
+        dq += tl.dot(d_dots, keys, input_precision=PRECISION)
         if POOLED_GRAD:
-            d_keys = tl.dot(tl.trans(d_dots), q, input_precision="ieee")
+            d_keys = tl.dot(tl.trans(d_dots), q, input_precision=PRECISION)
             tl.atomic_add(dpooled_ptr + b * sdpb + ids[:, None] * sdpp + dims[None, :], d_keys,
                           mask=valid[:, None] & dim_ok[None, :], sem="relaxed")
     tile = row * HEADS * DIM + heads[:, None] * DIM + dims[None, :]

@@ -49,6 +49,8 @@ MAX_DIM = 128
 # (tests/gpu/triton_lowering_check.py builds this step; 168 at 32 and 80 at 16 when it built those), none spilled.
 BLOCK_P = 64
 NUM_WARPS = 4
+# The products' precision: "ieee" (see above); benchmarks/bench_indexer_kl.py times "tf32" beside it.
+DOT_PRECISION = "ieee"
 STATS = 5
 
 
@@ -76,7 +78,7 @@ def _tiles(heads: int, dim: int, kpool: int) -> dict:
     import triton
 
     return {"HEADS": heads, "DIM": dim, "KPOOL": kpool, "BLOCK_H": max(16, triton.next_power_of_2(heads)),
-            "BLOCK_D": max(16, triton.next_power_of_2(dim)), "BLOCK_P": BLOCK_P}
+            "BLOCK_D": max(16, triton.next_power_of_2(dim)), "BLOCK_P": BLOCK_P, "PRECISION": DOT_PRECISION}
 
 
 def _prepared(pool_mass, index_q, head_weights, pooled, indices, kpool, topk):
