@@ -2,21 +2,22 @@
                                        [--sides fused,reference] [--block-p 32] [--warps 4,8] [--precision ieee,tf32]
                                        [--target-lse own,forward]
 
-The DSA indexer's KL loss (genolc.model.indexer_loss.indexer_kl_loss), what `finetune --indexer sparse` (or
-dense) adds to each DSA layer with an indexer: forward alone, and forward + backward, for one chunk of queries — the
-last ``--chunk`` queries of a window of ``--sizes`` keys, as the chunked step calls it (``query_offset``,
-``row_count`` of the window), or the whole window when the chunk is at least the window. Inputs at the preset's
-shapes in bf16: q_lat ``[1, C, H, R]``, the latent as one shared key head ``[1, S, 1, R]``, indexer queries; head
-weights and pool keys in fp32 (as the indexer hands them under autocast); the last three with gradients. Index rows
-hold ``topk // kpool`` distinct random causal pools per query plus its tail (uniform over the visible pools: no two neighbours share more than chance, so the gathers find less in L2
-than a trained model's would). The kernels of one forward + backward are listed (torch.profiler). ``--sides``: the
-sparse mode's indexer side as the trainer runs it on CUDA (``fused``: genolc/model/ops/indexer_kl/triton.py, no
-checkpoint) and as it ran before (``reference``: the torch formula, checkpointed per chunk of queries); ``--block-p``
-times the fused side at each of these slot steps (genolc/model/ops/indexer_kl/triton.py's ``BLOCK_P``, untimed when
-it was chosen), ``--warps`` at each of these warp counts (``NUM_WARPS``) and ``--precision`` with each of these
-product precisions (``DOT_PRECISION``: ieee, or tf32 on the tensor cores). ``--target-lse``: the sparse target forms its softmax's normaliser itself (``own``, a first pass over
-each row) or reads the attention forward's log-sum-exp (``forward``, what the DSA layer hands it since 2026-12-05;
-that forward runs once, untimed, before the timing). Writes benchmarks/results/indexer_kl_<date>.json.
+The DSA indexer's KL loss (genolc.model.indexer_loss.indexer_kl_loss), what `finetune --indexer sparse` (or dense)
+adds to each DSA layer with an indexer: forward alone, and forward + backward, for one chunk of queries — the last
+``--chunk`` queries of a window of ``--sizes`` keys, as the chunked step calls it (``query_offset``, ``row_count``
+of the window), or the whole window when the chunk is at least the window. Inputs at the preset's shapes in bf16:
+q_lat ``[1, C, H, R]``, the latent as one shared key head ``[1, S, 1, R]``, indexer queries; head weights and pool
+keys in fp32 (as the indexer hands them under autocast); the last three with gradients. Index rows hold ``topk //
+kpool`` distinct random causal pools per query plus its tail (uniform over the visible pools: no two neighbours
+share more than chance, so the gathers find less in L2 than a trained model's would). The kernels of one forward +
+backward are listed (torch.profiler). ``--sides``: the sparse mode's indexer side as the trainer runs it on CUDA
+(``fused``: genolc/model/ops/indexer_kl/triton.py, no checkpoint) and as it ran before (``reference``: the torch
+formula, checkpointed per chunk of queries); ``--block-p`` times the fused side at each of these slot steps
+(genolc/model/ops/indexer_kl/triton.py's ``BLOCK_P``, untimed when it was chosen), ``--warps`` at each of these warp
+counts (``NUM_WARPS``) and ``--precision`` with each of these product precisions (``DOT_PRECISION``: ieee, or tf32
+on the tensor cores). ``--target-lse``: the sparse target forms its softmax's normaliser itself (``own``, a first
+pass over each row) or reads the attention forward's log-sum-exp (``forward``, what the DSA layer hands it since
+2026-12-05; that forward runs once, untimed, before the timing). Writes benchmarks/results/indexer_kl_<date>.json.
 """
 
 from __future__ import annotations

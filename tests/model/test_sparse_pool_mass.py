@@ -78,7 +78,8 @@ def test_the_triton_kernel_takes_only_what_it_can():
     assert "contiguous" in pool_mass_unsupported(q_lat.transpose(1, 2).contiguous().transpose(1, 2), latent, rows, 4)
 
 
-@pytest.mark.parametrize(("batch", "length", "heads", "rank", "kpool", "topk"), [(2, 45, 3, 8, 4, 16), (1, 29, 2, 5, 1, 8)])
+@pytest.mark.parametrize(("batch", "length", "heads", "rank", "kpool", "topk"),
+                         [(2, 45, 3, 8, 4, 16), (1, 29, 2, 5, 1, 8)])
 def test_the_forwards_log_sum_exp_stands_for_the_masss_own(batch, length, heads, rank, kpool, topk):
     """Given the attention forward's ``lse`` (fp32, +inf for an empty row) the mass is the one the reference forms
     its own normaliser for, within that lse's fp32 rounding; an empty row still gets none; a wrong lse is refused."""

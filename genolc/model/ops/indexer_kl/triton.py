@@ -3,8 +3,8 @@
 Same contract as :func:`genolc.model.ops.indexer_kl.reference.sparse_kl_rows`. The reference gathers every row's
 selected pool keys into a ``[B, C, K, Di]`` fp32 tensor, scores them per head, and autograd keeps the per-head dots
 and the softmax's intermediates. On the H200 (benchmarks/results/mhc_alias_indexer_kl_2026-12-05/: 64k queries over
-512k keys at `small`'s shapes) that side took about 84 ms forward and backward; these kernels take 29 ms (11.5 + 17.7),
-and the loss 58.8 ms instead of 114.5 with the target's pool mass.
+512k keys at `small`'s shapes) that side took about 84 ms forward and backward; these kernels took 29 ms with IEEE
+products (11.5 + 17.7) and about 8.6 with TF32 ones (see below).
 
 Forward (:func:`sparse_kl_rows`): the program walks its row's ``K = topk / kpool`` pool slots in blocks, reads
 each slot's pool from its index row (the entry ``j * kpool``, divided by kpool; nothing copied out of the rows),
@@ -24,11 +24,16 @@ per slot; ``pooled`` of a 512k window is 32 MiB at Di = 64, within the L2), cast
 The atomics make that gradient's low bits vary from run to run (genolc/determinism.py lists it with the DSA
 backward's).
 
-Products in IEEE fp32 (the reference's ``.float()``; a few MFLOP a row, the kernels are bound by the gather), so
-the two agree to fp32 summation order. Up to ``MAX_HEADS`` heads of ``MAX_DIM`` dimensions (the presets' 8 x 64;
-GLM-5.3-Flash's own 32 x 128 spilled thousands of bytes a thread on sm_90 and takes the reference). Runs on CUDA,
-or on CPU tensors under ``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py). Imports Triton at call
-time.
+Products in TF32 on the tensor cores (``DOT_PRECISION``): fp32 keys rounded to 10 mantissa bits (the bf16 queries
+pass exactly), about 5e-4 relative per product. On the H200 (benchmarks/results/indexer_kl_lse_2026-12-05/, 64k
+queries over 512k keys, the target included) the loss took 22.6 ms forward and backward at `small` against 43.4 with
+IEEE products (the reference's ``.float()``), 45.1 against 65.7 at `base`: the IEEE products ran on the FMA units
+and bound the kernels, not the gather. The loss moved by 7e-4 relative and the gradients' norms by 1e-3. The
+indexer's own selection scores its pools with bf16 products (genolc/model/ops/indexer/triton.py), coarser still.
+``DOT_PRECISION = "ieee"`` gives the reference's products, which agree with it to fp32 summation order. Up to
+``MAX_HEADS`` heads of ``MAX_DIM`` dimensions (the presets' 8 x 64; GLM-5.3-Flash's own 32 x 128 spilled thousands
+of bytes a thread on sm_90 and takes the reference). Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``
+(tests/gpu/triton_interpreter_check.py). Imports Triton at call time.
 """
 
 from __future__ import annotations
@@ -49,8 +54,8 @@ MAX_DIM = 128
 # (tests/gpu/triton_lowering_check.py builds this step; 168 at 32 and 80 at 16 when it built those), none spilled.
 BLOCK_P = 64
 NUM_WARPS = 4
-# The products' precision: "ieee" (see above); benchmarks/bench_indexer_kl.py times "tf32" beside it.
-DOT_PRECISION = "ieee"
+# The products' precision (see above); benchmarks/bench_indexer_kl.py --precision times the two.
+DOT_PRECISION = "tf32"
 STATS = 5
 
 
