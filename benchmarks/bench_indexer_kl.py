@@ -1,6 +1,6 @@
 """python benchmarks/bench_indexer_kl.py [--sizes 64k,512k] [--presets small,base] [--chunk 32768] [--mode sparse]
                                        [--sides fused,reference] [--block-p 32] [--warps 4,8] [--precision ieee,tf32]
-                                       [--target-lse own,forward]
+                                       [--target-lse own,forward] [--pool-mass-launch 32x8,64x8]
 
 The DSA indexer's KL loss (genolc.model.indexer_loss.indexer_kl_loss), what `finetune --indexer sparse` (or dense)
 adds to each DSA layer with an indexer: forward alone, and forward + backward, for one chunk of queries — the last
@@ -17,7 +17,9 @@ formula, checkpointed per chunk of queries); ``--block-p`` times the fused side 
 counts (``NUM_WARPS``) and ``--precision`` with each of these product precisions (``DOT_PRECISION``: ieee, or tf32
 on the tensor cores). ``--target-lse``: the sparse target forms its softmax's normaliser itself (``own``, a first
 pass over each row) or reads the attention forward's log-sum-exp (``forward``, what the DSA layer hands it since
-2026-12-05; that forward runs once, untimed, before the timing). Writes benchmarks/results/indexer_kl_<date>.json.
+2026-12-05; that forward runs once, untimed, before the timing). ``--pool-mass-launch``: the target alone (the pool
+mass given the forward's lse, no backward) at each (slots a step)x(warps) of genolc/model/ops/dsa/triton.py's
+``POOL_MASS_LAUNCH``. Writes benchmarks/results/indexer_kl_<date>.json.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from gpu_bench_common import SIZES, measure, profiled_kernels, write_results
 from genolc.model.indexer_loss import indexer_kl_loss, window_kl_rows
 from genolc.model.ops import dispatch
+from genolc.model.ops.dsa import triton as dsa_triton
 from genolc.model.ops.indexer_kl import triton as indexer_kl_triton
 from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows
 from genolc.model.presets import PRESETS, preset
@@ -95,7 +98,17 @@ def main() -> None:
                         help="the fused side's product precisions to time: ieee and/or tf32 (comma-separated)")
     parser.add_argument("--target-lse", default=None,
                         help="the sparse target's normaliser: own and/or forward (default both; dense: own)")
+    parser.add_argument("--pool-mass-launch", default="",
+                        help="time the target alone at these BLOCK_WxWARPS launches (e.g. 32x8,64x8)")
     args = parser.parse_args()
+    try:
+        launches = [tuple(int(n) for n in item.split("x")) for item in args.pool_mass_launch.split(",") if item]
+    except ValueError:
+        launches = [(0, 0)]
+    if any(len(launch) != 2 or launch[0] < 4 or launch[0] & (launch[0] - 1) or launch[1] not in (1, 2, 4, 8, 16)
+           for launch in launches):
+        parser.error(f"--pool-mass-launch takes BLOCK_WxWARPS pairs, powers of two (e.g. 64x8), got "
+                     f"{args.pool_mass_launch!r}")
     lse_sources = (args.target_lse or ("own,forward" if args.mode == "sparse" else "own")).split(",")
     if not lse_sources or any(source not in ("own", "forward") for source in lse_sources):
         parser.error(f"--target-lse takes own and/or forward, got {args.target_lse!r}")
@@ -180,6 +193,32 @@ def main() -> None:
             rows.append(row)
             print({k: v for k, v in row.items() if k != "kernels"}, flush=True)
             write_results(RESULT_NAME, rows, {"chunk": args.chunk})
+    for name, size, launch in ((n, z, x) for n in args.presets.split(",") for z in args.sizes.split(",")
+                               for x in launches):
+        rows.append(_pool_mass_row(name, LENGTHS[size], min(LENGTHS[size], args.chunk), launch, args.repeats))
+        rows[-1]["keys"] = size
+        print(rows[-1], flush=True)
+        write_results(RESULT_NAME, rows, {"chunk": args.chunk})
+
+
+def _pool_mass_row(name: str, keys: int, queries: int, launch: tuple[int, int], repeats: int) -> dict:
+    """The target alone, given the forward's lse, at one (BLOCK_W, warps) launch of the pool mass kernel."""
+    tensors, indices, scales, _, kpool, topk = inputs(name, keys, queries)
+    q_lat, latent = tensors["main_q"], tensors["main_k"][:, :, 0]
+    _, lse = dispatch.sparse_latent_attention_forward(q_lat, latent, indices, scales["softmax_scale"])
+    kept = dsa_triton.POOL_MASS_LAUNCH
+    dsa_triton.POOL_MASS_LAUNCH = launch
+    try:
+        def target():
+            return dsa_triton.sparse_pool_mass(q_lat, latent, indices, scales["softmax_scale"], kpool=kpool,
+                                               topk=topk, lse=lse)
+
+        row = {"preset": name, "queries": queries, "side": "pool_mass", "block_w": launch[0], "warps": launch[1],
+               "forward": measure(target, repeats), "mass_sum": float(target().sum())}
+    finally:
+        dsa_triton.POOL_MASS_LAUNCH = kept
+    torch.cuda.empty_cache()
+    return row
 
 
 @contextlib.contextmanager

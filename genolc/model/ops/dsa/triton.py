@@ -302,6 +302,19 @@ def check_kernel_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torc
         raise ValueError(f"latent rank {q_lat.shape[-1]} exceeds the kernels' 1024 (one register tile per row)")
 
 
+# The pool mass's (slots a step, warps); None takes the forward's (``tile_sizes``). benchmarks/bench_indexer_kl.py
+# --pool-mass-launch times others.
+POOL_MASS_LAUNCH: tuple[int, int] | None = None
+
+
+def pool_mass_launch(heads: int, rank: int) -> tuple[int, int]:
+    """The pool mass kernel's (``BLOCK_W``, warps) for H heads and latent rank R."""
+    if POOL_MASS_LAUNCH is not None:
+        return POOL_MASS_LAUNCH
+    tiles = tile_sizes(heads, rank)
+    return tiles["fwd_block_w"], tiles["fwd_warps"]
+
+
 @functools.cache
 def _pool_mass_kernel():
     from genolc.model.ops.dsa import pool_mass_kernel
@@ -317,7 +330,7 @@ def pool_mass_unsupported(q_lat: torch.Tensor, latent: torch.Tensor, indices: to
         check_kernel_inputs(q_lat, latent, indices)
     except ValueError as error:
         return str(error)
-    block_w = tile_sizes(q_lat.shape[2], q_lat.shape[3])["fwd_block_w"]
+    block_w, _ = pool_mass_launch(q_lat.shape[2], q_lat.shape[3])
     if kpool & (kpool - 1) or kpool > block_w:
         return f"kpool {kpool} (a power of two up to {block_w})"
     return None
@@ -344,10 +357,11 @@ def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.T
     if seq_len == 0 or batch == 0:
         return out
     tiles = tile_sizes(heads, rank)
+    block_w, warps = pool_mass_launch(heads, rank)
     _pool_mass_kernel()[(seq_len, batch)](
         q_lat, latent, indices, out if lse is None else lse, out, softmax_scale, seq_len,
         latent.stride(0), latent.stride(1), indices.stride(0), indices.stride(1),
         HEADS=heads, RANK=rank, WIDTH=indices.shape[-1], TOPK=topk, KPOOL=kpool, BLOCK_H=tiles["BLOCK_H"],
-        BLOCK_R=tiles["BLOCK_R"], BLOCK_W=tiles["fwd_block_w"], PRECISION=_precision(q_lat.dtype),
-        HAS_LSE=lse is not None, num_warps=tiles["fwd_warps"])
+        BLOCK_R=tiles["BLOCK_R"], BLOCK_W=block_w, PRECISION=_precision(q_lat.dtype),
+        HAS_LSE=lse is not None, num_warps=warps)
     return out
