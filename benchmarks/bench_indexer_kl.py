@@ -105,10 +105,10 @@ def main() -> None:
         launches = [tuple(int(n) for n in item.split("x")) for item in args.pool_mass_launch.split(",") if item]
     except ValueError:
         launches = [(0, 0)]
-    if any(len(launch) != 2 or launch[0] < 4 or launch[0] & (launch[0] - 1) or launch[1] not in (1, 2, 4, 8, 16)
+    if any(len(launch) != 2 or launch[0] < 16 or launch[0] & (launch[0] - 1) or launch[1] not in (1, 2, 4, 8, 16)
            for launch in launches):
-        parser.error(f"--pool-mass-launch takes BLOCK_WxWARPS pairs, powers of two (e.g. 64x8), got "
-                     f"{args.pool_mass_launch!r}")
+        parser.error(f"--pool-mass-launch takes BLOCK_WxWARPS pairs, powers of two, BLOCK_W from 16 (tl.dot's "
+                     f"least N) and warps up to 16 (e.g. 64x8), got {args.pool_mass_launch!r}")
     lse_sources = (args.target_lse or ("own,forward" if args.mode == "sparse" else "own")).split(",")
     if not lse_sources or any(source not in ("own", "forward") for source in lse_sources):
         parser.error(f"--target-lse takes own and/or forward, got {args.target_lse!r}")

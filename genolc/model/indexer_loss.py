@@ -225,7 +225,8 @@ def indexer_kl_loss(mode: str, *, main_q: torch.Tensor, main_k: torch.Tensor, so
             raise ValueError(f"sparse indexer loss needs indices [B={batch}, T={seq_len}, W >= {topk}], got {got}")
     if main_lse is not None and (mode != "sparse" or main_k.shape[2] != 1 or main_lse.shape != (batch, seq_len, heads)):
         raise ValueError(f"main_lse is the sparse attention's [B={batch}, T={seq_len}, H={heads}] log-sum-exp with one "
-                         f"key head; got {tuple(main_lse.shape)} in {mode!r} mode with {main_k.shape[2]} key heads")
+                         f"key head; got {tuple(main_lse.shape)} in {mode!r} mode with {main_k.shape[2]} key heads. "
+                         f"Pass main_lse=None in dense mode or with per-head keys")
     main_q, main_k = main_q.detach(), main_k.detach()
 
     default_chunk, default_piece = default_chunks(mode, batch, keys_len, heads, qk_dim, main_k.shape[2],

@@ -141,3 +141,5 @@ def test_pool_mass_matches_reference(length, heads, rank, kpool, poison, rel_err
     given = dsa_triton.sparse_pool_mass(q_lat, latent, indices, scale, kpool=kpool, topk=topk, lse=lse)
     assert given[0, 17].abs().max() == 0
     assert rel_err(given, got) < 1e-3 and rel_err(given, expected) < 1e-2
+    shifted = dsa_triton.sparse_pool_mass(q_lat, latent, indices, scale, kpool=kpool, topk=topk, lse=lse - 1.0)
+    assert rel_err(shifted, given * torch.e) < 1e-5                     # the lse is read, not formed again

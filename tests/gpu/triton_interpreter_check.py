@@ -207,6 +207,10 @@ def check_pool_mass(batch, length, heads, rank, topk, kpool, index_dtype) -> lis
                                                              kpool=kpool, topk=topk)),
                       ("triton given lse", dsa_triton.sparse_pool_mass(q_lat, latent, indices.contiguous(), scale,
                                                                        kpool=kpool, topk=topk, lse=forward_lse)),
+                      # A normaliser one lower is read as given: every probability e times the formula's.
+                      ("triton given lse - 1", dsa_triton.sparse_pool_mass(
+                          q_lat, latent, indices.contiguous(), scale, kpool=kpool, topk=topk,
+                          lse=forward_lse - 1.0) / torch.e),
                       ("reference", dsa_reference.sparse_pool_mass(q_lat, latent, indices, scale, kpool=kpool,
                                                                    topk=topk, query_chunk=13))):
         if got.shape != expected.shape or got.dtype != torch.float32:

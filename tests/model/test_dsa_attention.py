@@ -211,7 +211,8 @@ def test_indexer_trains_only_through_its_loss() -> None:
 
 def test_the_sparse_kl_reads_the_attentions_own_log_sum_exp(monkeypatch) -> None:
     """Under ``indexer_loss="sparse"`` the layer hands the KL's target the attention forward's log-sum-exp (the op
-    then takes that forward as kept): the same output, KL and gradients as the layer without it."""
+    then takes that forward as kept): the same output, KL and gradients as the layer without it, and as the layer
+    running the plain op (no forward kept)."""
     import genolc.model.layers.dsa as dsa_layer
 
     [(_, ours)] = randomized_layers(hf_config(4), seed=8)
@@ -225,9 +226,14 @@ def test_the_sparse_kl_reads_the_attentions_own_log_sum_exp(monkeypatch) -> None
     def without_lse(mode, **kwargs):
         return indexer_kl_loss(mode, **dict(kwargs, main_lse=None))
 
+    def plain_op(q_lat, latent, indices, cache, want_lse):
+        return ours.sparse_attention_op(q_lat, latent, indices, ours.softmax_scale), None
+
     results = []
-    for loss in (spy, without_lse):
+    for loss, attention in ((spy, None), (without_lse, None), (indexer_kl_loss, plain_op)):
         monkeypatch.setattr(dsa_layer, "indexer_kl_loss", loss)
+        if attention is not None:
+            monkeypatch.setattr(ours, "_sparse_attention", attention)
         out = ours(hidden, indexer_loss="sparse")
         (out.hidden.square().sum() + out.indexer_kl).backward()
         results.append((out.hidden.detach(), out.indexer_kl.detach(), hidden.grad.clone(),
@@ -236,13 +242,15 @@ def test_the_sparse_kl_reads_the_attentions_own_log_sum_exp(monkeypatch) -> None
         hidden.grad = None
     [lse] = handed
     assert lse is not None and lse.shape == (1, 203, 2) and lse.dtype == torch.float32
-    (hidden_a, kl_a, grad_a, params_a), (hidden_b, kl_b, grad_b, params_b) = results
-    torch.testing.assert_close(hidden_a, hidden_b, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(kl_a, kl_b, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(grad_a, grad_b, atol=1e-6, rtol=1e-6)
-    assert params_a.keys() == params_b.keys()
-    for name in params_a:
-        torch.testing.assert_close(params_a[name], params_b[name], atol=1e-6, rtol=1e-6, msg=name)
+    # fp32 throughout; the kept forward's lse and the op's own differ in rounding (the gradients by up to 2e-6).
+    (hidden_a, kl_a, grad_a, params_a), *others = results
+    for hidden_b, kl_b, grad_b, params_b in others:
+        torch.testing.assert_close(hidden_a, hidden_b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(kl_a, kl_b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grad_a, grad_b, atol=1e-5, rtol=1e-5)
+        assert params_a.keys() == params_b.keys()
+        for name in params_a:
+            torch.testing.assert_close(params_a[name], params_b[name], atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_dense_mode_attends_densely() -> None:

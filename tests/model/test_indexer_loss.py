@@ -205,6 +205,9 @@ def test_the_sparse_attentions_log_sum_exp_gives_the_same_loss_and_is_refused_el
         torch.testing.assert_close(read, own, atol=1e-6, rtol=1e-6)
         for a, b in zip(torch.autograd.grad(read, (index_q, head_weights, pooled)), own_grads):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    # The target is normalised over the pools, so a shift common to every head changes nothing; one head's does.
+    one_head = lse + torch.tensor([1.0] + [0.0] * (heads - 1))
+    assert abs(float(indexer_kl_loss("sparse", main_lse=one_head, **arguments)) - float(own)) > 1e-5
     with pytest.raises(ValueError, match="main_lse"):
         indexer_kl_loss("dense", main_lse=lse, **arguments)
     with pytest.raises(ValueError, match="main_lse"):

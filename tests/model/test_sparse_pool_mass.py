@@ -94,9 +94,11 @@ def test_the_forwards_log_sum_exp_stands_for_the_masss_own(batch, length, heads,
         assert got[0, length // 2].abs().max() == 0
     torch.testing.assert_close(dispatch.sparse_pool_mass(q_lat, latent, indices, 0.4, kpool=kpool, topk=topk,
                                                          lse=lse), got)
+    torch.testing.assert_close(dispatch.sparse_pool_mass(q_lat, latent, indices, 0.4, kpool=kpool, topk=topk,
+                                                         lse=lse - 1.0), got * torch.e)
     # A normaliser other than the forward's is read, not checked: the mass scales with it.
     torch.testing.assert_close(reference.sparse_pool_mass(q_lat, latent, indices, 0.4, kpool=kpool, topk=topk,
                                                           lse=lse - 1.0), got * torch.e)
-    for bad in (lse[:, 1:], lse[..., None], lse.long()):
+    for bad in (lse[:, 1:], lse[..., None], lse.long(), lse.bfloat16()):
         with pytest.raises(ValueError, match=r"lse must be the attention forward's \[B, T, H\]"):
             reference.sparse_pool_mass(q_lat, latent, indices, 0.4, kpool=kpool, topk=topk, lse=bad)

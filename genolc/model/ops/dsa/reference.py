@@ -288,11 +288,12 @@ class KeptLatentAttention(torch.autograd.Function):
 
 
 def check_pool_mass_lse(lse: torch.Tensor, q_lat: torch.Tensor) -> None:
-    """ValueError unless ``lse`` can stand for the pool mass's own log-sum-exp: ``[B, T, H]`` of ``q_lat``, on its
-    device, a floating dtype (the attention forward's fp32 natural-log ``lse``)."""
-    if tuple(lse.shape) != tuple(q_lat.shape[:3]) or lse.device != q_lat.device or not lse.is_floating_point():
-        raise ValueError(f"lse must be the attention forward's [B, T, H] = {list(q_lat.shape[:3])} floating tensor on "
-                         f"{q_lat.device}, got {tuple(lse.shape)} {lse.dtype} on {lse.device}")
+    """ValueError unless ``lse`` can stand for the pool mass's own log-sum-exp: the attention forward's fp32
+    natural-log ``lse``, ``[B, T, H]`` of ``q_lat``, on its device (a bf16 one would skew every head's mass)."""
+    if tuple(lse.shape) != tuple(q_lat.shape[:3]) or lse.device != q_lat.device or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be the attention forward's [B, T, H] = {list(q_lat.shape[:3])} float32 tensor on "
+                         f"{q_lat.device}, got {tuple(lse.shape)} {lse.dtype} on {lse.device}; pass the lse "
+                         f"sparse_latent_attention_forward returned for these queries, or none")
 
 
 def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,

@@ -352,7 +352,7 @@ def sparse_pool_mass(q_lat: torch.Tensor, latent: torch.Tensor, indices: torch.T
     batch, seq_len, heads, rank = q_lat.shape
     if lse is not None:
         check_pool_mass_lse(lse, q_lat)
-        lse = lse.float().contiguous()
+        lse = lse.contiguous()
     out = torch.zeros(batch, seq_len, topk // kpool, dtype=torch.float32, device=q_lat.device)
     if seq_len == 0 or batch == 0:
         return out
