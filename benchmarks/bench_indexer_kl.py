@@ -94,8 +94,9 @@ def main() -> None:
                         help="the fused side's slot steps to time, powers of two from 16 (comma-separated)")
     parser.add_argument("--warps", default=str(indexer_kl_triton.NUM_WARPS),
                         help="the fused side's warps a program to time (comma-separated)")
-    parser.add_argument("--precision", default=indexer_kl_triton.DOT_PRECISION,
-                        help="the fused side's product precisions to time: ieee and/or tf32 (comma-separated)")
+    parser.add_argument("--precision", default=indexer_kl_triton.dot_precision(torch.bfloat16),
+                        help="the fused side's product precisions to time: ieee and/or tf32 (comma-separated; "
+                             "default: the trainer's for these bf16 queries)")
     parser.add_argument("--target-lse", default=None,
                         help="the sparse target's normaliser: own and/or forward (default both; dense: own)")
     parser.add_argument("--pool-mass-launch", default="",
@@ -177,7 +178,7 @@ def main() -> None:
                     parser.error(f"--presets {name}: the fused indexer KL does not take its operands "
                                  f"({indexer_kl_triton.unsupported_reason(*leaves)}); time it with --sides reference")
                 row.update(block_p=indexer_kl_triton.BLOCK_P, warps=indexer_kl_triton.NUM_WARPS,
-                           precision=indexer_kl_triton.DOT_PRECISION)
+                           precision=indexer_kl_triton.dot_precision(tensors["index_q"].dtype))
             try:
                 row["forward"] = measure(forward, args.repeats)
                 row["forward_backward"] = measure(forward_backward, args.repeats)

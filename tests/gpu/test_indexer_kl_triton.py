@@ -55,8 +55,8 @@ LIMITS = {"ieee": (1e-5, 4e-3, 1e-4, 1e-4), "tf32": (3e-3, 1e-2, 5e-3, 5e-3)}
 @pytest.mark.parametrize("rows, n_pools, heads, dim", [(999, 16384, 8, 64), (77, 700, 3, 40)])
 def test_fused_indexer_kl_matches_fp64_autograd(rows, n_pools, heads, dim, precision, monkeypatch):
     """bf16 queries, fp32 head weights and pool keys (what the indexer hands the loss under autocast), 512 slots a
-    row; a shape off the tiles too; the kernels' TF32 products (the default) and IEEE ones. The KL, which rows have a
-    pool, and the three gradients."""
+    row; a shape off the tiles too; the kernels' TF32 products (the default for such queries) and IEEE ones. The KL,
+    which rows have a pool, and the three gradients."""
     monkeypatch.setattr(indexer_kl_triton, "DOT_PRECISION", precision)
     kl_limit, *grad_limits = LIMITS[precision]
     generator = torch.Generator(device="cuda").manual_seed(rows)
@@ -111,9 +111,9 @@ def test_indexer_kl_loss_runs_the_fused_op_and_matches_the_reference_path(monkey
                                row_count=keys - kpool + 1)
         return loss, torch.autograd.grad(loss, list(inputs.values()))
 
-    # The reference's products in full fp32, and the kernels' too.
+    # The reference's products in full fp32, and so the kernels' (fp32 queries follow torch's matmuls).
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(indexer_kl_triton, "DOT_PRECISION", "ieee")
+    assert indexer_kl_triton.dot_precision(torch.float32) == "ieee"
     checkpoints, calls = [], []
     monkeypatch.setattr("genolc.model.indexer_loss.checkpoint",
                         lambda *args, **kwargs: checkpoints.append(1) or torch.utils.checkpoint.checkpoint(

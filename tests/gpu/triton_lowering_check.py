@@ -46,6 +46,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
@@ -211,7 +212,7 @@ def indexer_kl_builds() -> dict[str, Build]:
     found = {}
     for heads, dim in ((8, 64), (16, 128)):
         tiles = {"HEADS": heads, "DIM": dim, "KPOOL": 4, "BLOCK_H": 16, "BLOCK_D": dim, "BLOCK_P": indexer_kl.BLOCK_P,
-                 "PRECISION": indexer_kl.DOT_PRECISION}
+                 "PRECISION": indexer_kl.dot_precision(torch.bfloat16)}
         found[f"indexer KL forward ({heads} x {dim})"] = Build(
             forward, {**operands, "scores_ptr": "*fp32", "kl_ptr": "*fp32"}, tiles, warps=indexer_kl.NUM_WARPS)
         found[f"indexer KL backward ({heads} x {dim})"] = Build(

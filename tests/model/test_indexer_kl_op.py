@@ -81,3 +81,22 @@ def test_the_fused_kernels_refuse_what_they_do_not_take():
         reference.sparse_kl_rows(pool_mass, index_q, head_weights, pooled, indices.float(), 0.25, **SHAPE)
     with pytest.raises(ValueError, match="indices must be"):
         reference.sparse_kl_rows(pool_mass, index_q, head_weights, pooled, indices[..., :40], 0.25, **SHAPE)
+
+
+def test_the_kernels_products_follow_the_queries(monkeypatch):
+    """TF32 for 16-bit queries (autocast's products are coarser still); for fp32 ones what torch's fp32 matmuls do;
+    ``DOT_PRECISION`` forces one."""
+    monkeypatch.setattr(indexer_kl_triton, "DOT_PRECISION", None)
+    # Set and restored by hand: torch's cuBLAS flags are not plain attributes monkeypatch can undo.
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert indexer_kl_triton.dot_precision(torch.bfloat16) == "tf32"
+        assert indexer_kl_triton.dot_precision(torch.float16) == "tf32"
+        assert indexer_kl_triton.dot_precision(torch.float32) == "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert indexer_kl_triton.dot_precision(torch.float32) == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    monkeypatch.setattr(indexer_kl_triton, "DOT_PRECISION", "ieee")
+    assert indexer_kl_triton.dot_precision(torch.bfloat16) == "ieee"

@@ -24,16 +24,18 @@ per slot; ``pooled`` of a 512k window is 32 MiB at Di = 64, within the L2), cast
 The atomics make that gradient's low bits vary from run to run (genolc/determinism.py lists it with the DSA
 backward's).
 
-Products in TF32 on the tensor cores (``DOT_PRECISION``): fp32 keys rounded to 10 mantissa bits (the bf16 queries
-pass exactly), about 5e-4 relative per product. On the H200 (benchmarks/results/indexer_kl_lse_2026-12-05/, 64k
-queries over 512k keys, the target included) the loss took 22.6 ms forward and backward at `small` against 43.4 with
-IEEE products (the reference's ``.float()``), 45.1 against 65.7 at `base`: the IEEE products ran on the FMA units
-and bound the kernels, not the gather. The loss moved by 7e-4 relative and the gradients' norms by 1e-3. The
-indexer's own selection scores its pools with bf16 products (genolc/model/ops/indexer/triton.py), coarser still.
-``DOT_PRECISION = "ieee"`` gives the reference's products, which agree with it to fp32 summation order. Up to
-``MAX_HEADS`` heads of ``MAX_DIM`` dimensions (the presets' 8 x 64; GLM-5.3-Flash's own 32 x 128 spilled thousands
-of bytes a thread on sm_90 and takes the reference). Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``
-(tests/gpu/triton_interpreter_check.py). Imports Triton at call time.
+Products in TF32 on the tensor cores for bf16/fp16 queries (training under autocast; :func:`dot_precision`): the
+fp32 keys rounded to 10 mantissa bits (the 16-bit queries pass exactly), about 5e-4 relative per product. On the
+H200 (benchmarks/results/indexer_kl_lse_2026-12-05/, 64k queries over 512k keys, the target included) the loss took
+22.6 ms forward and backward at `small` against 43.4 with IEEE products (the reference's ``.float()``), 45.1 against
+65.7 at `base`: the IEEE products ran on the FMA units and bound the kernels, not the gather. The loss moved by 7e-4
+relative and the gradients' norms by 1e-3. The indexer's own selection scores its pools with bf16 products under
+autocast (genolc/model/ops/indexer/triton.py), coarser still. fp32 queries (training without autocast) take IEEE
+products unless torch's fp32 matmuls may use TF32 (``torch.backends.cuda.matmul.allow_tf32``); IEEE products agree
+with the reference to fp32 summation order. Up to ``MAX_HEADS`` heads of ``MAX_DIM`` dimensions (the presets' 8 x
+64; GLM-5.3-Flash's own 32 x 128 spilled thousands of bytes a thread on sm_90 and takes the reference). Runs on
+CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests/gpu/triton_interpreter_check.py). Imports Triton at call
+time.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ MAX_DIM = 128
 # (tests/gpu/triton_lowering_check.py builds this step; 168 at 32 and 80 at 16 when it built those), none spilled.
 BLOCK_P = 64
 NUM_WARPS = 4
-# The products' precision (see above); benchmarks/bench_indexer_kl.py --precision times the two.
-DOT_PRECISION = "tf32"
+# None: the products' precision follows the queries (see :func:`dot_precision`); "ieee" or "tf32" forces one
+# (benchmarks/bench_indexer_kl.py --precision times the two).
+DOT_PRECISION: str | None = None
 STATS = 5
 
 
@@ -79,11 +82,20 @@ def unsupported_reason(index_q: torch.Tensor, head_weights: torch.Tensor, pooled
     return None
 
 
-def _tiles(heads: int, dim: int, kpool: int) -> dict:
+def dot_precision(query_dtype: torch.dtype) -> str:
+    """The kernels' products for queries of ``query_dtype``: ``DOT_PRECISION`` when set; else TF32 for 16-bit
+    queries (training under autocast, whose own products are bf16) and, for fp32 ones, what torch's fp32 matmuls
+    do (``torch.backends.cuda.matmul.allow_tf32``; IEEE by default)."""
+    if DOT_PRECISION is not None:
+        return DOT_PRECISION
+    return "tf32" if query_dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def _tiles(heads: int, dim: int, kpool: int, precision: str) -> dict:
     import triton
 
     return {"HEADS": heads, "DIM": dim, "KPOOL": kpool, "BLOCK_H": max(16, triton.next_power_of_2(heads)),
-            "BLOCK_D": max(16, triton.next_power_of_2(dim)), "BLOCK_P": BLOCK_P, "PRECISION": DOT_PRECISION}
+            "BLOCK_D": max(16, triton.next_power_of_2(dim)), "BLOCK_P": BLOCK_P, "PRECISION": precision}
 
 
 def _prepared(pool_mass, index_q, head_weights, pooled, indices, kpool, topk):
@@ -108,10 +120,11 @@ def _strides(index_q, head_weights, pooled, indices, pool_mass) -> tuple[int, ..
 
 
 def forward(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor,
-            indices: torch.Tensor, softmax_scale: float, *, kpool: int,
-            topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+            indices: torch.Tensor, softmax_scale: float, *, kpool: int, topk: int,
+            precision: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(``kl [B, C]``, ``stats [B, C, STATS]``: per row the log-sum-exp's max and log-sum, the target's sum,
-    ``sum_p u_p`` and the count of slots holding a pool), fp32."""
+    ``sum_p u_p`` and the count of slots holding a pool), fp32. ``precision``: the products' (default
+    :func:`dot_precision` of the queries); the backward must be given the same."""
     pool_mass, index_q, head_weights, pooled, indices = _prepared(pool_mass, index_q, head_weights, pooled, indices,
                                                                   kpool, topk)
     batch, rows, heads, dim = index_q.shape
@@ -124,15 +137,17 @@ def forward(pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.
     _kernels()[0][(rows, batch)](index_q, head_weights, pooled, indices, pool_mass, scratch, kl, stats,
                                  softmax_scale, rows, slots,
                                  *_strides(index_q, head_weights, pooled, indices, pool_mass),
-                                 **_tiles(heads, dim, kpool), num_warps=NUM_WARPS)
+                                 **_tiles(heads, dim, kpool, precision or dot_precision(index_q.dtype)),
+                                 num_warps=NUM_WARPS)
     return kl, stats
 
 
 def backward(grad: torch.Tensor, pool_mass: torch.Tensor, index_q: torch.Tensor, head_weights: torch.Tensor,
              pooled: torch.Tensor, indices: torch.Tensor, stats: torch.Tensor, softmax_scale: float, *, kpool: int,
-             topk: int, pooled_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+             topk: int, pooled_grad: bool = True,
+             precision: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The gradients of ``sum(grad * kl)`` with respect to ``index_q``, ``head_weights`` and ``pooled`` (None
-    without ``pooled_grad``: no atomics then), each in its input's dtype."""
+    without ``pooled_grad``: no atomics then), each in its input's dtype; ``precision`` as the forward's."""
     pool_mass, index_q, head_weights, pooled, indices = _prepared(pool_mass, index_q, head_weights, pooled, indices,
                                                                   kpool, topk)
     batch, rows, heads, dim = index_q.shape
@@ -147,7 +162,8 @@ def backward(grad: torch.Tensor, pool_mass: torch.Tensor, index_q: torch.Tensor,
                                      d_query, d_weights, d_pooled, softmax_scale, rows, topk // kpool,
                                      *_strides(index_q, head_weights, pooled, indices, pool_mass),
                                      grad.stride(0), grad.stride(1), d_pooled.stride(0), d_pooled.stride(1),
-                                     **_tiles(heads, dim, kpool), POOLED_GRAD=pooled_grad, num_warps=NUM_WARPS)
+                                     **_tiles(heads, dim, kpool, precision or dot_precision(index_q.dtype)),
+                                     POOLED_GRAD=pooled_grad, num_warps=NUM_WARPS)
     return d_query, d_weights, d_pooled.to(pooled.dtype) if pooled_grad else None
 
 
@@ -157,9 +173,12 @@ class SparseIndexerKL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, pool_mass, index_q, head_weights, pooled, indices, softmax_scale, kpool, topk):
-        kl, stats = forward(pool_mass, index_q, head_weights, pooled, indices, softmax_scale, kpool=kpool, topk=topk)
+        # Chosen once: the backward forms the forward's scores again and must take the same products.
+        precision = dot_precision(index_q.dtype)
+        kl, stats = forward(pool_mass, index_q, head_weights, pooled, indices, softmax_scale, kpool=kpool, topk=topk,
+                            precision=precision)
         ctx.save_for_backward(pool_mass, index_q, head_weights, pooled, indices, stats)
-        ctx.softmax_scale, ctx.kpool, ctx.topk = softmax_scale, kpool, topk
+        ctx.softmax_scale, ctx.kpool, ctx.topk, ctx.precision = softmax_scale, kpool, topk, precision
         has_pool = stats[..., 4] > 0
         ctx.mark_non_differentiable(has_pool)
         return kl, has_pool
@@ -170,7 +189,7 @@ class SparseIndexerKL(torch.autograd.Function):
         pool_mass, index_q, head_weights, pooled, indices, stats = ctx.saved_tensors
         d_query, d_weights, d_pooled = backward(grad_kl, pool_mass, index_q, head_weights, pooled, indices, stats,
                                                 ctx.softmax_scale, kpool=ctx.kpool, topk=ctx.topk,
-                                                pooled_grad=ctx.needs_input_grad[3])
+                                                pooled_grad=ctx.needs_input_grad[3], precision=ctx.precision)
         return None, d_query, d_weights, d_pooled, None, None, None, None
 
 
