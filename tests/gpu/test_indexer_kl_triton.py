@@ -44,31 +44,29 @@ def _poison_allocator(gib: float = 2.0) -> None:
     torch.cuda.synchronize()
 
 
-# Norm-relative limits against fp64: (KL, index_q, head_weights, pooled). IEEE products: the KL to fp32 summation
-# order, the bf16 queries' gradient rounded once (2^-9 relative on average), the fp32 ones in another summation
-# order. TF32 products round the fp32 keys and score gradients to 10 mantissa bits (2^-11 relative each): 7e-4 on
-# the loss and 1e-3 on the gradients' norms in the bench (benchmarks/results/indexer_kl_lse_2026-12-05/).
-LIMITS = {"ieee": (1e-5, 4e-3, 1e-4, 1e-4), "tf32": (3e-3, 1e-2, 5e-3, 5e-3)}
+def _tf32_exact(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (fp32) rounded to the nearest TF32 value (10 mantissa bits), so a TF32 product reads it exactly."""
+    bits = x.view(torch.int32)
+    return ((bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF).view(torch.float32)
 
 
-@pytest.mark.parametrize("precision", ["tf32", "ieee"])
-@pytest.mark.parametrize("rows, n_pools, heads, dim", [(999, 16384, 8, 64), (77, 700, 3, 40)])
-def test_fused_indexer_kl_matches_fp64_autograd(rows, n_pools, heads, dim, precision, monkeypatch):
-    """bf16 queries, fp32 head weights and pool keys (what the indexer hands the loss under autocast), 512 slots a
-    row; a shape off the tiles too; the kernels' TF32 products (the default for such queries) and IEEE ones. The KL,
-    which rows have a pool, and the three gradients."""
-    monkeypatch.setattr(indexer_kl_triton, "DOT_PRECISION", precision)
-    kl_limit, *grad_limits = LIMITS[precision]
-    generator = torch.Generator(device="cuda").manual_seed(rows)
-    index_q = torch.randn(1, rows, heads, dim, device="cuda", generator=generator).bfloat16().requires_grad_()
-    head_weights = torch.randn(1, rows, heads, device="cuda", generator=generator).requires_grad_()
-    pooled = torch.randn(1, n_pools, dim, device="cuda", generator=generator).requires_grad_()
-    pools = _distinct_pools(rows, 512, n_pools, generator)
-    pools[0, 3] = -1                                                   # a row without a pool
-    pool_mass = torch.rand(1, rows, 512, device="cuda", generator=generator)
-    upstream = torch.randn(1, rows, device="cuda", generator=generator)
-    leaves = [index_q, head_weights, pooled]
-    _poison_allocator()
+# Norm-relative limits against fp64: (KL, index_q, head_weights, pooled): the KL to fp32 summation order, the bf16
+# queries' gradient rounded once (2^-9 relative on average), the fp32 ones in another summation order. Under TF32
+# products the keys are TF32 values (_tf32_exact), so the scores are exact as under IEEE ones and only the score
+# gradients are rounded to 10 bits, in the queries' and keys' products: fp64 emulation of that gives 1.7e-3 for
+# index_q (mostly its bf16 rounding) and 2e-4 to 4e-4 for pooled, over four draws.
+LIMITS = {"ieee": (1e-5, 4e-3, 1e-4, 1e-4), "tf32": (1e-5, 4e-3, 1e-4, 2e-3)}
+# The KL with keys that TF32 rounds (7e-4 relative in the bench, benchmarks/results/indexer_kl_lse_2026-12-05/).
+# Their gradients are not compared: rounding the keys moves a score across ReLU's kink now and then, and a row whose
+# dominant pool does so changes its gradient wholesale. fp64 emulation of the rounding alone gave index_q 1.7e-3 to
+# 5.3e-2 over six draws of this test's inputs, the largest with 99.9 % of the error in 10 of 999 rows; the GPU gave
+# 1.8e-2 (call 6, 2026-12-05). The reference path under autocast formed these scores in bf16.
+TF32_ROUNDED_KEYS_KL_LIMIT = 3e-3
+
+
+def _kl_and_grads(pool_mass, upstream, leaves, pools, dim):
+    """The fused op's KL, has-pool and the gradients of ``(kl * upstream).sum()``, and the same from fp64 autograd
+    of the reference."""
     indices, shape = _rows_of(pools, 4), {"kpool": 4, "topk": 2048}
     kl, has_pool = indexer_kl_triton.sparse_kl_rows(pool_mass, *leaves, indices, dim ** -0.5, **shape)
     grads = torch.autograd.grad((kl * upstream).sum(), leaves)
@@ -78,11 +76,38 @@ def test_fused_indexer_kl_matches_fp64_autograd(rows, n_pools, heads, dim, preci
     scores = (w64[..., None] * torch.relu(dim ** -0.5 * torch.einsum("bchd,bcpd->bchp", q64, chosen))).sum(2)
     exact_kl, exact_has = reference.kl_rows(pool_mass.double(), scores, pools >= 0)
     exact = torch.autograd.grad((exact_kl * upstream.double()).sum(), exact_leaves)
+    return kl, has_pool, grads, exact_kl, exact_has, exact
+
+
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+@pytest.mark.parametrize("rows, n_pools, heads, dim", [(999, 16384, 8, 64), (77, 700, 3, 40)])
+def test_fused_indexer_kl_matches_fp64_autograd(rows, n_pools, heads, dim, precision, monkeypatch):
+    """bf16 queries, fp32 head weights and pool keys (what the indexer hands the loss under autocast), 512 slots a
+    row; a shape off the tiles too; the kernels' TF32 products (the default for such queries) and IEEE ones. The KL,
+    which rows have a pool, and the three gradients; under TF32 also the KL of keys that TF32 rounds."""
+    monkeypatch.setattr(indexer_kl_triton, "DOT_PRECISION", precision)
+    kl_limit, *grad_limits = LIMITS[precision]
+    generator = torch.Generator(device="cuda").manual_seed(rows)
+    index_q = torch.randn(1, rows, heads, dim, device="cuda", generator=generator).bfloat16()
+    head_weights = torch.randn(1, rows, heads, device="cuda", generator=generator)
+    keys = torch.randn(1, n_pools, dim, device="cuda", generator=generator)
+    pools = _distinct_pools(rows, 512, n_pools, generator)
+    pools[0, 3] = -1                                                   # a row without a pool
+    pool_mass = torch.rand(1, rows, 512, device="cuda", generator=generator)
+    upstream = torch.randn(1, rows, device="cuda", generator=generator)
+    pooled = _tf32_exact(keys) if precision == "tf32" else keys
+    leaves = [t.clone().requires_grad_() for t in (index_q, head_weights, pooled)]
+    _poison_allocator()
+    kl, has_pool, grads, exact_kl, exact_has, exact = _kl_and_grads(pool_mass, upstream, leaves, pools, dim)
     assert torch.isfinite(kl).all() and torch.equal(has_pool, exact_has) and not has_pool[0, 3]
     assert _relative(kl, exact_kl) < kl_limit
     for name, got, truth, tolerance in zip(("index_q", "head_weights", "pooled"), grads, exact, grad_limits):
         assert got.dtype == {"index_q": torch.bfloat16}.get(name, torch.float32), name
         assert _relative(got, truth) < tolerance, name
+    if precision == "tf32":
+        leaves = [t.clone().requires_grad_() for t in (index_q, head_weights, keys)]
+        kl, _, _, exact_kl, _, _ = _kl_and_grads(pool_mass, upstream, leaves, pools, dim)
+        assert _relative(kl, exact_kl) < TF32_ROUNDED_KEYS_KL_LIMIT
 
 
 def test_indexer_kl_loss_runs_the_fused_op_and_matches_the_reference_path(monkeypatch):

@@ -187,18 +187,20 @@ def dsa_builds() -> dict[str, Build]:
 
 
 def pool_mass_builds() -> dict[str, Build]:
-    """The indexer KL's target kernel (dsa.sparse_pool_mass) at `small`'s and `base`'s shapes, bf16, kpool 4."""
+    """The indexer KL's target kernel (dsa.sparse_pool_mass) at `small`'s and `base`'s shapes, bf16, kpool 4, at the
+    launch the op takes (dsa.pool_mass_launch)."""
     kernel = dsa._pool_mass_kernel()
     pointers = {"q_ptr": BF16, "c_ptr": BF16, "idx_ptr": "*i32", "lse_ptr": "*fp32", "out_ptr": "*fp32"}
     found = {}
     for preset, heads, rank in (("small", 8, 256), ("base", 12, 384)):
         tiles = dsa.tile_sizes(heads, rank)
+        block_w, warps = dsa.pool_mass_launch(heads, rank)
         for has_lse in (False, True):
             found[f"DSA pool mass ({preset}{', given lse' if has_lse else ''})"] = Build(
                 kernel, pointers, {"HEADS": heads, "RANK": rank, "WIDTH": 2051, "TOPK": 2048, "KPOOL": 4,
                                    "BLOCK_H": tiles["BLOCK_H"], "BLOCK_R": tiles["BLOCK_R"],
-                                   "BLOCK_W": tiles["fwd_block_w"], "PRECISION": "tf32", "HAS_LSE": has_lse},
-                warps=tiles["fwd_warps"])
+                                   "BLOCK_W": block_w, "PRECISION": "tf32", "HAS_LSE": has_lse},
+                warps=warps)
     return found
 
 

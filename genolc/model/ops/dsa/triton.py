@@ -302,17 +302,20 @@ def check_kernel_inputs(q_lat: torch.Tensor, latent: torch.Tensor, indices: torc
         raise ValueError(f"latent rank {q_lat.shape[-1]} exceeds the kernels' 1024 (one register tile per row)")
 
 
-# The pool mass's (slots a step, warps); None takes the forward's (``tile_sizes``). benchmarks/bench_indexer_kl.py
-# --pool-mass-launch times others.
+# The pool mass's (slots a step, warps) when set; benchmarks/bench_indexer_kl.py --pool-mass-launch times others.
 POOL_MASS_LAUNCH: tuple[int, int] | None = None
+# 64 slots a step at every rank, with the forward's warps. On the H200, 64k queries over 512k keys given the lse
+# (benchmarks/results/indexer_kl_lse_2026-12-05/call6_e00ec37/): `base` (R = 384, padded to 512) 25.6 ms against
+# 36.2 at the forward's 32 slots, the same at 4 warps and 128 slots 31.6; `small` 13.6 ms at 64 slots and 4 warps,
+# 13.9 at 8, 13.6 at 128 slots, 20.0 at 32.
+POOL_MASS_BLOCK_W = 64
 
 
 def pool_mass_launch(heads: int, rank: int) -> tuple[int, int]:
     """The pool mass kernel's (``BLOCK_W``, warps) for H heads and latent rank R."""
     if POOL_MASS_LAUNCH is not None:
         return POOL_MASS_LAUNCH
-    tiles = tile_sizes(heads, rank)
-    return tiles["fwd_block_w"], tiles["fwd_warps"]
+    return POOL_MASS_BLOCK_W, tile_sizes(heads, rank)["fwd_warps"]
 
 
 @functools.cache
