@@ -4,7 +4,9 @@ The indexer's top-k alone, on the score block of a window's last query chunk (th
 presets' indexer (8 heads x 64 dims, kpool 4, 512 pools kept a query), bf16 random features scored by the Triton
 scoring kernel, the chunk's rows as genolc.model.ops.indexer.triton.default_query_chunk sizes them. torch.topk over
 the block (what the op ran before 2026-12-02) against top_pools, whole and per kernel (CUDA events), medians of 10.
---sweep also times other segment / block / tile / warp sizes of top_pools; --score-sweep times the scoring kernel's
+Then scoring and top-k together both ways streamed_select could run them (the scoring kernel and top_pools' four
+launches, or the scoring kernel that writes the groups' tops and top_pools' other three). --sweep also times other
+segment / block / tile / warp sizes of top_pools; --score-sweep times the scoring kernel's
 other tile shapes on the same block (and the largest difference of their scores from the default tiles'). Counts:
 the causal scores (rows x mean visible pools x 4 bytes), which top_pools reads twice (torch.topk reads whole rows,
 in four radix passes and a gather); GB/s is twice that over top_pools' time. Also the candidates a row copied (mean,
@@ -67,6 +69,30 @@ def score_sweep(inputs, first: int, block: torch.Tensor, base: dict) -> list[dic
     return rows
 
 
+def selection_pipelines(inputs, first: int, block: torch.Tensor, reference: torch.Tensor, base: dict) -> list[dict]:
+    """Scoring and top-k together, as streamed_select runs them: the scoring kernel then top_pools' four launches,
+    against the scoring kernel that also writes the groups' tops then top_pools' last three."""
+    rows, cols = block.shape
+    shape = launch_shape(KEEP)
+    found = []
+    for fused in (False, True):
+        out = torch.empty(rows, KEEP, dtype=torch.int64, device="cuda")
+        scores = torch.empty_like(block)
+        buffers = TopPoolsBuffers.allocate(rows, cols, KEEP, block.device, shape)
+
+        def run(stages):
+            score(inputs, first, scores, **({"tops": buffers.tops, "shape": shape} if fused else {}))
+            top_pools(scores, first_query=first, kpool=KPOOL, keep=KEEP, out=out, buffers=buffers, shape=shape,
+                      tops_ready=fused)
+
+        ms, _ = timed(run)
+        found.append({**base, "variant": "score + top_pools" + (", tops from the scoring" if fused else ""),
+                      "ms": ms, "same_block": bool(torch.equal(scores, block)),
+                      "rows_as_torch_topk": float((out == reference).all(-1).float().mean())})
+        print(found[-1], flush=True)
+    return found
+
+
 def timed(fn, repeats: int = 10) -> tuple[float, list[list[float]]]:
     """Median ms of ``fn(stages)`` and each run's per-stage ms (from the events ``fn`` appends)."""
     fn(None)
@@ -107,6 +133,7 @@ def main() -> None:
             rows_out += score_sweep(inputs, first, block, base)
         rows_out.append({**base, "variant": "torch.topk", "ms": torch_ms})
         print(rows_out[-1], flush=True)
+        rows_out += selection_pipelines(inputs, first, block, reference, base)
         for overrides in [{}] + (SWEEP if args.sweep else []):
             shape = launch_shape(KEEP, **overrides)
             out = torch.empty(rows, KEEP, dtype=torch.int64, device="cuda")

@@ -10,7 +10,7 @@ if not torch.cuda.is_available():
 
 from genolc.model.ops.indexer import layout, reference, triton as indexer_triton  # noqa: E402
 from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools  # noqa: E402
-from top_pools_check import overflow_problems, score_blocks, top_pools_problems  # noqa: E402
+from top_pools_check import overflow_problems, score_blocks, score_tops_problems, top_pools_problems  # noqa: E402,E501
 
 pytestmark = pytest.mark.gpu
 
@@ -89,6 +89,16 @@ def test_top_pools_kernel(rows, cols, first_query, kpool, keep):
             problems = top_pools_problems(scores.cpu(), out.cpu(), first_query=first_query, kpool=kpool, keep=keep)
             problems += overflow_problems(name, scores, buffers, first_query=first_query, kpool=kpool, keep=keep)
             assert problems == [], (name, dtype, problems)
+
+
+@pytest.mark.parametrize("rows, n_pools, first_query, keep, heads, dim",
+                         [(2048, 40000, 159990, 512, 8, 64), (24, 300, 180, 48, 1, 16), (77, 3001, 11990, 64, 3, 24)])
+def test_scoring_kernel_writes_the_top_ks_first_read(rows, n_pools, first_query, keep, heads, dim):
+    """The presets' indexer (bf16, 8 heads x 64, 512 pools kept) over three segments of pools; rows that see fewer
+    pools than keep; ReLU ties; a dim off the tiles."""
+    problems = score_tops_problems(rows, n_pools, first_query, keep, heads, dim, dtype=torch.bfloat16,
+                                   device="cuda")
+    assert problems == [], problems[:5]
 
 
 def test_fused_topk_selects_as_torch_topk():

@@ -1,6 +1,7 @@
-"""Score blocks that reach each path of the indexer's top-k kernel (genolc.model.ops.indexer.triton_topk), and the
-check of its output against the pure-torch reference (``reference.top_pools``). Shared by test_indexer_triton.py
-(CUDA) and triton_interpreter_check.py (CPU, Triton's interpreter); pytest does not collect this file.
+"""Score blocks that reach each path of the indexer's top-k kernel (genolc.model.ops.indexer.triton_topk), the
+check of its output against the pure-torch reference (``reference.top_pools``), and the check of the scoring kernel
+that writes the top-k's first read itself. Shared by test_indexer_triton.py (CUDA) and triton_interpreter_check.py
+(CPU, Triton's interpreter); pytest does not collect this file.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from genolc.model.ops.indexer import reference
-from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, launch_shape
+from genolc.model.ops.indexer import triton as indexer_triton
+from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, launch_shape, top_pools
 
 # The distinct scores of the `levels` and `tied_overflow` blocks.
 LEVELS = (-3.5, -0.25, 0.0, 0.125, 1.5, 2.0, 7.0)
@@ -77,3 +79,47 @@ def overflow_problems(name: str, scores: torch.Tensor, buffers: TopPoolsBuffers,
             overflowed & (above >= keep)).any():
         return [f"{name}: no overflowed row had keep or more scores above its floor"]
     return []
+
+
+def score_tops_problems(rows: int, n_pools: int, first_query: int, keep: int, heads: int, dim: int, *,
+                        dtype: torch.dtype, device: str) -> list[str]:
+    """The scoring kernel that also writes the groups' two best scores (``pool_score_block`` with ``tops``): its block
+    against the plain scoring kernel's (the same causal mask; the same values to fp32 rounding: the tiles differ, and
+    the interpreter's products may round a column differently by where it sits in a tile), its tops against
+    top_pools' own first read of that block for every segment a row sees, and the pools kept from either tops (the
+    same, and a top-k of the block). One head with positive weights makes half the scores ReLU's exact zeros
+    (ties)."""
+    gen = torch.Generator(device="cpu").manual_seed(n_pools + heads)
+    index_q = torch.randn(rows, heads, dim, generator=gen).to(device=device, dtype=dtype)
+    weights = (torch.rand(rows, heads, generator=gen) if heads == 1
+               else torch.randn(rows, heads, generator=gen)).to(device)
+    pooled = torch.randn(n_pools, dim, generator=gen).to(device=device, dtype=dtype)
+    kpool, scale = 4, dim ** -0.5
+    shape = launch_shape(keep)
+    plain, fused = (torch.full((rows, n_pools), float("nan"), device=device) for _ in range(2))
+    own_buffers, read_buffers = (TopPoolsBuffers.allocate(rows, n_pools, keep, torch.device(device), shape)
+                                 for _ in range(2))
+    for buffers in (own_buffers, read_buffers):
+        buffers.tops.fill_(12345)
+    indexer_triton.pool_score_block(index_q, weights, pooled, first_query, scale, kpool, plain)
+    indexer_triton.pool_score_block(index_q, weights, pooled, first_query, scale, kpool, fused,
+                                    tops=own_buffers.tops, shape=shape)
+    problems = []
+    if not torch.equal(torch.isfinite(plain), torch.isfinite(fused)) or bool(fused.isnan().any()):
+        problems.append("the blocks' causal masks differ (or a score was not written)")
+    elif not torch.allclose(plain, fused, rtol=1e-5, atol=1e-6):
+        problems.append(f"blocks differ (max {float((plain - fused).nan_to_num(0, 0, 0).abs().max()):.3g})")
+    kept = [torch.empty(rows, keep, dtype=torch.int64, device=device) for _ in range(2)]
+    top_pools(fused, first_query=first_query, kpool=kpool, keep=keep, out=kept[0], buffers=own_buffers, shape=shape,
+              tops_ready=True)
+    top_pools(fused, first_query=first_query, kpool=kpool, keep=keep, out=kept[1], buffers=read_buffers,
+              shape=shape)
+    visible = torch.clamp((first_query + torch.arange(rows) + 1) // kpool, max=n_pools)
+    own_tops, read_tops = own_buffers.tops.cpu(), read_buffers.tops.cpu()
+    for row in range(rows):
+        seen = -(-int(visible[row]) // shape.segment) * 2 * shape.groups
+        if not torch.equal(own_tops[row, :seen], read_tops[row, :seen]):
+            problems.append(f"row {row}: tops differ")
+    if not torch.equal(kept[0], kept[1]):
+        problems.append(f"kept pools differ in {int((kept[0] != kept[1]).any(-1).sum())} rows")
+    return problems + top_pools_problems(fused.cpu(), kept[0].cpu(), first_query=first_query, kpool=kpool, keep=keep)

@@ -2,10 +2,11 @@
 
 Runs genolc's Triton kernels (mHC's merge, forward and backward; the DSA pool mass, the indexer loss's target; KDA's
 short convolution, forward and backward; the routed experts' glue; mHC mixing logits and mixing matrix; indexer
-scoring and top-k; DSA latent sparse attention forward, lse and backward; the slab order of the DSA backward's index
-rows and its row dot; the hyper-connection's block input; the sparse indexer KL's pair; the groups ``merge``,
-``pool_mass``, ``slab_order``, ``row_dot``, ``conv``, ``moe``, ``mhc``, ``block_input``, ``comb``, ``indexer_kl``,
-``top_pools``, ``indexer``, ``dsa``, given as arguments, run alone) on CPU tensors under Triton's interpreter and
+scoring and top-k, and the scoring kernel that also writes the top-k's first read; DSA latent sparse attention
+forward, lse and backward; the slab order of the DSA backward's index rows and its row dot; the hyper-connection's
+block input; the sparse indexer KL's pair; the groups ``merge``, ``pool_mass``, ``slab_order``, ``row_dot``,
+``conv``, ``moe``, ``mhc``, ``block_input``, ``comb``, ``indexer_kl``, ``top_pools``, ``score_tops``, ``indexer``,
+``dsa``, given as arguments, run alone) on CPU tensors under Triton's interpreter and
 compares them with the pure-torch references at small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2,
 head counts and latent ranks that are not powers of two (and a head count that needs two head blocks), index rows
 with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit status 0 when everything
@@ -53,7 +54,7 @@ from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools  # n
 from genolc.model.ops.kda import conv as kda_conv  # noqa: E402
 from genolc.model.ops.kda import conv_triton as kda_conv_triton  # noqa: E402
 from slab_order_check import slab_order_problems  # noqa: E402
-from top_pools_check import overflow_problems, score_blocks, top_pools_problems  # noqa: E402
+from top_pools_check import overflow_problems, score_blocks, score_tops_problems, top_pools_problems  # noqa: E402,E501
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -352,6 +353,11 @@ def check_top_pools(rows, cols, first_query, kpool, keep) -> list[str]:
             problems += [f"{dtype}: {p}" for p in overflow_problems(name, scores, buffers, first_query=first_query,
                                                                     kpool=kpool, keep=keep)]
     return problems
+
+
+def check_score_tops(rows, n_pools, first_query, keep, heads, dim) -> list[str]:
+    """top_pools_check.score_tops_problems on CPU tensors: fp32 inputs (the interpreter's dots take no bf16)."""
+    return score_tops_problems(rows, n_pools, first_query, keep, heads, dim, dtype=torch.float32, device="cpu")
 
 
 def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) -> list[str]:
@@ -658,6 +664,16 @@ TOP_POOLS_CASES = [
 ]
 
 
+SCORE_TOPS_CASES = [
+    # rows, pools, first query, keep, heads, dim: two segments of 16,384 pools at the presets' keep, rows past the
+    # block's columns; rows that see fewer pools than keep beside rows that see more; ties (ReLU zeros); a dim off
+    # the tiles
+    (6, 20000, 79990, 512, 2, 16),
+    (24, 300, 180, 48, 1, 16),
+    (7, 3001, 11990, 64, 3, 24),
+]
+
+
 # Each group: its name (an argument that runs it alone), its check, its cases, how much of a case a report line
 # shows (None: all of it).
 def case_groups() -> list[tuple[str, object, list[tuple], int | None]]:
@@ -666,7 +682,8 @@ def case_groups() -> list[tuple[str, object, list[tuple], int | None]]:
             ("conv", check_kda_conv, CONV_CASES, 6), ("moe", check_moe, MOE_CASES, None),
             ("mhc", check_mhc, MHC_CASES, None), ("block_input", check_block_input, BLOCK_INPUT_CASES, None),
             ("comb", check_comb, COMB_CASES, None), ("indexer_kl", check_indexer_kl, INDEXER_KL_CASES, None),
-            ("top_pools", check_top_pools, TOP_POOLS_CASES, None), ("indexer", check_indexer, INDEXER_CASES, None),
+            ("top_pools", check_top_pools, TOP_POOLS_CASES, None),
+            ("score_tops", check_score_tops, SCORE_TOPS_CASES, None), ("indexer", check_indexer, INDEXER_CASES, None),
             ("dsa", check_dsa, DSA_CASES, None)]
 
 

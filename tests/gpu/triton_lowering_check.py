@@ -269,8 +269,8 @@ def merge_builds() -> dict[str, Build]:
 
 def topk_builds() -> dict[str, Build]:
     """The indexer's scoring kernel as triton.pool_score_block launches it for both presets' indexer (8 heads x 64
-    dims, bf16), and its top-k kernels as triton_topk.top_pools launches them for 512 pools a row, into an int32
-    output."""
+    dims, bf16), alone and writing the groups' tops, and its top-k kernels as triton_topk.top_pools launches them
+    for 512 pools a row, into an int32 output."""
     from genolc.model.ops.indexer import triton as indexer
     from genolc.model.ops.indexer import triton_topk
     from genolc.model.ops.indexer import triton_topk_kernel as kernels
@@ -283,6 +283,12 @@ def topk_builds() -> dict[str, Build]:
                                                           "out_ptr": "*fp32"},
                                 {"HEADS": 8, "DIM": 64, "BLOCK_D": 64, "BLOCK_M": indexer.BLOCK_QUERIES,
                                  "BLOCK_N": indexer.BLOCK_POOLS, "IEEE": False}),
+        "indexer scores with the groups' tops": Build(
+            kernels.score_group_tops_kernel, {"q_ptr": BF16, "w_ptr": "*fp32", "pooled_ptr": BF16, "out_ptr": "*fp32",
+                                              "tops_ptr": i32},
+            {"HEADS": 8, "DIM": 64, "BLOCK_D": 64, "BLOCK_M": indexer.BLOCK_QUERIES, "GROUPS": shape.groups,
+             "GROUP_BLOCK": indexer.GROUP_BLOCK, "SEGMENT": shape.segment, "IEEE": False},
+            warps=indexer.SCORE_TOPS_WARPS),
         "top-k group tops": Build(kernels.group_tops_kernel, {"scores_ptr": "*fp32", "tops_ptr": i32},
                                   {"GROUPS": shape.groups, "GROUP_ROWS": shape.group_rows, "SEGMENT": shape.segment},
                                   warps=shape.warps),
@@ -350,7 +356,8 @@ def refill_races(ttgir: str) -> list[str]:
     written at slot ``(i + D) mod N``. The loop body is walked in order for three steps: each async dot joins the
     dots in flight, each ``warp_group_dot_wait {pendings = P}`` leaves the newest ``P``, and in the third step a
     write to a buffer that a dot of step ``i - j`` still reads is a race when ``(D + j) mod N = 0``. A loop with
-    async dots and no wait, or with a loop inside it, is reported rather than passed."""
+    async dots and no wait, or with async dots of its own and a loop inside it, is reported rather than passed (a
+    loop whose async dots are all in its inner loops leaves them to those loops' walks)."""
     lines = ttgir.splitlines()
     dims = {}
     for line in lines:
@@ -382,11 +389,17 @@ def refill_races(ttgir: str) -> list[str]:
         return set()
 
     problems = []
-    for start, end in _loops(lines):
+    loops = _loops(lines)
+    for start, end in loops:
         body = lines[start + 1:end]
         if not any("ttng.warp_group_dot " in line and "isAsync = true" in line for line in body):
             continue
-        if any("scf.for" in line for line in body):
+        # Async dots only inside inner loops: those loops are walked on their own.
+        inner = [(s, e) for s, e in loops if start < s and e <= end]
+        own = [line for i, line in enumerate(body, start + 1) if not any(s <= i <= e for s, e in inner)]
+        if not any("ttng.warp_group_dot " in line and "isAsync = true" in line for line in own):
+            continue
+        if inner:
             problems.append(f"loop at TTGIR line {start + 1}: async dots and a loop inside it; not analysed")
             continue
         if not any("warp_group_dot_wait" in line for line in body):

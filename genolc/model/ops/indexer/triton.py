@@ -27,12 +27,16 @@ import torch
 
 from genolc.model.ops.indexer.layout import complete_pools_visible, index_rows, index_width
 from genolc.model.ops.indexer.reference import check_selection_inputs
-from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools
+from genolc.model.ops.indexer.triton_topk import LaunchShape, TopPoolsBuffers, launch_shape, top_pools
 
 SCORE_BUDGET_ELEMENTS = 1 << 28
 MAX_QUERY_CHUNK = 4096
 BLOCK_QUERIES = 64
 BLOCK_POOLS = 128
+# The scoring kernel that also writes the groups' tops: pools a run (128 bytes of scores), and warps. At 4 warps
+# its four accumulators and the tops spilled 1.3 KB a thread on sm_90, at 8 none (tests/gpu/triton_lowering_check.py).
+GROUP_BLOCK = 32
+SCORE_TOPS_WARPS = 8
 
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -71,66 +75,54 @@ def check_kernel_inputs(index_q: torch.Tensor, head_weights: torch.Tensor, poole
 
 @functools.cache
 def _score_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def pool_score_kernel(q_ptr, w_ptr, pooled_ptr, out_ptr, q0, n_queries, n_pools, kpool, softmax_scale,
-                          stride_qt, stride_qh, stride_wt, stride_pp, stride_ot,
-                          HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)            # query rows inside the chunk
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)            # pool ids
-        dims = tl.arange(0, BLOCK_D)
-        row_ok = rows < n_queries
-        col_ok = cols < n_pools
-        visible = (q0 + rows + 1) // kpool                         # complete causal pools per query
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        # Tiles wholly past every row's causal horizon only need their -inf fill.
-        first_col = pid_n * BLOCK_N
-        last_visible = (q0 + tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_queries)) // kpool
-        if first_col < last_visible:
-            keys = tl.load(pooled_ptr + cols[None, :] * stride_pp + dims[:, None],
-                           mask=col_ok[None, :] & (dims[:, None] < DIM), other=0.0)     # [D, N]
-            # A rolled loop: unrolled (tl.static_range), the eight heads' query tiles were all loaded up front and
-            # the kernel spilled 2.5 KB a thread at 64 x 128 tiles (tests/gpu/triton_lowering_check.py).
-            for head in range(HEADS):
-                queries = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
-                                  mask=row_ok[:, None] & (dims[None, :] < DIM), other=0.0)  # [M, D]
-                if IEEE:
-                    dots = tl.dot(queries, keys, input_precision="ieee")
-                else:
-                    dots = tl.dot(queries, keys)
-                weight = tl.load(w_ptr + rows.to(tl.int64) * stride_wt + head, mask=row_ok, other=0.0)
-                acc += weight[:, None] * tl.maximum(dots * softmax_scale, 0.0)
-        acc = tl.where(cols[None, :] < visible[:, None], acc, float("-inf"))
-        tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_ot + cols[None, :], acc,
-                 mask=row_ok[:, None] & col_ok[None, :])
+    from genolc.model.ops.indexer.triton_topk_kernel import pool_score_kernel
 
     return pool_score_kernel
 
 
 def pool_score_block(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: torch.Tensor, q0: int,
                      softmax_scale: float, kpool: int, out: torch.Tensor, *, block_queries: int = BLOCK_QUERIES,
-                     block_pools: int = BLOCK_POOLS, warps: int = 4, stages: int = 3) -> torch.Tensor:
+                     block_pools: int = BLOCK_POOLS, warps: int | None = None, stages: int = 3,
+                     tops: torch.Tensor | None = None, shape: LaunchShape | None = None) -> torch.Tensor:
     """Masked scores of one batch row's query chunk: index_q ``[Cq, H, D]``, head_weights ``[Cq, H]``,
     pooled ``[P, D]`` (the visible pools) -> fills and returns ``out [Cq, P]`` fp32 (-inf for non-causal pools).
     ``block_queries``, ``block_pools``, ``warps``, ``stages``: other launch shapes (powers of two, for
-    benchmarks/bench_indexer_topk.py's ``--score-sweep``)."""
+    benchmarks/bench_indexer_topk.py's ``--score-sweep``).
+
+    ``tops`` (``TopPoolsBuffers.tops`` of the top-k's ``shape``): also writes each group's two best scores there, as
+    ``top_pools``' first read would, and ``top_pools(..., tops_ready=True)`` then reads the block once
+    (``triton_topk_kernel.score_group_tops_kernel``: tiles of four ``GROUP_BLOCK``-pool runs, ``block_pools``
+    ignored; ``SCORE_TOPS_WARPS`` warps unless ``warps`` is given)."""
     import triton
 
     n_queries, heads, dim = index_q.shape
     n_pools = pooled.shape[0]
     check_kernel_inputs(index_q, head_weights, pooled)
-    grid = (triton.cdiv(n_queries, block_queries), triton.cdiv(n_pools, block_pools))
-    _score_kernel()[grid](
-        index_q, head_weights, pooled, out, q0, n_queries, n_pools, kpool, softmax_scale,
-        index_q.stride(0), index_q.stride(1), head_weights.stride(0), pooled.stride(0), out.stride(0),
-        HEADS=heads, DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_M=block_queries,
-        BLOCK_N=block_pools, IEEE=index_q.dtype == torch.float32, num_warps=warps,
-        num_stages=stages)
+    common = dict(HEADS=heads, DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_M=block_queries,
+                  IEEE=index_q.dtype == torch.float32, num_stages=stages)
+    strides = (index_q.stride(0), index_q.stride(1), head_weights.stride(0), pooled.stride(0), out.stride(0))
+    if tops is None:
+        grid = (triton.cdiv(n_queries, block_queries), triton.cdiv(n_pools, block_pools))
+        _score_kernel()[grid](index_q, head_weights, pooled, out, q0, n_queries, n_pools, kpool, softmax_scale,
+                              *strides, BLOCK_N=block_pools, num_warps=warps or 4, **common)
+        return out
+    if shape is None:
+        raise ValueError("pool_score_block writes the tops of a top-k LaunchShape: pass its shape with tops")
+    needed = shape.segments(n_pools) * 2 * shape.groups
+    if tops.dtype != torch.int32 or tops.shape[0] < n_queries or tops.shape[1] < needed or tops.stride(-1) != 1:
+        raise ValueError(f"tops must be int32 [>= {n_queries}, >= {needed}] with a contiguous last dimension, got "
+                         f"{tops.dtype} {tuple(tops.shape)} strides {tops.stride()}")
+    if shape.segment % (4 * shape.groups):
+        raise ValueError(f"the fused scoring walks four pools of each group a step: segment {shape.segment} must be "
+                         f"a multiple of 4 x {shape.groups} groups")
+    from genolc.model.ops.indexer.triton_topk_kernel import score_group_tops_kernel
+
+    group_block = min(GROUP_BLOCK, shape.groups)
+    grid = (triton.cdiv(n_queries, block_queries), shape.groups // group_block, shape.segments(n_pools))
+    score_group_tops_kernel[grid](index_q, head_weights, pooled, out, tops, q0, n_queries, n_pools, kpool,
+                                  softmax_scale, *strides, tops.stride(0), GROUPS=shape.groups,
+                                  GROUP_BLOCK=group_block, SEGMENT=shape.segment,
+                                  num_warps=warps or SCORE_TOPS_WARPS, **common)
     return out
 
 
@@ -191,7 +183,8 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
     out = torch.empty((batch, seq_len, width), dtype=out_dtype, device=device)
     rows = min(query_chunk, seq_len)
     scores = torch.empty(rows * max(n_pools, 1), dtype=torch.float32, device=device)
-    buffers = TopPoolsBuffers.allocate(rows, n_pools, pools_per_row, device) if fused_topk and n_pools else None
+    shape = launch_shape(pools_per_row) if fused_topk and n_pools else None
+    buffers = TopPoolsBuffers.allocate(rows, n_pools, pools_per_row, device, shape) if shape else None
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
@@ -208,11 +201,13 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
                 n_visible = complete_pools_visible(torch.arange(query_offset + q0, query_offset + q1, device=device),
                                                    kpool)
             for b in range(batch):
+                # The fused top-k's first read (each group's two best scores) comes out of the scoring kernel.
                 pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools],
-                                 query_offset + q0, softmax_scale, kpool, block)
+                                 query_offset + q0, softmax_scale, kpool, block,
+                                 tops=buffers.tops if fused_topk else None, shape=shape)
                 if fused_topk:
                     top_pools(block, first_query=query_offset + q0, kpool=kpool, keep=pools_per_row, out=pools[b],
-                              buffers=buffers)
+                              buffers=buffers, shape=shape, tops_ready=True)
                     continue
                 best_pools = block.topk(min(pools_per_row, visible_pools), dim=-1).indices
                 # A non-causal pool is picked only when fewer than pools_per_row are visible: drop it by position.

@@ -114,13 +114,15 @@ class TopPoolsBuffers:
 
 def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, out: torch.Tensor,
               buffers: TopPoolsBuffers | None = None, shape: LaunchShape | None = None,
-              stages: list | None = None) -> torch.Tensor:
+              stages: list | None = None, tops_ready: bool = False) -> torch.Tensor:
     """The ``keep`` best causal pools of each row of ``scores [Cq, P]`` (fp32, row ``t`` the query at
     ``first_query + t``, which sees pools ``0 .. min((first_query + t + 1) // kpool, P) - 1``): fills ``out [Cq, keep]``
     (int32 or int64) with their ids in ascending order, -1 after them, and returns it. ``buffers``: the work space
     (:class:`TopPoolsBuffers` for ``keep``, at least Cq x P, on the scores' device), allocated here when not given.
     ``shape``: other block sizes than :func:`launch_shape`'s; ``stages``: a list that gets a CUDA event after each
-    launch (the benchmark's per-kernel times)."""
+    launch (the benchmark's per-kernel times); ``tops_ready``: ``buffers.tops`` already holds the first read's
+    result for these rows and ``shape`` (the scoring kernel wrote it, ``triton.pool_score_block(..., tops=)``), so the
+    block is read once."""
     n_rows, n_cols = scores.shape
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         raise ValueError(f"scores must be float32 with a contiguous last dimension, got {scores.dtype} "
@@ -130,6 +132,8 @@ def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, 
                          f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
     shape = launch_shape(keep) if shape is None else shape
     if buffers is None:
+        if tops_ready:
+            raise ValueError("tops_ready needs the buffers whose tops the scoring kernel wrote")
         buffers = TopPoolsBuffers.allocate(n_rows, n_cols, keep, scores.device, shape)
     if buffers.tops.device != scores.device or out.device != scores.device:
         raise ValueError(f"scores ({scores.device}), out ({out.device}) and buffers ({buffers.tops.device}) must be "
@@ -145,10 +149,11 @@ def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, 
     segments = shape.segments(n_cols)
     tops, floors, counts = buffers.tops, buffers.floors, buffers.counts
     vals, ids = buffers.cand_vals, buffers.cand_ids
-    kernels.group_tops_kernel[(n_rows, segments)](
-        scores, tops, first_query, n_cols, kpool, scores.stride(0), tops.stride(0),
-        GROUPS=shape.groups, GROUP_ROWS=shape.group_rows, SEGMENT=shape.segment, num_warps=shape.warps)
-    _mark(stages)
+    if not tops_ready:
+        kernels.group_tops_kernel[(n_rows, segments)](
+            scores, tops, first_query, n_cols, kpool, scores.stride(0), tops.stride(0),
+            GROUPS=shape.groups, GROUP_ROWS=shape.group_rows, SEGMENT=shape.segment, num_warps=shape.warps)
+        _mark(stages)
     kernels.floors_kernel[(n_rows,)](
         tops, floors, counts, first_query, n_cols, kpool, keep, tops.stride(0),
         GROUPS=shape.groups, SEGMENT=shape.segment, num_warps=4)

@@ -1,10 +1,14 @@
-"""The Triton kernels of :func:`genolc.model.ops.indexer.triton_topk.top_pools` (the algorithm is described there).
+"""The indexer's Triton kernels: the scoring of a query chunk's pools (``pool_score_kernel``, launched by
+:func:`genolc.model.ops.indexer.triton.pool_score_block`) and those of
+:func:`genolc.model.ops.indexer.triton_topk.top_pools` (the algorithm is described there).
 
 Scores are compared as :func:`_ordered` int32 patterns throughout; ``LOWEST`` stands for "no score". Four launches
 per score block: ``group_tops_kernel`` and ``candidates_kernel`` on every (row, segment), ``floors_kernel`` and
-``select_kernel`` on every row.
+``select_kernel`` on every row. The selection (triton.streamed_select) launches ``score_group_tops_kernel`` instead
+of the scoring kernel and ``group_tops_kernel``: it writes the same block and the groups' two best scores as it scores.
 
-Imports Triton at import time: :mod:`genolc.model.ops.indexer.triton_topk` imports this module when it first runs.
+Imports Triton at import time: :mod:`genolc.model.ops.indexer.triton` and ``triton_topk`` import this module when
+they first run.
 """
 
 import triton
@@ -62,6 +66,138 @@ def group_tops_kernel(scores_ptr, tops_ptr, first_query, n_cols, kpool, stride_s
         groups = tl.arange(0, GROUPS)
         tl.store(tops + groups, first)
         tl.store(tops + GROUPS + groups, second)
+
+
+@triton.jit
+def pool_tile_scores(q_ptr, w_ptr, pooled_ptr, rows, row_ok, pools, pool_ok, dims, softmax_scale, stride_qt,
+                     stride_qh, stride_wt, stride_pp, HEADS: tl.constexpr, DIM: tl.constexpr, IEEE: tl.constexpr):
+    """``sum_h w[t, h] * relu(softmax_scale * <q[t, h], pooled[p]>)`` for a tile of rows and pools (fp32)."""
+    keys = tl.load(pooled_ptr + pools[None, :] * stride_pp + dims[:, None],
+                   mask=pool_ok[None, :] & (dims[:, None] < DIM), other=0.0)                       # [D, N]
+    acc = tl.zeros((rows.shape[0], pools.shape[0]), dtype=tl.float32)
+    # A rolled loop: unrolled (tl.static_range), the eight heads' query tiles were all loaded up front and the kernel
+    # spilled 2.5 KB a thread at 64 x 128 tiles (tests/gpu/triton_lowering_check.py).
+    for head in range(HEADS):
+        queries = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
+                          mask=row_ok[:, None] & (dims[None, :] < DIM), other=0.0)                  # [M, D]
+        if IEEE:
+            dots = tl.dot(queries, keys, input_precision="ieee")
+        else:
+            dots = tl.dot(queries, keys)
+        weight = tl.load(w_ptr + rows.to(tl.int64) * stride_wt + head, mask=row_ok, other=0.0)
+        acc += weight[:, None] * tl.maximum(dots * softmax_scale, 0.0)
+    return acc
+
+
+@triton.jit
+def pool_score_kernel(q_ptr, w_ptr, pooled_ptr, out_ptr, q0, n_queries, n_pools, kpool, softmax_scale,
+                      stride_qt, stride_qh, stride_wt, stride_pp, stride_ot,
+                      HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)            # query rows inside the chunk
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)            # pool ids
+    dims = tl.arange(0, BLOCK_D)
+    row_ok = rows < n_queries
+    col_ok = cols < n_pools
+    visible = (q0 + rows + 1) // kpool                         # complete causal pools per query
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Tiles wholly past every row's causal horizon only need their -inf fill.
+    first_col = pid_n * BLOCK_N
+    last_visible = (q0 + tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_queries)) // kpool
+    if first_col < last_visible:
+        acc = pool_tile_scores(q_ptr, w_ptr, pooled_ptr, rows, row_ok, cols, col_ok, dims, softmax_scale,
+                               stride_qt, stride_qh, stride_wt, stride_pp, HEADS, DIM, IEEE)
+    acc = tl.where(cols[None, :] < visible[:, None], acc, float("-inf"))
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_ot + cols[None, :], acc,
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _keep_two(first, second, scores, causal):
+    # The two best of each (row, group) so far, given one more score each: equal scores fill both places.
+    value = tl.where(causal, _ordered(scores), LOWEST)
+    return tl.maximum(first, value), tl.maximum(second, tl.minimum(first, value))
+
+
+@triton.jit
+def score_group_tops_kernel(q_ptr, w_ptr, pooled_ptr, out_ptr, tops_ptr, q0, n_queries, n_pools, kpool,
+                            softmax_scale, stride_qt, stride_qh, stride_wt, stride_pp, stride_ot, stride_t,
+                            HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                            GROUPS: tl.constexpr, GROUP_BLOCK: tl.constexpr, SEGMENT: tl.constexpr,
+                            IEEE: tl.constexpr):
+    """The scoring kernel's block (the same scores, -inf where not causal) and, for the same rows,
+    ``group_tops_kernel``'s output. One program per (rows, ``GROUP_BLOCK`` groups, segment) walks its segment four
+    pools of each of its groups a step (pool ``i`` in group ``i mod GROUPS``): four ``GROUP_BLOCK``-pool runs,
+    ``GROUPS`` apart, each its own product and accumulator (one [rows, 4 runs] tile reshaped for the groups' maxima
+    spilled: tests/gpu/triton_lowering_check.py), and each group's two best scores are kept in registers across the
+    steps. The block is then read once (candidates) instead of twice."""
+    pid_m = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    segment = tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_queries
+    visible = (q0 + rows + 1) // kpool
+    last_visible = (q0 + tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_queries)) // kpool
+    groups = pid_g * GROUP_BLOCK + tl.arange(0, GROUP_BLOCK)
+    dims = tl.arange(0, BLOCK_D)
+    first = tl.full([BLOCK_M, GROUP_BLOCK], LOWEST, tl.int32)
+    second = tl.full([BLOCK_M, GROUP_BLOCK], LOWEST, tl.int32)
+    row_ptr = out_ptr + rows[:, None].to(tl.int64) * stride_ot
+    seg_start = segment * SEGMENT
+    for start in range(seg_start, tl.minimum(seg_start + SEGMENT, n_pools), 4 * GROUPS):
+        pools0 = start + groups
+        pools1 = pools0 + GROUPS
+        pools2 = pools1 + GROUPS
+        pools3 = pools2 + GROUPS
+        acc0 = tl.zeros((BLOCK_M, GROUP_BLOCK), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_M, GROUP_BLOCK), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_M, GROUP_BLOCK), dtype=tl.float32)
+        acc3 = tl.zeros((BLOCK_M, GROUP_BLOCK), dtype=tl.float32)
+        # Steps wholly past every row's causal horizon only need their -inf fill (and leave the tops as they are).
+        if start < last_visible:
+            keys0 = tl.load(pooled_ptr + pools0[None, :] * stride_pp + dims[:, None],
+                            mask=(pools0[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
+            keys1 = tl.load(pooled_ptr + pools1[None, :] * stride_pp + dims[:, None],
+                            mask=(pools1[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
+            keys2 = tl.load(pooled_ptr + pools2[None, :] * stride_pp + dims[:, None],
+                            mask=(pools2[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
+            keys3 = tl.load(pooled_ptr + pools3[None, :] * stride_pp + dims[:, None],
+                            mask=(pools3[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
+            for head in range(HEADS):
+                queries = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
+                                  mask=row_ok[:, None] & (dims[None, :] < DIM), other=0.0)
+                weight = tl.load(w_ptr + rows.to(tl.int64) * stride_wt + head, mask=row_ok, other=0.0)[:, None]
+                if IEEE:
+                    acc0 += weight * tl.maximum(tl.dot(queries, keys0, input_precision="ieee") * softmax_scale, 0.0)
+                    acc1 += weight * tl.maximum(tl.dot(queries, keys1, input_precision="ieee") * softmax_scale, 0.0)
+                    acc2 += weight * tl.maximum(tl.dot(queries, keys2, input_precision="ieee") * softmax_scale, 0.0)
+                    acc3 += weight * tl.maximum(tl.dot(queries, keys3, input_precision="ieee") * softmax_scale, 0.0)
+                else:
+                    acc0 += weight * tl.maximum(tl.dot(queries, keys0) * softmax_scale, 0.0)
+                    acc1 += weight * tl.maximum(tl.dot(queries, keys1) * softmax_scale, 0.0)
+                    acc2 += weight * tl.maximum(tl.dot(queries, keys2) * softmax_scale, 0.0)
+                    acc3 += weight * tl.maximum(tl.dot(queries, keys3) * softmax_scale, 0.0)
+        causal0 = (pools0[None, :] < visible[:, None]) & (pools0[None, :] < n_pools) & row_ok[:, None]
+        causal1 = (pools1[None, :] < visible[:, None]) & (pools1[None, :] < n_pools) & row_ok[:, None]
+        causal2 = (pools2[None, :] < visible[:, None]) & (pools2[None, :] < n_pools) & row_ok[:, None]
+        causal3 = (pools3[None, :] < visible[:, None]) & (pools3[None, :] < n_pools) & row_ok[:, None]
+        first, second = _keep_two(first, second, acc0, causal0)
+        first, second = _keep_two(first, second, acc1, causal1)
+        first, second = _keep_two(first, second, acc2, causal2)
+        first, second = _keep_two(first, second, acc3, causal3)
+        tl.store(row_ptr + pools0[None, :], tl.where(causal0, acc0, float("-inf")),
+                 mask=row_ok[:, None] & (pools0[None, :] < n_pools))
+        tl.store(row_ptr + pools1[None, :], tl.where(causal1, acc1, float("-inf")),
+                 mask=row_ok[:, None] & (pools1[None, :] < n_pools))
+        tl.store(row_ptr + pools2[None, :], tl.where(causal2, acc2, float("-inf")),
+                 mask=row_ok[:, None] & (pools2[None, :] < n_pools))
+        tl.store(row_ptr + pools3[None, :], tl.where(causal3, acc3, float("-inf")),
+                 mask=row_ok[:, None] & (pools3[None, :] < n_pools))
+    tops = tops_ptr + rows[:, None].to(tl.int64) * stride_t + segment * 2 * GROUPS + groups[None, :]
+    tl.store(tops, first, mask=row_ok[:, None])
+    tl.store(tops + GROUPS, second, mask=row_ok[:, None])
 
 
 @triton.jit
