@@ -101,13 +101,16 @@ def test_scoring_kernel_writes_the_top_ks_first_read(rows, n_pools, first_query,
     assert problems == [], problems[:5]
 
 
-def test_fused_topk_selects_as_torch_topk():
+@pytest.mark.parametrize("tops_from_scoring", [False, True])
+def test_fused_topk_selects_as_torch_topk(tops_from_scoring, monkeypatch):
+    """Both ways of the first read: top_pools' own, and the scoring kernel's (indexer_triton.SCORE_GROUP_TOPS)."""
+    monkeypatch.setattr(indexer_triton, "SCORE_GROUP_TOPS", tops_from_scoring)
     index_q, weights, pooled = _features(1, 20000, 8, 64, 4, seed=3, dtype=torch.bfloat16)
     kwargs = dict(kpool=4, topk=2048, select_tail=True, softmax_scale=64 ** -0.5, query_chunk=None,
                   out_dtype=torch.int64, query_offset=0)
     fused = indexer_triton.streamed_select(index_q, weights, pooled, **kwargs)
     unfused = indexer_triton.streamed_select(index_q, weights, pooled, fused_topk=False, **kwargs)
-    # The same scores feed both; only ties at the cut may be broken differently (test_top_pools_kernel checks the
-    # kernel's choice exactly).
+    # The same scores feed both (to rounding where the scoring kernel writes the tops: its tiles differ); only ties
+    # at the cut may be broken differently (test_top_pools_kernel checks the kernel's choice exactly).
     assert ((fused.sort(-1).values == unfused.sort(-1).values).all(-1)).float().mean() > 0.99
     assert torch.equal((fused < 0).sum(-1), (unfused < 0).sum(-1))

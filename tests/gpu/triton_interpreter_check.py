@@ -5,11 +5,11 @@ short convolution, forward and backward; the routed experts' glue; mHC mixing lo
 scoring and top-k, and the scoring kernel that also writes the top-k's first read; DSA latent sparse attention
 forward, lse and backward; the slab order of the DSA backward's index rows and its row dot; the hyper-connection's
 block input; the sparse indexer KL's pair; the groups ``merge``, ``pool_mass``, ``slab_order``, ``row_dot``,
-``conv``, ``moe``, ``mhc``, ``block_input``, ``comb``, ``indexer_kl``, ``top_pools``, ``score_tops``, ``indexer``,
-``dsa``, given as arguments, run alone) on CPU tensors under Triton's interpreter and
-compares them with the pure-torch references at small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16, batch 2,
-head counts and latent ranks that are not powers of two (and a head count that needs two head blocks), index rows
-with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit status 0 when everything
+``conv``, ``moe``, ``mhc``, ``block_input``, ``comb``, ``indexer_kl``, ``top_pools``, ``score_tops``,
+``indexer_score_tops``, ``indexer``, ``dsa``, given as arguments, run alone) on CPU tensors under Triton's
+interpreter and compares them with the pure-torch references at small odd shapes: T = 37, 77, 101, 203, kpool 1/4/16,
+batch 2, head counts and latent ranks that are not powers of two (and a head count that needs two head blocks), index
+rows with -1 slots and wholly empty rows, int32 and int64 indices, strided index rows. Exit status 0 when everything
 matches.
 
 Not part of the CI suite (pytest collects ``test_*.py`` only): it needs Triton, which genolc does not depend on on
@@ -360,6 +360,15 @@ def check_score_tops(rows, n_pools, first_query, keep, heads, dim) -> list[str]:
     return score_tops_problems(rows, n_pools, first_query, keep, heads, dim, dtype=torch.float32, device="cpu")
 
 
+def check_indexer_score_tops(*case) -> list[str]:
+    """check_indexer with streamed_select scoring through the kernel that writes the top-k's first read."""
+    indexer_triton.SCORE_GROUP_TOPS = True
+    try:
+        return check_indexer(*case)
+    finally:
+        indexer_triton.SCORE_GROUP_TOPS = False
+
+
 def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) -> list[str]:
     """The fused mixing-logits kernels (IEEE products; the forward into a NaN-filled output) against the reference
     and autograd of it."""
@@ -683,7 +692,9 @@ def case_groups() -> list[tuple[str, object, list[tuple], int | None]]:
             ("mhc", check_mhc, MHC_CASES, None), ("block_input", check_block_input, BLOCK_INPUT_CASES, None),
             ("comb", check_comb, COMB_CASES, None), ("indexer_kl", check_indexer_kl, INDEXER_KL_CASES, None),
             ("top_pools", check_top_pools, TOP_POOLS_CASES, None),
-            ("score_tops", check_score_tops, SCORE_TOPS_CASES, None), ("indexer", check_indexer, INDEXER_CASES, None),
+            ("score_tops", check_score_tops, SCORE_TOPS_CASES, None),
+            ("indexer_score_tops", check_indexer_score_tops, INDEXER_CASES[:2] + INDEXER_CASES[-2:], None),
+            ("indexer", check_indexer, INDEXER_CASES, None),
             ("dsa", check_dsa, DSA_CASES, None)]
 
 

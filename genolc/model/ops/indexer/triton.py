@@ -37,6 +37,10 @@ BLOCK_POOLS = 128
 # its four accumulators and the tops spilled 1.3 KB a thread on sm_90, at 8 none (tests/gpu/triton_lowering_check.py).
 GROUP_BLOCK = 32
 SCORE_TOPS_WARPS = 8
+# Whether streamed_select scores with that kernel (one read of each score block by the top-k instead of two). Off
+# until it has run on a GPU: it has passed Triton's interpreter and sm_90 lowering only; the GPU test
+# (tests/gpu/test_indexer_triton.py) and benchmarks/bench_indexer_topk.py's two pipelines are what turn it on.
+SCORE_GROUP_TOPS = False
 
 
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -185,6 +189,7 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
     scores = torch.empty(rows * max(n_pools, 1), dtype=torch.float32, device=device)
     shape = launch_shape(pools_per_row) if fused_topk and n_pools else None
     buffers = TopPoolsBuffers.allocate(rows, n_pools, pools_per_row, device, shape) if shape else None
+    tops_from_scoring = fused_topk and SCORE_GROUP_TOPS
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)
@@ -201,13 +206,12 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
                 n_visible = complete_pools_visible(torch.arange(query_offset + q0, query_offset + q1, device=device),
                                                    kpool)
             for b in range(batch):
-                # The fused top-k's first read (each group's two best scores) comes out of the scoring kernel.
                 pool_score_block(index_q[b, q0:q1], head_weights[b, q0:q1], pooled[b, :visible_pools],
                                  query_offset + q0, softmax_scale, kpool, block,
-                                 tops=buffers.tops if fused_topk else None, shape=shape)
+                                 tops=buffers.tops if tops_from_scoring else None, shape=shape)
                 if fused_topk:
                     top_pools(block, first_query=query_offset + q0, kpool=kpool, keep=pools_per_row, out=pools[b],
-                              buffers=buffers, shape=shape, tops_ready=True)
+                              buffers=buffers, shape=shape, tops_ready=tops_from_scoring)
                     continue
                 best_pools = block.topk(min(pools_per_row, visible_pools), dim=-1).indices
                 # A non-causal pool is picked only when fewer than pools_per_row are visible: drop it by position.

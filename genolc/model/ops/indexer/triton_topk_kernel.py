@@ -4,8 +4,9 @@
 
 Scores are compared as :func:`_ordered` int32 patterns throughout; ``LOWEST`` stands for "no score". Four launches
 per score block: ``group_tops_kernel`` and ``candidates_kernel`` on every (row, segment), ``floors_kernel`` and
-``select_kernel`` on every row. The selection (triton.streamed_select) launches ``score_group_tops_kernel`` instead
-of the scoring kernel and ``group_tops_kernel``: it writes the same block and the groups' two best scores as it scores.
+``select_kernel`` on every row. ``score_group_tops_kernel`` writes the same block as the scoring kernel and the
+groups' two best scores as it scores, in place of ``group_tops_kernel`` (triton.streamed_select, with
+``triton.SCORE_GROUP_TOPS``).
 
 Imports Triton at import time: :mod:`genolc.model.ops.indexer.triton` and ``triton_topk`` import this module when
 they first run.
