@@ -35,6 +35,7 @@ from profile_attribution import MODULE_RANGE, attribute_device_time, label_modul
 
 from genolc.errors import ConfigError  # noqa: E402
 from genolc.model import build_model, parameter_counts, preset  # noqa: E402
+from genolc.model.ops.indexer import triton as indexer_triton  # noqa: E402
 from genolc.train.apply import apply_compile, apply_recompute, apply_stream_dtype  # noqa: E402
 from genolc.train.chunked import chunked_forward_backward  # noqa: E402
 from genolc.train.kept_attention import KeptAttention  # noqa: E402
@@ -262,6 +263,9 @@ def main() -> None:
                              "from the second pass's forward ('keep', what finetune does where its plan allows); "
                              "'recompute,keep' times each --rows step (and --kept-attention mode) both ways and "
                              "profiles the last")
+    parser.add_argument("--score-group-tops", action="store_true",
+                        help="the indexer's selection scores with the kernel that also writes the top-k's first read "
+                             "(genolc.model.ops.indexer.triton.SCORE_GROUP_TOPS; off in finetune until timed here)")
     args = parser.parse_args()
     kept_modes = args.kept_attention.split(",")
     if not kept_modes or any(mode not in ("off", "host") for mode in kept_modes):
@@ -298,18 +302,21 @@ def main() -> None:
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
               "recompute": args.recompute, "compile": args.compile, "init": args.init, "indexer": args.indexer,
               "moe_balance": args.moe_balance, "stream_dtype": args.stream_dtype,
-              "kept_attention": args.kept_attention, "kda_intermediates": args.kda_intermediates, "steps": []}
+              "kept_attention": args.kept_attention, "kda_intermediates": args.kda_intermediates,
+              "score_group_tops": args.score_group_tops, "steps": []}
     stem = (f"peaks_{args.model}{'_recompute' if args.recompute else ''}" if args.rows
             else f"profile_chunked_{args.model}_{args.seq}")
     path = out_dir / (f"{stem}{'_compiled' if args.compile else ''}"
                       f"{'_cpu_init' if args.init == 'cpu' else ''}{'_attributed' if args.attribute else ''}"
-                      f"{'_fp32_streams' if args.stream_dtype == 'float32' else ''}.json")
+                      f"{'_fp32_streams' if args.stream_dtype == 'float32' else ''}"
+                      f"{'_score_group_tops' if args.score_group_tops else ''}.json")
 
     def save(row: dict) -> None:
         record["steps"].append(row)
         path.write_text(json.dumps(record, indent=1))
         print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}), flush=True)
 
+    indexer_triton.SCORE_GROUP_TOPS = args.score_group_tops
     torch.manual_seed(0)
     model = (build_model(preset(args.model), device="cuda") if args.init == "device"
              else build_model(preset(args.model)).cuda())
