@@ -108,6 +108,11 @@ def test_fused_indexer_kl_matches_fp64_autograd(rows, n_pools, heads, dim, preci
         leaves = [t.clone().requires_grad_() for t in (index_q, head_weights, keys)]
         kl, _, _, exact_kl, _, _ = _kl_and_grads(pool_mass, upstream, leaves, pools, dim)
         assert _relative(kl, exact_kl) < TF32_ROUNDED_KEYS_KL_LIMIT
+        # The products did round these keys: IEEE ones give another KL.
+        monkeypatch.setattr(indexer_kl_triton, "DOT_PRECISION", "ieee")
+        ieee_kl, _ = indexer_kl_triton.sparse_kl_rows(pool_mass, index_q, head_weights, keys, _rows_of(pools, 4),
+                                                      dim ** -0.5, kpool=4, topk=2048)
+        assert not torch.equal(kl.detach(), ieee_kl)
 
 
 def test_indexer_kl_loss_runs_the_fused_op_and_matches_the_reference_path(monkeypatch):

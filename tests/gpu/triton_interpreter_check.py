@@ -362,11 +362,11 @@ def check_score_tops(rows, n_pools, first_query, keep, heads, dim) -> list[str]:
 
 def check_indexer_score_tops(*case) -> list[str]:
     """check_indexer with streamed_select scoring through the kernel that writes the top-k's first read."""
-    indexer_triton.SCORE_GROUP_TOPS = True
+    before, indexer_triton.SCORE_GROUP_TOPS = indexer_triton.SCORE_GROUP_TOPS, True
     try:
         return check_indexer(*case)
     finally:
-        indexer_triton.SCORE_GROUP_TOPS = False
+        indexer_triton.SCORE_GROUP_TOPS = before
 
 
 def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) -> list[str]:

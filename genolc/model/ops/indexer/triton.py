@@ -112,6 +112,9 @@ def pool_score_block(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: 
         return out
     if shape is None:
         raise ValueError("pool_score_block writes the tops of a top-k LaunchShape: pass its shape with tops")
+    if out.dtype != torch.float32:
+        raise ValueError(f"out must be float32 where the tops are written (they are of the fp32 scores), got "
+                         f"{out.dtype}")
     needed = shape.segments(n_pools) * 2 * shape.groups
     if tops.dtype != torch.int32 or tops.shape[0] < n_queries or tops.shape[1] < needed or tops.stride(-1) != 1:
         raise ValueError(f"tops must be int32 [>= {n_queries}, >= {needed}] with a contiguous last dimension, got "
@@ -189,7 +192,8 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
     scores = torch.empty(rows * max(n_pools, 1), dtype=torch.float32, device=device)
     shape = launch_shape(pools_per_row) if fused_topk and n_pools else None
     buffers = TopPoolsBuffers.allocate(rows, n_pools, pools_per_row, device, shape) if shape else None
-    tops_from_scoring = fused_topk and SCORE_GROUP_TOPS
+    # The kernel walks four pools of each group a step: a segment must hold a whole number of steps (keep <= 4096).
+    tops_from_scoring = fused_topk and SCORE_GROUP_TOPS and shape is not None and not shape.segment % (4 * shape.groups)
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)

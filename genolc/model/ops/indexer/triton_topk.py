@@ -1,4 +1,5 @@
-"""The indexer's selection on the GPU: each query's best pools out of its score row, in four Triton launches.
+"""The indexer's selection on the GPU: each query's best pools out of its score row, in four Triton launches (three
+where the scoring kernel has written the first read's result: ``tops_ready``).
 
 :func:`top_pools` takes the ``[Cq, P]`` fp32 score block of :func:`genolc.model.ops.indexer.triton.pool_score_block`
 and writes, per row ``t``, the ids of the ``keep`` best of the row's first ``n_t = min((first_query + t + 1) // kpool,

@@ -2,11 +2,11 @@
 :func:`genolc.model.ops.indexer.triton.pool_score_block`) and those of
 :func:`genolc.model.ops.indexer.triton_topk.top_pools` (the algorithm is described there).
 
-Scores are compared as :func:`_ordered` int32 patterns throughout; ``LOWEST`` stands for "no score". Four launches
-per score block: ``group_tops_kernel`` and ``candidates_kernel`` on every (row, segment), ``floors_kernel`` and
-``select_kernel`` on every row. ``score_group_tops_kernel`` writes the same block as the scoring kernel and the
-groups' two best scores as it scores, in place of ``group_tops_kernel`` (triton.streamed_select, with
-``triton.SCORE_GROUP_TOPS``).
+Scores are compared as :func:`_ordered` int32 patterns throughout; ``LOWEST`` stands for "no score". Four launches per
+score block (three with the tops from the scoring): ``group_tops_kernel`` and ``candidates_kernel`` on every (row,
+segment), ``floors_kernel`` and ``select_kernel`` on every row. ``score_group_tops_kernel`` writes the same block as
+the scoring kernel and the groups' two best scores as it scores, in place of ``group_tops_kernel``
+(triton.streamed_select, with ``triton.SCORE_GROUP_TOPS``).
 
 Imports Triton at import time: :mod:`genolc.model.ops.indexer.triton` and ``triton_topk`` import this module when
 they first run.
@@ -157,6 +157,7 @@ def score_group_tops_kernel(q_ptr, w_ptr, pooled_ptr, out_ptr, tops_ptr, q0, n_q
         acc2 = tl.zeros((BLOCK_M, GROUP_BLOCK), dtype=tl.float32)
         acc3 = tl.zeros((BLOCK_M, GROUP_BLOCK), dtype=tl.float32)
         # Steps wholly past every row's causal horizon only need their -inf fill (and leave the tops as they are).
+        # The test is per step: on the causal diagonal up to three of a step's runs are scored past the horizon.
         if start < last_visible:
             keys0 = tl.load(pooled_ptr + pools0[None, :] * stride_pp + dims[:, None],
                             mask=(pools0[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
