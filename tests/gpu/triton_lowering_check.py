@@ -34,7 +34,7 @@ with neither), 254 and 250 with D off the tiles; no spill. Adding the merge's sh
 254 with bf16, 255 and 148 bytes spilled with fp32. The sparse indexer KL at 32 slots a step: forward 56 registers,
 backward 168 at 8 heads of 64 (250 at 64 slots, 80 at 16), 104 and 168 at 16 of 128; no spill. Session 39: the
 pool mass at 64 slots a step 168 (`small`) and 162 (`base`; 166 given the lse), no spill; the indexer's scoring
-kernel that writes the groups' tops 250 at 8 warps, no spill (255 and 1,300 bytes spilled at 4 warps; 1,408 when
+kernel that writes the groups' tops 254 at 8 warps, no spill (255 and 1,300 bytes spilled at 4 warps; 1,408 when
 one [rows, 4 runs] tile was reshaped for the groups' maxima).)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.

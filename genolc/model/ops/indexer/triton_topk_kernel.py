@@ -116,9 +116,30 @@ def pool_score_kernel(q_ptr, w_ptr, pooled_ptr, out_ptr, q0, n_queries, n_pools,
 
 
 @triton.jit
-def _keep_two(first, second, scores, causal):
-    # The two best of each (row, group) so far, given one more score each: equal scores fill both places.
-    value = tl.where(causal, _ordered(scores), LOWEST)
+def _run_keys(pooled_ptr, pools, dims, n_pools, stride_pp, DIM: tl.constexpr):
+    # One run's pool keys, [D, GROUP_BLOCK].
+    return tl.load(pooled_ptr + pools[None, :] * stride_pp + dims[:, None],
+                   mask=(pools[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
+
+
+@triton.jit
+def _head_scores(queries, keys, weight, softmax_scale, IEEE: tl.constexpr):
+    # One head's share of a run's scores: w * relu(scale * q . k).
+    if IEEE:
+        dots = tl.dot(queries, keys, input_precision="ieee")
+    else:
+        dots = tl.dot(queries, keys)
+    return weight * tl.maximum(dots * softmax_scale, 0.0)
+
+
+@triton.jit
+def _finish_run(first, second, row_ptr, pools, acc, visible, row_ok, n_pools):
+    # Stores one run's scores (-inf where not causal) and returns the two best of each (row, group) so far, given
+    # the run's one score each: equal scores fill both places.
+    causal = (pools[None, :] < visible[:, None]) & (pools[None, :] < n_pools) & row_ok[:, None]
+    tl.store(row_ptr + pools[None, :], tl.where(causal, acc, float("-inf")),
+             mask=row_ok[:, None] & (pools[None, :] < n_pools))
+    value = tl.where(causal, _ordered(acc), LOWEST)
     return tl.maximum(first, value), tl.maximum(second, tl.minimum(first, value))
 
 
@@ -159,44 +180,22 @@ def score_group_tops_kernel(q_ptr, w_ptr, pooled_ptr, out_ptr, tops_ptr, q0, n_q
         # Steps wholly past every row's causal horizon only need their -inf fill (and leave the tops as they are).
         # The test is per step: on the causal diagonal up to three of a step's runs are scored past the horizon.
         if start < last_visible:
-            keys0 = tl.load(pooled_ptr + pools0[None, :] * stride_pp + dims[:, None],
-                            mask=(pools0[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
-            keys1 = tl.load(pooled_ptr + pools1[None, :] * stride_pp + dims[:, None],
-                            mask=(pools1[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
-            keys2 = tl.load(pooled_ptr + pools2[None, :] * stride_pp + dims[:, None],
-                            mask=(pools2[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
-            keys3 = tl.load(pooled_ptr + pools3[None, :] * stride_pp + dims[:, None],
-                            mask=(pools3[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
+            keys0 = _run_keys(pooled_ptr, pools0, dims, n_pools, stride_pp, DIM)
+            keys1 = _run_keys(pooled_ptr, pools1, dims, n_pools, stride_pp, DIM)
+            keys2 = _run_keys(pooled_ptr, pools2, dims, n_pools, stride_pp, DIM)
+            keys3 = _run_keys(pooled_ptr, pools3, dims, n_pools, stride_pp, DIM)
             for head in range(HEADS):
                 queries = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
                                   mask=row_ok[:, None] & (dims[None, :] < DIM), other=0.0)
                 weight = tl.load(w_ptr + rows.to(tl.int64) * stride_wt + head, mask=row_ok, other=0.0)[:, None]
-                if IEEE:
-                    acc0 += weight * tl.maximum(tl.dot(queries, keys0, input_precision="ieee") * softmax_scale, 0.0)
-                    acc1 += weight * tl.maximum(tl.dot(queries, keys1, input_precision="ieee") * softmax_scale, 0.0)
-                    acc2 += weight * tl.maximum(tl.dot(queries, keys2, input_precision="ieee") * softmax_scale, 0.0)
-                    acc3 += weight * tl.maximum(tl.dot(queries, keys3, input_precision="ieee") * softmax_scale, 0.0)
-                else:
-                    acc0 += weight * tl.maximum(tl.dot(queries, keys0) * softmax_scale, 0.0)
-                    acc1 += weight * tl.maximum(tl.dot(queries, keys1) * softmax_scale, 0.0)
-                    acc2 += weight * tl.maximum(tl.dot(queries, keys2) * softmax_scale, 0.0)
-                    acc3 += weight * tl.maximum(tl.dot(queries, keys3) * softmax_scale, 0.0)
-        causal0 = (pools0[None, :] < visible[:, None]) & (pools0[None, :] < n_pools) & row_ok[:, None]
-        causal1 = (pools1[None, :] < visible[:, None]) & (pools1[None, :] < n_pools) & row_ok[:, None]
-        causal2 = (pools2[None, :] < visible[:, None]) & (pools2[None, :] < n_pools) & row_ok[:, None]
-        causal3 = (pools3[None, :] < visible[:, None]) & (pools3[None, :] < n_pools) & row_ok[:, None]
-        first, second = _keep_two(first, second, acc0, causal0)
-        first, second = _keep_two(first, second, acc1, causal1)
-        first, second = _keep_two(first, second, acc2, causal2)
-        first, second = _keep_two(first, second, acc3, causal3)
-        tl.store(row_ptr + pools0[None, :], tl.where(causal0, acc0, float("-inf")),
-                 mask=row_ok[:, None] & (pools0[None, :] < n_pools))
-        tl.store(row_ptr + pools1[None, :], tl.where(causal1, acc1, float("-inf")),
-                 mask=row_ok[:, None] & (pools1[None, :] < n_pools))
-        tl.store(row_ptr + pools2[None, :], tl.where(causal2, acc2, float("-inf")),
-                 mask=row_ok[:, None] & (pools2[None, :] < n_pools))
-        tl.store(row_ptr + pools3[None, :], tl.where(causal3, acc3, float("-inf")),
-                 mask=row_ok[:, None] & (pools3[None, :] < n_pools))
+                acc0 += _head_scores(queries, keys0, weight, softmax_scale, IEEE)
+                acc1 += _head_scores(queries, keys1, weight, softmax_scale, IEEE)
+                acc2 += _head_scores(queries, keys2, weight, softmax_scale, IEEE)
+                acc3 += _head_scores(queries, keys3, weight, softmax_scale, IEEE)
+        first, second = _finish_run(first, second, row_ptr, pools0, acc0, visible, row_ok, n_pools)
+        first, second = _finish_run(first, second, row_ptr, pools1, acc1, visible, row_ok, n_pools)
+        first, second = _finish_run(first, second, row_ptr, pools2, acc2, visible, row_ok, n_pools)
+        first, second = _finish_run(first, second, row_ptr, pools3, acc3, visible, row_ok, n_pools)
     tops = tops_ptr + rows[:, None].to(tl.int64) * stride_t + segment * 2 * GROUPS + groups[None, :]
     tl.store(tops, first, mask=row_ok[:, None])
     tl.store(tops + GROUPS, second, mask=row_ok[:, None])
