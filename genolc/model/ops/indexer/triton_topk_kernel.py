@@ -70,24 +70,29 @@ def group_tops_kernel(scores_ptr, tops_ptr, first_query, n_cols, kpool, stride_s
 
 
 @triton.jit
-def pool_tile_scores(q_ptr, w_ptr, pooled_ptr, rows, row_ok, pools, pool_ok, dims, softmax_scale, stride_qt,
-                     stride_qh, stride_wt, stride_pp, HEADS: tl.constexpr, DIM: tl.constexpr, IEEE: tl.constexpr):
-    """``sum_h w[t, h] * relu(softmax_scale * <q[t, h], pooled[p]>)`` for a tile of rows and pools (fp32)."""
-    keys = tl.load(pooled_ptr + pools[None, :] * stride_pp + dims[:, None],
-                   mask=pool_ok[None, :] & (dims[:, None] < DIM), other=0.0)                       # [D, N]
-    acc = tl.zeros((rows.shape[0], pools.shape[0]), dtype=tl.float32)
-    # A rolled loop: unrolled (tl.static_range), the eight heads' query tiles were all loaded up front and the kernel
-    # spilled 2.5 KB a thread at 64 x 128 tiles (tests/gpu/triton_lowering_check.py).
-    for head in range(HEADS):
-        queries = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
-                          mask=row_ok[:, None] & (dims[None, :] < DIM), other=0.0)                  # [M, D]
-        if IEEE:
-            dots = tl.dot(queries, keys, input_precision="ieee")
-        else:
-            dots = tl.dot(queries, keys)
-        weight = tl.load(w_ptr + rows.to(tl.int64) * stride_wt + head, mask=row_ok, other=0.0)
-        acc += weight[:, None] * tl.maximum(dots * softmax_scale, 0.0)
-    return acc
+def _run_keys(pooled_ptr, pools, dims, n_pools, stride_pp, DIM: tl.constexpr):
+    # The pool keys of a tile's columns, [D, N].
+    return tl.load(pooled_ptr + pools[None, :] * stride_pp + dims[:, None],
+                   mask=(pools[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
+
+
+@triton.jit
+def _head_operands(q_ptr, w_ptr, rows, row_ok, dims, head, stride_qt, stride_qh, stride_wt, DIM: tl.constexpr):
+    # One head's query tile [M, D] and weight column [M, 1].
+    queries = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
+                      mask=row_ok[:, None] & (dims[None, :] < DIM), other=0.0)
+    weight = tl.load(w_ptr + rows.to(tl.int64) * stride_wt + head, mask=row_ok, other=0.0)
+    return queries, weight[:, None]
+
+
+@triton.jit
+def _head_scores(queries, keys, weight, softmax_scale, IEEE: tl.constexpr):
+    # One head's share of a tile's scores: w * relu(scale * q . k).
+    if IEEE:
+        dots = tl.dot(queries, keys, input_precision="ieee")
+    else:
+        dots = tl.dot(queries, keys)
+    return weight * tl.maximum(dots * softmax_scale, 0.0)
 
 
 @triton.jit
@@ -108,28 +113,16 @@ def pool_score_kernel(q_ptr, w_ptr, pooled_ptr, out_ptr, q0, n_queries, n_pools,
     first_col = pid_n * BLOCK_N
     last_visible = (q0 + tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_queries)) // kpool
     if first_col < last_visible:
-        acc = pool_tile_scores(q_ptr, w_ptr, pooled_ptr, rows, row_ok, cols, col_ok, dims, softmax_scale,
-                               stride_qt, stride_qh, stride_wt, stride_pp, HEADS, DIM, IEEE)
+        keys = _run_keys(pooled_ptr, cols, dims, n_pools, stride_pp, DIM)
+        # A rolled loop: unrolled (tl.static_range), the eight heads' query tiles were all loaded up front and the
+        # kernel spilled 2.5 KB a thread at 64 x 128 tiles (tests/gpu/triton_lowering_check.py).
+        for head in range(HEADS):
+            queries, weight = _head_operands(q_ptr, w_ptr, rows, row_ok, dims, head, stride_qt, stride_qh, stride_wt,
+                                             DIM)
+            acc += _head_scores(queries, keys, weight, softmax_scale, IEEE)
     acc = tl.where(cols[None, :] < visible[:, None], acc, float("-inf"))
     tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_ot + cols[None, :], acc,
              mask=row_ok[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def _run_keys(pooled_ptr, pools, dims, n_pools, stride_pp, DIM: tl.constexpr):
-    # One run's pool keys, [D, GROUP_BLOCK].
-    return tl.load(pooled_ptr + pools[None, :] * stride_pp + dims[:, None],
-                   mask=(pools[None, :] < n_pools) & (dims[:, None] < DIM), other=0.0)
-
-
-@triton.jit
-def _head_scores(queries, keys, weight, softmax_scale, IEEE: tl.constexpr):
-    # One head's share of a run's scores: w * relu(scale * q . k).
-    if IEEE:
-        dots = tl.dot(queries, keys, input_precision="ieee")
-    else:
-        dots = tl.dot(queries, keys)
-    return weight * tl.maximum(dots * softmax_scale, 0.0)
 
 
 @triton.jit
@@ -185,9 +178,8 @@ def score_group_tops_kernel(q_ptr, w_ptr, pooled_ptr, out_ptr, tops_ptr, q0, n_q
             keys2 = _run_keys(pooled_ptr, pools2, dims, n_pools, stride_pp, DIM)
             keys3 = _run_keys(pooled_ptr, pools3, dims, n_pools, stride_pp, DIM)
             for head in range(HEADS):
-                queries = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh + dims[None, :],
-                                  mask=row_ok[:, None] & (dims[None, :] < DIM), other=0.0)
-                weight = tl.load(w_ptr + rows.to(tl.int64) * stride_wt + head, mask=row_ok, other=0.0)[:, None]
+                queries, weight = _head_operands(q_ptr, w_ptr, rows, row_ok, dims, head, stride_qt, stride_qh,
+                                                 stride_wt, DIM)
                 acc0 += _head_scores(queries, keys0, weight, softmax_scale, IEEE)
                 acc1 += _head_scores(queries, keys1, weight, softmax_scale, IEEE)
                 acc2 += _head_scores(queries, keys2, weight, softmax_scale, IEEE)
