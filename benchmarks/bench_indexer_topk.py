@@ -6,11 +6,11 @@ scoring kernel, the chunk's rows as genolc.model.ops.indexer.triton.default_quer
 the block (what the op ran before 2026-12-02) against top_pools, whole and per kernel (CUDA events), medians of 10.
 Then scoring and top-k together both ways streamed_select could run them (the scoring kernel and top_pools' four
 launches, or the scoring kernel that writes the groups' tops and top_pools' other three). --sweep also times other
-segment / block / tile / warp sizes of top_pools; --score-sweep times the scoring kernel's
-other tile shapes on the same block (and the largest difference of their scores from the default tiles'). Counts:
-the causal scores (rows x mean visible pools x 4 bytes), which top_pools reads twice (torch.topk reads whole rows,
-in four radix passes and a gather); GB/s is twice that over top_pools' time. Also the candidates a row copied (mean,
-max) and the rows whose candidates overflowed their slots (select reads those rows again).
+segment / block / tile / warp sizes of top_pools; --score-sweep times the scoring kernel's other tile shapes on the
+same block (and the largest difference of their scores from the default tiles'). Counts: the causal scores (rows x
+mean visible pools x 4 bytes), which top_pools reads twice (torch.topk reads whole rows, in four radix passes and a
+gather); GB/s is twice that over top_pools' time. Also the candidates a row copied (mean, max) and the rows whose
+candidates overflowed their slots (select reads those rows again).
 Writes benchmarks/results/indexer_topk_<date>.json (OUT when set).
 """
 
