@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 from genolc.model.ops.indexer import layout, reference, triton as indexer_triton  # noqa: E402
-from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools  # noqa: E402
+from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, launch_shape, top_pools  # noqa: E402
 from top_pools_check import overflow_problems, score_blocks, score_tops_problems, top_pools_problems  # noqa: E402,E501
 
 pytestmark = pytest.mark.gpu
@@ -75,17 +75,20 @@ def test_int32_output_and_small_query_chunk():
     assert torch.equal(wide.sort(-1).values, narrow.long().sort(-1).values)
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("rows, cols, first_query, kpool, keep", [
     (64, 131072, 524287 - 63, 4, 512),     # `base`'s and `small`'s last queries at 512k: 128k pools, keep 512
     (48, 5000, 2020, 4, 512),              # rows below keep (505-511 pools) beside rows above it (512-517)
     (16, 40000, 39990, 1, 100),            # keep not a power of two, kpool 1
 ])
-def test_top_pools_kernel(rows, cols, first_query, kpool, keep):
-    buffers = TopPoolsBuffers.allocate(rows, cols, keep, torch.device("cuda"))
+def test_top_pools_kernel(rows, cols, first_query, kpool, keep, prefetch):
+    shape = launch_shape(keep, prefetch=prefetch)
+    buffers = TopPoolsBuffers.allocate(rows, cols, keep, torch.device("cuda"), shape)
     for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cuda").items():
         for dtype in (torch.int32, torch.int64):
             out = torch.full((rows, keep), 7, dtype=dtype, device="cuda")
-            top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out, buffers=buffers)
+            top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out, buffers=buffers,
+                      shape=shape)
             problems = top_pools_problems(scores.cpu(), out.cpu(), first_query=first_query, kpool=kpool, keep=keep)
             problems += overflow_problems(name, scores, buffers, first_query=first_query, kpool=kpool, keep=keep)
             assert problems == [], (name, dtype, problems)

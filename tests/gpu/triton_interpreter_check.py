@@ -50,7 +50,7 @@ from genolc.model.ops.mhc import reference as mhc_reference  # noqa: E402
 from genolc.model.ops.mhc import triton as mhc_triton  # noqa: E402
 from genolc.model.ops.moe import op as moe_op  # noqa: E402
 from genolc.model.ops.moe import triton as moe_triton  # noqa: E402
-from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, top_pools  # noqa: E402
+from genolc.model.ops.indexer.triton_topk import TopPoolsBuffers, launch_shape, top_pools  # noqa: E402
 from genolc.model.ops.kda import conv as kda_conv  # noqa: E402
 from genolc.model.ops.kda import conv_triton as kda_conv_triton  # noqa: E402
 from slab_order_check import slab_order_problems  # noqa: E402
@@ -341,17 +341,23 @@ def check_merge(lead, n, dim, dtype, rows_per_program, block_d, transposed=False
 
 
 def check_top_pools(rows, cols, first_query, kpool, keep) -> list[str]:
-    """The top-k kernel on each kind of score block of top_pools_check.py, int32 and int64 output."""
+    """The top-k kernel on each kind of score block of top_pools_check.py, int32 and int64 output, its second read
+    with and without loading ahead."""
     problems = []
-    buffers = TopPoolsBuffers.allocate(rows, cols, keep, torch.device("cpu"))
-    for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cpu").items():
-        for dtype in (torch.int32, torch.int64):
-            out = torch.empty(rows, keep, dtype=dtype)
-            top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out, buffers=buffers)
-            problems += [f"{name} {dtype}: {p}" for p in top_pools_problems(scores, out, first_query=first_query,
-                                                                             kpool=kpool, keep=keep)]
-            problems += [f"{dtype}: {p}" for p in overflow_problems(name, scores, buffers, first_query=first_query,
-                                                                    kpool=kpool, keep=keep)]
+    for prefetch in (True, False):
+        shape = launch_shape(keep, prefetch=prefetch)
+        buffers = TopPoolsBuffers.allocate(rows, cols, keep, torch.device("cpu"), shape)
+        for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cpu").items():
+            for dtype in (torch.int32, torch.int64):
+                out = torch.empty(rows, keep, dtype=dtype)
+                top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out, buffers=buffers,
+                          shape=shape)
+                where = f"{name} {dtype} prefetch={prefetch}"
+                problems += [f"{where}: {p}" for p in top_pools_problems(scores, out, first_query=first_query,
+                                                                         kpool=kpool, keep=keep)]
+                problems += [f"{where}: {p}" for p in overflow_problems(name, scores, buffers,
+                                                                        first_query=first_query, kpool=kpool,
+                                                                        keep=keep)]
     return problems
 
 

@@ -35,7 +35,9 @@ with neither), 254 and 250 with D off the tiles; no spill. Adding the merge's sh
 backward 168 at 8 heads of 64 (250 at 64 slots, 80 at 16), 104 and 168 at 16 of 128; no spill. Session 39: the
 pool mass at 64 slots a step 168 (`small`) and 162 (`base`; 166 given the lse), no spill; the indexer's scoring
 kernel that writes the groups' tops 254 at 8 warps, no spill (255 and 1,300 bytes spilled at 4 warps; 1,408 when
-one [rows, 4 runs] tile was reshaped for the groups' maxima).)
+one [rows, 4 runs] tile was reshaped for the groups' maxima). Session 40: the top-k's second read loading each step's
+next block first 80 registers, no spill (48 without; 72 and a 4-byte spill when it carried the ordered patterns and
+their mask into the next step instead of the stored scores).)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -297,10 +299,10 @@ def topk_builds() -> dict[str, Build]:
                                   warps=shape.warps),
         "top-k floors": Build(kernels.floors_kernel, {"tops_ptr": i32, **common},
                               {"GROUPS": shape.groups, "SEGMENT": shape.segment}),
-        "top-k candidates": Build(kernels.candidates_kernel,
-                                  {"scores_ptr": "*fp32", **common, "cand_vals_ptr": i32, "cand_ids_ptr": i32},
-                                  {"BLOCK": shape.block, "SEGMENT": shape.segment, "CAP": shape.cap},
-                                  warps=shape.warps),
+        **{f"top-k candidates{'' if prefetch else ', no prefetch'}": Build(
+            kernels.candidates_kernel, {"scores_ptr": "*fp32", **common, "cand_vals_ptr": i32, "cand_ids_ptr": i32},
+            {"BLOCK": shape.block, "SEGMENT": shape.segment, "CAP": shape.cap, "PREFETCH": prefetch},
+            warps=shape.warps) for prefetch in (True, False)},
         "top-k select": Build(kernels.select_kernel, {"scores_ptr": "*fp32", **common, "cand_vals_ptr": i32,
                                                       "cand_ids_ptr": i32, "pools_ptr": i32},
                               {"KEEP_BLOCK": shape.keep_block, "BLOCK": shape.block, "CAP": shape.cap},

@@ -19,7 +19,11 @@ slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
 2. A second read copies every score at or above the floor, with its pool id, to the row's ``CAP`` candidate slots
    (each slot taken by an atomic add). On the benchmark's scores (random features, ``keep`` 512) about 1.2 ``keep``
    of a row's pass; the cap is 8 ``keep``. The floor was the lowest of ``keep / 2`` groups' second-largest scores
-   until 2026-12-03: about 4 ``keep`` passed, and about one row in a thousand overflowed its slots.
+   until 2026-12-03: about 4 ``keep`` passed, and about one row in a thousand overflowed its slots. This read ran
+   at 1.0-1.3 TB/s against the first read's 2.2-2.3 (benchmarks/results/indexer_topk_2026-12-02/): a step whose
+   block has a passing score waits for its slot to come back from the L2 before its stores, and only then loaded
+   the next block. It now loads the next block first (``LaunchShape.prefetch``; not yet timed on a GPU, where
+   bench_indexer_topk.py's sweep times it both ways).
 3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
    (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
    Where fewer than ``keep`` scores lie above the floor the floor is the cut. When the candidates overflowed their
@@ -61,13 +65,15 @@ class LaunchShape:
     block: int = BLOCK    # scores per step of the second read
     warps: int = 4        # warps of the per-segment programs
     select_warps: int = 8  # warps of the per-row selection
+    prefetch: bool = True  # the second read loads each step's next block before taking its own block's slots
 
     def segments(self, n_cols: int) -> int:
         return max(1, -(-n_cols // self.segment))
 
 
 def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile: int = TILE,
-                 warps: int = 4, select_warps: int = 8, groups: int | None = None) -> LaunchShape:
+                 warps: int = 4, select_warps: int = 8, groups: int | None = None,
+                 prefetch: bool = True) -> LaunchShape:
     """The kernels' block sizes for ``keep`` pools a row (the keywords: powers of two, for
     benchmarks/bench_indexer_topk.py's sweep)."""
     if keep < 1:
@@ -84,7 +90,7 @@ def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile:
     return LaunchShape(keep_block=keep_block, groups=groups, group_rows=group_rows,
                        segment=max(segment, group_rows * groups, block),
                        cap=max(CAP_PER_KEPT * keep_block, 4 * groups, block), block=block, warps=warps,
-                       select_warps=select_warps)
+                       select_warps=select_warps, prefetch=prefetch)
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ def top_pools(scores: torch.Tensor, *, first_query: int, kpool: int, keep: int, 
     _mark(stages)
     kernels.candidates_kernel[(n_rows, segments)](
         scores, floors, counts, vals, ids, first_query, n_cols, kpool, keep, scores.stride(0), vals.stride(0),
-        BLOCK=shape.block, SEGMENT=shape.segment, CAP=shape.cap, num_warps=shape.warps)
+        BLOCK=shape.block, SEGMENT=shape.segment, CAP=shape.cap, PREFETCH=shape.prefetch, num_warps=shape.warps)
     _mark(stages)
     kernels.select_kernel[(n_rows,)](
         scores, floors, counts, vals, ids, out, first_query, n_cols, kpool, keep, scores.stride(0), vals.stride(0),

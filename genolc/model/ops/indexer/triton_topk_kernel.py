@@ -227,10 +227,35 @@ def floors_kernel(tops_ptr, floors_ptr, counts_ptr, first_query, n_cols, kpool, 
 
 
 @triton.jit
+def _segment_block(scores, start, offs, seg_end):
+    # A block of the row's scores as stored (fp32), 0.0 past the segment's end (``_take_candidates`` masks those).
+    return tl.load(scores + start + offs, mask=start + offs < seg_end, other=0.0)
+
+
+@triton.jit
+def _take_candidates(block, start, offs, seg_end, floor, counter, cand_vals, cand_ids, above, CAP: tl.constexpr):
+    # One block's scores at or above the floor into the row's slots (``counter``: the row's slot count); returns
+    # the count above the floor so far.
+    inside = start + offs < seg_end
+    value = _ordered(block)
+    passing = (value >= floor) & inside
+    # One atomic add per passing score (about 600 of a row's on random features, 1 in 220 at 128k pools): no
+    # reduction or scan in the loop, which made it 2.7 times slower than the first read (bench_indexer_topk.py).
+    # Relaxed: only the select kernel reads the slots, after this launch; Triton's default (acq_rel) fences each.
+    slot = tl.atomic_add(counter + tl.zeros_like(offs), tl.full(offs.shape, 1, tl.int32), mask=passing,
+                         sem="relaxed")
+    tl.store(cand_vals + slot, value, mask=passing & (slot < CAP))
+    tl.store(cand_ids + slot, start + offs, mask=passing & (slot < CAP))
+    return above + ((value > floor) & inside).to(tl.int32)
+
+
+@triton.jit
 def candidates_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_ids_ptr, first_query, n_cols, kpool,
-                      keep, stride_s, stride_c, BLOCK: tl.constexpr, SEGMENT: tl.constexpr, CAP: tl.constexpr):
+                      keep, stride_s, stride_c, BLOCK: tl.constexpr, SEGMENT: tl.constexpr, CAP: tl.constexpr,
+                      PREFETCH: tl.constexpr):
     """Copies the segment's scores at or above the row's floor (and their pool ids) to the row's candidate slots,
-    each slot taken with an atomic add on counts[row, 0]; counts[row, 1] gathers the scores above the floor."""
+    each slot taken with an atomic add on counts[row, 0]; counts[row, 1] gathers the scores above the floor.
+    ``PREFETCH``: each step loads the next block's scores before it takes its own block's slots."""
     row = tl.program_id(0)
     segment = tl.program_id(1)
     n = _visible(first_query, row, kpool, n_cols)
@@ -241,21 +266,23 @@ def candidates_kernel(scores_ptr, floors_ptr, counts_ptr, cand_vals_ptr, cand_id
         floor = tl.load(floors_ptr + 2 * row)
         cand_vals = cand_vals_ptr + row.to(tl.int64) * stride_c
         cand_ids = cand_ids_ptr + row.to(tl.int64) * stride_c
+        counter = counts_ptr + 2 * row
         offs = tl.arange(0, BLOCK)
-        counter = counts_ptr + 2 * row + tl.zeros([BLOCK], tl.int32)
-        ones = tl.full([BLOCK], 1, tl.int32)
         above = tl.zeros([BLOCK], tl.int32)
-        for start in range(seg_start, seg_end, BLOCK):
-            value, inside = _load_ordered(scores, start, offs, seg_end)
-            passing = (value >= floor) & inside
-            # One atomic add per passing score (about 600 of a row's on random features, 1 in 220 at 128k pools): no
-            # reduction or scan in the loop, which made it 2.7 times slower than the first read
-            # (bench_indexer_topk.py). Relaxed: only the select kernel reads the slots, after this launch; Triton's
-            # default (acq_rel) fences each.
-            slot = tl.atomic_add(counter, ones, mask=passing, sem="relaxed")
-            tl.store(cand_vals + slot, value, mask=passing & (slot < CAP))
-            tl.store(cand_ids + slot, start + offs, mask=passing & (slot < CAP))
-            above += ((value > floor) & inside).to(tl.int32)
+        if PREFETCH:
+            # A block with a passing score waits for its slot to come back from the L2 before its stores. Loaded
+            # ahead, the next block's scores arrive during that wait instead of after it (the last step's load is
+            # masked off whole: nothing is read past the segment).
+            block = _segment_block(scores, seg_start, offs, seg_end)
+            for start in range(seg_start, seg_end, BLOCK):
+                next_block = _segment_block(scores, start + BLOCK, offs, seg_end)
+                above = _take_candidates(block, start, offs, seg_end, floor, counter, cand_vals, cand_ids, above,
+                                         CAP)
+                block = next_block
+        else:
+            for start in range(seg_start, seg_end, BLOCK):
+                above = _take_candidates(_segment_block(scores, start, offs, seg_end), start, offs, seg_end, floor,
+                                         counter, cand_vals, cand_ids, above, CAP)
         tl.atomic_add(counts_ptr + 2 * row + 1, tl.sum(above, axis=0), sem="relaxed")
 
 
