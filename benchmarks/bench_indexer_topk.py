@@ -6,12 +6,12 @@ scoring kernel, the chunk's rows as genolc.model.ops.indexer.triton.default_quer
 the block (what the op ran before 2026-12-02) against top_pools, whole and per kernel (CUDA events), medians of 10.
 Then scoring and top-k together both ways streamed_select could run them (the scoring kernel and top_pools' four
 launches, or the scoring kernel that writes the groups' tops and top_pools' other three), and top_pools with its
-second read not loading ahead (``prefetch=False``, the default before 2026-12-05). --sweep also times other
-segment / block / tile / warp sizes of top_pools; --score-sweep times the scoring kernel's other tile shapes on the
-same block (and the largest difference of their scores from the default tiles'). Counts: the causal scores (rows x
-mean visible pools x 4 bytes), which top_pools reads twice (torch.topk reads whole rows, in four radix passes and a
-gather); GB/s is twice that over top_pools' time. Also the candidates a row copied (mean, max) and the rows whose
-candidates overflowed their slots (select reads those rows again).
+second read loading each step's next block ahead (``prefetch=True``; off by default until timed). --sweep also
+times other segment / block / tile / warp sizes of top_pools; --score-sweep times the scoring kernel's other tile
+shapes on the same block (and the largest difference of their scores from the default tiles'). Counts: the causal
+scores (rows x mean visible pools x 4 bytes), which top_pools reads twice (torch.topk reads whole rows, in four radix
+passes and a gather); GB/s is twice that over top_pools' time. Also the candidates a row copied (mean, max) and the
+rows whose candidates overflowed their slots (select reads those rows again).
 Writes benchmarks/results/indexer_topk_<date>.json (OUT when set).
 """
 
@@ -137,8 +137,8 @@ def main() -> None:
         rows_out.append({**base, "variant": "torch.topk", "ms": torch_ms})
         print(rows_out[-1], flush=True)
         rows_out += selection_pipelines(inputs, first, block, reference, base)
-        # The second read without its prefetch, always: the default's A/B (LaunchShape.prefetch).
-        for overrides in [{}, dict(prefetch=False)] + (SWEEP if args.sweep else []):
+        # The second read loading ahead, always: LaunchShape.prefetch is off until this A/B says otherwise.
+        for overrides in [{}, dict(prefetch=True)] + (SWEEP if args.sweep else []):
             shape = launch_shape(KEEP, **overrides)
             out = torch.empty(rows, KEEP, dtype=torch.int64, device="cuda")
             buffers = TopPoolsBuffers.allocate(rows, cols, KEEP, block.device, shape)

@@ -21,9 +21,11 @@ slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
    of a row's pass; the cap is 8 ``keep``. The floor was the lowest of ``keep / 2`` groups' second-largest scores
    until 2026-12-03: about 4 ``keep`` passed, and about one row in a thousand overflowed its slots. This read ran
    at 1.0-1.3 TB/s against the first read's 2.2-2.3 (benchmarks/results/indexer_topk_2026-12-02/): a step whose
-   block has a passing score waits for its slot to come back from the L2 before its stores, and only then loaded
-   the next block. It now loads the next block first (``LaunchShape.prefetch``; not yet timed on a GPU, where
-   bench_indexer_topk.py's sweep times it both ways).
+   block has a passing score waits for its slot to come back from the L2 before its stores, and only then loads
+   the next block. ``LaunchShape.prefetch`` loads the next block first, so that the load and the wait overlap. It
+   is off until timed (bench_indexer_topk.py times top_pools both ways): it also takes 80 registers a thread against
+   48, six programs an SM instead of ten, which may cost more than the overlap gains where the atomics' wait is
+   long. The first read has no such wait; loading its next tile ahead took it from 64 to 199 registers.
 3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
    (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
    Where fewer than ``keep`` scores lie above the floor the floor is the cut. When the candidates overflowed their
@@ -65,7 +67,7 @@ class LaunchShape:
     block: int = BLOCK    # scores per step of the second read
     warps: int = 4        # warps of the per-segment programs
     select_warps: int = 8  # warps of the per-row selection
-    prefetch: bool = True  # the second read loads each step's next block before taking its own block's slots
+    prefetch: bool = False  # the second read loads each step's next block before taking its own block's slots
 
     def segments(self, n_cols: int) -> int:
         return max(1, -(-n_cols // self.segment))
@@ -73,7 +75,7 @@ class LaunchShape:
 
 def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile: int = TILE,
                  warps: int = 4, select_warps: int = 8, groups: int | None = None,
-                 prefetch: bool = True) -> LaunchShape:
+                 prefetch: bool = False) -> LaunchShape:
     """The kernels' block sizes for ``keep`` pools a row (the keywords: powers of two, for
     benchmarks/bench_indexer_topk.py's sweep)."""
     if keep < 1:
