@@ -5,13 +5,13 @@ presets' indexer (8 heads x 64 dims, kpool 4, 512 pools kept a query), bf16 rand
 scoring kernel, the chunk's rows as genolc.model.ops.indexer.triton.default_query_chunk sizes them. torch.topk over
 the block (what the op ran before 2026-12-02) against top_pools, whole and per kernel (CUDA events), medians of 10.
 Then scoring and top-k together both ways streamed_select could run them (the scoring kernel and top_pools' four
-launches, or the scoring kernel that writes the groups' tops and top_pools' other three), and top_pools with its
-second read loading each step's next block ahead (``prefetch=True``; off by default until timed). --sweep also
-times other segment / block / tile / warp sizes of top_pools; --score-sweep times the scoring kernel's other tile
-shapes on the same block (and the largest difference of their scores from the default tiles'). Counts: the causal
-scores (rows x mean visible pools x 4 bytes), which top_pools reads twice (torch.topk reads whole rows, in four radix
-passes and a gather); GB/s is twice that over top_pools' time. Also the candidates a row copied (mean, max) and the
-rows whose candidates overflowed their slots (select reads those rows again).
+launches, or the scoring kernel that writes the groups' tops and top_pools' other three), and top_pools at the
+launches of its second read not yet timed (``CANDIDATE_LAUNCHES``: loading each step's next block ahead, 512-score
+blocks, both). --sweep also times other segment / block / tile / warp sizes of top_pools; --score-sweep times the
+scoring kernel's other tile shapes on the same block (and the largest difference of their scores from the default
+tiles'). Counts: the causal scores (rows x mean visible pools x 4 bytes), which top_pools reads twice (torch.topk
+reads whole rows, in four radix passes and a gather); GB/s is twice that over top_pools' time. Also the candidates a
+row copied (mean, max) and the rows whose candidates overflowed their slots (select reads those rows again).
 Writes benchmarks/results/indexer_topk_<date>.json (OUT when set).
 """
 
@@ -35,6 +35,7 @@ SWEEP = [dict(segment=s, block=b, tile=t, warps=w) for s, b, t, w in
 SWEEP += [dict(select_warps=16), dict(select_warps=4)]
 # Half as many groups: the floor's 2 G tops are then exactly keep, so the floor is their lowest (before 2026-12-03).
 SWEEP += [dict(groups=KEEP // 2)]
+CANDIDATE_LAUNCHES = [dict(prefetch=True), dict(block=512), dict(block=512, prefetch=True)]
 SCORE_TILES = [dict(block_queries=m, block_pools=n, warps=w, stages=st) for m, n, w, st in
                [(64, 128, 4, 2), (64, 128, 4, 1), (64, 128, 8, 3), (64, 256, 8, 3), (64, 256, 8, 2), (128, 128, 8, 3),
                 (32, 128, 4, 3), (64, 64, 4, 3)]]
@@ -137,8 +138,8 @@ def main() -> None:
         rows_out.append({**base, "variant": "torch.topk", "ms": torch_ms})
         print(rows_out[-1], flush=True)
         rows_out += selection_pipelines(inputs, first, block, reference, base)
-        # The second read loading ahead, always: LaunchShape.prefetch is off until this A/B says otherwise.
-        for overrides in [{}, dict(prefetch=True)] + (SWEEP if args.sweep else []):
+        # The second read's launches still to be timed against the default, always (triton_topk's docstring).
+        for overrides in [{}, *CANDIDATE_LAUNCHES] + (SWEEP if args.sweep else []):
             shape = launch_shape(KEEP, **overrides)
             out = torch.empty(rows, KEEP, dtype=torch.int64, device="cuda")
             buffers = TopPoolsBuffers.allocate(rows, cols, KEEP, block.device, shape)

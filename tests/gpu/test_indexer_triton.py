@@ -75,14 +75,15 @@ def test_int32_output_and_small_query_chunk():
     assert torch.equal(wide.sort(-1).values, narrow.long().sort(-1).values)
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
+# The default launch, and the two the device has yet to time against it (benchmarks/run_selection_checks.sh).
+@pytest.mark.parametrize("launch", [{}, {"prefetch": True}, {"block": 512}], ids=["default", "prefetch", "block512"])
 @pytest.mark.parametrize("rows, cols, first_query, kpool, keep", [
     (64, 131072, 524287 - 63, 4, 512),     # `base`'s and `small`'s last queries at 512k: 128k pools, keep 512
     (48, 5000, 2020, 4, 512),              # rows below keep (505-511 pools) beside rows above it (512-517)
     (16, 40000, 39990, 1, 100),            # keep not a power of two, kpool 1
 ])
-def test_top_pools_kernel(rows, cols, first_query, kpool, keep, prefetch):
-    shape = launch_shape(keep, prefetch=prefetch)
+def test_top_pools_kernel(rows, cols, first_query, kpool, keep, launch):
+    shape = launch_shape(keep, **launch)
     buffers = TopPoolsBuffers.allocate(rows, cols, keep, torch.device("cuda"), shape)
     for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cuda").items():
         for dtype in (torch.int32, torch.int64):

@@ -341,18 +341,18 @@ def check_merge(lead, n, dim, dtype, rows_per_program, block_d, transposed=False
 
 
 def check_top_pools(rows, cols, first_query, kpool, keep) -> list[str]:
-    """The top-k kernel on each kind of score block of top_pools_check.py, int32 and int64 output, its second read
-    with and without loading ahead."""
+    """The top-k kernel on each kind of score block of top_pools_check.py, int32 and int64 output, at the default
+    launch and the two the device has yet to time (the second read loading ahead, 512-score blocks)."""
     problems = []
-    for prefetch in (True, False):
-        shape = launch_shape(keep, prefetch=prefetch)
+    for launch in ({}, {"prefetch": True}, {"block": 512}):
+        shape = launch_shape(keep, **launch)
         buffers = TopPoolsBuffers.allocate(rows, cols, keep, torch.device("cpu"), shape)
         for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cpu").items():
             for dtype in (torch.int32, torch.int64):
                 out = torch.empty(rows, keep, dtype=dtype)
                 top_pools(scores, first_query=first_query, kpool=kpool, keep=keep, out=out, buffers=buffers,
                           shape=shape)
-                where = f"{name} {dtype} prefetch={prefetch}"
+                where = f"{name} {dtype} {launch or 'default'}"
                 problems += [f"{where}: {p}" for p in top_pools_problems(scores, out, first_query=first_query,
                                                                          kpool=kpool, keep=keep)]
                 problems += [f"{where}: {p}" for p in overflow_problems(name, scores, buffers,

@@ -37,7 +37,7 @@ pool mass at 64 slots a step 168 (`small`) and 162 (`base`; 166 given the lse), 
 kernel that writes the groups' tops 254 at 8 warps, no spill (255 and 1,300 bytes spilled at 4 warps; 1,408 when
 one [rows, 4 runs] tile was reshaped for the groups' maxima). Session 40: the top-k's second read loading each step's
 next block first 80 registers, no spill (48 without; 72 and a 4-byte spill when it carried the ordered patterns and
-their mask into the next step instead of the stored scores).)
+their mask into the next step instead of the stored scores); in 512-score blocks 32 without the prefetch, 48 with it.)
 
 Not part of the CI suite (pytest collects ``test_*.py`` only); the throwaway venv of triton_interpreter_check.py.
 """
@@ -299,10 +299,10 @@ def topk_builds() -> dict[str, Build]:
                                   warps=shape.warps),
         "top-k floors": Build(kernels.floors_kernel, {"tops_ptr": i32, **common},
                               {"GROUPS": shape.groups, "SEGMENT": shape.segment}),
-        **{f"top-k candidates{'' if prefetch else ', no prefetch'}": Build(
+        **{f"top-k candidates ({block}-score blocks{', prefetch' if prefetch else ''})": Build(
             kernels.candidates_kernel, {"scores_ptr": "*fp32", **common, "cand_vals_ptr": i32, "cand_ids_ptr": i32},
-            {"BLOCK": shape.block, "SEGMENT": shape.segment, "CAP": shape.cap, "PREFETCH": prefetch},
-            warps=shape.warps) for prefetch in (True, False)},
+            {"BLOCK": block, "SEGMENT": shape.segment, "CAP": shape.cap, "PREFETCH": prefetch},
+            warps=shape.warps) for block in (shape.block, 512) for prefetch in (False, True)},
         "top-k select": Build(kernels.select_kernel, {"scores_ptr": "*fp32", **common, "cand_vals_ptr": i32,
                                                       "cand_ids_ptr": i32, "pools_ptr": i32},
                               {"KEEP_BLOCK": shape.keep_block, "BLOCK": shape.block, "CAP": shape.cap},

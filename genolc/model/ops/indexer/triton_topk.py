@@ -19,13 +19,17 @@ slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
 2. A second read copies every score at or above the floor, with its pool id, to the row's ``CAP`` candidate slots
    (each slot taken by an atomic add). On the benchmark's scores (random features, ``keep`` 512) about 1.2 ``keep``
    of a row's pass; the cap is 8 ``keep``. The floor was the lowest of ``keep / 2`` groups' second-largest scores
-   until 2026-12-03: about 4 ``keep`` passed, and about one row in a thousand overflowed its slots. This read ran
-   at 1.0-1.3 TB/s against the first read's 2.2-2.3 (benchmarks/results/indexer_topk_2026-12-02/): a step whose
-   block has a passing score waits for its slot to come back from the L2 before its stores, and only then loads
-   the next block. ``LaunchShape.prefetch`` loads the next block first, so that the load and the wait overlap. It
-   is off until timed (bench_indexer_topk.py times top_pools both ways): it also takes 80 registers a thread against
-   48, six programs an SM instead of ten, which may cost more than the overlap gains where the atomics' wait is
-   long. The first read has no such wait; loading its next tile ahead took it from 64 to 199 registers.
+   until 2026-12-03: about 4 ``keep`` passed, and about one row in a thousand overflowed its slots. This read is
+   the slower: 0.51 ms against the first read's 0.37 on a 512k block, 0.47 against 0.31 at 1M (2.1 against 2.9
+   TB/s at 512k; benchmarks/results/indexer_scoring_2026-12-03/call3_5233a82/topk.log). There its time followed the
+   warps an SM holds rather than the bytes in flight: 0.51 ms in 1024-score blocks (48 registers, 40 warps an SM),
+   0.92 in 2048 (96, 20 warps), 1.01 in 4096 with 8 warps (120, 16) and 1.68 with 4 (254, 8), with 32-40 KB an SM
+   in flight in each (registers as tests/gpu/triton_lowering_check.py builds them for sm_90 here). Each warp's
+   chain (load, an atomic slot whose return its stores wait for, the stores) bounds it. Two launches wait for a GPU (off until then; bench_indexer_topk.py times them beside the default):
+   512-score blocks (``launch_shape(block=512)``: 32 registers, 64 warps an SM), and ``LaunchShape.prefetch``,
+   which loads a step's next block before its own block's atomics so that the load overlaps the slot's wait (80
+   registers in 1024-score blocks, 48 in 512). Loading the first read's next tile ahead took it from 64 to 199
+   registers and was not kept.
 3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
    (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
    Where fewer than ``keep`` scores lie above the floor the floor is the cut. When the candidates overflowed their
