@@ -25,11 +25,11 @@ slower than ``torch.topk`` at 1M, benchmarks/results/indexer_topk_2026-12-02/):
    warps an SM holds rather than the bytes in flight: 0.51 ms in 1024-score blocks (48 registers, 40 warps an SM),
    0.92 in 2048 (96, 20 warps), 1.01 in 4096 with 8 warps (120, 16) and 1.68 with 4 (254, 8), with 32-40 KB an SM
    in flight in each (registers as tests/gpu/triton_lowering_check.py builds them for sm_90 here). Each warp's
-   chain (load, an atomic slot whose return its stores wait for, the stores) bounds it. Two launches wait for a GPU (off until then; bench_indexer_topk.py times them beside the default):
-   512-score blocks (``launch_shape(block=512)``: 32 registers, 64 warps an SM), and ``LaunchShape.prefetch``,
-   which loads a step's next block before its own block's atomics so that the load overlaps the slot's wait (80
-   registers in 1024-score blocks, 48 in 512). Loading the first read's next tile ahead took it from 64 to 199
-   registers and was not kept.
+   chain (load, an atomic slot whose return its stores wait for, the stores) bounds it. Two launches wait for a
+   GPU (off until then; bench_indexer_topk.py times them beside the default): 512-score blocks
+   (``launch_shape(block=512)``: 32 registers, 64 warps an SM), and ``LaunchShape.prefetch``, which loads a step's
+   next block before its own block's atomics so that the load overlaps the slot's wait (80 registers in 1024-score
+   blocks, 48 in 512). Loading the first read's next tile ahead took it from 64 to 199 registers and was not kept.
 3. Per row, the cut (the ``keep``-th best score): a bisection over the candidates' ordered patterns in registers
    (at most 32 counts), then among the scores at the cut the lowest-numbered pools (a bisection over their ids).
    Where fewer than ``keep`` scores lie above the floor the floor is the cut. When the candidates overflowed their
