@@ -1,13 +1,16 @@
 """python benchmarks/bench_mhc.py [--tokens 32768]   (on the GPU; carry: [".gpu"])
 
-mHC's mixing logits for one chunk of ``--tokens``, fp32 streams (as the trainer's are), shapes of `small`
-(K = 4 x 1024) and `base` (K = 4 x 1536), 24 logits, under bf16 autocast as the trainer runs:
+mHC's mixing logits for one chunk of ``--tokens``, fp32 streams (``--stream-dtype float32``; the trainer's streams are
+bf16 by default, as in the last item below), shapes of `small` (K = 4 x 1024) and `base` (K = 4 x 1536), 24 logits,
+under bf16 autocast as the trainer runs:
 
 - ``compiled reference``: the reference formula (RMS norm, then a Linear) under torch.compile, which is what
   genolc ran before the fused kernel (inductor's norm-and-cast kernel, then cuBLAS's product);
 - ``fused op``: ``genolc.model.ops.mhc.op.mixing_logits`` (the forward and backward Triton kernels behind custom
   ops);
-- the forward and backward kernels alone with each candidate tile config.
+- the forward and backward kernels alone with each candidate tile config;
+- the backward kernel as the trainer launches it (bf16 streams, the block input's and the merge's shares of x's
+  gradient added) with each of ``TRAINER_BACKWARD_CANDIDATES``.
 
 Forward and forward + backward, median of 20 after a warm-up (gpu_bench_common.measure), the streams' read
 bandwidth of the forward, and the error against fp64. Writes JSON (command, git SHA, device) to $OUT or
@@ -34,6 +37,41 @@ CANDIDATES = [mhc_triton.KernelConfig(64, 128, 4), mhc_triton.KernelConfig(64, 6
 BACKWARD_CANDIDATES = [mhc_triton.BackwardConfig(4096, 64, 64, 4, 2), mhc_triton.BackwardConfig(4096, 64, 128, 8, 2),
                        mhc_triton.BackwardConfig(2048, 64, 64, 4, 3), mhc_triton.BackwardConfig(8192, 128, 64, 8, 2),
                        mhc_triton.BackwardConfig(2048, 32, 128, 4, 3)]
+# As the trainer launches the backward (bf16 streams, the block input's and the merge's shares added), the default
+# builds at 220 registers: two programs, 8 warps an SM. 32-row steps take 156-168 (three programs, 12 warps; sm_90
+# lowering here). Which is faster is for the device to say.
+TRAINER_BACKWARD_CANDIDATES = [mhc_triton.DEFAULT_BACKWARD_CONFIG, mhc_triton.BackwardConfig(2048, 32, 64, 4, 3),
+                               mhc_triton.BackwardConfig(2048, 32, 64, 4, 2),
+                               mhc_triton.BackwardConfig(4096, 64, 64, 4, 2),
+                               mhc_triton.BackwardConfig(2048, 32, 128, 4, 2)]
+
+
+def trainer_backward(tokens: int, name: str, config, scaled: torch.Tensor, coef: torch.Tensor,
+                     weight: torch.Tensor) -> list[dict]:
+    """The backward kernel at each of TRAINER_BACKWARD_CANDIDATES as the trainer launches it: bf16 streams, the block
+    input's share (``pre``, its gradient) and the merge's (``grad_x``) added; dx against the default config's."""
+    n, dim = config.hc_mult, config.hidden_size
+    x = torch.randn(tokens, n * dim, device="cuda").bfloat16()
+    pre = torch.rand(tokens, n, device="cuda")
+    grad_block = torch.randn(tokens, dim, device="cuda").bfloat16()
+    grad_x = torch.randn(tokens, n * dim, device="cuda").bfloat16()
+    # Streams and dx, the block input's gradient and the merge's share of x's: the bytes one call moves.
+    moved_gb = (3 * x.numel() + grad_block.numel()) * 2 / 1e9
+    found, default_dx = [], None
+    for candidate in TRAINER_BACKWARD_CANDIDATES:
+        def run():
+            return mhc_triton.fused_mixing_logits_backward(scaled, coef, x, weight, tf32=True, pre=pre,
+                                                           grad_block=grad_block, grad_x=grad_x, config=candidate)
+
+        timed = measure(run, repeats=20)["ms"]
+        dx, _ = run()
+        default_dx = dx.float() if default_dx is None else default_dx
+        found.append({"preset": name, "tokens": tokens, "k": n * dim, "way": "backward kernel, as the trainer runs it",
+                      "config": vars(candidate), "backward_ms": round(timed, 3),
+                      "tb_per_s": round(moved_gb / timed, 2),
+                      "dx_max_diff_vs_default": float((dx.float() - default_dx).abs().max())})
+        print(json.dumps(found[-1]))
+    return found
 
 
 def main() -> None:
@@ -89,6 +127,7 @@ def main() -> None:
                          "config": vars(candidate), "backward_ms": round(timed, 3),
                          "read_and_write_tb_per_s": round(2 * read_gb / timed, 2)})
             print(json.dumps(rows[-1]))
+        rows += trainer_backward(args.tokens, name, config, scaled, coef, weight.detach())
     notes = {"timing": "median of 20 after one warm-up, CUDA events",
              "default_config": vars(mhc_triton.DEFAULT_CONFIG),
              "default_backward_config": vars(mhc_triton.DEFAULT_BACKWARD_CONFIG)}
