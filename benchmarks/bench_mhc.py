@@ -9,8 +9,9 @@ under bf16 autocast as the trainer runs:
 - ``fused op``: ``genolc.model.ops.mhc.op.mixing_logits`` (the forward and backward Triton kernels behind custom
   ops);
 - the forward and backward kernels alone with each candidate tile config;
-- the backward kernel as the trainer launches it (bf16 streams, the block input's and the merge's shares of x's
-  gradient added) with each of ``TRAINER_BACKWARD_CANDIDATES``.
+- the forward kernel on bf16 streams at the default and each candidate config, and the backward kernel as the
+  trainer launches it (bf16 streams, the block input's and the merge's shares of x's gradient added) with each of
+  ``TRAINER_BACKWARD_CANDIDATES``.
 
 Forward and forward + backward, median of 20 after a warm-up (gpu_bench_common.measure), the streams' read
 bandwidth of the forward, and the error against fp64. Writes JSON (command, git SHA, device) to $OUT or
@@ -44,6 +45,30 @@ TRAINER_BACKWARD_CANDIDATES = [mhc_triton.DEFAULT_BACKWARD_CONFIG, mhc_triton.Ba
                                mhc_triton.BackwardConfig(2048, 32, 64, 4, 2),
                                mhc_triton.BackwardConfig(4096, 64, 64, 4, 2),
                                mhc_triton.BackwardConfig(2048, 32, 128, 4, 2)]
+
+
+def trainer_forward(tokens: int, name: str, config, weight: torch.Tensor, eps: float) -> list[dict]:
+    """The forward kernel at each of CANDIDATES on bf16 streams, as the trainer's are by default; the logits against
+    the default config's. A pipelined config becomes the default only after tests/gpu/triton_lowering_check.py's race
+    walk has passed it on bf16 streams (KernelConfig's note). Built here for sm_90 on bf16 streams (2026-12-05,
+    Triton 3.9): the default 124 registers; 64 x 64 at four stages with the tile in registers 166 and no refill race
+    found; 64 x 128 and 128 x 128 at three stages spill (120 and 16 bytes)."""
+    x = torch.randn(tokens, config.hc_mult * config.hidden_size, device="cuda").bfloat16()
+    read_gb = x.numel() * x.element_size() / 1e9
+    found, default_logits = [], None
+    for candidate in [mhc_triton.DEFAULT_CONFIG, *(c for c in CANDIDATES if c != mhc_triton.DEFAULT_CONFIG)]:
+        def run():
+            return mhc_triton.fused_mixing_logits(x, weight, eps, tf32=True, config=candidate)
+
+        timed = measure(run, repeats=20)["ms"]
+        logits, _ = run()
+        default_logits = logits if default_logits is None else default_logits
+        found.append({"preset": name, "tokens": tokens, "k": x.shape[1], "way": "forward kernel, bf16 streams",
+                      "config": vars(candidate), "forward_ms": round(timed, 3),
+                      "forward_read_tb_per_s": round(read_gb / timed, 2),
+                      "logits_max_diff_vs_default": float((logits - default_logits).abs().max())})
+        print(json.dumps(found[-1]))
+    return found
 
 
 def trainer_backward(tokens: int, name: str, config, scaled: torch.Tensor, coef: torch.Tensor,
@@ -127,6 +152,7 @@ def main() -> None:
                          "config": vars(candidate), "backward_ms": round(timed, 3),
                          "read_and_write_tb_per_s": round(2 * read_gb / timed, 2)})
             print(json.dumps(rows[-1]))
+        rows += trainer_forward(args.tokens, name, config, weight.detach(), eps)
         rows += trainer_backward(args.tokens, name, config, scaled, coef, weight.detach())
     notes = {"timing": "median of 20 after one warm-up, CUDA events",
              "default_config": vars(mhc_triton.DEFAULT_CONFIG),
