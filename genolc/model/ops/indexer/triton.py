@@ -38,8 +38,8 @@ BLOCK_POOLS = 128
 GROUP_BLOCK = 32
 SCORE_TOPS_WARPS = 8
 # Whether streamed_select scores with that kernel (one read of each score block by the top-k instead of two). Off
-# until it has run on a GPU: it has passed Triton's interpreter and sm_90 lowering only; the GPU test
-# (tests/gpu/test_indexer_triton.py) and benchmarks/bench_indexer_topk.py's two pipelines are what turn it on.
+# until it has run on a GPU: it has passed Triton's interpreter and sm_90 lowering only. benchmarks/
+# run_selection_checks.sh runs its GPU tests and times the step both ways, and says whether to turn it on.
 SCORE_GROUP_TOPS = False
 
 
