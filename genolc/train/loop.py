@@ -47,7 +47,6 @@ import functools
 import json
 import math
 import os
-import resource
 import signal
 import sys
 import time
@@ -60,7 +59,7 @@ import torch
 from tqdm import tqdm
 
 from genolc.determinism import ComputeSettings, compute_settings, note_kernels
-from genolc.errors import ConfigError, GenolcError, InputError
+from genolc.errors import ConfigError, InputError
 from genolc.fsutil import atomic_write_json, ensure_writable_parent
 from genolc.parallel.launch import writes_outputs
 from genolc.parallel.collectives import all_reduce_counts
@@ -68,23 +67,23 @@ from genolc.parallel.step import all_reduce_gradients, context_parallel_forward_
 from genolc.runs import RunRecord, run_record
 from genolc.signals import Interrupted, StopSignals
 from genolc.train import state as ckpt
-from genolc.train.apply import (apply_recompute, apply_transforms, compile_cache_dir, compile_failure_text,
-                                compile_failures, compile_ran_out_of_memory)
-from genolc.train.background_save import BackgroundCheckpoints, host_room_for, snapshot_bytes
+from genolc.train.apply import (apply_transforms, compile_cache_dir, compile_failure_text, compile_failures,
+                                compile_ran_out_of_memory)
 from genolc.train.balance import add_expert_counts, load_balance_metrics, update_router_bias
 from genolc.train.batch import read_micro_batch
 from genolc.train.chunked import chunked_forward_backward
-from genolc.train.config import TrainConfig, changed_for_resume, stream_dtype_for
-from genolc.train.flops import device_peak_flops, fill_fraction, token_flops
+from genolc.train.config import TrainConfig, stream_dtype_for
 from genolc.train.dashboards import StepMonitor
-from genolc.train.loss import LossTerms
-from genolc.train.plan import (GIB, check_window_lengths, context_parallel_oom_error, oom_error, plans_fp32_streams,
-                               required_seq_multiple)
-from genolc.train.schedule import StepShape, indexer_mode_at, lr_at, stage_lengths, step_shape
+from genolc.train.flops import fill_fraction, token_flops
 from genolc.train.kept_attention import KeptAttention
+from genolc.train.loss import LossTerms
 from genolc.train.optimizer import build_adamw
-from genolc.train.strategy import (StepStrategy, choose_strategy, device_budget_bytes, host_free_bytes_per_process,
-                                   run_micro_batch)
+from genolc.train.plan import check_window_lengths
+from genolc.train.run_checkpoints import RunCheckpoints, check_checkpoint_tokenizer, find_resume_point
+from genolc.train.schedule import indexer_mode_at, lr_at, stage_lengths, step_shape
+from genolc.train.step_metrics import Throughput, allocator_retries, device_peak_gib, host_peak_gib, peak_flops
+from genolc.train.step_plans import StepPlans
+from genolc.train.strategy import run_micro_batch
 from genolc.units import format_length
 
 METRICS = "metrics.jsonl"
@@ -141,12 +140,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _describe_tokenizer(tokenizer: Any) -> str:
-    d = tokenizer.to_dict()
-    extra = f", k={d['k']}" if "k" in d else ""
-    return f"{d.get('kind', type(tokenizer).__name__)}{extra}, {tokenizer.vocab_size} tokens"
-
-
 class _Trainer:
     def __init__(self, config: TrainConfig, hooks: TrainHooks, compute: ComputeSettings) -> None:
         self.config = config
@@ -173,7 +166,7 @@ class _Trainer:
             for stale in ckpt.sweep_temporaries(self.root):
                 _say(f"removed a half-written checkpoint left by an interrupted save: {stale.name}")
         self._barrier()   # the other ranks look for checkpoints only after rank 0 has swept
-        self.resume_from = self._find_resume_point()
+        self.resume_from = find_resume_point(self.root, config, self.tokenizer, _say)
         self.model = self._build_model()
         note_kernels(compute.determinism, self.device.type, self.model.config.layer_types, _say)
         if self.device.type == "cpu":
@@ -204,13 +197,11 @@ class _Trainer:
         self.monitor = StepMonitor(config if self.mesh.writes else config.replace(log=()), self.model)
         self.optimizer = self._build_optimizer()
         self.samplers: dict[int, Any] = {}
-        self.strategies: dict[tuple[int, int], StepStrategy] = {}
+        self.plans = StepPlans(self.model, config, device=self.device, bf16=self.bf16, stream_dtype=self.stream_dtype,
+                               cp_size=self.mesh.cp_size, applied=self.applied, say=_say)
         # Where a chunked step keeps its first pass's DSA forwards: one for the run, whose page-locked host buffers
         # every step reuses.
         self.kept_attention = KeptAttention()
-        # Per-layer recompute wraps the layers for every length once a strategy adds it (--chunk auto on a GPU).
-        self.recompute = config.recompute
-        self.malloc_mmap_threshold: int | None = None
         self.start_step, self.tokens_seen, self.targets_seen = 0, 0, 0
         if self.resume_from is not None:
             saved = ckpt.load_checkpoint(self.resume_from, model=self.model, optimizer=self.optimizer)
@@ -220,10 +211,11 @@ class _Trainer:
             for length, sampler_state in saved["samplers"].items():
                 self._sampler(int(length)).load_state_dict(sampler_state)
             _say(f"resuming from {self.resume_from} (step {self.start_step})")
-        self.last_good: Path | None = self.resume_from
         # Checkpoints before the last are written in the background (genolc/train/background_save.py).
-        self.checkpoints = BackgroundCheckpoints(config.out, tokenizer=self.tokenizer, keep=config.keep_checkpoints)
-        self._checkpoint_seconds, self._checkpoints_in_background = 0.0, 0     # what the saves kept training waiting
+        self.checkpoints = RunCheckpoints(config.out, tokenizer=self.tokenizer, keep=config.keep_checkpoints,
+                                          writes=self.mesh.writes, barrier=self._barrier, say=_say,
+                                          resumed_from=self.resume_from)
+        self.throughput = Throughput(peak_flops(self.device, bf16=self.bf16, devices=self.mesh.world_size))
         self._peak_ranks: list[float] | None = None     # every rank's peak memory so far (distributed runs)
         self._host_peak_ranks: list[float] | None = None  # every rank's peak host RSS so far (distributed runs)
 
@@ -242,51 +234,6 @@ class _Trainer:
                 where=str(cfg.data), fix=f"use --seq {lengths[longest] - 1} or less, or prepare longer chromosomes")
         check_window_lengths(stage_lengths(cfg), self.device.type, cfg.cp, cfg.cp_layout)
 
-    def _find_resume_point(self) -> Path | None:
-        cfg = self.config
-        latest = ckpt.latest_checkpoint(self.root)
-        if latest is None:
-            if cfg.resume:
-                _say(f"--resume: no checkpoint under {self.root} yet, starting from step 0")
-            return None
-        if not cfg.resume:
-            raise ConfigError("the output directory already holds checkpoints", where=str(self.root),
-                              fix="pass --resume to continue that run, or choose another --out")
-        saved = ckpt.read_trainer_state(latest)
-        changed = changed_for_resume(saved["config"], cfg)
-        if changed:
-            raise ConfigError("cannot resume: settings differ from the checkpoint's (" + "; ".join(changed) + ")",
-                              where=str(latest),
-                              fix="resume with the same options, or start a new run in another --out")
-        self._check_checkpoint_tokenizer(latest, trained_on=saved["config"].get("data"))
-        return latest
-
-    def _check_checkpoint_tokenizer(self, path: Path, trained_on: str | None = None) -> bool:
-        """True when ``path`` carries a genome tokenizer (then it must equal the dataset's); False when it has none.
-
-        ``trained_on``: when resuming, the dataset the run was trained on (the advice is then to resume on it).
-        """
-        from genolc.tokenize import load_tokenizer
-
-        file = Path(path) / "tokenizer.json"
-        if not file.is_file():
-            return False
-        try:
-            theirs = load_tokenizer(file)
-        except GenolcError:
-            return False   # a transformers text tokenizer.json, not a genome tokenizer
-        if theirs.to_dict() != self.tokenizer.to_dict():
-            if trained_on is not None:
-                fix = (f"resume with the dataset this run was trained on (--data {trained_on}), or start a new run "
-                       "in another --out")
-            else:
-                fix = (f"prepare the dataset with the checkpoint's tokenizer (genolc prepare --tokenizer {file}) "
-                       "or start from a preset with --model")
-            raise InputError(
-                f"the dataset was prepared with a different tokenizer ({_describe_tokenizer(self.tokenizer)}) than the "
-                f"checkpoint ({_describe_tokenizer(theirs)})", where=f"{self.config.data} vs {path}", fix=fix)
-        return True
-
     def _build_model(self) -> torch.nn.Module:
         from genolc.model import ModelConfig, build_model, load_pretrained, preset, resize_vocab
 
@@ -302,7 +249,7 @@ class _Trainer:
             if not cfg.init.exists():
                 raise InputError("--init checkpoint not found", where=str(cfg.init),
                                  fix="pass a genolc checkpoint directory or a transformers GLM-5.3-Flash checkpoint")
-            genome_tokenizer = self._check_checkpoint_tokenizer(cfg.init)
+            genome_tokenizer = check_checkpoint_tokenizer(cfg.init, self.tokenizer, cfg.data)
             model = load_pretrained(cfg.init)
             if model.config.vocab_size != vocab:
                 if genome_tokenizer:
@@ -340,70 +287,10 @@ class _Trainer:
                                                  dp_rank=mesh.dp_rank, dp_size=mesh.dp_size)
         return self.samplers[length]
 
-    def _strategy(self, shape: StepShape) -> StepStrategy:
-        """The step strategy for this window length (genolc.train.strategy), chosen and said once per length."""
-        key = (shape.seq_len, shape.windows)
-        if key not in self.strategies:
-            cfg = self.config
-            multiple = required_seq_multiple(self.device.type)
-            if self.mesh.cp_size == 1:
-                strategy = choose_strategy(
-                    self.model.config, seq_len=shape.seq_len, windows=shape.windows, grad_accum=shape.grad_accum,
-                    chunk=cfg.chunk, recompute=self.recompute, bf16=self.bf16,
-                    fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
-                    where=f"--seq {format_length(shape.seq_len)} on {self.device}",
-                    auto_recompute=self.device.type == "cuda", fp32_streams=self._fp32_streams(),
-                    host_free_bytes=host_free_bytes_per_process())
-            else:
-                strategy = self._context_parallel_strategy(shape, multiple)
-            if strategy.recompute and not self.recompute:
-                # Chosen per window length, after the model's transforms: checkpointing wraps each layer's forward
-                # in place (the context-parallel mixers inside it are unchanged), so it is added here, once; the
-                # lengths planned after this one are planned with it.
-                self.recompute = True
-                self.applied.append(f"recompute({apply_recompute(self.model)} layers, for "
-                                    f"--seq {format_length(shape.seq_len)})")
-            self.strategies[key] = strategy
-            if strategy.chunk is not None or cfg.chunk is not None:
-                _say(strategy.describe())
-            self._bound_heap_fragments(strategy)
-        return self.strategies[key]
-
-    def _bound_heap_fragments(self, strategy: StepStrategy) -> None:
-        """On CPU, when the plan leaves too little room for glibc's heap fragments, have freed tensors returned to
-        the system (slower steps, no out-of-memory kill: genolc/hostmem.py)."""
-        from genolc import hostmem
-
-        if self.device.type != "cpu" or self.malloc_mmap_threshold is not None:
-            return
-        budget = self._device_bytes()
-        if hostmem.heap_overhead_may_not_fit(strategy.estimate_bytes, budget) and \
-                hostmem.return_large_frees_to_the_system():
-            self.malloc_mmap_threshold = hostmem.MMAP_THRESHOLD_BYTES
-            _say(f"estimated {strategy.estimate_bytes / GIB:.1f} GiB of the {budget / GIB:.1f} GiB free: freed tensors "
-                 f"of 1 MiB or more go back to the system (fewer heap fragments, slower steps)")
-
-    def _context_parallel_strategy(self, shape: StepShape, multiple: int) -> StepStrategy:
-        """A rank holds 1/cp of each window, or of each chunk of it, and what the whole span adds (the DSA rows
-        gathered over it, KDA's wider values): planned by genolc.train.strategy.choose_context_parallel_strategy; the
-        window's caches are whole on every rank, as in one process."""
-        from genolc.parallel.layout import Layout
-        from genolc.train.strategy import choose_context_parallel_strategy
-
-        cfg = self.config
-        cp = self.mesh.cp_size
-        pieces = Layout(shape.seq_len, cp, cfg.cp_layout).piece_count
-        return choose_context_parallel_strategy(
-            self.model.config, seq_len=shape.seq_len, cp=cp, pieces=pieces,
-            windows=shape.windows, chunk=cfg.chunk, recompute=self.recompute, bf16=self.bf16,
-            fast_kernels=self.device.type == "cuda", budget_bytes=self._device_bytes(), multiple=multiple,
-            where=f"--seq {format_length(shape.seq_len)} over --cp {cp} on {self.device}",
-            auto_recompute=self.device.type == "cuda", fp32_streams=self._fp32_streams())
-
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.config
         shape = step_shape(step, cfg)
-        strategy = self._strategy(shape)
+        strategy = self.plans.for_shape(shape)
         lr = lr_at(step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -499,8 +386,9 @@ class _Trainer:
         return loss
 
     def _diverged(self, step: int, what: str) -> ckpt.NonFiniteLossError:
-        self._settle_checkpoints()          # the checkpoint being written is the last good one
-        kept = f"the last good checkpoint is {self.last_good}" if self.last_good else "no checkpoint was saved yet"
+        self.checkpoints.settle()          # the checkpoint being written is the last good one
+        last_good = self.checkpoints.last_good
+        kept = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was saved yet"
         return ckpt.NonFiniteLossError(
             f"training diverged at step {step + 1}: {what}; {kept}", where=str(self.config.out),
             fix="resume from it with --resume and a lower --lr (or a stronger --grad-clip)")
@@ -527,92 +415,13 @@ class _Trainer:
                 dist.destroy_process_group()
 
     def _save(self, step: int, background: bool = False) -> Path:
-        """Checkpoint ``step``; ``background``: the step waits only for its copy to host memory, a thread writes it
-        (``last_good`` names it once it is written)."""
-        if not self.mesh.writes:
-            self._barrier()     # rank 0 writes the checkpoint (every replica holds the same weights)
-            self.last_good = self.root / ckpt.checkpoint_name(step)
-            return self.last_good
-        trainer_state = {"tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen,
-                         "config": self.config.to_dict(),
-                         "samplers": {str(n): s.state_dict() for n, s in self.samplers.items()}}
-        started = time.monotonic()
-        path = self.checkpoints.save(step, model=self.model, optimizer=self.optimizer, trainer_state=trainer_state,
-                                     background=background)
-        self._checkpoint_seconds += time.monotonic() - started
-        self._checkpoints_in_background += int(background)
-        self._note_written()
-        self._barrier()
-        return path
+        return self.checkpoints.save(step, model=self.model, optimizer=self.optimizer,
+                                     trainer_state=self._trainer_state, background=background)
 
-    def _room_for_snapshot(self) -> bool:
-        """Whether a checkpoint can be copied to host memory and written in the background (host_room_for)."""
-        return self.checkpoints.has_buffers or host_room_for(snapshot_bytes(self.model, self.optimizer),
-                                                             host_free_bytes_per_process())
-
-    def _note_written(self) -> None:
-        if self.checkpoints.written is not None:
-            self.last_good = self.checkpoints.written
-
-    def _settle_checkpoints(self) -> None:
-        """Wait for a checkpoint still being written. Its failure is said, not raised: this runs as the run stops
-        on another error or signal."""
-        try:
-            self.checkpoints.wait()
-        except Exception as error:
-            _say(f"the checkpoint being written in the background failed ({error}); the last complete one is kept")
-        self._note_written()
-
-    def _peak_flops(self) -> float | None:
-        """Dense bf16 peak of all the mesh's devices (genolc.train.flops), or None off a GPU in the table."""
-        if self.device.type != "cuda" or not self.bf16:
-            return None
-        peak = device_peak_flops(torch.cuda.get_device_name(self.device))
-        return None if peak is None else peak * self.mesh.world_size
-
-    def _memory_gib(self) -> float:
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / GIB
-        return _host_peak_gib()
-
-    def _allocator_retries(self) -> int | None:
-        """How often CUDA's caching allocator found no free block, emptied its cache (a device-wide sync) and asked
-        the driver again, since the process began (None off CUDA). A step near the device's capacity that does it
-        runs slower; `base` at 512k (113.7 GiB) did it in none of its steps on the H200, and expandable segments
-        did not change its step time (benchmarks/results/finetune_sync_slab_2026-12-04/)."""
-        if self.device.type != "cuda":
-            return None
-        return int(torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0))
-
-    def _device_bytes(self) -> int:
-        return device_budget_bytes(self.device)
-
-    def _fp32_streams(self) -> bool:
-        """Whether the plan counts fp32 residual streams under bf16 autocast (``--stream-dtype float32``)."""
-        return plans_fp32_streams(self.bf16, self.stream_dtype)
-
-    def _oom(self, step: int) -> Exception:
-        cfg = self.config
-        shape = step_shape(step, cfg)
-        strategy = self.strategies.get((shape.seq_len, shape.windows))
-        chunk = strategy.chunk if strategy else None
-        where = f"step {step + 1}, {self.device}"
-        fast = self.device.type == "cuda"
-        multiple = required_seq_multiple(self.device.type)
-        if self.mesh.cp_size > 1:
-            from genolc.parallel.layout import Layout
-
-            pieces = Layout(shape.seq_len, self.mesh.cp_size, cfg.cp_layout).piece_count
-            return context_parallel_oom_error(self.model.config, seq_len=shape.seq_len, cp=self.mesh.cp_size,
-                                              chunk=chunk, windows=shape.windows, recompute=self.recompute,
-                                              bf16=self.bf16, fast_kernels=fast, budget_bytes=self._device_bytes(),
-                                              where=where, chunk_multiple=multiple * pieces if multiple > 1 else 1,
-                                              fp32_streams=self._fp32_streams())
-        return oom_error(self.model.config, seq_len=shape.seq_len, micro_batch=cfg.micro_batch,
-                         grad_accum=cfg.grad_accum, recompute=self.recompute, bf16=self.bf16,
-                         budget_bytes=self._device_bytes(), where=where, fast_kernels=fast, chunk=chunk,
-                         chunk_multiple=multiple, keep_selections=bool(strategy and strategy.keep_selections),
-                         whole_only=cfg.chunk == 0, fp32_streams=self._fp32_streams())
+    def _trainer_state(self) -> dict[str, Any]:
+        """The loop's own values a checkpoint keeps beside the weights and the optimizer's state."""
+        return {"tokens_seen": self.tokens_seen, "targets_seen": self.targets_seen, "config": self.config.to_dict(),
+                "samplers": {str(n): s.state_dict() for n, s in self.samplers.items()}}
 
     def run(self) -> Path:
         cfg = self.config
@@ -621,7 +430,7 @@ class _Trainer:
         # Longest first: recompute that one adds wraps the layers for all, so the shorter ones are planned with it.
         stage_starts = [i * cfg.seq_warmup_steps for i in range(len(cfg.seq_warmup) + 1)]
         for step in sorted({max(start, self.start_step) for start in stage_starts if start < cfg.steps}, reverse=True):
-            self._strategy(step_shape(step, cfg))
+            self.plans.for_shape(step_shape(step, cfg))
         if self.mesh.writes:
             cfg.out.mkdir(parents=True, exist_ok=True)
         metrics_path = cfg.out / METRICS if self.mesh.writes else Path(os.devnull)
@@ -629,11 +438,7 @@ class _Trainer:
         losses = [m["loss"] for m in self._truncate_metrics(metrics_path)]
         self.model.train()
         self._started = time.monotonic()
-        self._step_tokens, self._step_seconds, self._model_flops = 0, 0.0, 0.0
-        # This invocation's first step loads (or compiles and autotunes) the kernels: reported apart from the rest.
-        self._first_step_seconds: float | None = None
-        self._later_tokens, self._later_seconds = 0, 0.0
-        final: Path | None = self.last_good if self.start_step >= cfg.steps else None
+        final: Path | None = self.checkpoints.last_good if self.start_step >= cfg.steps else None
         if final is not None:
             _say(f"the run is already at step {self.start_step} (--steps {cfg.steps}): nothing to train; raise --steps "
                  "to continue it")
@@ -646,7 +451,7 @@ class _Trainer:
             with self.monitor, open(metrics_path, "a") as log, bar, \
                     StopSignals("stopping after the current step and saving a checkpoint") as stop:
                 warmup = self._start_kernel_warmup() if final is None else None
-                kept_bytes = max((strategy.kept_attention_bytes for strategy in self.strategies.values()), default=0)
+                kept_bytes = max((strategy.kept_attention_bytes for strategy in self.plans.strategies.values()), default=0)
                 if final is None and kept_bytes and self.device.type == "cuda":
                     self.kept_attention.reserve(kept_bytes)
                 for step in range(self.start_step, cfg.steps):
@@ -660,9 +465,10 @@ class _Trainer:
                     losses.append(metrics["loss"])
                     done = step + 1
                     if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps:
-                        final = self._save(done, background=done < cfg.steps and self._room_for_snapshot())
+                        background = done < cfg.steps and self.checkpoints.room_for_snapshot(self.model,
+                                                                                            self.optimizer)
+                        final = self._save(done, background=background)
                     self.checkpoints.poll()
-                    self._note_written()
                     bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}",
                                     mem=f"{metrics['memory_gib']:.2f}G", refresh=False)
                     bar.update(1)
@@ -678,15 +484,15 @@ class _Trainer:
             # A second Ctrl-C (or one outside the main thread): stop at once, keeping what was saved before (a
             # checkpoint being written is finished first: another Ctrl-C skips the summary, and the process still
             # ends only once the write does).
-            self._settle_checkpoints()
-            self._write_summary("interrupted", self.last_good, losses)
-            raise TrainingInterrupted.during_step(step + 1, self.last_good, where=str(cfg.out)) from None
+            self.checkpoints.settle()
+            self._write_summary("interrupted", self.checkpoints.last_good, losses)
+            raise TrainingInterrupted.during_step(step + 1, self.checkpoints.last_good, where=str(cfg.out)) from None
         except ckpt.NonFiniteLossError:
-            self._settle_checkpoints()
-            self._write_summary("diverged", self.last_good, losses)
+            self.checkpoints.settle()
+            self._write_summary("diverged", self.checkpoints.last_good, losses)
             raise
         finally:
-            self._settle_checkpoints()
+            self.checkpoints.settle()
             self.kept_attention.close()
             if warmup is not None:
                 warmup.stop()
@@ -706,15 +512,15 @@ class _Trainer:
         if autotune_note(fla_gpu_name(), self.model.config, 1, self.bf16):
             return None
         shape = step_shape(self.start_step, self.config)
-        strategy = self._strategy(shape)
+        strategy = self.plans.for_shape(shape)
         kernels = WarmupShape(
             model=self.model.config.to_hf(), seq_len=shape.seq_len, chunk=strategy.chunk,
             micro_batch=shape.windows, recompute=strategy.recompute, bf16=self.bf16,
             indexer_mode=indexer_mode_at(self.start_step, self.config), stream_dtype=self.stream_dtype,
             keep_kda_intermediates=strategy.keep_kda_intermediates)
         warmup = start_kernel_warmup(kernels, self.device,
-                                     run_bytes=max(s.estimate_bytes for s in self.strategies.values()),
-                                     budget_bytes=self._device_bytes())
+                                     run_bytes=max(s.estimate_bytes for s in self.plans.strategies.values()),
+                                     budget_bytes=self.plans.device_bytes())
         if warmup is not None:
             _say(f"compiling this shape's GPU kernels in a second process while the first step runs (log: "
                  f"{warmup.log}; GENOLC_KERNEL_WARMUP=0 turns it off)")
@@ -732,44 +538,30 @@ class _Trainer:
         return self._sum_over(float(stop.received is not None)) > 0
 
     def _timed_step(self, step: int) -> dict[str, Any]:
-        retries = self._allocator_retries()
+        retries = allocator_retries(self.device)
         t0 = time.monotonic()
         try:
             metrics = self._step(step)
         except torch.cuda.OutOfMemoryError:
-            raise self._oom(step) from None
+            raise self.plans.oom_error(step) from None
         except (compile_failures() if self.compiled else ()) as error:
             if compile_ran_out_of_memory(error):
-                raise self._oom(step) from None
+                raise self.plans.oom_error(step) from None
             raise ConfigError(f"torch.compile could not build the per-token glue: {compile_failure_text(error)}",
                               where=f"step {step + 1}, {self.device}",
                               fix="train with --compile off (the same results, eagerly)") from error
         seconds = time.monotonic() - t0
         shape = step_shape(step, self.config)
         step_tokens = shape.tokens * self.mesh.dp_size
-        strategy = self._strategy(shape)
+        strategy = self.plans.for_shape(shape)
         fill = fill_fraction(shape.seq_len, strategy.chunk, sharded=self.context is not None)
         flops = token_flops(self.model.config, shape.seq_len, recompute=strategy.recompute, chunk_fill=fill,
                             selections_kept=strategy.keep_selections, attention_kept=strategy.keep_attention)
-        self._step_tokens += step_tokens
-        self._step_seconds += seconds
-        self._model_flops += flops.model * step_tokens
-        if self._first_step_seconds is None:
-            self._first_step_seconds = seconds
-        else:
-            self._later_tokens += step_tokens
-            self._later_seconds += seconds
-        metrics["tokens_per_s"] = step_tokens / max(seconds, 1e-9)
-        metrics["model_flops_per_token"] = flops.model
-        peak = self._peak_flops()
-        if peak is not None:
-            metrics["mfu"] = flops.model * metrics["tokens_per_s"] / peak
-            metrics["hfu"] = flops.hardware * metrics["tokens_per_s"] / peak
-        metrics["step_seconds"] = seconds
-        metrics["memory_gib"] = self._memory_gib()
-        metrics["host_memory_gib"] = _host_peak_gib()
+        metrics.update(self.throughput.step(step_tokens, seconds, flops))
+        metrics["memory_gib"] = device_peak_gib(self.device)
+        metrics["host_memory_gib"] = host_peak_gib()
         if retries is not None:
-            metrics["allocator_retries"] = self._allocator_retries() - retries
+            metrics["allocator_retries"] = allocator_retries(self.device) - retries
         if self.mesh.distributed:
             device_peaks, host_peaks = self._gather_floats([metrics["memory_gib"], metrics["host_memory_gib"]])
             metrics["memory_gib_ranks"] = self._peak_ranks = device_peaks
@@ -790,6 +582,7 @@ class _Trainer:
         if not self.mesh.writes:
             return
         cfg = self.config
+        speed = self.throughput.summary()
         summary = {
             "status": status, "final_checkpoint": str(final) if final else None, "steps": cfg.steps,
             "steps_done": len(losses), "resumed_from_step": self.start_step,
@@ -797,22 +590,20 @@ class _Trainer:
             "final_loss": losses[-1] if losses else None,
             "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
             "seconds": time.monotonic() - self._started,       # this invocation (a resumed run counts from resume)
-            "tokens_per_s": self._step_tokens / self._step_seconds if self._step_seconds else None,
-            "mfu": (self._model_flops / self._step_seconds / self._peak_flops()
-                    if self._step_seconds and self._peak_flops() else None),
-            "first_step_seconds": self._first_step_seconds,
+            "tokens_per_s": speed["tokens_per_s"], "mfu": speed["mfu"],
+            "first_step_seconds": speed["first_step_seconds"],
             # Training waited this long for its checkpoints: foreground writes, copies of the background ones, and a
             # background write still running when the next save came.
-            "checkpoint_seconds": self._checkpoint_seconds,
-            "checkpoints_in_background": self._checkpoints_in_background,
-            "tokens_per_s_after_first_step": self._later_tokens / self._later_seconds if self._later_seconds else None,
-            "peak_memory_gib": self._memory_gib(), "peak_memory_gib_ranks": self._peak_ranks,
-            "peak_host_memory_gib": _host_peak_gib(), "peak_host_memory_gib_ranks": self._host_peak_ranks,
+            "checkpoint_seconds": self.checkpoints.seconds,
+            "checkpoints_in_background": self.checkpoints.in_background,
+            "tokens_per_s_after_first_step": speed["tokens_per_s_after_first_step"],
+            "peak_memory_gib": device_peak_gib(self.device), "peak_memory_gib_ranks": self._peak_ranks,
+            "peak_host_memory_gib": host_peak_gib(), "peak_host_memory_gib_ranks": self._host_peak_ranks,
             "device": str(self.device), "bf16": self.bf16, "stream_dtype": self.stream_dtype,
             **self.compute.to_dict(),
             "transforms": self.applied,
-            "malloc_mmap_threshold": self.malloc_mmap_threshold,
-            "step_strategies": [strategy.describe() for strategy in self.strategies.values()],
+            "malloc_mmap_threshold": self.plans.malloc_mmap_threshold,
+            "step_strategies": [strategy.describe() for strategy in self.plans.strategies.values()],
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "mesh": {"world_size": self.mesh.world_size, "data_parallel": self.mesh.dp_size,
                      "context_parallel": self.mesh.cp_size, "cp_layout": cfg.cp_layout, "cp_kda": cfg.cp_kda},
@@ -854,7 +645,3 @@ class TrainingInterrupted(Interrupted):
                    fix="continue with the same command plus --resume" if last_good else
                        "run it again (a single Ctrl-C stops after the current step and saves a checkpoint)")
 
-
-def _host_peak_gib() -> float:
-    """This process's peak resident host memory (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB

@@ -140,7 +140,7 @@ def _finetune_cli(tmp_path, steps: int):
 @pytest.mark.parametrize("free_bytes, expected", [(1 << 50, [True, True, False]), (0, [False, False, False])])
 def test_trainer_writes_checkpoints_but_the_last_in_the_background(tmp_path, monkeypatch, free_bytes, expected):
     """Where the host has room for the buffers; the last checkpoint, and every one without room, in the foreground."""
-    from genolc.train import loop
+    from genolc.train import run_checkpoints
 
     flags = []
     save = BackgroundCheckpoints.save
@@ -150,7 +150,7 @@ def test_trainer_writes_checkpoints_but_the_last_in_the_background(tmp_path, mon
         return save(self, step, **kwargs)
 
     monkeypatch.setattr(BackgroundCheckpoints, "save", spy)
-    monkeypatch.setattr(loop, "host_free_bytes_per_process", lambda: free_bytes)
+    monkeypatch.setattr(run_checkpoints, "host_free_bytes_per_process", lambda: free_bytes)
     trained, run = _finetune_cli(tmp_path, steps=3)
     assert trained.exit_code == 0, trained.output
     assert flags == expected
@@ -191,7 +191,7 @@ def test_a_stop_waits_for_the_checkpoint_being_written(tmp_path, monkeypatch):
 
     def ctrl_c_while_writing(self, stop):
         # A Ctrl-C that arrives while the first checkpoint is still being written.
-        if self.checkpoints.pending:
+        if self.checkpoints.writer.pending:
             stop.received = signal.SIGINT
         return stop.received is not None
 

@@ -12,7 +12,7 @@ from conftest import shared_file
 
 from genolc.cli import main
 from genolc.data.prepare import PrepareConfig, prepare
-from genolc.train import loop
+from genolc.train import step_plans
 from genolc.train.config import TrainConfig
 from genolc.train.loop import TrainHooks, finetune
 from genolc.train.plan import OutOfMemoryPlanError
@@ -175,7 +175,7 @@ def test_a_window_that_does_not_fit_is_refused_before_the_first_step_on_cpu(char
     """On every device the plan is checked before any step: --chunk off with a window estimated beyond the memory
     available is one clear error naming the estimate and an option that fits (here the chunked step), with no step
     run; --chunk auto takes that option itself, says so, and trains."""
-    monkeypatch.setattr(loop, "device_budget_bytes", lambda device: 200 * 2**20)
+    monkeypatch.setattr(step_plans, "device_budget_bytes", lambda device: 200 * 2**20)
     out = _error("--data", char_data, "--seq", "4096", "--steps", "1", "--chunk", "off", "--out", tmp_path / "off")
     assert "out of device memory at --seq 4k: estimated 1" in out and "on a 0.2 GiB device" in out
     assert "try --chunk 512 (estimated to fit)" in out
@@ -212,7 +212,7 @@ def test_a_strategy_that_adds_recompute_gets_it_applied(char_data, tmp_path, mon
         return dataclasses.replace(strategy_module.choose_strategy(*args, **kwargs), chunk=32, recompute=True,
                                    reason="test")
 
-    monkeypatch.setattr(loop, "choose_strategy", with_recompute)
+    monkeypatch.setattr(step_plans, "choose_strategy", with_recompute)
     code, output = _run("--data", char_data, "--seq", "64", "--steps", "1", "--lr", "1e-3", "--warmup", "1",
                         "--out", tmp_path / "rc")
     assert code == 0, output
@@ -255,7 +255,7 @@ def test_recompute_added_for_the_longest_length_is_planned_for_the_shorter_ones(
             return dataclasses.replace(chosen, chunk=32, recompute=True, reason="test")
         return chosen
 
-    monkeypatch.setattr(loop, "choose_strategy", recompute_for_the_longest)
+    monkeypatch.setattr(step_plans, "choose_strategy", recompute_for_the_longest)
     code, output = _run("--data", char_data, "--seq", "64", "--seq-warmup", "32", "--seq-warmup-steps", "1",
                         "--steps", "2", "--warmup", "1", "--out", tmp_path / "rc")
     assert code == 0, output

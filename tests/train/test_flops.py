@@ -95,7 +95,7 @@ def _finetune_one_step(tmp_path, monkeypatch, *options: str) -> tuple[dict, Path
     prepared = runner.invoke(cli, ["prepare", str(sample_files()[0]), "--out", str(data), "--train", "all",
                                    "--heldout", "none", "--no-progress"])
     assert prepared.exit_code == 0, prepared.output
-    monkeypatch.setattr(loop._Trainer, "_peak_flops", lambda self: 1e12)
+    monkeypatch.setattr(loop, "peak_flops", lambda device, **kwargs: 1e12)
     trained = runner.invoke(cli, ["finetune", "--data", str(data), "--model", "tiny", "--seq", "256", "--steps", "1",
                                   "--warmup", "0", "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1",
                                   *options])

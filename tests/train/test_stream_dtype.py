@@ -171,11 +171,11 @@ def test_bf16_streams_without_autocast_are_one_error_that_leaves_no_run(tmp_path
 @pytest.mark.parametrize("stream_dtype, fp32_streams", [("auto", False), ("float32", True)])
 def test_the_memory_plan_counts_the_streams_the_run_carries(tmp_path, monkeypatch, stream_dtype, fp32_streams):
     """Under bf16 autocast `finetune` plans fp32 streams only with --stream-dtype float32 (genolc/train/plan.py)."""
-    import genolc.train.loop as loop
+    import genolc.train.step_plans as step_plans
 
     asked = []
-    original = loop.choose_strategy
-    monkeypatch.setattr(loop, "choose_strategy", lambda *args, **kwargs: asked.append(kwargs["fp32_streams"])
+    original = step_plans.choose_strategy
+    monkeypatch.setattr(step_plans, "choose_strategy", lambda *args, **kwargs: asked.append(kwargs["fp32_streams"])
                         or original(*args, **kwargs))
     data = prepare(PrepareConfig(genomes=(shared_file("other/lambda_phage_NC_001416.1.fa.gz"),), out=tmp_path / "ds",
                                  train="all", heldout=(), progress=False))
