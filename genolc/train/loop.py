@@ -451,7 +451,7 @@ class _Trainer:
             with self.monitor, open(metrics_path, "a") as log, bar, \
                     StopSignals("stopping after the current step and saving a checkpoint") as stop:
                 warmup = self._start_kernel_warmup() if final is None else None
-                kept_bytes = max((strategy.kept_attention_bytes for strategy in self.plans.strategies.values()), default=0)
+                kept_bytes = max((plan.kept_attention_bytes for plan in self.plans.strategies.values()), default=0)
                 if final is None and kept_bytes and self.device.type == "cuda":
                     self.kept_attention.reserve(kept_bytes)
                 for step in range(self.start_step, cfg.steps):

@@ -108,9 +108,9 @@ class RunCheckpoints:
             self.barrier()     # rank 0 writes the checkpoint (every replica holds the same weights)
             self.last_good = self.root / ckpt.checkpoint_name(step)
             return self.last_good
+        state = trainer_state()
         started = time.monotonic()
-        path = self.writer.save(step, model=model, optimizer=optimizer, trainer_state=trainer_state(),
-                                background=background)
+        path = self.writer.save(step, model=model, optimizer=optimizer, trainer_state=state, background=background)
         self.seconds += time.monotonic() - started
         self.in_background += int(background)
         self._note_written()
