@@ -16,7 +16,9 @@ device's bf16 peak from its table). It reports:
   the removed kernels' time, and copies that overlap compute would shrink it by less; it never falls below the
   GEMMs').
 
-``--json FILE`` also writes the numbers.
+``--peak-tflops P`` divides by ``P`` TFLOP/s instead of the vendor's peak. The issue that set the MFU goals (14)
+divided by 798, the dense bf16 rate measured on the H200 on 2026-11-30; genolc's trainer divides by the vendor's
+989, so its MFU is 798/989 = 0.81 of the issue's for the same step. ``--json FILE`` also writes the numbers.
 """
 
 from __future__ import annotations
@@ -60,18 +62,19 @@ def profiled_step(record: dict, where: str) -> dict:
     return step
 
 
-def ceiling(record: dict, target: float, where: str) -> dict:
-    """The numbers of the module docstring for one profile record."""
+def ceiling(record: dict, target: float, where: str, peak_flops: float | None = None) -> dict:
+    """The numbers of the module docstring for one profile record; ``peak_flops``: the peak MFU divides by (None:
+    the device's from genolc/train/flops.py's table)."""
     step = profiled_step(record, where)
     try:
-        return _ceiling(record, step, target, where)
+        return _ceiling(record, step, target, where, peak_flops)
     except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise RecordError(f"{where}: a field of its profiled step is missing or malformed ({error!r}); rerun "
                           f"profile_chunked_step.py") from None
 
 
-def _ceiling(record: dict, step: dict, target: float, where: str) -> dict:
-    peak = device_peak_flops(str(record.get("device") or ""))
+def _ceiling(record: dict, step: dict, target: float, where: str, peak_flops: float | None) -> dict:
+    peak = peak_flops or device_peak_flops(str(record.get("device") or ""))
     if peak is None:
         raise RecordError(f"{where}: device {record.get('device')!r} is not in genolc/train/flops.py's peak table")
     try:
@@ -136,17 +139,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("profiles", nargs="+", help="records written by profile_chunked_step.py")
     parser.add_argument("--target", type=float, default=0.25, help="MFU to measure the distance to (0-1)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="divide by this peak, in TFLOP/s (default: the device's vendor peak; issue 14 used 798)")
     parser.add_argument("--json", default="", help="also write the numbers to this file")
     args = parser.parse_args()
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target}: give a fraction of the peak, above 0 and at most 1 (e.g. 0.25)")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        parser.error(f"--peak-tflops {args.peak_tflops}: give the peak in TFLOP/s, above 0 (e.g. 798)")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         parser.error(f"--json {args.json}: its folder does not exist; create it or write the file elsewhere")
     results = []
     for name in args.profiles:
         try:
             record = json.loads(Path(name).read_text())
-            results.append(ceiling(record, args.target, name))
+            results.append(ceiling(record, args.target, name,
+                                   args.peak_tflops * 1e12 if args.peak_tflops is not None else None))
         except OSError as error:
             parser.error(f"{name}: cannot read it ({error.strerror}); give a profile_chunked_step.py record")
         except (json.JSONDecodeError, UnicodeDecodeError) as error:

@@ -105,3 +105,22 @@ def test_the_command_prints_the_table_and_refuses_what_it_cannot_read(tmp_path):
     refused = subprocess.run([sys.executable, str(SCRIPT), str(PROFILES / "profile_small_512k.json"), "--target", "0"],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "--target 0.0" in refused.stderr
+
+
+def test_another_peak_scales_every_mfu_and_the_target_wall():
+    """Issue 14 divided by the 798 TFLOP/s measured on the H200, genolc by the vendor's 989."""
+    record = load("profile_base_512k.json")
+    vendor = ceiling(record, 0.25, "base")
+    measured = ceiling(record, 0.25, "base", peak_flops=798e12)
+    assert measured["peak_tflops"] == 798 and measured["seconds"] == vendor["seconds"]
+    assert measured["mfu"] == pytest.approx(vendor["mfu"] * 989 / 798, abs=1e-4)
+    assert measured["target_seconds"] == pytest.approx(vendor["target_seconds"] * 989 / 798, rel=1e-3)
+    for ours, theirs in zip(vendor["removed_largest_first"], measured["removed_largest_first"]):
+        assert theirs["wall_at_least"] == ours["wall_at_least"]
+        assert theirs["mfu_at_most"] == pytest.approx(ours["mfu_at_most"] * 989 / 798, abs=1e-4)
+    done = subprocess.run([sys.executable, str(SCRIPT), str(PROFILES / "profile_small_512k.json"), "--peak-tflops",
+                           "798"], capture_output=True, text=True, check=True)
+    assert "of 798 TFLOP/s" in done.stdout
+    refused = subprocess.run([sys.executable, str(SCRIPT), str(PROFILES / "profile_small_512k.json"),
+                              "--peak-tflops", "-1"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--peak-tflops -1.0" in refused.stderr and not refused.stdout
