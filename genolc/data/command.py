@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from genolc.config_defaults import config_default
-from genolc.data.prepare import PrepareConfig, parse_split, prepare
+from genolc.data.prepare import PrepareConfig, prepare
+from genolc.data.record_selection import parse_split
 
 
 @click.command("prepare")

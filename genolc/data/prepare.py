@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -33,15 +32,14 @@ from genolc.data import genome
 from genolc.data.bed import read_bed
 from genolc.data.duplication import BLOCK_BASES, TrainBlockIndex, heldout_coverage
 from genolc.data.prepare_record import OFFSET_STRIDE, RecordWriter, RegionMask
+from genolc.data.record_selection import (RecordSelector, Region, check_queries_disjoint, check_regions_disjoint,
+                                          check_selection, parse_region, split_queries)
 from genolc.errors import ConfigError, InputError
 from genolc.fsutil import atomic_dir, atomic_write_json, check_output_dir, file_md5
 from genolc.runs import RUNS_DIRNAME, run_record
 from genolc.tokenize import make_tokenizer, save_tokenizer
 
 FORMAT_VERSION = 1
-ALL = "all"
-DEFAULT_TRAIN = ("chr1", "chr2")
-DEFAULT_HELDOUT = ("chr22",)
 OUTPUT_KIND = "dataset directory"
 # Datasets written before outputs carried genolc's marker are recognised by their manifest.
 LEGACY_OUTPUT = ("manifest.json",)
@@ -54,7 +52,7 @@ class PrepareConfig:
     ``train``: queries (names or aliases), ``"all"`` for every record not held out, or None for chr1,chr2.
     ``heldout``: queries, ``()`` for no held-out split, or None for chr22. A query may be a region,
     ``NAME:START-END`` (1-based, inclusive, chromosome coordinates, as samtools writes them): that stretch of the
-    record is held out and the rest of it goes where the record would otherwise go (see :func:`parse_region`).
+    record is held out and the rest of it goes where the record would otherwise go (see genolc.data.record_selection.parse_region).
     """
 
     genomes: tuple[Path, ...]
@@ -80,177 +78,11 @@ class PrepareConfig:
             raise ConfigError(f"chunk size must be a multiple of 8 and at least 65536, got {self.chunk_bases}")
         if self.bpe_sample_bases < 1:
             raise ConfigError(f"the BPE training sample must be positive, got {self.bpe_sample_bases}")
-        _check_regions_disjoint([r for r in map(parse_region, self.heldout or ()) if r is not None])
-
-
-def parse_split(text: str | None, option: str) -> tuple[str, ...] | str | None:
-    """CLI text -> split queries: None stays None (default), 'all' -> 'all', 'none' -> (), 'a,b' -> ('a', 'b')."""
-    if text is None:
-        return None
-    value = text.strip()
-    if value.lower() == ALL:
-        if option == "--heldout":
-            raise ConfigError("--heldout all would leave nothing to train on", fix="name the held-out records")
-        return ALL
-    if value.lower() == "none":
-        if option == "--train":
-            raise ConfigError("--train none leaves nothing to train on", fix="name the training records or use all")
-        return ()
-    queries = tuple(q.strip() for q in value.split(",") if q.strip())
-    if not queries:
-        raise ConfigError(f"{option} is empty", fix=f"name records, e.g. {option} chr22")
-    for previous, query in zip(queries, queries[1:]):
-        if query.isdigit() and ":" in previous:
-            raise ConfigError(f"{option} {value!r}: commas separate records, so {previous},{query} reads as two",
-                              fix="write region coordinates without thousands separators, e.g. chr2R:1-5000000")
-    return queries
-
-
-@dataclass(frozen=True)
-class Region:
-    """A held-out region: record ``name`` (or alias), bases ``start..end`` (1-based, inclusive, chromosome
-    coordinates: a record whose header carries a region starts at its own ``start``, as BED files and evaluation
-    outputs count). ``query`` is the text as given."""
-
-    query: str
-    name: str
-    start: int
-    end: int
-
-    def overlaps(self, other: "Region") -> bool:
-        return self.start <= other.end and other.start <= self.end
-
-
-_REGION_SHAPED = re.compile(r"(?P<name>.+):(?P<span>[^:]*-[^:]*)")
-_REGION_SPAN = re.compile(r"(?P<start>[0-9]+)-(?P<end>[0-9]+)")
-_REGION_FIX = "write NAME:START-END with 1-based inclusive coordinates, e.g. chr2R:1-5000000"
-
-
-def parse_region(query: str) -> Region | None:
-    """``NAME:START-END`` -> :class:`Region`; None for a record name (no ``:…-…`` with digits after the last colon).
-
-    A query that looks like a region but is not a valid one (``chr2R:5-``, ``chr2R:0-10``, ``chr2R:9-3``) is a
-    ConfigError. A record whose own name has that shape (``>22:20000001-21000000``) is still matched whole by it.
-    """
-    shaped = _REGION_SHAPED.fullmatch(query.strip())
-    if shaped is None or not any(c.isdigit() for c in shaped["span"]):
-        return None
-    span = _REGION_SPAN.fullmatch(shaped["span"].strip())
-    if span is None:
-        raise ConfigError(f"--heldout {query!r} is not a region", fix=_REGION_FIX)
-    start, end = int(span["start"]), int(span["end"])
-    if start < 1:
-        raise ConfigError(f"--heldout {query!r}: coordinates are 1-based, so a region starts at base 1 or later",
-                          fix=_REGION_FIX)
-    if start > end:
-        raise ConfigError(f"--heldout {query!r}: the region starts after it ends", fix=_REGION_FIX)
-    return Region(query=query, name=shaped["name"].strip(), start=start, end=end)
-
-
-def _check_regions_disjoint(regions: list[Region], same_record=None) -> None:
-    """ConfigError for two regions that overlap on one record (``same_record``: by canonical name when None)."""
-    same = same_record or (lambda a, b: genome.canonical_chrom(a.name) == genome.canonical_chrom(b.name))
-    for i, a in enumerate(regions):
-        for b in regions[i + 1:]:
-            if same(a, b) and a.overlaps(b):
-                raise ConfigError(f"--heldout regions {a.query} and {b.query} overlap",
-                                  fix="merge them into one region, or make them disjoint")
+        check_regions_disjoint([r for r in map(parse_region, self.heldout or ()) if r is not None])
 
 
 def _say(message: str) -> None:
     click.echo(message, err=True)
-
-
-def _query_matches(query: str, info: genome.RecordInfo, key: str) -> bool:
-    if query in (info.name, info.chrom, key):
-        return True
-    alias = genome.canonical_chrom(query)
-    return alias in (info.chrom, genome.canonical_chrom(info.name))
-
-
-@dataclass
-class _Selector:
-    """Per-record split decisions for one pass, remembering which queries matched something."""
-
-    train: tuple[str, ...] | str
-    heldout: tuple[str, ...]
-    all_records: bool
-    matched: dict[str, set[str]] = field(default_factory=dict)
-
-    def plan(self, info: genome.RecordInfo, key: str) -> tuple[str, list[Region]]:
-        """(split of the record, or of what is left of it around its regions; its held-out regions, sorted)."""
-        held, regions = [], []
-        for query in self.heldout:
-            if _query_matches(query, info, key):
-                held.append(query)
-            elif (region := parse_region(query)) is not None and _query_matches(region.name, info, key):
-                regions.append(region)
-        named_train = [] if self.train == ALL else [q for q in self.train if _query_matches(q, info, key)]
-        for q in held + named_train + [r.query for r in regions]:
-            self.matched.setdefault(q, set()).add(key)
-        if held and named_train:
-            raise ConfigError(
-                f"record {info.name!r} ({info.chrom}) is selected both for training (by {named_train[0]!r}) "
-                f"and as held out (by {held[0]!r})",
-                where=info.source,
-                fix="a held-out chromosome must not be in train; change --train or --heldout "
-                    "(or hold out a region of it: --heldout NAME:START-END)",
-            )
-        if held and regions:
-            raise ConfigError(
-                f"record {info.name!r} ({info.chrom}) is held out whole (by {held[0]!r}) and in part "
-                f"(by {regions[0].query!r})", where=info.source, fix="give one of them in --heldout")
-        regions.sort(key=lambda r: r.start)
-        _check_regions_disjoint(regions, same_record=lambda a, b: True)
-        if held:
-            return "heldout", []
-        if named_train:
-            return "train", regions
-        if self.train == ALL and (self.all_records or genome.is_primary(info.chrom)):
-            return "train", regions
-        return "unused", regions
-
-    def unmatched(self, queries: tuple[str, ...] | str) -> list[str]:
-        return [] if queries == ALL else [q for q in queries if q not in self.matched]
-
-
-def _check_queries_disjoint(train: tuple[str, ...] | str | None, heldout: tuple[str, ...] | None) -> None:
-    if not train or not heldout or train == ALL:
-        return
-    both = {genome.canonical_chrom(q) for q in train} & {genome.canonical_chrom(q) for q in heldout}
-    if both:
-        raise ConfigError(
-            f"{', '.join(sorted(both))} is both in --train and --heldout",
-            fix="a held-out chromosome must not be in train; remove it from one of them",
-        )
-
-
-def _split_queries(config: PrepareConfig) -> tuple[tuple[str, ...] | str, tuple[str, ...]]:
-    """The queries for each split, defaults filled in; a default never takes what the other option names."""
-    canon = genome.canonical_chrom
-    if config.train is None:
-        held = {canon(q) for q in config.heldout or ()}
-        train: tuple[str, ...] | str = tuple(q for q in DEFAULT_TRAIN if canon(q) not in held)
-        if not train:
-            raise ConfigError(f"--heldout takes both default training chromosomes ({', '.join(DEFAULT_TRAIN)})",
-                              fix="name the training records with --train")
-    else:
-        train = config.train
-    if config.heldout is None:
-        named = set() if train == ALL else {canon(q) for q in train}
-        heldout = tuple(q for q in DEFAULT_HELDOUT if canon(q) not in named)
-        if not heldout:
-            raise ConfigError(f"--train takes the default held-out chromosome ({', '.join(DEFAULT_HELDOUT)})",
-                              fix="name another record with --heldout, or pass --heldout none")
-    else:
-        heldout = config.heldout
-    return train, heldout
-
-
-def _records_listing(found: list[dict]) -> str:
-    shown = [f"{r['name']} ({r['chrom']})" if r["name"] != r["chrom"] else r["name"] for r in found[:30]]
-    more = f" and {len(found) - 30} more" if len(found) > 30 else ""
-    return ", ".join(shown) + more
 
 
 def _check_inputs(config: PrepareConfig) -> list[Path]:
@@ -314,12 +146,12 @@ def _open_all(paths: list[Path]) -> list[genome.GenomeReader]:
     return [genome.open_genome(p) for p in paths]
 
 
-def _bpe_sample(config: PrepareConfig, paths: list[Path], selector: _Selector) -> list[np.ndarray]:
+def _bpe_sample(config: PrepareConfig, paths: list[Path], selector: RecordSelector) -> list[np.ndarray]:
     """A bounded sample of training sequence (from the start of each train record, N-poor chunks only)."""
     budget = config.bpe_sample_bases
     per_record = max(1 << 20, budget // 4)
     sample: list[np.ndarray] = []
-    probe = _Selector(selector.train, selector.heldout, selector.all_records)
+    probe = RecordSelector(selector.train, selector.heldout, selector.all_records)
     for reader in _open_all(paths):
         for stream in reader.records():
             if budget <= 0:
@@ -350,7 +182,7 @@ def _bpe_sample(config: PrepareConfig, paths: list[Path], selector: _Selector) -
     return sample
 
 
-def _make_tokenizer(config: PrepareConfig, paths: list[Path], selector: _Selector):
+def _make_tokenizer(config: PrepareConfig, paths: list[Path], selector: RecordSelector):
     kind = config.tokenizer.split(":", 1)[0].lower()
     sample = _bpe_sample(config, paths, selector) if kind == "bpe" else None
     if sample is not None and not sample:
@@ -434,7 +266,7 @@ def prepare(config: PrepareConfig) -> Path:
     A rerun with the same inputs and options finds the existing dataset current and does nothing.
     """
     paths = _check_inputs(config)
-    _check_queries_disjoint(config.train, config.heldout)
+    check_queries_disjoint(config.train, config.heldout)
     out = check_output_dir(config.out, OUTPUT_KIND, legacy=LEGACY_OUTPUT)
     fingerprint = _fingerprint(config, paths)
     args = asdict(config)
@@ -463,8 +295,8 @@ def prepare(config: PrepareConfig) -> Path:
 
 
 def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str) -> dict:
-    train_q, heldout_q = _split_queries(config)
-    selector = _Selector(train_q, heldout_q, config.all_records)
+    train_q, heldout_q = split_queries(config.train, config.heldout)
+    selector = RecordSelector(train_q, heldout_q, config.all_records)
     readers = _open_all(paths)
     include = read_bed(config.include_bed) if config.include_bed else None
     exclude = read_bed(config.exclude_bed) if config.exclude_bed else None
@@ -499,7 +331,7 @@ def _build(config: PrepareConfig, paths: list[Path], tmp: Path, fingerprint: str
         out.bar.close()
     repeats.warn(paths)
 
-    _check_selection(config, selector, records, train_q, heldout_q)
+    check_selection(selector, records, config.train, config.heldout, train_q, heldout_q)
     _check_masks(config, include, exclude, records)
     duplication = None
     if heldout_q:
@@ -655,45 +487,6 @@ def _rename_record_files(out: _Pass, old: str, new: str, fields: dict) -> None:
     scratch = out.scratch / f"{old}.u8"
     if scratch.exists():
         scratch.rename(out.scratch / f"{new}.u8")
-
-
-def _check_selection(config: PrepareConfig, selector: _Selector, records: list[dict],
-                     train_q: tuple[str, ...] | str, heldout_q: tuple[str, ...]) -> None:
-    found = [{"name": r["name"], "chrom": r["chrom"]} for r in records]
-    available = list(dict.fromkeys([r["chrom"] for r in records] + [r["name"] for r in records]))
-    for option, given, queries in (("--train", config.train, train_q), ("--heldout", config.heldout, heldout_q)):
-        missing = selector.unmatched(queries)
-        if not missing:
-            continue
-        if given is None:
-            matched_any = any(q in selector.matched for q in queries)
-            if not matched_any:
-                raise InputError(
-                    f"the default {option} {','.join(queries)} is not among the records found: "
-                    f"{_records_listing(found)}",
-                    fix=f"name the records with {option} (e.g. {option} {found[0]['chrom'] if found else 'chr1'})"
-                    + (", or --heldout none" if option == "--heldout" else ", or --train all"),
-                )
-            continue
-        if option == "--train" and any(_REGION_SHAPED.fullmatch(q) for q in missing):
-            raise InputError(f"--train {', '.join(missing)} matches no record; --train takes whole records",
-                             fix="to keep a region of a record out of training, name the record in --train and "
-                                 "the region in --heldout NAME:START-END")
-        # A region's record is named by the part before its coordinates.
-        names = [region.name if (region := parse_region(q)) is not None else q for q in missing]
-        # The genome module owns alias resolution; its error lists the closest names. Say which option it was.
-        try:
-            genome.resolve_chroms(names, available)
-        except InputError as exc:
-            raise InputError(f"{option}: {exc.what}", where=exc.where, fix=exc.fix) from None
-        raise InputError(
-            f"{option} {', '.join(missing)} matches no record", fix=f"records found: {_records_listing(found)}"
-        )
-    if not any(r["split"] == "train" for r in records):
-        raise InputError(
-            "no record is selected for training",
-            fix=f"records found: {_records_listing(found)}; use --train (or --all-records for non-primary ones)",
-        )
 
 
 def _check_masks(config: PrepareConfig, include: dict[str, np.ndarray] | None,
