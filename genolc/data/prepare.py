@@ -52,7 +52,8 @@ class PrepareConfig:
     ``train``: queries (names or aliases), ``"all"`` for every record not held out, or None for chr1,chr2.
     ``heldout``: queries, ``()`` for no held-out split, or None for chr22. A query may be a region,
     ``NAME:START-END`` (1-based, inclusive, chromosome coordinates, as samtools writes them): that stretch of the
-    record is held out and the rest of it goes where the record would otherwise go (see genolc.data.record_selection.parse_region).
+    record is held out and the rest of it goes where the record would otherwise go
+    (genolc.data.record_selection.parse_region).
     """
 
     genomes: tuple[Path, ...]
