@@ -30,6 +30,7 @@ def _load_script():
 
 
 experiment = _load_script()
+plan_module = sys.modules["long_context_dna_plan"]     # the script put its folder on sys.path and imported it
 
 
 @pytest.fixture(scope="module")
@@ -237,8 +238,8 @@ def test_time_model_errs_long_by_at_most_15_percent_on_the_h200_runs(run, warm_c
     plan = experiment.make_plan(config)
     assert (plan.pretrain.steps, plan.arm_a.steps) == (summary["plan"]["pretrain"]["steps"],
                                                         summary["plan"]["arm_a"]["steps"])
-    predicted = experiment.predict_seconds(
-        config, experiment.TRAIN_RATES[("cuda", "mini")], eval_windows=plan.eval_max_windows,
+    predicted = plan_module.predict_seconds(
+        config, plan_module.TRAIN_RATES[("cuda", "mini")], eval_windows=plan.eval_max_windows,
         needle_seq=plan.needle_seq, needle_distances=plan.needle_distances, routing_lengths=plan.routing_lengths,
         pretrain_steps=plan.pretrain.steps, arm_steps=plan.arm_a.steps)["total"]
     measured = summary["wall_seconds"]
@@ -259,7 +260,7 @@ def test_arms_side_by_side_on_one_device_plan_between_one_lane_and_two_gpus(tmp_
     assert given.arm_a.steps == 10 and given.pretrain.steps >= 1
     for fitted in (one, shared, own, given):
         predicted = float(next(line for line in fitted.how if line.startswith("predicted wall time")).split()[3])
-        assert 0.9 * 540 * experiment.BUDGET_MARGIN < predicted <= 540 * experiment.BUDGET_MARGIN
+        assert 0.9 * 540 * plan_module.BUDGET_MARGIN < predicted <= 540 * plan_module.BUDGET_MARGIN
     with pytest.raises(ConfigError, match="predicted to take"):
         plan(jobs=2, pretrain_steps=1000, arm_steps=100)
     with pytest.raises(ConfigError, match="leaves"):
@@ -326,16 +327,16 @@ def test_base_on_the_command_line_refuses_pretrain_steps_and_costs_one_process_l
     assert code == 2 and "--pretrain-steps with --base" in err
     config = experiment.ExperimentConfig(out=tmp_path / "o", train_fastas=(tmp_path / "t.fa",),
                                          heldout_records="chr22", preset="mini", device="cuda", eval_tokens=1 << 20)
-    rates = experiment.TRAIN_RATES[("cuda", "mini")]
+    rates = plan_module.TRAIN_RATES[("cuda", "mini")]
     plan = experiment.make_plan(replace(config, pretrain_steps=1, arm_steps=1))
 
     def fixed(cfg):
-        return experiment.predict_seconds(cfg, rates, eval_windows=plan.eval_max_windows, needle_seq=plan.needle_seq,
+        return plan_module.predict_seconds(cfg, rates, eval_windows=plan.eval_max_windows, needle_seq=plan.needle_seq,
                                           needle_distances=plan.needle_distances,
                                           routing_lengths=plan.routing_lengths, pretrain_steps=0,
                                           arm_steps=0)["total"]
 
-    process = experiment.STARTUP_SECONDS["cuda"] + experiment.FIRST_STEP_SECONDS["cuda"]
+    process = plan_module.STARTUP_SECONDS["cuda"] + plan_module.FIRST_STEP_SECONDS["cuda"]
     for jobs in (1, 2):
         own, given = replace(config, jobs=jobs), replace(config, jobs=jobs, base=tmp_path)
         # One training process fewer; the compile allowance is paid once either way.
