@@ -46,9 +46,9 @@ Sizes. ``--cpu`` is the tiny preset on the bundled sample (hg38 chr2:1-600,000 t
 chr22:20,480,001-20,680,000 is held out) with SHORT 128 and LONG 1k. On a GPU, ``--time-budget SECONDS`` plans the
 steps with a time model of the run (``predict_seconds`` in long_context_dna_plan.py, fitted to the H200 runs of
 ``mini``): it takes the processes' start-ups and first steps, the compile allowance for cold kernel caches and the
-evaluations off the budget and splits what is left between pretraining (40%) and the two arms, at the training
-rates measured on the H200 (TRAIN_RATES); plan.json shows the arithmetic. ``--jobs 2`` on one GPU runs the arms (and then the
-evaluations) side by side: their start-ups overlap, their device work does not. ``--pretrain-steps`` /
+evaluations off the budget and splits what is left between pretraining (40%) and the two arms, at the training rates
+measured on the H200 (TRAIN_RATES); plan.json shows the arithmetic. ``--jobs 2`` on one GPU runs the arms (and then
+the evaluations) side by side: their start-ups overlap, their device work does not. ``--pretrain-steps`` /
 ``--arm-steps`` set the steps directly.
 """
 
