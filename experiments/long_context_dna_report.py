@@ -126,6 +126,12 @@ def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
     x = [math.sqrt(max(r["lo"], r["hi"] / 2) * r["hi"]) for r in rows]
     labels = [r["bucket"] for r in rows]
 
+    def save(fig, name: str) -> str:
+        fig.tight_layout()
+        fig.savefig(plots / name, dpi=110)
+        plt.close(fig)
+        return f"plots/{name}"
+
     def axis(ax, ylabel: str) -> None:
         ax.set_xscale("log")
         ax.set_xticks(x)
@@ -145,10 +151,7 @@ def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
     axis(ax, "held-out bits per base")
     ax.set_title("Held-out loss by context position")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plots / "bits_by_position.png", dpi=110)
-    plt.close(fig)
-    written.append("plots/bits_by_position.png")
+    written.append(save(fig, "bits_by_position.png"))
 
     def delta_series(ax, key: str, name: str, style: str, shift: float) -> None:
         points = [(xi * shift, r[key]) for xi, r in zip(x, rows) if r[key] is not None]
@@ -165,10 +168,7 @@ def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
     axis(ax, "difference in bits per base (95% block-bootstrap CI)")
     ax.set_title("Paired differences by context position (below 0: A better)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plots / "deltas_by_position.png", dpi=110)
-    plt.close(fig)
-    written.append("plots/deltas_by_position.png")
+    written.append(save(fig, "deltas_by_position.png"))
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
     top.plot(x, [r["a_bits_per_base"] for r in rows], "s-", markersize=4, label="A, whole window visible")
@@ -183,10 +183,7 @@ def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
     bottom.axhline(0, color="grey", lw=0.8)
     axis(bottom, "difference (95% CI)")
     bottom.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plots / "truncation_control.png", dpi=110)
-    plt.close(fig)
-    written.append("plots/truncation_control.png")
+    written.append(save(fig, "truncation_control.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, style in (("base", "o-"), ("a", "s-")):
@@ -202,10 +199,7 @@ def make_plots(results: Path, head: dict[str, Any], plan: Plan) -> list[str]:
     ax.set_title("Needle: a random segment planted twice")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plots / "needle.png", dpi=110)
-    plt.close(fig)
-    written.append("plots/needle.png")
+    written.append(save(fig, "needle.png"))
     return written
 
 
