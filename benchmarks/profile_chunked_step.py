@@ -303,7 +303,7 @@ def main() -> None:
               "recompute": args.recompute, "compile": args.compile, "init": args.init, "indexer": args.indexer,
               "moe_balance": args.moe_balance, "stream_dtype": args.stream_dtype,
               "kept_attention": args.kept_attention, "kda_intermediates": args.kda_intermediates,
-              "score_group_tops": args.score_group_tops, "steps": []}
+              "score_group_tops": args.score_group_tops or indexer_triton.SCORE_GROUP_TOPS, "steps": []}
     stem = (f"peaks_{args.model}{'_recompute' if args.recompute else ''}" if args.rows
             else f"profile_chunked_{args.model}_{args.seq}")
     path = out_dir / (f"{stem}{'_compiled' if args.compile else ''}"
@@ -316,7 +316,8 @@ def main() -> None:
         path.write_text(json.dumps(record, indent=1))
         print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}), flush=True)
 
-    indexer_triton.SCORE_GROUP_TOPS = args.score_group_tops
+    if args.score_group_tops:      # without the flag the module's default stands, whatever it is
+        indexer_triton.SCORE_GROUP_TOPS = True
     torch.manual_seed(0)
     model = (build_model(preset(args.model), device="cuda") if args.init == "device"
              else build_model(preset(args.model)).cuda())

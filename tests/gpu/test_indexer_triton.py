@@ -76,7 +76,8 @@ def test_int32_output_and_small_query_chunk():
 
 
 # The default launch, and the two the device has yet to time against it (benchmarks/run_selection_checks.sh).
-@pytest.mark.parametrize("launch", [{}, {"prefetch": True}, {"block": 512}], ids=["default", "prefetch", "block512"])
+@pytest.mark.parametrize("launch", [{}, {"prefetch": True}, {"block": 512}, {"block": 512, "prefetch": True}],
+                         ids=["default", "prefetch", "block512", "block512_prefetch"])
 @pytest.mark.parametrize("rows, cols, first_query, kpool, keep", [
     (64, 131072, 524287 - 63, 4, 512),     # `base`'s and `small`'s last queries at 512k: 128k pools, keep 512
     (48, 5000, 2020, 4, 512),              # rows below keep (505-511 pools) beside rows above it (512-517)
@@ -109,10 +110,20 @@ def test_scoring_kernel_writes_the_top_ks_first_read(rows, n_pools, first_query,
 def test_fused_topk_selects_as_torch_topk(tops_from_scoring, monkeypatch):
     """Both ways of the first read: top_pools' own, and the scoring kernel's (indexer_triton.SCORE_GROUP_TOPS)."""
     monkeypatch.setattr(indexer_triton, "SCORE_GROUP_TOPS", tops_from_scoring)
+    tops_given = []
+    score_block = indexer_triton.pool_score_block
+
+    def spy(*args, **kwargs):
+        tops_given.append(kwargs.get("tops") is not None)
+        return score_block(*args, **kwargs)
+
+    monkeypatch.setattr(indexer_triton, "pool_score_block", spy)
     index_q, weights, pooled = _features(1, 20000, 8, 64, 4, seed=3, dtype=torch.bfloat16)
     kwargs = dict(kpool=4, topk=2048, select_tail=True, softmax_scale=64 ** -0.5, query_chunk=None,
                   out_dtype=torch.int64, query_offset=0)
     fused = indexer_triton.streamed_select(index_q, weights, pooled, **kwargs)
+    # The flag took the path it names: the scoring kernel wrote the tops in every block, or in none.
+    assert tops_given and set(tops_given) == {tops_from_scoring}
     unfused = indexer_triton.streamed_select(index_q, weights, pooled, fused_topk=False, **kwargs)
     # The same scores feed both (to rounding where the scoring kernel writes the tops: its tiles differ); only ties
     # at the cut may be broken differently (test_top_pools_kernel checks the kernel's choice exactly).

@@ -344,7 +344,7 @@ def check_top_pools(rows, cols, first_query, kpool, keep) -> list[str]:
     """The top-k kernel on each kind of score block of top_pools_check.py, int32 and int64 output, at the default
     launch and the two the device has yet to time (the second read loading ahead, 512-score blocks)."""
     problems = []
-    for launch in ({}, {"prefetch": True}, {"block": 512}):
+    for launch in ({}, {"prefetch": True}, {"block": 512}, {"block": 512, "prefetch": True}):
         shape = launch_shape(keep, **launch)
         buffers = TopPoolsBuffers.allocate(rows, cols, keep, torch.device("cpu"), shape)
         for name, scores in score_blocks(rows, cols, keep, seed=cols, device="cpu").items():
@@ -369,10 +369,20 @@ def check_score_tops(rows, n_pools, first_query, keep, heads, dim) -> list[str]:
 def check_indexer_score_tops(*case) -> list[str]:
     """check_indexer with streamed_select scoring through the kernel that writes the top-k's first read."""
     before, indexer_triton.SCORE_GROUP_TOPS = indexer_triton.SCORE_GROUP_TOPS, True
+    score_block, tops_given = indexer_triton.pool_score_block, []
+
+    def spy(*args, **kwargs):
+        tops_given.append(kwargs.get("tops") is not None)
+        return score_block(*args, **kwargs)
+
+    indexer_triton.pool_score_block = spy
     try:
-        return check_indexer(*case)
+        problems = check_indexer(*case)
     finally:
-        indexer_triton.SCORE_GROUP_TOPS = before
+        indexer_triton.SCORE_GROUP_TOPS, indexer_triton.pool_score_block = before, score_block
+    if tops_given and not all(tops_given):
+        problems.append(f"the scoring kernel wrote the tops in {sum(tops_given)} of {len(tops_given)} blocks")
+    return problems
 
 
 def check_mhc(rows, cols, logits, dtype, block_rows, block_k, rows_per_program) -> list[str]:

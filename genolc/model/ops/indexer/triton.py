@@ -119,7 +119,7 @@ def pool_score_block(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: 
     if tops.dtype != torch.int32 or tops.shape[0] < n_queries or tops.shape[1] < needed or tops.stride(-1) != 1:
         raise ValueError(f"tops must be int32 [>= {n_queries}, >= {needed}] with a contiguous last dimension, got "
                          f"{tops.dtype} {tuple(tops.shape)} strides {tops.stride()}")
-    if shape.segment % (4 * shape.groups):
+    if not shape.scoring_writes_tops:
         raise ValueError(f"the fused scoring walks four pools of each group a step: segment {shape.segment} must be "
                          f"a multiple of 4 x {shape.groups} groups")
     from genolc.model.ops.indexer.triton_topk_kernel import score_group_tops_kernel
@@ -192,8 +192,7 @@ def streamed_select(index_q: torch.Tensor, head_weights: torch.Tensor, pooled: t
     scores = torch.empty(rows * max(n_pools, 1), dtype=torch.float32, device=device)
     shape = launch_shape(pools_per_row) if fused_topk and n_pools else None
     buffers = TopPoolsBuffers.allocate(rows, n_pools, pools_per_row, device, shape) if shape else None
-    # The kernel walks four pools of each group a step: a segment must hold a whole number of steps (keep <= 4096).
-    tops_from_scoring = fused_topk and SCORE_GROUP_TOPS and shape is not None and not shape.segment % (4 * shape.groups)
+    tops_from_scoring = fused_topk and SCORE_GROUP_TOPS and shape is not None and shape.scoring_writes_tops
 
     for q0 in range(0, seq_len, query_chunk):
         q1 = min(seq_len, q0 + query_chunk)

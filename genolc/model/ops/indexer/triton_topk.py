@@ -76,6 +76,13 @@ class LaunchShape:
     def segments(self, n_cols: int) -> int:
         return max(1, -(-n_cols // self.segment))
 
+    @property
+    def scoring_writes_tops(self) -> bool:
+        """Whether the scoring kernel can write the first read's tops (genolc.model.ops.indexer.triton's
+        SCORE_GROUP_TOPS): it walks four pools of each group a step, so a segment must hold a whole number of
+        steps (keep <= 4096)."""
+        return not self.segment % (4 * self.groups)
+
 
 def launch_shape(keep: int, *, segment: int = SEGMENT, block: int = BLOCK, tile: int = TILE,
                  warps: int = 4, select_warps: int = 8, groups: int | None = None,
